@@ -1,0 +1,421 @@
+"""Typed config schema, YAML loading with dotted overrides, validation.
+
+Schema in code (dataclasses, one help string per field), values in YAML, merged
+with OmegaConf (`key=value` dotted overrides). Validation reports every problem
+at once, each naming the dotted key, the bad value and the valid choices.
+No torch/ray/vllm imports here: ``asp --help`` and ``asp schedule`` stay fast.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from .errors import ConfigError
+
+
+def _f(default, help: str, **kw):
+    """A dataclass field with a help string (shown by ``asp config --help``)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+def _sub(cls, help: str):
+    return field(default_factory=cls, metadata={"help": help})
+
+
+@dataclass
+class SyntheticTaskConfig:
+    num_prompts: int = _f(256, "prompts in the built-in synthetic copy task (train split)")
+    num_eval_prompts: int = _f(32, "held-out prompts for evaluation")
+    min_answer_length: int = _f(2, "shortest answer, in symbols")
+    max_answer_length: int = _f(48, "longest answer, in symbols")
+    tail_alpha: float = _f(1.2, "Pareto shape of the answer-length tail (smaller = heavier)")
+    alphabet_size: int = _f(16, "distinct symbols used in prompts")
+
+
+@dataclass
+class DataConfig:
+    path: Optional[str] = _f(None, "prompts file (JSONL or parquet); absent -> built-in synthetic task")
+    prompt_key: str = _f("prompt", "column/field holding the prompt text")
+    id_key: str = _f("id", "column/field holding a stable prompt id (row index if absent)")
+    answer_key: str = _f("answer", "column/field holding the reference answer (for rewards)")
+    eval_path: Optional[str] = _f(None, "held-out prompts file for evaluation")
+    synthetic: SyntheticTaskConfig = _sub(SyntheticTaskConfig, "the built-in synthetic task")
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = _f(None, "HF-format model directory; absent -> tiny model built locally")
+    tiny_hidden_size: int = _f(128, "hidden size of the locally built tiny Qwen2 model")
+    tiny_num_layers: int = _f(2, "layers of the tiny model")
+    tiny_num_heads: int = _f(4, "attention heads of the tiny model")
+    tiny_num_kv_heads: int = _f(2, "KV heads of the tiny model")
+    dtype: str = _f("float32", "trainer dtype", choices=("float32", "bfloat16", "float16"))
+
+
+@dataclass
+class LengthsConfig:
+    path: Optional[str] = _f(None, "length history table (parquet, CSV or JSONL): prompt_id, response_length[, epoch, sample, prompt_length]")
+    max_response_length: int = _f(1024, "generation cap in tokens; longer history rows are an error")
+    predictor: str = _f("mean", "per-prompt length predictor",
+                        choices=("mean", "ema", "quantile", "regression", "oracle"))
+    ema_alpha: float = _f(0.5, "EMA weight of the newest epoch (predictor=ema)")
+    quantile: float = _f(0.5, "quantile of a prompt's history (predictor=quantile)")
+    prior: str = _f("regression", "prediction for prompts without history",
+                    choices=("global_mean", "regression"))
+
+
+@dataclass
+class WorkloadConfig:
+    """Length workloads for experiments (`asp schedule`/`asp simulate` without a real dataset)."""
+    type: str = _f("synthetic", "where lengths come from", choices=("synthetic", "trace", "history", "task"))
+    num_prompts: int = _f(4096, "prompts per epoch (synthetic/trace)")
+    trace_path: Optional[str] = _f(None, "CSV/parquet/JSONL length table for type=trace")
+    trace_column: str = _f("GeneratedTokens", "response-length column of the trace")
+    trace_prompt_column: Optional[str] = _f("ContextTokens", "prompt-length column of the trace (optional)")
+    length_scale: float = _f(1.0, "multiply trace lengths (e.g. to stretch chat traces to reasoning lengths)")
+    body_median: float = _f(600.0, "synthetic: median response length of the lognormal body")
+    body_sigma: float = _f(0.6, "synthetic: log-std of the lognormal body")
+    tail_fraction: float = _f(0.1, "synthetic: share of prompts drawn from the Pareto tail")
+    tail_alpha: float = _f(1.5, "synthetic: Pareto shape of the tail (smaller = heavier)")
+    tail_scale: float = _f(1500.0, "synthetic: Pareto scale (minimum tail length)")
+    group_spread: float = _f(0.3, "log-std of a sample's length around its prompt's mean (within a group)")
+    epoch_correlation: float = _f(0.8, "correlation of a prompt's log-length between consecutive epochs")
+    drift: float = _f(0.0, "relative growth of lengths per epoch (0.05 = +5 %/epoch)")
+    prompt_median: float = _f(200.0, "synthetic: median prompt length in tokens")
+    prompt_sigma: float = _f(0.5, "synthetic: log-std of prompt lengths")
+    prompt_response_correlation: float = _f(0.3, "synthetic: correlation of log prompt and log response length")
+    epochs: int = _f(2, "epochs of lengths to generate (the first can serve as history)")
+
+
+@dataclass
+class CostConfig:
+    """Per-instance cost model: decode step time = a + b * sum(context tokens) + c * batch size."""
+    decode_a: float = _f(0.020, "s per decode step, fixed part")
+    decode_b: float = _f(2.0e-8, "s per decode step per context token in the batch")
+    decode_c: float = _f(1.0e-4, "s per decode step per running sequence")
+    prefill_per_token: float = _f(5.0e-5, "s of prefill per prompt token")
+    train_per_token: float = _f(2.0e-5, "trainer s per (padded) token, forward+backward, all trainer devices")
+    train_per_step: float = _f(0.05, "fixed trainer s per optimizer step")
+    logprob_per_token: float = _f(5.0e-6, "s per token for each reference/old log-prob pass")
+    sync_s: float = _f(0.5, "weight sync time per iteration, s")
+
+
+@dataclass
+class RolloutConfig:
+    num_instances: int = _f(2, "R: independent rollout instances")
+    max_num_seqs: int = _f(64, "per-instance concurrency (vLLM max_num_seqs)")
+    kv_cache_tokens: int = _f(0, "per-instance KV capacity in tokens (0 = unlimited)")
+    devices_per_instance: int = _f(1, "devices (tensor parallel) per instance")
+    temperature: float = _f(1.0, "sampling temperature")
+    top_p: float = _f(1.0, "nucleus sampling")
+    kv_cache_space_gib: float = _f(1.0, "vLLM-CPU KV cache per instance, GiB (VLLM_CPU_KVCACHE_SPACE)")
+    cpu_cores: list = _f([], "CPU only: cores per instance, e.g. [[0],[1]]; [] = no pinning")
+    request_timeout_s: float = _f(600.0, "a request slower than this marks its instance as hung")
+
+
+@dataclass
+class TrainConfig:
+    group_size: int = _f(8, "G samples per prompt")
+    global_batch_size: int = _f(64, "prompts per iteration (one weight sync, one policy version)")
+    mini_batch_size: int = _f(16, "prompts per optimizer step; divides the global batch")
+    micro_batch_size: int = _f(8, "sequences per padded micro-batch (trainer memory unit)")
+    epochs: int = _f(1, "passes over the prompts")
+    lr: float = _f(1e-5, "learning rate")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    clip_eps: float = _f(0.2, "PPO clip range")
+    kl_coef: float = _f(0.0, "KL-to-reference coefficient (0 disables the reference model)")
+    off_policy: str = _f("decoupled_ppo", "correction for stale samples", choices=("decoupled_ppo", "tis", "none"))
+    tis_cap: float = _f(2.0, "truncation of the importance weight (off_policy=tis)")
+    warmup_sft_steps: int = _f(0, "supervised warm-start steps on reference answers before RL")
+    eval_every: int = _f(0, "evaluate on held-out prompts every N iterations (0 = never)")
+    checkpoint_every: int = _f(0, "checkpoint every N iterations (0 = only at the end)")
+    cpu_cores: list = _f([], "CPU only: cores of the trainer, e.g. [1]; [] = no pinning")
+    max_iterations: int = _f(0, "stop after this many iterations (0 = all epochs)")
+    reward: str = _f("auto", "reward function: auto | synthetic | math | module:function")
+
+
+@dataclass
+class PipelineConfig:
+    mode: str = _f("async", "async: rollout and training overlap; sync: generate then train", choices=("async", "sync"))
+    lag_bound: int = _f(1, "k: max policy lag in versions (sync forces 0)")
+    queue_capacity: int = _f(0, "bounded sample-queue capacity in groups (0 = one global batch x (k+1))")
+
+
+@dataclass
+class SchedulerConfig:
+    policy: str = _f("asp", "dispatch policy", choices=("asp", "fifo", "random", "sorted", "balanced"))
+    adaptive: bool = _f(False, "re-plan each epoch from the lengths observed so far")
+    length_stat: str = _f("mean", "group statistic the planner balances on", choices=("mean", "max"))
+
+
+@dataclass
+class SimConfig:
+    policies: list = _f(["sync_colocated", "one_step_off", "fully_async_fifo", "async_sorted", "asp", "asp_adaptive"],
+                        "system policies to simulate")
+    total_devices: int = _f(16, "devices shared by rollout and training")
+    rollout_devices: int = _f(12, "devices given to rollout in decoupled policies (rest train)")
+    infer_tp: int = _f(2, "tensor parallel size of one rollout instance")
+    tp_efficiency: float = _f(0.85, "throughput efficiency per doubling of tensor parallelism")
+    model_class: str = _f("7b", "default cost model", choices=("7b", "32b", "custom"))
+    sweep_devices: list = _f([], "device counts for the scaling curve (empty = none)")
+    epochs: int = _f(1, "epochs to simulate")
+    calibrate: Optional[str] = _f(None, "run directory whose timeline.jsonl calibrates the cost model")
+
+
+@dataclass
+class LoggingConfig:
+    tensorboard: bool = _f(True, "write TensorBoard events")
+    wandb_project: Optional[str] = _f(None, "log to Weights & Biases when set")
+    progress: bool = _f(True, "show a progress display in the terminal")
+
+
+@dataclass
+class Config:
+    output_dir: str = _f("runs/default", "run directory: every output and the resolved config")
+    seed: int = _f(0, "seed of everything random")
+    platform: str = _f("auto", "device platform", choices=("auto", "cpu", "cuda", "npu"))
+    resume: bool = _f(False, "continue from the newest checkpoint in output_dir")
+    data: DataConfig = _sub(DataConfig, "prompts")
+    model: ModelConfig = _sub(ModelConfig, "policy model")
+    lengths: LengthsConfig = _sub(LengthsConfig, "length history and predictor")
+    workload: WorkloadConfig = _sub(WorkloadConfig, "length workloads for experiments")
+    cost: CostConfig = _sub(CostConfig, "cost model")
+    rollout: RolloutConfig = _sub(RolloutConfig, "rollout instances")
+    train: TrainConfig = _sub(TrainConfig, "trainer")
+    pipeline: PipelineConfig = _sub(PipelineConfig, "pipeline mode and lag bound")
+    scheduler: SchedulerConfig = _sub(SchedulerConfig, "offline scheduler")
+    sim: SimConfig = _sub(SimConfig, "simulator")
+    logging: LoggingConfig = _sub(LoggingConfig, "logging")
+
+
+# --------------------------------------------------------------------------- loading
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                *, check_files: bool = True) -> Config:
+    """Load YAML (optional), apply dotted ``key=value`` overrides, convert and validate.
+
+    Raises :class:`ConfigError` listing every problem at once.
+    """
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    source = str(path) if path else "<defaults>"
+    problems: list[str] = []
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError([f"config file {p} does not exist: pass the path of a YAML file, e.g. configs/cpu_tiny_grpo.yaml"])
+        try:
+            raw = OmegaConf.to_container(OmegaConf.load(p), resolve=True) or {}
+        except Exception as exc:  # yaml syntax errors carry line/column
+            raise ConfigError([f"{p}: not valid YAML: {exc}"], source) from None
+        if not isinstance(raw, dict):
+            raise ConfigError([f"{p}: top level must be a mapping of keys, got {type(raw).__name__}"], source)
+        raw.pop("defaults", None)
+    bad_ov = [o for o in overrides if "=" not in o]
+    for o in bad_ov:
+        problems.append(f"override {o!r}: expected key=value, e.g. rollout.num_instances=4")
+    good_ov = [o for o in overrides if "=" in o]
+    if good_ov:
+        try:
+            merged = OmegaConf.merge(OmegaConf.create(raw), OmegaConf.from_dotlist(good_ov))
+            raw = OmegaConf.to_container(merged, resolve=True)
+        except OmegaConfBaseException as exc:
+            problems.append(f"overrides {good_ov}: {exc}")
+    cfg = _build(Config, raw, "", problems)
+    # Cross-field checks run even when some keys were bad (those keep defaults), so
+    # the user sees every problem in one go.
+    problems.extend(validate(cfg, check_files=check_files))
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def _type_name(tp) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _build(cls, raw: Any, prefix: str, problems: list[str]):
+    """Convert a nested dict into dataclass ``cls``, collecting every problem."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        problems.append(f"{prefix.rstrip('.') or '<root>'}: expected a mapping, got {raw!r}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean {prefix}{close[0]}?" if close else f"; valid keys: {', '.join(fields)}"
+            problems.append(f"{prefix}{key}: unknown key{hint}")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in raw:
+            continue
+        tp = hints[name]
+        key = prefix + name
+        val = raw[name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[name] = _build(tp, val, key + ".", problems)
+            continue
+        ok, conv = _coerce(tp, val)
+        if not ok:
+            problems.append(f"{key}: {val!r} is not a valid {_type_name(_strip_optional(tp))}")
+            continue
+        choices = f.metadata.get("choices")
+        if choices and conv is not None and conv not in choices and not (name == "reward" and ":" in str(conv)):
+            problems.append(f"{key}: {conv!r} is not one of {', '.join(map(str, choices))}")
+            continue
+        kwargs[name] = conv
+    return cls(**kwargs)
+
+
+def _strip_optional(tp):
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return args[0] if len(args) == 1 else tp
+    return tp
+
+
+def _coerce(tp, val):
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        if val is None and type(None) in typing.get_args(tp):
+            return True, None
+        return _coerce(_strip_optional(tp), val)
+    if tp is bool:
+        if isinstance(val, bool):
+            return True, val
+        if isinstance(val, str) and val.lower() in ("true", "false"):
+            return True, val.lower() == "true"
+        return False, None
+    if tp is int:
+        if isinstance(val, bool):
+            return False, None
+        if isinstance(val, int):
+            return True, val
+        if isinstance(val, float) and val.is_integer():
+            return True, int(val)
+        return False, None
+    if tp is float:
+        if isinstance(val, bool):
+            return False, None
+        if isinstance(val, (int, float)):
+            return True, float(val)
+        return False, None
+    if tp is str:
+        if isinstance(val, (str, int, float)) and not isinstance(val, bool):
+            return True, str(val)
+        return False, None
+    if tp is list or origin is list:
+        return (True, list(val)) if isinstance(val, (list, tuple)) else (False, None)
+    if origin is Literal:
+        return (True, val) if val in typing.get_args(tp) else (False, None)
+    return True, val
+
+
+def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
+    """Cross-field checks in one place. Returns every problem found."""
+    p: list[str] = []
+    t, r, pl = cfg.train, cfg.rollout, cfg.pipeline
+
+    def pos(key, val, minimum=1):
+        if val < minimum:
+            p.append(f"{key}: {val!r} must be >= {minimum}")
+
+    pos("rollout.num_instances", r.num_instances)
+    pos("rollout.max_num_seqs", r.max_num_seqs)
+    pos("rollout.devices_per_instance", r.devices_per_instance)
+    pos("rollout.kv_cache_tokens", r.kv_cache_tokens, 0)
+    pos("train.group_size", t.group_size)
+    pos("train.global_batch_size", t.global_batch_size)
+    pos("train.mini_batch_size", t.mini_batch_size)
+    pos("train.micro_batch_size", t.micro_batch_size)
+    pos("train.epochs", t.epochs)
+    pos("pipeline.lag_bound", pl.lag_bound, 0)
+    pos("lengths.max_response_length", cfg.lengths.max_response_length)
+    pos("workload.num_prompts", cfg.workload.num_prompts)
+    pos("workload.epochs", cfg.workload.epochs)
+    if t.mini_batch_size >= 1 and t.global_batch_size >= 1 and t.global_batch_size % t.mini_batch_size:
+        divisors = [d for d in range(1, t.global_batch_size + 1) if t.global_batch_size % d == 0]
+        near = min(divisors, key=lambda d: abs(d - t.mini_batch_size))
+        p.append(f"train.mini_batch_size: {t.mini_batch_size} does not divide train.global_batch_size="
+                 f"{t.global_batch_size}; use a divisor such as {near}")
+    if not 0.0 < cfg.lengths.ema_alpha <= 1.0:
+        p.append(f"lengths.ema_alpha: {cfg.lengths.ema_alpha} must be in (0, 1]")
+    if not 0.0 <= cfg.lengths.quantile <= 1.0:
+        p.append(f"lengths.quantile: {cfg.lengths.quantile} must be in [0, 1]")
+    w = cfg.workload
+    if not -1.0 <= w.epoch_correlation <= 1.0:
+        p.append(f"workload.epoch_correlation: {w.epoch_correlation} must be in [-1, 1]")
+    if not 0.0 <= w.tail_fraction <= 1.0:
+        p.append(f"workload.tail_fraction: {w.tail_fraction} must be in [0, 1]")
+    if w.tail_alpha <= 0:
+        p.append(f"workload.tail_alpha: {w.tail_alpha} must be > 0")
+    if w.length_scale <= 0:
+        p.append(f"workload.length_scale: {w.length_scale} must be > 0")
+    if w.type == "trace" and not w.trace_path:
+        p.append("workload.trace_path: required when workload.type=trace; point it at a CSV/parquet/JSONL length table")
+    if w.type == "history" and not cfg.lengths.path:
+        p.append("lengths.path: required when workload.type=history")
+    for key, val in (("cost.decode_a", cfg.cost.decode_a), ("cost.decode_b", cfg.cost.decode_b),
+                     ("cost.decode_c", cfg.cost.decode_c), ("cost.train_per_token", cfg.cost.train_per_token)):
+        if val < 0:
+            p.append(f"{key}: {val} must be >= 0")
+    s = cfg.sim
+    pos("sim.total_devices", s.total_devices)
+    pos("sim.infer_tp", s.infer_tp)
+    if not 0 < s.rollout_devices < s.total_devices:
+        p.append(f"sim.rollout_devices: {s.rollout_devices} must be between 1 and sim.total_devices-1={s.total_devices - 1}")
+    if check_files:
+        for key, val in (("data.path", cfg.data.path), ("data.eval_path", cfg.data.eval_path),
+                         ("lengths.path", cfg.lengths.path), ("model.path", cfg.model.path),
+                         ("workload.trace_path", cfg.workload.trace_path if w.type == "trace" else None)):
+            if val and not Path(val).exists():
+                p.append(f"{key}: {val} does not exist; fix the path or remove the key")
+    return p
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Config) -> str:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg)))
+
+
+def save_resolved(cfg: Config, output_dir: str | Path | None = None) -> Path:
+    """Write the resolved config as ``config.yaml`` into the run directory (atomically)."""
+    from .io import write_text_atomic
+
+    out = Path(output_dir or cfg.output_dir)
+    path = out / "config.yaml"
+    write_text_atomic(path, to_yaml(cfg))
+    return path
+
+
+def describe(cls=Config, prefix: str = "") -> list[tuple[str, Any, str]]:
+    """(dotted key, default, help) for every field: used by ``asp config``."""
+    out = []
+    inst = cls()
+    for f in dataclasses.fields(cls):
+        val = getattr(inst, f.name)
+        if dataclasses.is_dataclass(val):
+            out.extend(describe(type(val), prefix + f.name + "."))
+        else:
+            h = f.metadata.get("help", "")
+            if f.metadata.get("choices"):
+                h += f" ({'|'.join(f.metadata['choices'])})"
+            out.append((prefix + f.name, val, h))
+    return out

@@ -1,0 +1,105 @@
+"""The event timeline: one format for simulated and real runs (DESIGN 5).
+
+``timeline.jsonl`` holds one JSON object per line with a ``kind``:
+
+- ``request``: epoch, iteration, instance, prompt_id, sample, admission_version,
+  t_admit, t_first_token, t_finish, prompt_length, response_length
+- ``step`` (optimizer step): t_start, t_end, iteration, mini_batch, version,
+  samples ([[epoch, prompt_id, sample], ...]), tokens (real prompt+response tokens),
+  padded_tokens (pad slots of its padded micro-batches)
+- ``queue``: t, op (put|get), size (groups in the sample queue after the op)
+- ``sync``: t_start, t_end, version (the version published)
+- ``instance``: t, instance, state (up|down|restart): fault-tolerance events
+
+Times are seconds from the run's start. :class:`Timeline` keeps events columnar
+(lists of dicts per kind) and converts to pandas frames for the metric functions.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+KINDS = ("request", "step", "queue", "sync", "instance")
+
+REQUEST_FIELDS = ("epoch", "iteration", "instance", "prompt_id", "sample", "admission_version",
+                  "t_admit", "t_first_token", "t_finish", "prompt_length", "response_length")
+STEP_FIELDS = ("t_start", "t_end", "iteration", "mini_batch", "version", "samples", "tokens", "padded_tokens")
+
+
+@dataclass
+class Timeline:
+    events: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {k: [] for k in KINDS})
+
+    def add(self, kind: str, **ev: Any) -> None:
+        if kind not in self.events:
+            raise ValueError(f"unknown timeline event kind {kind!r}; valid: {', '.join(KINDS)}")
+        self.events[kind].append(ev)
+
+    def extend(self, kind: str, evs: Iterable[dict[str, Any]]) -> None:
+        self.events[kind].extend(evs)
+
+    def frame(self, kind: str):
+        import pandas as pd
+
+        return pd.DataFrame(self.events[kind])
+
+    # ---------------------------------------------------------------- jsonl
+    def write_jsonl(self, path: str | Path) -> None:
+        from ..io import atomic_path
+
+        with atomic_path(path) as tmp, open(tmp, "w") as fh:
+            for kind in KINDS:
+                for ev in self.events[kind]:
+                    fh.write(json.dumps({"kind": kind, **ev}, default=_np_default) + "\n")
+
+    @classmethod
+    def read_jsonl(cls, path: str | Path) -> "Timeline":
+        from ..errors import DataError
+
+        tl = cls()
+        with open(path) as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    ev = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); "
+                                    "the timeline may be truncated by a crash: delete the line") from None
+                kind = ev.pop("kind", None)
+                if kind not in tl.events:
+                    raise DataError(f"{path}:{lineno}: unknown event kind {kind!r}; valid: {', '.join(KINDS)}")
+                tl.events[kind].append(ev)
+        return tl
+
+
+class TimelineWriter:
+    """Appends events to ``timeline.jsonl`` as they happen (real runs), flushing each line."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a")
+
+    def add(self, kind: str, **ev: Any) -> None:
+        if kind not in KINDS:
+            raise ValueError(f"unknown timeline event kind {kind!r}")
+        self._fh.write(json.dumps({"kind": kind, **ev}, default=_np_default) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def _np_default(o):
+    if isinstance(o, np.integer):
+        return int(o)
+    if isinstance(o, np.floating):
+        return float(o)
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    raise TypeError(type(o).__name__)
