@@ -1,0 +1,95 @@
+"""The `asp` command: argument parsing and dispatch only.
+
+Each subcommand imports its implementation lazily, after the arguments are parsed,
+so ``asp --help``, ``asp schedule`` and ``asp simulate`` never import torch/ray/vllm.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import AspError
+
+COMMANDS = {
+    "schedule": "the offline ASP pass: dataset + length history -> schedule.parquet",
+    "simulate": "discrete-event what-if: system policies x instance counts",
+    "train": "async multi-instance RL on Ray (schedules first if needed)",
+    "report": "plots and tables from a finished run or simulation",
+    "doctor": "platform, versions, which backends are usable and why not",
+    "config": "list every config key with its default and help",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="asp", description="asp_ascend: Adaptive Scheduling Pipeline for RL post-training")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    for name in ("schedule", "simulate", "train"):
+        sp = sub.add_parser(name, help=COMMANDS[name], description=COMMANDS[name])
+        sp.add_argument("config", help="YAML config file (e.g. configs/cpu_tiny_grpo.yaml)")
+        sp.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. rollout.num_instances=4")
+        if name == "simulate":
+            sp.add_argument("--calibrate", metavar="RUN_DIR",
+                            help="fit the cost model from RUN_DIR/timeline.jsonl, then simulate that setup")
+    rp = sub.add_parser("report", help=COMMANDS["report"], description=COMMANDS["report"])
+    rp.add_argument("run_dir", help="a run or simulation directory")
+    dp = sub.add_parser("doctor", help=COMMANDS["doctor"], description=COMMANDS["doctor"])
+    dp.add_argument("--mindspeed-src", metavar="PATH",
+                    help="statically check a MindSpeed-RL source tree for everything the adapter relies on")
+    dp.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    sub.add_parser("config", help=COMMANDS["config"], description=COMMANDS["config"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.command is None:
+        _parser().print_help()
+        return 2
+    try:
+        return int(_dispatch(args) or 0)
+    except AspError as exc:
+        print(f"asp {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"asp {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+def _dispatch(args) -> int | None:
+    if args.command == "config":
+        from .config import describe
+
+        for key, default, help_ in describe():
+            print(f"{key:38s} {default!r:24s} {help_}")
+        return 0
+    if args.command == "doctor":
+        from .platforms.doctor import run_doctor
+
+        return run_doctor(mindspeed_src=args.mindspeed_src, as_json=args.json)
+    if args.command == "report":
+        from .report.run import run_report
+
+        return run_report(args.run_dir)
+    from .config import load_config
+
+    overrides = list(args.overrides)
+    if getattr(args, "calibrate", None):
+        overrides.append(f"sim.calibrate={args.calibrate}")
+    cfg = load_config(args.config, overrides)
+    if args.command == "schedule":
+        from .scheduler.run import run_schedule
+
+        return run_schedule(cfg)
+    if args.command == "simulate":
+        from .sim.run import run_simulate
+
+        return run_simulate(cfg)
+    if args.command == "train":
+        from .pipeline.run import run_train
+
+        return run_train(cfg)
+    raise AssertionError(args.command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
