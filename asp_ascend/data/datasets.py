@@ -1,0 +1,145 @@
+"""Prompt datasets: JSONL or verl-style parquet, with stable prompt ids.
+
+JSONL: one object per line with the prompt field (``data.prompt_key``, default
+``prompt``) and optionally an id (``data.id_key``) and a reference answer. Parquet
+(verl style): a prompt column that holds a string or a chat list of
+``{"role", "content"}`` messages. Prompts without an id get ``"<row>"`` (the row number,
+stable as long as the file is). Prompt lengths are counted in whitespace tokens until a
+tokenizer is available (the runtime replaces them with real token counts).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import DataError
+
+
+@dataclass
+class PromptSet:
+    ids: list[str]
+    prompts: list[str]
+    answers: list[str | None]
+    prompt_lengths: np.ndarray
+    known_lengths: np.ndarray | None = None  # answer lengths known by construction (synthetic task)
+    source: str = "<memory>"
+    extra: dict[str, list[Any]] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def subset(self, index) -> "PromptSet":
+        idx = np.asarray(index)
+        return PromptSet([self.ids[i] for i in idx], [self.prompts[i] for i in idx],
+                         [self.answers[i] for i in idx], self.prompt_lengths[idx],
+                         None if self.known_lengths is None else self.known_lengths[idx], self.source,
+                         {k: [v[i] for i in idx] for k, v in self.extra.items()})
+
+
+def _prompt_text(val: Any, where: str) -> str:
+    if isinstance(val, str):
+        return val
+    if isinstance(val, np.ndarray):
+        val = val.tolist()
+    if isinstance(val, list) and all(isinstance(m, dict) and "content" in m for m in val):
+        return "\n".join(str(m["content"]) for m in val)
+    raise DataError(f"{where}: prompt must be a string or a list of chat messages "
+                    f"{{role, content}}, got {type(val).__name__}")
+
+
+def make_prompt_set(records: list[dict], source: str, prompt_key: str, id_key: str, answer_key: str,
+                    row_offset: int = 1, row_word: str = "line") -> PromptSet:
+    if not records:
+        raise DataError(f"{source}: the dataset is empty; add prompts (one per {row_word}) or drop data.path "
+                        "to use the built-in synthetic task")
+    ids, prompts, answers = [], [], []
+    first_row: dict[str, int] = {}
+    for i, rec in enumerate(records):
+        where = f"{source}:{row_word} {i + row_offset}"
+        if prompt_key not in rec or rec[prompt_key] is None:
+            keys = ", ".join(map(str, rec.keys())) or "none"
+            raise DataError(f"{where}: no '{prompt_key}' field (fields: {keys}); set data.prompt_key to the "
+                            "field that holds the prompt")
+        prompts.append(_prompt_text(rec[prompt_key], where))
+        pid = rec.get(id_key)
+        pid = str(i) if pid is None else str(pid)
+        if pid in first_row:
+            raise DataError(f"{where}: duplicate prompt id {pid!r} (first at {row_word} {first_row[pid]}); "
+                            f"prompt ids in '{id_key}' must be unique")
+        first_row[pid] = i + row_offset
+        ids.append(pid)
+        ans = rec.get(answer_key)
+        if ans is None and isinstance(rec.get("reward_model"), dict):  # verl parquet convention
+            ans = rec["reward_model"].get("ground_truth")
+        answers.append(None if ans is None else str(ans))
+    lengths = np.fromiter((len(p.split()) for p in prompts), dtype=np.int64, count=len(prompts))
+    return PromptSet(ids, prompts, answers, lengths, None, source)
+
+
+def load_prompts(path: str | Path, prompt_key: str = "prompt", id_key: str = "id",
+                 answer_key: str = "answer") -> PromptSet:
+    """Load prompts from ``.jsonl``/``.json`` lines or ``.parquet``."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: prompts file does not exist; fix data.path")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        records = []
+        with open(path) as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); each line must be one "
+                                    "JSON object") from None
+                if not isinstance(rec, dict):
+                    raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+                rec.setdefault("__line__", lineno)
+                records.append(rec)
+        if not records:
+            raise DataError(f"{path}: the dataset is empty; add prompts (one JSON object per line)")
+        # Report real line numbers (blank lines are skipped).
+        ps = None
+        try:
+            ps = make_prompt_set(records, str(path), prompt_key, id_key, answer_key)
+        except DataError as exc:
+            msg = str(exc)
+            import re
+
+            m = re.search(r":line (\d+):", msg)
+            if m:
+                real = records[int(m.group(1)) - 1]["__line__"]
+                msg = msg.replace(f":line {m.group(1)}:", f":{real}:", 1)
+            raise DataError(msg) from None
+        return ps
+    if suffix in (".parquet", ".pq"):
+        import pandas as pd
+
+        try:
+            df = pd.read_parquet(path)
+        except Exception as exc:
+            raise DataError(f"{path}: cannot read parquet ({exc}); is it a parquet file?") from None
+        if prompt_key not in df.columns:
+            raise DataError(f"{path}: no '{prompt_key}' column (columns: {', '.join(map(str, df.columns))}); "
+                            "set data.prompt_key to the column that holds the prompt")
+        return make_prompt_set(df.to_dict("records"), str(path), prompt_key, id_key, answer_key,
+                               row_offset=0, row_word="row")
+    raise DataError(f"{path}: unsupported prompts format '{suffix}'; use .jsonl or .parquet")
+
+
+def prompts_from_config(cfg) -> tuple[PromptSet, PromptSet | None]:
+    """(train, eval) prompts: ``data.path`` or, when absent, the built-in synthetic task."""
+    d = cfg.data
+    if d.path:
+        train = load_prompts(d.path, d.prompt_key, d.id_key, d.answer_key)
+        ev = load_prompts(d.eval_path, d.prompt_key, d.id_key, d.answer_key) if d.eval_path else None
+        return train, ev
+    from .synthetic import make_synthetic_task
+
+    return make_synthetic_task(d.synthetic, cfg.seed)
