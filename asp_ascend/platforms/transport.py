@@ -1,0 +1,295 @@
+"""Weight-sync transports: trainer -> rollout instances, behind one interface.
+
+Every weight sync is three calls, the same for every transport::
+
+    ticket = tx.prepare(version, named_tensors)     # trainer: metadata (+ payload for CPU paths)
+    futs = [instance.update_weights.remote(ticket) for instance in instances]
+    tx.send(ticket, named_tensors)                  # trainer: no-op, or the collective broadcast
+    ray.get(futs)                                   # each instance: rx.recv(ticket) -> (name, tensor)
+
+Implementations:
+- ``InProcessTransport``: the ticket carries CPU copies (tests, single process).
+- ``RayObjectStoreTransport``: one ``ray.put`` of the serialized state dict; every instance
+  ``ray.get``s it (zero-copy shared memory on one node). The CPU path.
+- ``BroadcastTransport``: tensors packed into flat per-dtype buckets of at most
+  ``bucket_bytes`` and broadcast from rank 0 over a communicator spanning the trainer's
+  sending rank and one rank per instance: vLLM's ``PyNcclCommunicator`` (CUDA) or
+  vllm-ascend's ``PyHcclCommunicator`` (NPU) over a ``StatelessProcessGroup`` (Ray's own
+  collectives have no HCCL), or a gloo group on CPU. Bucketing cuts the per-tensor launch
+  cost; the receiver allocates one buffer per bucket and yields views into it.
+
+torch, ray and vllm are imported inside the methods that need them.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Optional, Protocol, runtime_checkable
+
+from ..errors import BackendMissingError, ConfigError
+
+DEFAULT_BUCKET_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    offset: int          # in elements, inside its bucket
+    numel: int
+
+
+@dataclass(frozen=True)
+class Bucket:
+    dtype: str           # torch dtype name without the 'torch.' prefix, e.g. 'bfloat16'
+    numel: int
+    tensors: tuple[TensorSpec, ...]
+
+
+@dataclass(frozen=True)
+class WeightTicket:
+    """What an instance needs to receive one policy version (picklable; crosses Ray calls)."""
+    version: int
+    buckets: tuple[Bucket, ...]
+    payload: Any = field(default=None, compare=False)
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for b in self.buckets for t in b.tensors]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(b.numel * _DTYPE_BYTES.get(b.dtype, 4) for b in self.buckets)
+
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
+                "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+
+
+def plan_buckets(specs: Iterable[tuple[str, tuple[int, ...], str]], bucket_bytes: int) -> tuple[Bucket, ...]:
+    """Group (name, shape, dtype) into flat buckets: one dtype per bucket, parameter order kept,
+    at most ``bucket_bytes`` each unless a single tensor is larger (then it gets its own)."""
+    if bucket_bytes <= 0:
+        raise ConfigError([f"weight_sync.bucket_bytes: must be positive, got {bucket_bytes}"])
+    buckets: list[Bucket] = []
+    cur: list[TensorSpec] = []
+    cur_dtype: Optional[str] = None
+    cur_numel = 0
+
+    def close():
+        nonlocal cur, cur_numel
+        if cur:
+            buckets.append(Bucket(cur_dtype, cur_numel, tuple(cur)))
+        cur, cur_numel = [], 0
+
+    for name, shape, dtype in specs:
+        numel = 1
+        for s in shape:
+            numel *= int(s)
+        size = _DTYPE_BYTES.get(dtype, 4)
+        if cur and (dtype != cur_dtype or (cur_numel + numel) * size > bucket_bytes):
+            close()
+        cur_dtype = dtype
+        cur.append(TensorSpec(name, tuple(int(s) for s in shape), cur_numel, numel))
+        cur_numel += numel
+    close()
+    return tuple(buckets)
+
+
+def _dtype_name(t) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _specs(named: list) -> list[tuple[str, tuple[int, ...], str]]:
+    return [(n, tuple(t.shape), _dtype_name(t)) for n, t in named]
+
+
+@runtime_checkable
+class WeightTransport(Protocol):
+    """prepare (trainer) -> recv (each instance, concurrently) + send (trainer)."""
+
+    def prepare(self, version: int, named_tensors: Iterable[tuple[str, Any]]) -> WeightTicket: ...
+    def send(self, ticket: WeightTicket, named_tensors: Iterable[tuple[str, Any]]) -> None: ...
+    def recv(self, ticket: WeightTicket) -> Iterator[tuple[str, Any]]: ...
+
+
+class InProcessTransport:
+    """The ticket itself carries detached CPU copies. For tests and single-process runs."""
+
+    def prepare(self, version, named_tensors):
+        named = [(n, t.detach().to("cpu").clone()) for n, t in named_tensors]
+        return WeightTicket(version, plan_buckets(_specs(named), DEFAULT_BUCKET_BYTES), payload=named)
+
+    def send(self, ticket, named_tensors) -> None:
+        """Nothing to do: the data travels in the ticket."""
+
+    def recv(self, ticket):
+        yield from ticket.payload
+
+
+def serialize_state(named: Iterable[tuple[str, Any]]) -> bytes:
+    """torch.save of an ordered dict of CPU tensors (vLLM's RPC turns raw tensors into lists)."""
+    import torch
+
+    buf = io.BytesIO()
+    torch.save({n: t.detach().to("cpu") for n, t in named}, buf)
+    return buf.getvalue()
+
+
+def deserialize_state(blob: bytes) -> list[tuple[str, Any]]:
+    import torch
+
+    return list(torch.load(io.BytesIO(blob), map_location="cpu", weights_only=True).items())
+
+
+class RayObjectStoreTransport:
+    """One ``ray.put`` per version; instances ``ray.get`` the blob (the CPU weight-sync path)."""
+
+    def prepare(self, version, named_tensors):
+        ray = _ray()
+        named = list(named_tensors)
+        blob = serialize_state(named)
+        return WeightTicket(version, plan_buckets(_specs(named), DEFAULT_BUCKET_BYTES), payload=ray.put(blob))
+
+    def send(self, ticket, named_tensors) -> None:
+        """Nothing to do: prepare already placed the blob in the object store."""
+
+    def recv_bytes(self, ticket) -> bytes:
+        """The serialized state dict (to forward into a vLLM worker via collective_rpc)."""
+        return _ray().get(ticket.payload)
+
+    def recv(self, ticket):
+        yield from deserialize_state(self.recv_bytes(ticket))
+
+
+@runtime_checkable
+class Communicator(Protocol):
+    device: Any
+
+    def broadcast(self, tensor, src: int) -> None: ...
+
+
+class BroadcastTransport:
+    """Bucketed broadcast from rank 0 over ``communicator`` (NCCL, HCCL or gloo).
+
+    The trainer's sending process is rank 0; each receiving instance process holds its own
+    ``BroadcastTransport`` over the same communicator with its own rank. ``synchronize``
+    (e.g. ``platform.synchronize``) runs after the last bucket so callers see finished data.
+    """
+
+    def __init__(self, communicator: Communicator, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 synchronize=None, src: int = 0):
+        self.comm = communicator
+        self.bucket_bytes = int(bucket_bytes)
+        self.synchronize = synchronize
+        self.src = src
+
+    def prepare(self, version, named_tensors):
+        return WeightTicket(version, plan_buckets(_specs(list(named_tensors)), self.bucket_bytes))
+
+    def send(self, ticket, named_tensors) -> None:
+        import torch
+
+        by_name = dict(named_tensors)
+        device = self.comm.device
+        for b in ticket.buckets:
+            flat = torch.cat([by_name[s.name].detach().reshape(-1).to(device) for s in b.tensors])
+            self.comm.broadcast(flat, src=self.src)
+        if self.synchronize is not None:
+            self.synchronize()
+
+    def recv(self, ticket):
+        import torch
+
+        for b in ticket.buckets:
+            flat = torch.empty(b.numel, dtype=getattr(torch, b.dtype), device=self.comm.device)
+            self.comm.broadcast(flat, src=self.src)
+            if self.synchronize is not None:
+                self.synchronize()
+            for s in b.tensors:
+                yield s.name, flat[s.offset:s.offset + s.numel].view(s.shape)
+
+
+class GlooCommunicator:
+    """A stateless gloo group (no global torch.distributed state): the CPU communicator."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0):
+        import datetime
+
+        import torch
+        import torch.distributed as dist
+
+        self.rank, self.world_size = rank, world_size
+        self.device = torch.device("cpu")
+        store = dist.TCPStore(host, port, world_size, rank == 0,
+                              timeout=datetime.timedelta(seconds=timeout_s))
+        self._store = store
+        self._pg = dist.ProcessGroupGloo(dist.PrefixStore("asp_weight_sync", store), rank, world_size)
+
+    def broadcast(self, tensor, src: int) -> None:
+        import torch.distributed as dist
+
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = src, 0
+        self._pg.broadcast([tensor], opts).wait()
+
+
+def create_communicator(platform_name: str, host: str, port: int, rank: int, world_size: int,
+                        device_index: int = 0) -> Communicator:
+    """A weight-sync communicator for ``platform_name`` (cpu|cuda|npu), world = trainer sender + instances.
+
+    cuda: vLLM ``PyNcclCommunicator``; npu: vllm-ascend ``PyHcclCommunicator``; both over
+    vLLM's ``StatelessProcessGroup`` so they never touch the trainer's own process groups.
+    """
+    if platform_name == "cpu":
+        return GlooCommunicator(host, port, rank, world_size)
+    if platform_name not in ("cuda", "npu"):
+        raise ConfigError([f"platform: no weight-sync communicator for {platform_name!r}; use cpu, cuda or npu"])
+    from . import get_platform
+
+    platform = get_platform(platform_name)
+    try:
+        from vllm.distributed.utils import StatelessProcessGroup
+    except ImportError as exc:
+        hint = "pip install vllm" if platform_name == "cuda" else "install vllm + vllm-ascend (docs/ascend.md)"
+        raise BackendMissingError("vllm", hint, "the weight-sync broadcast") from exc
+    if platform_name == "cuda":
+        from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator as Comm
+    else:
+        try:
+            from vllm_ascend.distributed.device_communicators.pyhccl import PyHcclCommunicator as Comm
+        except ImportError as exc:
+            raise BackendMissingError("vllm_ascend", "install vllm-ascend (docs/ascend.md)",
+                                      "the HCCL weight-sync broadcast") from exc
+    group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
+    comm = Comm(group, device=platform.torch_device(device_index))
+    if getattr(comm, "disabled", False):
+        # Both communicators silently disable themselves when the library is missing or the
+        # world has one rank; a silent no-op broadcast would leave instances on stale weights.
+        raise BackendMissingError(f"{platform_name} collective library",
+                                  "check the NCCL/HCCL install and that world_size >= 2",
+                                  "the weight-sync broadcast")
+    return comm
+
+
+def make_transport(kind: str, communicator: Optional[Communicator] = None,
+                   bucket_bytes: int = DEFAULT_BUCKET_BYTES, synchronize=None) -> WeightTransport:
+    """Factory: ``inprocess`` | ``object_store`` | ``broadcast`` (needs a communicator)."""
+    if kind == "inprocess":
+        return InProcessTransport()
+    if kind == "object_store":
+        return RayObjectStoreTransport()
+    if kind == "broadcast":
+        if communicator is None:
+            raise ConfigError(["weight_sync: transport 'broadcast' needs a communicator "
+                               "(create_communicator(platform, host, port, rank, world_size))"])
+        return BroadcastTransport(communicator, bucket_bytes, synchronize)
+    raise ConfigError([f"weight_sync.transport: unknown value {kind!r}; choose inprocess, object_store or broadcast"])
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError as exc:
+        raise BackendMissingError("ray", "pip install 'ray[default]'", "the object-store weight sync") from exc
+    return ray

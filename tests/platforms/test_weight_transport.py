@@ -1,0 +1,114 @@
+"""Weight-sync transports: bucket planning, in-process, Ray object store, gloo broadcast."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asp_ascend.errors import BackendMissingError, ConfigError
+from asp_ascend.platforms.transport import (
+    InProcessTransport, WeightTransport, make_transport, plan_buckets)
+
+
+def test_plan_buckets_one_dtype_each_order_kept_size_capped():
+    specs = [("a", (4, 4), "float32"), ("b", (16,), "float32"), ("c", (8,), "bfloat16"),
+             ("d", (100,), "float32"), ("e", (2,), "float32")]
+    buckets = plan_buckets(specs, bucket_bytes=128)
+    assert [b.dtype for b in buckets] == ["float32", "bfloat16", "float32", "float32"]
+    assert [[t.name for t in b.tensors] for b in buckets] == [["a", "b"], ["c"], ["d"], ["e"]]
+    assert [[t.name for t in b.tensors] for b in plan_buckets(specs, 64)] == [["a"], ["b"], ["c"], ["d"], ["e"]]
+    big = plan_buckets(specs, bucket_bytes=10_000)
+    assert [[t.name for t in b.tensors] for b in big] == [["a", "b"], ["c"], ["d", "e"]]
+    assert [(t.offset, t.numel) for t in big[0].tensors] == [(0, 16), (16, 16)]
+    assert big[0].numel == 32
+    # every tensor exactly once, offsets contiguous
+    for b in big:
+        assert sum(t.numel for t in b.tensors) == b.numel
+    with pytest.raises(ConfigError, match="bucket_bytes"):
+        plan_buckets(specs, 0)
+
+
+def test_factory_rejects_unknown_and_needs_communicator():
+    with pytest.raises(ConfigError, match="choose inprocess, object_store or broadcast"):
+        make_transport("carrier-pigeon")
+    with pytest.raises(ConfigError, match="needs a communicator"):
+        make_transport("broadcast")
+    assert isinstance(make_transport("inprocess"), WeightTransport)
+
+
+def test_inprocess_roundtrip_copies():
+    torch = pytest.importorskip("torch")
+    w = torch.arange(6.0).reshape(2, 3)
+    tx = InProcessTransport()
+    ticket = tx.prepare(1, [("w", w)])
+    tx.send(ticket, [("w", w)])
+    w.add_(100)  # the trainer keeps training: the published version must not change
+    got = dict(tx.recv(ticket))
+    assert torch.equal(got["w"], torch.arange(6.0).reshape(2, 3))
+    assert ticket.version == 1 and ticket.names == ["w"] and ticket.nbytes == 24
+
+
+def test_object_store_roundtrip():
+    torch = pytest.importorskip("torch")
+    ray = pytest.importorskip("ray")
+    from asp_ascend.platforms.transport import RayObjectStoreTransport
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        tx = RayObjectStoreTransport()
+        named = [("a", torch.randn(3, 4)), ("b", torch.ones(2, dtype=torch.bfloat16))]
+        ticket = tx.prepare(2, named)
+
+        @ray.remote
+        def receive(t):
+            return {k: v.clone() for k, v in RayObjectStoreTransport().recv(t)}
+
+        got = ray.get(receive.remote(ticket))
+        assert list(got) == ["a", "b"]
+        assert all(torch.equal(got[k], v) for k, v in named)
+    finally:
+        ray.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_bucketed_gloo_broadcast_three_ranks(tmp_path):
+    pytest.importorskip("torch")
+    worker = Path(__file__).with_name("_broadcast_worker.py")
+    port, world = _free_port(), 3
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
+    procs = [subprocess.Popen([sys.executable, str(worker), str(r), str(world), str(port), str(tmp_path / f"{r}.json")],
+                              env=env) for r in range(world)]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    sender = json.loads((tmp_path / "0.json").read_text())
+    assert sender["buckets"] >= 3  # the 1 KiB cap splits the model into several buckets
+    for r in (1, 2):
+        got = json.loads((tmp_path / f"{r}.json").read_text())
+        assert got["names"] == ["embed.weight", "layer.0.w", "layer.0.b", "step", "head.weight"]
+        assert got["equal"] is True
+        assert got["dtypes"]["layer.0.w"] == "torch.bfloat16" and got["dtypes"]["step"] == "torch.int64"
+
+
+def test_device_communicators_fail_clearly_without_the_device():
+    pytest.importorskip("torch")
+    from asp_ascend.platforms import CudaPlatform, NpuPlatform
+    from asp_ascend.platforms.transport import create_communicator
+
+    if not NpuPlatform().is_available():
+        with pytest.raises((BackendMissingError, ConfigError), match="torch_npu|platform: 'npu'"):
+            create_communicator("npu", "127.0.0.1", 1, 0, 2)
+    if not CudaPlatform().is_available():
+        with pytest.raises(ConfigError, match="platform: 'cuda' is not usable"):
+            create_communicator("cuda", "127.0.0.1", 1, 0, 2)
+    with pytest.raises(ConfigError, match="no weight-sync communicator for 'tpu'"):
+        create_communicator("tpu", "127.0.0.1", 1, 0, 2)
