@@ -97,8 +97,9 @@ class Dispatcher:
         self.shared = shared
         self.alive = [True] * num_instances
         self.queues: list[list[Job]] = [[] for _ in range(1 if shared else num_instances)]
-        self.running: dict[str, tuple[int, Job]] = {}  # prompt_id -> (instance, job)
-        self.finished: set[str] = set()
+        # keyed by (epoch, prompt_id): a prompt recurs once per epoch
+        self.running: dict[tuple[int, str], tuple[int, Job]] = {}  # -> (instance, job)
+        self.finished: set[tuple[int, str]] = set()
         self.total = 0
         for job in jobs:
             q = 0 if shared else job.instance
@@ -142,14 +143,15 @@ class Dispatcher:
             return None
         heapq.heappop(self._queue(instance))
         version = self.adm.on_admit(instance, job.iteration)
-        self.running[job.prompt_id] = (instance, job)
+        self.running[(job.epoch, job.prompt_id)] = (instance, job)
         return job, version
 
-    def on_finish(self, prompt_id: str) -> Job:
-        if prompt_id in self.finished:
-            raise ValueError(f"prompt {prompt_id} finished twice")
-        instance, job = self.running.pop(prompt_id)
-        self.finished.add(prompt_id)
+    def on_finish(self, prompt_id: str, epoch: int = 0) -> Job:
+        key = (epoch, prompt_id)
+        if key in self.finished:
+            raise ValueError(f"prompt {prompt_id} of epoch {epoch} finished twice")
+        instance, job = self.running.pop(key)
+        self.finished.add(key)
         return job
 
     def on_instance_failed(self, instance: int) -> list[Job]:
@@ -160,9 +162,9 @@ class Dispatcher:
         iteration and rank, so it is trained in the same iteration.
         """
         self.alive[instance] = False
-        moved = [job for pid, (inst, job) in list(self.running.items()) if inst == instance]
+        moved = [job for key, (inst, job) in list(self.running.items()) if inst == instance]
         for job in moved:
-            del self.running[job.prompt_id]
+            del self.running[(job.epoch, job.prompt_id)]
         if not self.shared:
             moved.extend(self.queues[instance])
             self.queues[instance] = []
