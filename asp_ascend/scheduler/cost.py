@@ -24,9 +24,9 @@ class CostModel:
     decode_b: float = 2.0e-8
     decode_c: float = 1.0e-4
     prefill_per_token: float = 5.0e-5
-    train_per_token: float = 2.0e-5
+    train_per_token: float = 5.0e-6
     train_per_step: float = 0.05
-    logprob_per_token: float = 5.0e-6
+    logprob_per_token: float = 1.5e-6
     logprob_passes: int = 1
     sync_s: float = 0.5
 

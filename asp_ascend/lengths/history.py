@@ -1,0 +1,114 @@
+"""Length history: a table of observed response lengths (DESIGN 6).
+
+Columns: ``prompt_id``, ``response_length`` (required), ``epoch``, ``sample``,
+``prompt_length`` (optional). Parquet, CSV or JSONL. Real runs append rows with these
+names. Every malformed row ends in one DataError naming the file, the row and the fix.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import DataError
+
+log = logging.getLogger(__name__)
+
+REQUIRED = ("prompt_id", "response_length")
+OPTIONAL = ("epoch", "sample", "prompt_length")
+
+
+def read_table(path: str | Path) -> pd.DataFrame:
+    """Read a parquet, CSV or JSONL table; errors name the file and the fix."""
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: file does not exist")
+    suffix = path.suffix.lower()
+    try:
+        if suffix in (".parquet", ".pq"):
+            return pd.read_parquet(path)
+        if suffix == ".csv":
+            return pd.read_csv(path)
+        if suffix in (".jsonl", ".ndjson", ".json"):
+            return pd.read_json(path, lines=True)
+    except (ValueError, OSError, pd.errors.ParserError) as exc:
+        raise DataError(f"{path}: cannot parse as {suffix.lstrip('.')} ({str(exc).splitlines()[0]})") from None
+    except Exception as exc:  # pyarrow raises its own types
+        raise DataError(f"{path}: cannot read ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+    raise DataError(f"{path}: unsupported table format '{suffix}'; use .parquet, .csv or .jsonl")
+
+
+def _row_label(path: Path, i: int) -> str:
+    # CSV: header is line 1, so data row i (0-based) is line i + 2; JSONL: line i + 1.
+    s = path.suffix.lower()
+    if s == ".csv":
+        return f"{path}:{i + 2}"
+    if s in (".jsonl", ".ndjson", ".json"):
+        return f"{path}:{i + 1}"
+    return f"{path}: row {i}"
+
+
+def validate_lengths(df: pd.DataFrame, path: Path, max_response_length: int | None,
+                     column: str = "response_length") -> pd.DataFrame:
+    vals = pd.to_numeric(df[column], errors="coerce")
+    bad = vals.isna().to_numpy() | ~np.isfinite(vals.to_numpy(dtype=float, na_value=np.nan))
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise DataError(f"{_row_label(path, i)}: {column} is {df[column].iloc[i]!r}, not a number; "
+                        f"fix or drop the row ({int(bad.sum())} such row(s))")
+    neg = (vals < 0).to_numpy()
+    if neg.any():
+        i = int(np.flatnonzero(neg)[0])
+        raise DataError(f"{_row_label(path, i)}: {column} is {vals.iloc[i]:g}, negative; lengths are token "
+                        f"counts >= 0 ({int(neg.sum())} such row(s))")
+    if max_response_length is not None:
+        over = (vals > max_response_length).to_numpy()
+        if over.any():
+            i = int(np.flatnonzero(over)[0])
+            raise DataError(f"{_row_label(path, i)}: {column} {vals.iloc[i]:g} exceeds "
+                            f"lengths.max_response_length={max_response_length} ({int(over.sum())} row(s)); "
+                            "raise lengths.max_response_length or clip the table")
+    return vals
+
+
+def load_history(path: str | Path, max_response_length: int | None = None) -> pd.DataFrame:
+    """Load and validate a length history. Returns columns prompt_id (str), response_length
+    (int), epoch (int, 0 if absent), sample (int), prompt_length (float, NaN if absent)."""
+    path = Path(path)
+    df = read_table(path)
+    missing = [c for c in REQUIRED if c not in df.columns]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {', '.join(missing)} (has: {', '.join(map(str, df.columns))}); "
+                        "a length history needs prompt_id and response_length")
+    if df.empty:
+        raise DataError(f"{path}: the length history is empty; drop lengths.path to plan without history")
+    lengths = validate_lengths(df, path, max_response_length)
+    out = pd.DataFrame({"prompt_id": df["prompt_id"].astype(str).to_numpy(),
+                        "response_length": lengths.to_numpy(dtype=np.int64)})
+    for col in ("epoch", "sample"):
+        if col in df.columns:
+            v = pd.to_numeric(df[col], errors="coerce")
+            if v.isna().any():
+                i = int(np.flatnonzero(v.isna().to_numpy())[0])
+                raise DataError(f"{_row_label(path, i)}: {col} is {df[col].iloc[i]!r}, not an integer")
+            out[col] = v.to_numpy(dtype=np.int64)
+        else:
+            out[col] = 0 if col == "epoch" else out.groupby("prompt_id").cumcount().to_numpy()
+    if "prompt_length" in df.columns:
+        out["prompt_length"] = pd.to_numeric(df["prompt_length"], errors="coerce").to_numpy(dtype=float)
+    else:
+        out["prompt_length"] = np.nan
+    return out
+
+
+def restrict_to(history: pd.DataFrame, prompt_ids, source: str = "length history") -> pd.DataFrame:
+    """Keep rows of prompts in ``prompt_ids``; warn with the count of rows skipped."""
+    known = pd.Index(pd.unique(np.asarray(prompt_ids, dtype=object)))
+    mask = history["prompt_id"].isin(known).to_numpy()
+    skipped = int((~mask).sum())
+    if skipped:
+        n_prompts = history.loc[~mask, "prompt_id"].nunique()
+        log.warning("%s: skipped %d row(s) of %d prompt(s) not in the dataset", source, skipped, n_prompts)
+    return history.loc[mask].reset_index(drop=True)

@@ -1,0 +1,105 @@
+"""Response-length predictors: what the planner believes about each prompt.
+
+A prediction is the expected per-sample response length of a prompt's group.
+
+- ``mean``      mean of all of the prompt's history samples
+- ``ema``       per-epoch means, exponentially weighted (newest epoch weight ``alpha``)
+- ``quantile``  the ``q`` quantile of the prompt's history samples
+- ``regression`` log(response) ~ a + b * log(prompt_length), fitted on the whole history
+- prior for unseen prompts: ``global_mean`` (history-wide mean) or ``regression``
+
+``evaluate`` gives MAE (tokens) and Spearman rank correlation against the truth; 
+``holdout_report`` predicts the last epoch of a history from the earlier ones.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+METHODS = ("mean", "ema", "quantile", "regression")
+
+
+def _fit_regression(history: pd.DataFrame) -> tuple[float, float] | None:
+    h = history.dropna(subset=["prompt_length"])
+    h = h[(h["prompt_length"] > 0) & (h["response_length"] > 0)]
+    if len(h) < 2 or h["prompt_length"].nunique() < 2:
+        return None
+    x = np.log(h["prompt_length"].to_numpy(float))
+    y = np.log(h["response_length"].to_numpy(float))
+    b, a = np.polyfit(x, y, 1)
+    # E[exp(y)] under log-normal residuals
+    resid = y - (a + b * x)
+    return float(a + resid.var() / 2), float(b)
+
+
+def predict_lengths(history: pd.DataFrame | None, prompt_ids, prompt_lengths=None, method: str = "mean", *,
+                    alpha: float = 0.5, q: float = 0.5, prior: str = "regression",
+                    default: float = 256.0) -> np.ndarray:
+    """Predicted mean response length for each of ``prompt_ids`` (float array)."""
+    if method not in METHODS:
+        raise ValueError(f"unknown predictor {method!r}; valid: {', '.join(METHODS)}")
+    ids = pd.Index(np.asarray(prompt_ids, dtype=object).astype(str))
+    n = len(ids)
+    plen = None if prompt_lengths is None else np.asarray(prompt_lengths, dtype=float)
+    if history is None or history.empty:
+        return np.full(n, float(default))
+    reg = _fit_regression(history) if (prior == "regression" or method == "regression") else None
+
+    def regress():
+        if reg is None or plen is None:
+            return np.full(n, float(history["response_length"].mean()))
+        return np.exp(reg[0] + reg[1] * np.log(np.maximum(plen, 1.0)))
+
+    if method == "regression":
+        return regress()
+    g = history.groupby("prompt_id", sort=False)["response_length"]
+    if method == "mean":
+        per = g.mean()
+    elif method == "quantile":
+        per = g.quantile(q)
+    else:  # ema over epochs, oldest first
+        by_epoch = history.groupby(["prompt_id", "epoch"], sort=True)["response_length"].mean().reset_index()
+        by_epoch = by_epoch.sort_values(["prompt_id", "epoch"])
+        per = by_epoch.groupby("prompt_id", sort=False)["response_length"].agg(
+            lambda s: pd.Series(s.to_numpy(float)).ewm(alpha=alpha, adjust=False).mean().iloc[-1])
+    pred = per.reindex(ids).to_numpy(dtype=float)
+    unseen = np.isnan(pred)
+    if unseen.any():
+        fill = regress() if prior == "regression" else np.full(n, float(history["response_length"].mean()))
+        pred[unseen] = fill[unseen]
+    return pred
+
+
+def spearman(a, b) -> float:
+    a = pd.Series(np.asarray(a, dtype=float))
+    b = pd.Series(np.asarray(b, dtype=float))
+    if len(a) < 2 or a.nunique() < 2 or b.nunique() < 2:
+        return 0.0
+    return float(a.rank().corr(b.rank()))
+
+
+def evaluate(pred, truth) -> dict[str, float]:
+    pred = np.asarray(pred, dtype=float)
+    truth = np.asarray(truth, dtype=float)
+    return {"mae": float(np.mean(np.abs(pred - truth))), "spearman": spearman(pred, truth),
+            "mean_truth": float(truth.mean()), "mean_pred": float(pred.mean())}
+
+
+def holdout_report(history: pd.DataFrame, prompt_lengths: pd.Series | None = None, *,
+                   alpha: float = 0.5, q: float = 0.5) -> dict[str, dict[str, float]]:
+    """Predict the last epoch's per-prompt mean length from the earlier epochs, per method."""
+    epochs = np.sort(history["epoch"].unique())
+    if epochs.size < 2:
+        return {}
+    last = epochs[-1]
+    train = history[history["epoch"] < last]
+    test = history[history["epoch"] == last].groupby("prompt_id")["response_length"].mean()
+    ids = test.index.to_numpy()
+    if prompt_lengths is None:
+        pl = history.groupby("prompt_id")["prompt_length"].first().reindex(ids).to_numpy(float)
+    else:
+        pl = prompt_lengths.reindex(ids).to_numpy(float)
+    out = {}
+    for m in METHODS:
+        out[m] = evaluate(predict_lengths(train, ids, pl, m, alpha=alpha, q=q), test.to_numpy(float))
+    return out

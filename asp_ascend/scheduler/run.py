@@ -1,0 +1,215 @@
+"""`asp schedule`: inputs -> predictions -> plan -> estimate -> schedule.parquet + report.
+
+Where the prompts and their lengths come from:
+- ``data.path`` set: the prompts of that file; predictions from the length history
+  ``lengths.path`` (predictor ``lengths.predictor``, prior for unseen prompts), or the
+  prior alone when there is no history.
+- otherwise ``workload.type``: ``task`` = the built-in synthetic task (its answer lengths
+  are known, so the schedule is planned on the truth unless a history is given);
+  ``synthetic``/``trace``/``history`` = experiment workloads whose epochs 0..E-2 are the
+  history and whose last epoch is the truth the schedule is judged against.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError, DataError
+from .cost import CostModel
+from .estimate import estimate
+from .planner import POLICIES, SHARED_QUEUE, plan
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PlanInputs:
+    prompt_ids: np.ndarray
+    prompt_lengths: np.ndarray
+    predicted: np.ndarray
+    truth: np.ndarray | None          # true mean lengths, when known (experiments)
+    source: str
+    prediction_quality: dict | None = None
+    group_max_factor: float = 1.0
+
+
+def _group_max_factor(spread: float, G: int) -> float:
+    """E[max of G mean-one lognormal(0, spread) samples] (Monte Carlo, fixed seed)."""
+    if spread <= 0 or G <= 1:
+        return 1.0
+    z = np.random.default_rng(0).standard_normal((4000, G))
+    return float(np.exp(spread * z - spread * spread / 2).max(axis=1).mean())
+
+
+def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -> PlanInputs:
+    from ..lengths.history import load_history, restrict_to
+    from ..lengths.predictors import evaluate, predict_lengths
+
+    L = cfg.lengths
+    if history is None and L.path:
+        history = load_history(L.path, L.max_response_length)
+    if prompts is not None or cfg.data.path or cfg.workload.type == "task":
+        if prompts is None:
+            from ..data.datasets import prompts_from_config
+
+            prompts, _ = prompts_from_config(cfg)
+        ids = np.asarray(prompts.ids, dtype=object)
+        plen = np.asarray(prompts.prompt_lengths, dtype=np.float64)
+        truth = None if prompts.known_lengths is None else np.asarray(prompts.known_lengths, dtype=np.float64)
+        if history is not None:
+            history = restrict_to(history, ids, str(L.path or "length history"))
+        if L.predictor == "oracle" or (history is None and truth is not None):
+            if truth is None:
+                raise ConfigError(["lengths.predictor: 'oracle' needs known lengths (the built-in task or an "
+                                   "experiment workload); use mean, ema, quantile or regression"])
+            pred = truth.copy()
+        else:
+            pred = predict_lengths(history, ids, plen, L.predictor, alpha=L.ema_alpha, q=L.quantile,
+                                   prior=L.prior, default=min(256.0, L.max_response_length))
+        q = evaluate(pred, truth) if truth is not None and L.predictor != "oracle" and history is not None else None
+        return PlanInputs(ids, plen, np.minimum(pred, L.max_response_length), truth, prompts.source, q)
+
+    from ..lengths.workloads import workload_from_config
+
+    w = workload_from_config(cfg)
+    truth = w.mean_length[-1].astype(np.float64)
+    if L.predictor == "oracle" or w.epochs < 2:
+        pred, q = truth.copy(), None
+        if w.epochs < 2 and L.predictor != "oracle":
+            log.warning("workload has one epoch: no history to predict from, planning on the truth")
+    else:
+        hist = w.to_history(range(w.epochs - 1))
+        pred = predict_lengths(hist, w.prompt_ids, w.prompt_length, L.predictor, alpha=L.ema_alpha,
+                               q=L.quantile, prior=L.prior)
+        q = evaluate(pred, truth)
+    return PlanInputs(w.prompt_ids, w.prompt_length.astype(np.float64), pred, truth, w.name, q,
+                      _group_max_factor(w.group_spread, w.group_size))
+
+
+def check_sizes(cfg, num_prompts: int, source: str) -> None:
+    if num_prompts == 0:
+        raise DataError(f"{source}: the dataset is empty; nothing to schedule")
+    if cfg.train.global_batch_size > num_prompts:
+        raise ConfigError([f"train.global_batch_size: {cfg.train.global_batch_size} is larger than the dataset "
+                           f"({num_prompts} prompts in {source}); use at most {num_prompts}"])
+
+
+def plan_epochs(cfg, inp: PlanInputs, policy: str | None = None, epochs: int | None = None) -> pd.DataFrame:
+    policy = policy or cfg.scheduler.policy
+    t, r = cfg.train, cfg.rollout
+    cost = CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0))
+    frames, offset = [], 0
+    for e in range(epochs or t.epochs):
+        df = plan(inp.prompt_ids, inp.predicted, inp.prompt_lengths, policy=policy, group_size=t.group_size,
+                  global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
+                  num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=_lag(cfg), cost=cost,
+                  epoch=e, iteration_offset=offset, seed=cfg.seed)
+        offset = int(df["iteration"].max()) + 1
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+
+
+def _lag(cfg) -> int:
+    return 0 if cfg.pipeline.mode == "sync" else cfg.pipeline.lag_bound
+
+
+def estimate_schedule(cfg, sched: pd.DataFrame, inp: PlanInputs, lengths: np.ndarray) -> dict:
+    """Analytic figures of ``sched`` when the groups' mean lengths are ``lengths`` (per prompt of inp)."""
+    t, r = cfg.train, cfg.rollout
+    pos = pd.Index(inp.prompt_ids.astype(str)).get_indexer(sched["prompt_id"].astype(str))
+    cost = CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0))
+    return estimate(sched["iteration"].to_numpy(), sched["instance"].to_numpy(), sched["mini_batch"].to_numpy(),
+                    sched["epoch"].to_numpy() * (len(sched) + 1) + sched["dispatch_rank"].to_numpy(),
+                    np.asarray(lengths)[pos], inp.prompt_lengths[pos], group_size=t.group_size,
+                    num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=_lag(cfg),
+                    micro_batch_size=t.micro_batch_size, cost=cost, group_max_factor=inp.group_max_factor)
+
+
+PREDICTED_KEYS = ("iteration_time_mean", "padding_bubble", "skew_bubble", "sorting_bubble", "lower_bound_ratio")
+
+
+def _short(e: dict) -> dict:
+    keep = PREDICTED_KEYS + ("iteration_time_p99", "lag_blocked", "throughput", "run_time_s", "rollout_work_cv")
+    return {k: e[k] for k in keep if k in e}
+
+
+def build_schedule(cfg, prompts=None, history: pd.DataFrame | None = None, *, compare: bool = True):
+    """(schedule DataFrame, report dict) for ``cfg``; nothing is written."""
+    t0 = time.perf_counter()
+    inp = inputs_from_config(cfg, prompts, history)
+    check_sizes(cfg, len(inp.prompt_ids), inp.source)
+    sched = plan_epochs(cfg, inp)
+    predicted = estimate_schedule(cfg, sched, inp, inp.predicted)
+    elapsed = time.perf_counter() - t0
+    report = {
+        "num_prompts": int(len(inp.prompt_ids)),
+        "num_instances": cfg.rollout.num_instances,
+        "elapsed_s": elapsed,
+        "predicted": _short(predicted),
+        "policy": cfg.scheduler.policy,
+        "shared_queue": SHARED_QUEUE[cfg.scheduler.policy],
+        "epochs": int(sched["epoch"].nunique()),
+        "iterations": int(sched["iteration"].nunique()),
+        "group_size": cfg.train.group_size,
+        "global_batch_size": cfg.train.global_batch_size,
+        "mini_batch_size": cfg.train.mini_batch_size,
+        "lag_bound": _lag(cfg),
+        "source": inp.source,
+        "predictor": cfg.lengths.predictor,
+    }
+    if inp.prediction_quality is not None:
+        report["prediction_quality"] = inp.prediction_quality
+    if inp.truth is not None:
+        report["realized"] = _short(estimate_schedule(cfg, sched, inp, inp.truth))
+    if compare:
+        base = {}
+        for pol in POLICIES:
+            if pol == cfg.scheduler.policy:
+                continue
+            other = plan_epochs(cfg, inp, pol)
+            base[pol] = _short(estimate_schedule(cfg, other, inp, inp.truth if inp.truth is not None else inp.predicted))
+        report["baselines"] = base
+        report["baselines_judged_on"] = "truth" if inp.truth is not None else "predictions"
+    return sched, report
+
+
+def run_schedule(cfg) -> int:
+    from ..config import save_resolved
+    from ..io import write_json_atomic, write_parquet_atomic
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    sched, report = build_schedule(cfg)
+    out = Path(cfg.output_dir)
+    write_parquet_atomic(out / "schedule.parquet", sched, {"policy": cfg.scheduler.policy})
+    write_json_atomic(out / "schedule_report.json", report)
+    save_resolved(cfg, out)
+    print(format_report(report))
+    print(f"wrote {out / 'schedule.parquet'} ({len(sched)} rows) and {out / 'schedule_report.json'}")
+    return 0
+
+
+def format_report(report: dict) -> str:
+    lines = [f"asp schedule: {report['num_prompts']} prompts x {report['epochs']} epoch(s) -> "
+             f"{report['iterations']} iterations on {report['num_instances']} instances "
+             f"(policy {report['policy']}, lag bound {report['lag_bound']}, planned in {report['elapsed_s']:.2f} s)"]
+    rows = [(report["policy"] + " (predicted)", report["predicted"])]
+    if "realized" in report:
+        rows.append((report["policy"] + " (truth)", report["realized"]))
+    for pol, e in report.get("baselines", {}).items():
+        rows.append((pol, e))
+    lines.append(f"  {'policy':22s} {'iter time s':>11s} {'p99 s':>9s} {'padding':>8s} {'skew':>7s} "
+                 f"{'sorting':>8s} {'LB ratio':>8s}")
+    for name, e in rows:
+        lines.append(f"  {name:22s} {e['iteration_time_mean']:11.2f} {e.get('iteration_time_p99', 0):9.2f} "
+                     f"{e['padding_bubble']:8.3f} {e['skew_bubble']:7.3f} {e['sorting_bubble']:8.3f} "
+                     f"{e['lower_bound_ratio']:8.3f}")
+    q = report.get("prediction_quality")
+    if q:
+        lines.append(f"  prediction quality ({report['predictor']}): MAE {q['mae']:.1f} tokens, "
+                     f"Spearman {q['spearman']:.3f}")
+    return "\n".join(lines)
