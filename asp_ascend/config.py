@@ -74,7 +74,9 @@ class LengthsConfig:
 @dataclass
 class WorkloadConfig:
     """Length workloads for experiments (`asp schedule`/`asp simulate` without a real dataset)."""
-    type: str = _f("synthetic", "where lengths come from", choices=("synthetic", "trace", "history", "task"))
+    type: str = _f("task", "where lengths come from when data.path is absent: task (the built-in task's known "
+                   "lengths), synthetic (heavy-tailed generator), trace (a length table), history (lengths.path)",
+                   choices=("task", "synthetic", "trace", "history"))
     num_prompts: int = _f(4096, "prompts per epoch (synthetic/trace)")
     trace_path: Optional[str] = _f(None, "CSV/parquet/JSONL length table for type=trace")
     trace_column: str = _f("GeneratedTokens", "response-length column of the trace")
@@ -101,9 +103,9 @@ class CostConfig:
     decode_b: float = _f(2.0e-8, "s per decode step per context token in the batch")
     decode_c: float = _f(1.0e-4, "s per decode step per running sequence")
     prefill_per_token: float = _f(5.0e-5, "s of prefill per prompt token")
-    train_per_token: float = _f(2.0e-5, "trainer s per (padded) token, forward+backward, all trainer devices")
+    train_per_token: float = _f(5.0e-6, "trainer s per (padded) token, forward+backward, all trainer devices")
     train_per_step: float = _f(0.05, "fixed trainer s per optimizer step")
-    logprob_per_token: float = _f(5.0e-6, "s per token for each reference/old log-prob pass")
+    logprob_per_token: float = _f(1.5e-6, "s per token for each reference/old log-prob pass")
     sync_s: float = _f(0.5, "weight sync time per iteration, s")
 
 
@@ -125,7 +127,7 @@ class TrainConfig:
     group_size: int = _f(8, "G samples per prompt")
     global_batch_size: int = _f(64, "prompts per iteration (one weight sync, one policy version)")
     mini_batch_size: int = _f(16, "prompts per optimizer step; divides the global batch")
-    micro_batch_size: int = _f(8, "sequences per padded micro-batch (trainer memory unit)")
+    micro_batch_size: int = _f(16, "sequences per padded micro-batch (trainer memory unit)")
     epochs: int = _f(1, "passes over the prompts")
     lr: float = _f(1e-5, "learning rate")
     weight_decay: float = _f(0.0, "AdamW weight decay")
@@ -167,6 +169,16 @@ class SimConfig:
     sweep_devices: list = _f([], "device counts for the scaling curve (empty = none)")
     epochs: int = _f(1, "epochs to simulate")
     calibrate: Optional[str] = _f(None, "run directory whose timeline.jsonl calibrates the cost model")
+    sync_bandwidth_gbps: float = _f(25.0, "trainer->rollout weight-sync link bandwidth, GB/s (sync = param bytes / this)")
+    sync_latency_s: float = _f(0.1, "fixed part of every weight sync, s")
+    host_bandwidth_gbps: float = _f(20.0, "device<->host bandwidth for colocated offload/onload, GB/s")
+    colocated_switch_s: float = _f(0.0, "sync_colocated: train<->infer switch per iteration, s (0 = derived from host bandwidth)")
+    logprob_passes: int = _f(2, "extra forward passes per token on the trainer (old + reference log-probs)")
+    micro_batching: str = _f("padded", "trainer micro-batches: padded in schedule order, sorted by length, or packed",
+                             choices=("padded", "sorted", "packed"))
+    rollout_sync_pause: bool = _f(True, "async policies: instances pause generation during each weight sync")
+    write_timeline: str = _f("auto", "write timeline_<policy>.jsonl: auto (<= 200k samples) | always | never",
+                             choices=("auto", "always", "never"))
 
 
 @dataclass
