@@ -17,6 +17,7 @@ updates (``on_*``); nothing here knows about time, threads, Ray or vLLM.
 """
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -78,15 +79,67 @@ class AdmissionController:
         return len(self.instance_version) - 1
 
 
+class _RankQueue:
+    """Jobs bucketed by iteration; each bucket a heap by (epoch, dispatch_rank, prompt_id).
+
+    ``best(limit)`` returns the lowest-ranked job among iterations <= ``limit`` (the
+    admissible ones). Only the few iterations at or below the limit are looked at.
+    """
+
+    def __init__(self):
+        self.buckets: dict[int, list] = {}
+        self.iters: list[int] = []  # sorted iterations with a non-empty bucket
+        self.size = 0
+
+    def push(self, job: Job) -> None:
+        b = self.buckets.get(job.iteration)
+        if b is None:
+            b = self.buckets[job.iteration] = []
+            bisect.insort(self.iters, job.iteration)
+        heapq.heappush(b, (job.epoch, job.dispatch_rank, job.prompt_id, job))
+        self.size += 1
+
+    def best(self, limit: int) -> Job | None:
+        best = None
+        for it in self.iters:
+            if it > limit:
+                break
+            head = self.buckets[it][0]
+            if best is None or head[:3] < best[:3]:
+                best = head
+        return None if best is None else best[3]
+
+    def pop(self, job: Job) -> None:
+        b = self.buckets[job.iteration]
+        heapq.heappop(b)
+        self.size -= 1
+        if not b:
+            del self.buckets[job.iteration]
+            self.iters.remove(job.iteration)
+
+    def first_iteration(self) -> int | None:
+        return self.iters[0] if self.iters else None
+
+    def drain(self) -> list[Job]:
+        jobs = [entry[3] for b in self.buckets.values() for entry in b]
+        self.buckets, self.iters, self.size = {}, [], 0
+        return jobs
+
+    def __len__(self) -> int:
+        return self.size
+
+
 class Dispatcher:
     """Hands each instance its next admissible job, by the schedule.
 
     ``shared=False``: every job is bound to ``job.instance`` (asp, balanced).
-    ``shared=True``: instances pull from one queue in ``(iteration, dispatch_rank)``
-    order (fifo, random, sorted: a plain dataloader with least-loaded routing).
+    ``shared=True``: instances pull from one queue (fifo, random, sorted: a plain
+    dataloader with least-loaded routing).
 
-    Because admission is monotone in the iteration, only a queue's head can be
-    admissible first: ``next_for`` is O(log n).
+    Order: lowest ``(epoch, dispatch_rank)`` first among the *admissible* jobs (iteration
+    <= instance version + k). So a schedule may interleave iterations (start a long
+    group of iteration i+1 ahead of short ones of iteration i): the job waits until its
+    iteration is admissible and never blocks the admissible jobs ranked after it.
     Failed instances' unfinished jobs are moved to survivors (``on_instance_failed``),
     each exactly once; a job is finished exactly once (``on_finish``).
     """
@@ -96,7 +149,7 @@ class Dispatcher:
         self.adm = admission
         self.shared = shared
         self.alive = [True] * num_instances
-        self.queues: list[list[Job]] = [[] for _ in range(1 if shared else num_instances)]
+        self.queues: list[_RankQueue] = [_RankQueue() for _ in range(1 if shared else num_instances)]
         # keyed by (epoch, prompt_id): a prompt recurs once per epoch
         self.running: dict[tuple[int, str], tuple[int, Job]] = {}  # -> (instance, job)
         self.finished: set[tuple[int, str]] = set()
@@ -105,26 +158,27 @@ class Dispatcher:
             q = 0 if shared else job.instance
             if not 0 <= q < len(self.queues):
                 raise ValueError(f"job {job.prompt_id}: instance {job.instance} out of range 0..{num_instances - 1}")
-            self.queues[q].append(job)
+            self.queues[q].push(job)
             self.total += 1
-        for q in self.queues:
-            heapq.heapify(q)
 
     # decisions -----------------------------------------------------------------
-    def _queue(self, instance: int) -> list[Job]:
+    def _queue(self, instance: int) -> _RankQueue:
         return self.queues[0 if self.shared else instance]
+
+    def _limit(self, instance: int) -> int:
+        return self.adm.instance_version[instance] + self.adm.k
 
     def peek(self, instance: int) -> Job | None:
         """The job ``instance`` would take next, or None (queue empty or lag-blocked)."""
-        q = self._queue(instance)
-        if not q or not self.alive[instance]:
+        if not self.alive[instance]:
             return None
-        job = q[0]
-        return job if self.adm.admissible(instance, job.iteration) else None
+        return self._queue(instance).best(self._limit(instance))
 
     def blocked_by_lag(self, instance: int) -> bool:
+        """True if ``instance`` has queued work but none of it is admissible yet."""
         q = self._queue(instance)
-        return bool(q) and self.alive[instance] and not self.adm.admissible(instance, q[0].iteration)
+        first = q.first_iteration()
+        return self.alive[instance] and first is not None and first > self._limit(instance)
 
     def pending(self, instance: int | None = None) -> int:
         if instance is None:
@@ -141,7 +195,7 @@ class Dispatcher:
         job = self.peek(instance)
         if job is None:
             return None
-        heapq.heappop(self._queue(instance))
+        self._queue(instance).pop(job)
         version = self.adm.on_admit(instance, job.iteration)
         self.running[(job.epoch, job.prompt_id)] = (instance, job)
         return job, version
@@ -166,21 +220,23 @@ class Dispatcher:
         for job in moved:
             del self.running[(job.epoch, job.prompt_id)]
         if not self.shared:
-            moved.extend(self.queues[instance])
-            self.queues[instance] = []
+            moved.extend(self.queues[instance].drain())
         survivors = [i for i, a in enumerate(self.alive) if a]
         if not survivors:
             raise RuntimeError("every rollout instance has failed")
         for job in sorted(moved):
             if self.shared:
-                heapq.heappush(self.queues[0], job)
+                self.queues[0].push(job)
             else:
                 target = min(survivors, key=lambda i: (len(self.queues[i]), i))
-                heapq.heappush(self.queues[target], job)
+                self.queues[target].push(job)
         return moved
 
     def on_instance_restarted(self, instance: int) -> None:
         """A restarted instance rejoins (it must be synced to the current version first)."""
         self.alive[instance] = True
-        if not self.shared and instance >= len(self.queues):
-            self.queues.append([])
+        if not self.shared:
+            while instance >= len(self.queues):
+                self.queues.append(_RankQueue())
+            while instance >= len(self.alive):
+                self.alive.append(True)
