@@ -182,6 +182,25 @@ class SimConfig:
 
 
 @dataclass
+class WeightSyncConfig:
+    """Trainer -> rollout-instance weight transfer (asp_ascend/platforms/transport.py)."""
+    transport: str = _f("auto", "auto (object_store on CPU, broadcast on cuda/npu) | object_store | broadcast",
+                        choices=("auto", "object_store", "broadcast"))
+    bucket_mb: int = _f(1024, "broadcast bucket size in MiB (a larger tensor gets a bucket of its own)")
+    master_port: int = _f(29650, "TCP port of the weight-sync process group on the trainer's sending node")
+
+
+@dataclass
+class MindSpeedConfig:
+    """MindSpeed-RL adapter (Ascend clusters; docs/ascend.md)."""
+    root: Optional[str] = _f(None, "MindSpeed-RL source root (holds cli/ and mindspeed_rl/); absent -> current directory")
+    batch_order: str = _f("instance", "row order inside a batch fed to RayGRPOTrainer.fit",
+                          choices=("instance", "dispatch"))
+    trainer: str = _f("async", "async: rollout instances + AsyncGRPOTrainer; sync: stock RayGRPOTrainer fed by the schedule",
+                      choices=("async", "sync"))
+
+
+@dataclass
 class LoggingConfig:
     tensorboard: bool = _f(True, "write TensorBoard events")
     wandb_project: Optional[str] = _f(None, "log to Weights & Biases when set")
@@ -205,6 +224,8 @@ class Config:
     scheduler: SchedulerConfig = _sub(SchedulerConfig, "offline scheduler")
     sim: SimConfig = _sub(SimConfig, "simulator")
     logging: LoggingConfig = _sub(LoggingConfig, "logging")
+    weight_sync: WeightSyncConfig = _sub(WeightSyncConfig, "trainer -> rollout weight sync")
+    mindspeed: MindSpeedConfig = _sub(MindSpeedConfig, "MindSpeed-RL adapter (Ascend)")
 
 
 # --------------------------------------------------------------------------- loading
