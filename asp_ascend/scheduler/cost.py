@@ -58,12 +58,12 @@ class CostModel:
         return (self.prefill_per_token * p * G + L * (self.decode_a + self.decode_c * G)
                 + self.decode_b * G * (p * L + L * (L + 1) / 2))
 
-    def work(self, prompt_len, resp_len, concurrency: int):
+    def work(self, prompt_len, resp_len, concurrency):
         """Instance-seconds one sequence costs when sharing steps with ``concurrency`` others:
         its share of the fixed part a/S, plus c, plus b * its context, per token; plus prefill."""
         p = np.asarray(prompt_len, dtype=float)
         L = np.asarray(resp_len, dtype=float)
-        S = max(1, concurrency)
+        S = np.maximum(1, concurrency)
         return (self.prefill_per_token * p + L * (self.decode_a / S + self.decode_c)
                 + self.decode_b * (p * L + L * (L + 1) / 2))
 

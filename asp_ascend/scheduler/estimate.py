@@ -28,16 +28,20 @@ from ..metrics.bubbles import (iteration_lower_bounds, iteration_time_stats, low
 from .cost import CostModel
 
 
-def _group_codes(*keys: np.ndarray) -> tuple[np.ndarray, int]:
-    """Dense codes of the tuple keys (lexicographic), and how many distinct there are."""
-    stacked = np.stack(keys, axis=1)
-    uniq, inv = np.unique(stacked, axis=0, return_inverse=True)
-    return inv.reshape(-1), uniq.shape[0]
+def _dense_codes(sorted_keys: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense codes 0..m-1 of an already sorted key array, and m."""
+    if sorted_keys.size == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    change = np.empty(sorted_keys.size, dtype=np.int64)
+    change[0] = 0
+    change[1:] = sorted_keys[1:] != sorted_keys[:-1]
+    codes = np.cumsum(change)
+    return codes, int(codes[-1]) + 1
 
 
 def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_lengths, *, group_size: int,
              num_instances: int, max_num_seqs: int, lag_bound: int, micro_batch_size: int,
-             cost: CostModel, group_max_factor: float = 1.0) -> dict:
+             cost: CostModel, group_max_factor: float = 1.0, kv_cache_tokens: int = 0) -> dict:
     """Predicted run figures for a schedule whose groups have mean lengths ``lengths``."""
     it = np.asarray(iteration, dtype=np.int64)
     it = it - it.min()
@@ -50,46 +54,55 @@ def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_len
     n = L.shape[0]
     n_iter = int(it.max()) + 1
 
-    # ---- per-(iteration, instance) busy time
-    w = G * cost.work(P, L, S)
-    order = np.lexsort((rank, inst, it))
-    cell = it[order] * R + inst[order]
+    # ---- dispatch windows: a group ranked (on its instance) before jobs of an earlier
+    # iteration is dispatched in that earlier iteration's window (ASP starts long groups
+    # early); it still waits for its own admission version V[it - k].
+    rank = rank - rank.min()
+    M = int(rank.max()) + 1
+    win = dispatch_windows(it, inst, rank, R)
+    order = np.argsort((win * R + inst) * M + rank)
+    cell = win[order] * R + inst[order]
     ncell = n_iter * R
     cell_start = np.searchsorted(cell, np.arange(ncell))
-    w_o = w[order]
+    # concurrency of a cell: max_num_seqs, or fewer when the KV cache holds fewer sequences
+    ctx_sum = np.bincount(cell, weights=G * (P[order] + L[order] / 2), minlength=ncell)
+    seqs = np.bincount(cell, weights=np.full(n, float(G)), minlength=ncell)
+    mean_ctx = np.divide(ctx_sum, seqs, out=np.zeros(ncell), where=seqs > 0)
+    cap = np.full(ncell, float(S))
+    if kv_cache_tokens > 0:
+        cap = np.clip(np.floor(kv_cache_tokens / np.maximum(mean_ctx, 1.0)), 1.0, S)
+    conc = np.minimum(seqs, cap)
+    w_o = G * cost.work(P[order], L[order], cap[cell])
+    w = np.empty(n)
+    w[order] = w_o
     cw = np.cumsum(w_o)
     before = cw - w_o - np.where(cell_start[cell] > 0, cw[cell_start[cell] - 1], 0.0)
     samples_before = (np.arange(n) - cell_start[cell]) * G
-    start = np.where(samples_before + G <= S, 0.0, before)
-    ctx_sum = np.bincount(cell, weights=G * (P[order] + L[order] / 2), minlength=ncell)
-    seqs = np.bincount(cell, weights=np.full(n, float(G)), minlength=ncell)
-    conc = np.minimum(seqs, S)
-    mean_ctx = np.divide(ctx_sum, seqs, out=np.zeros(ncell), where=seqs > 0)
+    offset = np.where(samples_before + G <= cap[cell], 0.0, before)
     step_full = cost.decode_a + cost.decode_c * conc + cost.decode_b * conc * mean_ctx
     work_cell = np.bincount(cell, weights=w_o, minlength=ncell)
+    W_ir = work_cell.reshape(n_iter, R)
     # A group runs at the loaded step time until its instance's share of work is done,
     # then at its own (solo) step time: the instance drains to its long tail.
     Lg = L[order] * group_max_factor
     Pg = P[order]
     solo_step = cost.decode_a + cost.decode_c * G + cost.decode_b * G * (Pg + Lg / 2)
     loaded = np.maximum(step_full[cell], solo_step)
-    x = np.clip((work_cell[cell] - start) / loaded, 0.0, Lg)
-    lat = cost.prefill_per_token * Pg * G + x * loaded + (Lg - x) * solo_step
-    fin = np.zeros(ncell)
-    np.maximum.at(fin, cell, start + lat)
-    W_ir = work_cell.reshape(n_iter, R)
-    T_ir = np.maximum(W_ir, fin.reshape(n_iter, R))
+    prefill = cost.prefill_per_token * Pg * G
+    it_o, inst_o, work_o = it[order], inst[order], work_cell[cell]
+    win_start = np.searchsorted(cell, np.arange(n_iter + 1) * R)
 
     # ---- trainer: padded micro-batches (groups in dispatch order inside each mini-batch)
     tok = P + L
-    mb_order = np.lexsort((rank, mb, it))
-    key_it, key_mb = it[mb_order], mb[mb_order]
-    mbcode, n_mbs = _group_codes(key_it, key_mb)
+    n_mb_max = int(mb.max()) + 1
+    mb_key = it * n_mb_max + mb
+    mb_order = np.argsort(mb_key * M + rank)
+    key_it = it[mb_order]
+    mbcode, n_mbs = _dense_codes(mb_key[mb_order])
     first = np.searchsorted(mbcode, np.arange(n_mbs))
     seq_before = (np.arange(n) - first[mbcode]) * G
     micro = mbcode.astype(np.int64) * (1 + (G * n) // max(1, micro_batch_size)) + seq_before // micro_batch_size
-    mcode, n_micro = np.unique(micro, return_inverse=True)
-    mcode = mcode.size
+    n_micro, mcode = _dense_codes(micro)
     tok_o = tok[mb_order] * group_max_factor
     mmax = np.zeros(mcode)
     np.maximum.at(mmax, n_micro, tok_o)
@@ -107,25 +120,30 @@ def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_len
     train_unpadded = cost.train_time(real_i, n_steps)
     tail = train / np.maximum(n_steps, 1)
 
-    # ---- pipeline recurrence over iterations
-    # c: when an instance's capacity frees up (its share of work done); F: when its last
-    # group of the iteration finishes (the tail may overlap the next iteration's work).
+    # ---- pipeline recurrence over windows/iterations
+    # c: when an instance's capacity frees up (its share of the window's work done);
+    # a group's tail may overlap the next window's work. Gen_i: last finish of iteration i.
     V = np.zeros(n_iter + 1)
     c_prev = np.zeros(R)
     C = np.zeros((n_iter, R))
     S_ir = np.zeros((n_iter, R))
     gen = np.zeros(n_iter)
     trainer_wait = np.zeros(n_iter)
-    for i in range(n_iter):
-        s = np.maximum(c_prev, V[max(0, i - k)])
-        S_ir[i] = s
-        C[i] = s + W_ir[i]
-        gen[i] = float((s + T_ir[i]).max())
-        ready = V[i] + train[i]
-        arrive = gen[i] + tail[i]
-        trainer_wait[i] = max(0.0, arrive - ready)
-        V[i + 1] = max(ready, arrive) + cost.sync_s
-        c_prev = C[i]
+    for j in range(n_iter):
+        s = np.maximum(c_prev, V[max(0, j - k)])
+        S_ir[j], C[j] = s, s + W_ir[j]
+        g = slice(win_start[j], win_start[j + 1])
+        base = s[inst_o[g]]
+        start = np.maximum(base + offset[g], V[np.maximum(0, it_o[g] - k)])
+        x = np.clip((base + work_o[g] - start) / loaded[g], 0.0, Lg[g])
+        fin = start + prefill[g] + x * loaded[g] + (Lg[g] - x) * solo_step[g]
+        np.maximum.at(gen, it_o[g], fin)
+        gen[j] = max(gen[j], C[j].max())
+        ready = V[j] + train[j]
+        arrive = gen[j] + tail[j]
+        trainer_wait[j] = max(0.0, arrive - ready)
+        V[j + 1] = max(ready, arrive) + cost.sync_s
+        c_prev = C[j]
     run_time = V[-1]
     # after its share of iteration i, an instance runs below capacity until it starts
     # iteration i+1: a skew bubble while iteration i is still generating elsewhere,
@@ -149,6 +167,21 @@ def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_len
         "iterations": n_iter,
         "rollout_work_cv": float(np.std(W_ir.sum(axis=1)) / max(np.mean(W_ir.sum(axis=1)), 1e-12)),
     }
+
+
+def dispatch_windows(iteration: np.ndarray, instance: np.ndarray, rank: np.ndarray, R: int) -> np.ndarray:
+    """Window of each group: the smallest iteration among it and the groups ranked after
+    it on its instance (= its own iteration unless the schedule pulled it forward)."""
+    M = int(rank.max()) + 1
+    order = np.argsort(instance * M + rank)
+    # segmented suffix minimum: offset each instance's iterations so that a later
+    # instance's values never undercut an earlier one's when scanning backwards
+    span = int(iteration.max()) + 1
+    v = iteration[order] + instance[order] * span
+    suffix = np.minimum.accumulate(v[::-1])[::-1] - instance[order] * span
+    out = np.empty_like(iteration)
+    out[order] = suffix
+    return out
 
 
 def _longest_solo(it, P, L, G, cost: CostModel, n_iter: int) -> np.ndarray:

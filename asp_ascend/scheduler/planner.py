@@ -21,7 +21,10 @@ ASP, jointly:
    time (LPT); then each iteration's buckets are mapped to instances so that the heaviest
    bucket lands on the instance with the least cumulative work, keeping every window of
    the run balanced (skewness bubble). Each instance admits its share of an iteration
-   longest first (``dispatch_rank``), iterations in order, subject to the lag bound.
+   longest first (``dispatch_rank``), iterations in order; a group whose solo latency
+   rounds to j >= 1 iterations' worth of an instance's work is ranked min(j, k) iterations
+   earlier, so it starts the moment its iteration becomes admissible (lag bound k) instead
+   of behind the previous iteration's short groups.
 
 Baselines: ``fifo`` (dataset order, shared queue), ``random`` (seeded shuffle, shared
 queue), ``sorted`` (ascending predicted length over the epoch, shared queue),
@@ -47,15 +50,27 @@ def iteration_sizes(n: int, global_batch: int) -> np.ndarray:
     return np.array([global_batch] * full + ([rem] if rem else []), dtype=np.int64)
 
 
-def _stratified_iterations(pred: np.ndarray, work: np.ndarray, B: int, rng: np.random.Generator) -> np.ndarray:
-    """Iteration of each prompt: one prompt per length stratum per iteration, equal work."""
-    n = pred.shape[0]
+def _desc_order(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Indices by descending value, ties in a seeded random order."""
+    perm = rng.permutation(values.shape[0])
+    return perm[np.argsort(-values[perm])]
+
+
+def _rank_of(order: np.ndarray) -> np.ndarray:
+    rank = np.empty_like(order)
+    rank[order] = np.arange(order.shape[0])
+    return rank
+
+
+def _stratified_iterations(order: np.ndarray, work: np.ndarray, B: int, rng: np.random.Generator) -> np.ndarray:
+    """Iteration of each prompt: one prompt per length stratum per iteration, equal work.
+    ``order``: prompts by descending predicted length."""
+    n = order.shape[0]
     sizes = iteration_sizes(n, B)
     n_iter = sizes.size
     rem = n % B
     # strata: B groups of consecutive lengths (longest first); the partial last iteration
     # takes `rem` strata spread evenly over the length range.
-    order = np.lexsort((rng.random(n), -pred))
     takes_last = np.zeros(B, dtype=bool)
     if rem:
         takes_last[np.floor((np.arange(rem) + 0.5) * B / rem).astype(np.int64)] = True
@@ -81,17 +96,17 @@ def _stratified_iterations(pred: np.ndarray, work: np.ndarray, B: int, rng: np.r
     return perm[iteration]
 
 
-def _place(iteration: np.ndarray, order_key: np.ndarray, work: np.ndarray, R: int, n_iter: int,
-           sort_by_work: bool, carry: bool) -> np.ndarray:
-    """Instance of each prompt. Within each iteration, prompts are taken in ``order_key``
-    order (or by descending work when ``sort_by_work``) in rounds of R, each round's items
-    going to the instances least loaded so far in that iteration. With ``carry``, each
-    iteration's buckets are then mapped onto instances by cumulative load."""
+def _place(iteration: np.ndarray, pick_rank: np.ndarray, work: np.ndarray, R: int, n_iter: int,
+           carry: bool) -> np.ndarray:
+    """Instance of each prompt. Within each iteration, prompts are taken in ``pick_rank``
+    order (a permutation of 0..n-1) in rounds of R, each round's items going to the
+    instances least loaded so far in that iteration (picked by descending work: LPT; in
+    dataset order: what a least-loaded pull does). With ``carry``, each iteration's
+    buckets are then mapped onto instances by cumulative load."""
     n = iteration.shape[0]
     if R == 1:
         return np.zeros(n, dtype=np.int64)
-    primary = -work if sort_by_work else order_key
-    idx = np.lexsort((order_key, primary, iteration))  # grouped by iteration, in pick order
+    idx = np.argsort(iteration * n + pick_rank)  # grouped by iteration, in pick order
     counts = np.bincount(iteration, minlength=n_iter)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     pos = np.arange(n) - np.repeat(starts, counts)
@@ -105,10 +120,9 @@ def _place(iteration: np.ndarray, order_key: np.ndarray, work: np.ndarray, R: in
     for q in range(rounds):
         items = W[:, q * R:(q + 1) * R]
         # the round's items, in pick order, go to the instances from least to most loaded
-        # (sorted by work: LPT; in dataset order: what a least-loaded pull does)
         inst = np.argsort(loads, axis=1, kind="stable")
         bucket[:, q * R:(q + 1) * R] = inst
-        np.add.at(loads, (np.repeat(np.arange(n_iter), R), inst.reshape(-1)), items.reshape(-1))
+        loads[rows, inst] += items  # inst is a permutation of each row: no repeats
     if carry:
         cum = np.zeros(R)
         mapping = np.empty((n_iter, R), dtype=np.int64)
@@ -144,18 +158,33 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
     sizes = iteration_sizes(n, B)
     n_iter = sizes.size
 
+    if policy in ("asp", "balanced"):
+        work_rank = _rank_of(_desc_order(work, rng))
     if policy == "asp":
-        iteration = _stratified_iterations(pred, work, B, rng)
-        # mini-batches: longest-first rank inside the iteration; mini-batch 0 = shortest
-        desc = np.lexsort((np.arange(n), -pred, iteration))
+        by_len = _desc_order(pred, rng)
+        len_rank = _rank_of(by_len)
+        iteration = _stratified_iterations(by_len, work, B, rng)
+        # mini-batches: by predicted sequence length (prompt + response: what a padded
+        # micro-batch pays for), longest first inside the iteration; mini-batch 0 = shortest
+        seq_rank = _rank_of(_desc_order(pred + plen, rng))
+        desc = np.argsort(iteration * n + seq_rank)
         rank_desc = np.empty(n, dtype=np.int64)
         starts = np.concatenate([[0], np.cumsum(np.bincount(iteration, minlength=n_iter))[:-1]])
         rank_desc[desc] = np.arange(n) - np.repeat(starts, np.bincount(iteration, minlength=n_iter))
         n_mb = -(-np.bincount(iteration, minlength=n_iter) // m)
         mini_batch = n_mb[iteration] - 1 - rank_desc // m
-        instance = _place(iteration, np.arange(n), work, R, n_iter, sort_by_work=True, carry=True)
-        # dispatch: iterations in order; within an iteration longest first
-        dispatch_order = np.lexsort((np.arange(n), -pred, iteration))
+        instance = _place(iteration, work_rank, work, R, n_iter, carry=True)
+        # dispatch: a group whose generation spans several iterations' worth of an
+        # instance's work is pulled forward by up to k windows (it still waits for its
+        # own admission version): long tails start as early as the lag bound allows.
+        # Within a window, longest first.
+        window = iteration
+        if lag_bound > 0 and n_iter > 1:
+            period = work.sum() / (R * n_iter)
+            lat = cost.group_latency(plen, pred, G)
+            shift = np.minimum(lag_bound, np.floor(lat / max(period, 1e-12) + 0.5)).astype(np.int64)
+            window = np.maximum(iteration - shift, 0)
+        dispatch_order = np.argsort(window * n + len_rank)
     else:
         if policy == "fifo" or policy == "balanced":
             order = np.arange(n)
@@ -167,10 +196,8 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
         position[order] = np.arange(n)
         iteration = position // B
         mini_batch = (position % B) // m
-        if policy == "balanced":
-            instance = _place(iteration, position, work, R, n_iter, sort_by_work=True, carry=False)
-        else:
-            instance = _place(iteration, position, work, R, n_iter, sort_by_work=False, carry=False)
+        pick = work_rank if policy == "balanced" else position
+        instance = _place(iteration, pick, work, R, n_iter, carry=False)
         dispatch_order = order
     dispatch_rank = np.empty(n, dtype=np.int64)
     dispatch_rank[dispatch_order] = np.arange(n)

@@ -127,7 +127,8 @@ def estimate_schedule(cfg, sched: pd.DataFrame, inp: PlanInputs, lengths: np.nda
                     sched["epoch"].to_numpy() * (len(sched) + 1) + sched["dispatch_rank"].to_numpy(),
                     np.asarray(lengths)[pos], inp.prompt_lengths[pos], group_size=t.group_size,
                     num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=_lag(cfg),
-                    micro_batch_size=t.micro_batch_size, cost=cost, group_max_factor=inp.group_max_factor)
+                    micro_batch_size=t.micro_batch_size, cost=cost, group_max_factor=inp.group_max_factor,
+                    kv_cache_tokens=r.kv_cache_tokens)
 
 
 PREDICTED_KEYS = ("iteration_time_mean", "padding_bubble", "skew_bubble", "sorting_bubble", "lower_bound_ratio")
