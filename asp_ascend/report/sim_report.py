@@ -1,0 +1,139 @@
+"""``report.md`` + PNG plots of a simulation directory (written by ``asp simulate``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from . import plots
+
+BASELINES = ("sync_colocated", "one_step_off", "fully_async_fifo")
+
+
+def _load(path: Path) -> dict:
+    with open(path) as fh:
+        d = json.load(fh)
+    d.pop("schema_version", None)
+    return d
+
+
+def headline(summary: dict) -> list[str]:
+    """Sentences comparing asp/asp_adaptive with the baselines present in ``summary``."""
+    lines = []
+    for best in ("asp_adaptive", "asp"):
+        if best in summary:
+            break
+    else:
+        return lines
+    a = summary[best]
+    for base in BASELINES + ("async_sorted", "single_instance"):
+        if base not in summary:
+            continue
+        b = summary[base]
+        tp = a["throughput"] / b["throughput"] if b["throughput"] else float("nan")
+        it = 1 - a["iteration_time_mean"] / b["iteration_time_mean"] if b["iteration_time_mean"] else float("nan")
+        note = " (scheduling alone: same pipeline, fifo dispatch)" if base == "fully_async_fifo" else ""
+        lines.append(f"- `{best}` vs `{base}`{note}: throughput x{tp:.2f}, mean iteration time "
+                     f"{-100 * it:+.1f}%")
+    return lines
+
+
+def scaling_points(out: Path) -> pd.DataFrame:
+    rows = []
+    for p in sorted((out / "sweep").glob("devices_*/summary.json")):
+        D = int(p.parent.name.split("_")[1])
+        for name, s in _load(p).items():
+            rows.append({"devices": D, "policy": name, "throughput": s["throughput"],
+                         "iteration_time_mean": s["iteration_time_mean"]})
+    return pd.DataFrame(rows)
+
+
+def _table(summary: dict) -> list[str]:
+    base = summary.get("sync_colocated")
+    lines = ["| policy | devices | throughput (tok/s) | x sync_colocated | iteration time mean / p50 / p99 (s) "
+             "| padding | skew | sorting | LB ratio | lag max | queue CV |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, s in summary.items():
+        rel = f"{s['throughput'] / base['throughput']:.2f}" if base and base["throughput"] else "-"
+        lbr = s.get("lower_bound_ratio")
+        lines.append(f"| {name} | {s.get('devices', '-')} | {s['throughput']:.0f} | {rel} | "
+                     f"{s['iteration_time_mean']:.1f} / {s['iteration_time_p50']:.1f} / {s['iteration_time_p99']:.1f} | "
+                     f"{s['padding_bubble']:.3f} | {s['skew_bubble']:.3f} | {s['sorting_bubble']:.3f} | "
+                     f"{'-' if lbr is None else f'{lbr:.2f}'} | {s['policy_lag_max']} | {s['queue_occupancy_cv']:.2f} |")
+    return lines
+
+
+def write_sim_report(out) -> Path:
+    """Write ``report.md`` and the PNGs into simulation directory ``out``; returns the report path."""
+    from ..io import write_text_atomic
+    from ..metrics.timeline import Timeline
+
+    out = Path(out)
+    summary = _load(out / "summary.json")
+    sim = _load(out / "simulation.json") if (out / "simulation.json").is_file() else {}
+    md = ["# Simulation report", ""]
+    w = sim.get("workload")
+    if w:
+        r = w["response_length"]
+        md += [f"Workload `{w['name']}`: {w['prompts']} prompts x G={w['group_size']}, simulated epochs "
+               f"{w['simulated_epochs']} (history epochs {w['history_epochs']}); response length mean {r['mean']:.0f}, "
+               f"p50 {r['p50']:.0f}, p90 {r['p90']:.0f}, p99 {r['p99']:.0f}, max {r['max']}; prompt length mean "
+               f"{w['prompt_length_mean']:.0f} tokens.", ""]
+    if sim.get("systems"):
+        md += ["| system | devices | rollout instances x TP | trainer devices | KV tokens/instance | "
+               "decode a / b / c (s) | sync (s) | preemptions |", "|---|---|---|---|---|---|---|---|"]
+        for name, s in sim["systems"].items():
+            sp, c = s["spec"], s["instance_cost"]
+            md.append(f"| {name} | {s['devices']} | {sp['num_instances']} x {sp['tp']} | {sp['train_devices']}"
+                      f"{' (shared)' if sp['colocated'] else ''} | {s['kv_capacity_tokens'] or 'unlimited'} | "
+                      f"{c['decode_a']:.3g} / {c['decode_b']:.3g} / {c['decode_c']:.3g} | {s['sync_s']:.2f} | "
+                      f"{s['preemptions']} |")
+        md.append("")
+    md += ["## Results", "", *_table(summary), ""]
+    hl = headline(summary)
+    if hl:
+        md += ["## Comparisons", "", *hl, ""]
+    if (out / "calibration.json").is_file():
+        cal = _load(out / "calibration.json")
+        md += ["## Calibration", "", f"Coefficients fitted from `{cal.get('source')}` (decode R^2 "
+               f"{cal.get('decode_r2', float('nan')):.3f} over {cal.get('decode_rows')} requests):", "",
+               "| coefficient | value |", "|---|---|"]
+        md += [f"| {k} | {v:.4g} |" for k, v in cal.items() if isinstance(v, float)]
+        md.append("")
+    figs = []
+    figs.append(("Bubble breakdown per policy", plots.bubble_breakdown(summary, out / "bubbles.png")))
+    figs.append(("Policy lag", plots.lag_histograms({n: s.get("policy_lag_hist") for n, s in summary.items()},
+                                                    out / "policy_lag.png")))
+    queues = {}
+    for name in summary:
+        p = out / f"timeline_{name}.jsonl"
+        if not p.is_file():
+            continue
+        tl = Timeline.read_jsonl(p)
+        queues[name] = tl.frame("queue")
+        req = tl.frame("request")
+        if not req.empty:
+            figs.append((f"Per-instance timeline: {name}", plots.gantt(req, tl.frame("sync"), out / f"gantt_{name}.png",
+                                                                         name)))
+    if queues:
+        figs.append(("Trainer queue occupancy", plots.queue_occupancy(queues, out / "queue_occupancy.png")))
+    else:
+        md += ["Timelines were not written (large run), so there are no Gantt or queue plots; "
+               "rerun with `sim.write_timeline=always` to get them.", ""]
+    pts = scaling_points(out)
+    if not pts.empty:
+        md += ["## Scaling", "", "Trained tokens/s by device count (`sweep/devices_<D>/summary.json`):", ""]
+        tab = pts.pivot_table(index="devices", columns="policy", values="throughput", sort=False)
+        md += ["| devices | " + " | ".join(tab.columns) + " |", "|---" * (len(tab.columns) + 1) + "|"]
+        for D, row in tab.iterrows():
+            md.append(f"| {D} | " + " | ".join(f"{v:.0f}" for v in row.to_numpy()) + " |")
+        md.append("")
+        figs.append(("Scaling curve", plots.scaling_curve(pts, out / "scaling.png")))
+    md += ["## Plots", ""]
+    for title, path in figs:
+        md += [f"### {title}", "", f"![{title}]({Path(path).name})", ""]
+    md += ["Metric definitions: docs/metrics.md. Simulator model and its limits: docs/simulator.md.", ""]
+    path = out / "report.md"
+    write_text_atomic(path, "\n".join(md))
+    return path

@@ -1,0 +1,159 @@
+"""Hardware cost models of the simulator: model classes, tensor parallelism, KV capacity.
+
+The per-instance decode model is the scheduler's :class:`~asp_ascend.scheduler.cost.CostModel`
+(``t_step = a + b * sum(context) + c * n``, the DistServe form); this module builds one for
+an instance of ``tp`` devices and adds what only the simulator needs: KV-cache capacity in
+tokens, trainer seconds per token for a given number of training devices, weight-sync time
+from parameter bytes and link bandwidth.
+
+Tensor parallelism: an instance over ``tp`` devices runs ``speedup(tp) = tp * e ** log2(tp)``
+times faster than one device (``e`` = ``sim.tp_efficiency`` per doubling), so every decode and
+prefill coefficient is divided by ``speedup(tp)``. One instance over all devices therefore
+plateaus below several smaller instances on the same devices (the single-instance plateau).
+
+Default model classes (per device of an Ascend 910B-class accelerator: 64 GB HBM at about
+1.6 TB/s, 354 bf16 TFLOPS; see docs/simulator.md for the derivation and sources):
+
+============  =========  =========  =========  ==========  ===========  ============
+class         decode a   decode b   decode c   KV bytes/   train s/tok  weights
+              (s/step)   (s/tok/    (s/seq/    token       /device      (bytes)
+                         step)      step)
+============  =========  =========  =========  ==========  ===========  ============
+7b            0.020      3.5e-8     1.0e-4     56 KiB      3.4e-4       15.2e9
+32b           0.060      1.6e-7     4.5e-4     256 KiB     1.55e-3      65.5e9
+============  =========  =========  =========  ==========  ===========  ============
+
+``a`` ~ weight bytes / HBM bandwidth plus launch overhead; ``b`` ~ KV bytes per token / bandwidth;
+``c`` ~ 2 * params FLOPs per token at ~40 % utilisation; training ~ 6 * params FLOPs per token at
+~35 % MFU, a log-prob pass 2 * params. (literature.md section 4.2: DistServe's a + b*sum(ctx) +
+c*bs decode form; KV footprints of Qwen2.5-7B/32B.) ``custom`` takes ``cost.*`` as given.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..scheduler.cost import CostModel
+
+
+@dataclass(frozen=True)
+class ModelClass:
+    """Per-device costs of one model size on one accelerator type."""
+    name: str
+    decode_a: float            # s per decode step, one device
+    decode_b: float            # s per context token per step, one device
+    decode_c: float            # s per running sequence per step, one device
+    prefill_per_token: float   # s per prompt token, one device
+    train_per_token: float     # s per (padded) token fwd+bwd, one device
+    logprob_per_token: float   # s per token for one forward log-prob pass, one device
+    train_per_step: float      # fixed s per optimizer step
+    param_bytes: float         # weights in bf16
+    kv_bytes_per_token: float
+    device_memory: float = 64e9
+    memory_utilization: float = 0.9
+    min_tp: int = 1            # smallest TP whose shard of the weights fits a device
+
+
+MODEL_CLASSES = {
+    "7b": ModelClass("7b", decode_a=0.020, decode_b=3.5e-8, decode_c=1.0e-4, prefill_per_token=8.0e-5,
+                     train_per_token=3.4e-4, logprob_per_token=1.13e-4, train_per_step=0.5,
+                     param_bytes=15.2e9, kv_bytes_per_token=56 * 1024, min_tp=1),
+    "32b": ModelClass("32b", decode_a=0.060, decode_b=1.6e-7, decode_c=4.5e-4, prefill_per_token=3.6e-4,
+                      train_per_token=1.55e-3, logprob_per_token=5.2e-4, train_per_step=1.5,
+                      param_bytes=65.5e9, kv_bytes_per_token=256 * 1024, min_tp=2),
+}
+
+
+def tp_speedup(tp: int, efficiency: float) -> float:
+    """Throughput of one instance over ``tp`` devices relative to one device."""
+    if tp < 1:
+        raise ValueError(f"tensor-parallel size must be >= 1, got {tp}")
+    return tp * efficiency ** math.log2(tp)
+
+
+@dataclass(frozen=True)
+class SimCosts:
+    """Everything the engine needs to time one system configuration."""
+    instance: CostModel          # decode/prefill of one rollout instance (already TP-scaled)
+    kv_capacity: int             # tokens per instance (0 = unlimited)
+    train_per_token: float       # trainer s per padded token incl. log-prob passes, all trainer devices
+    train_per_step: float        # fixed s per optimizer step
+    sync_s: float                # weight sync trainer -> rollout, s
+    switch_s: float = 0.0        # colocated only: offload/onload + resharding per iteration, s
+
+    def train_time(self, slot_tokens, num_steps=1):
+        return self.train_per_token * np.asarray(slot_tokens, dtype=float) + self.train_per_step * np.asarray(num_steps)
+
+
+def instance_costs(cost_cfg, sim_cfg, tp: int, kv_cache_tokens: int = 0) -> tuple[CostModel, int]:
+    """(decode CostModel, KV capacity in tokens) of one instance over ``tp`` devices.
+
+    ``model_class=custom``: ``cost.decode_*``/``prefill_per_token`` are one instance's own
+    coefficients (e.g. calibrated from a real run), taken as given whatever ``tp``; the KV
+    capacity is ``rollout.kv_cache_tokens``.
+    """
+    if sim_cfg.model_class == "custom":
+        cm = CostModel.from_config(cost_cfg)
+        return cm, int(kv_cache_tokens)
+    mc = MODEL_CLASSES[sim_cfg.model_class]
+    s = tp_speedup(tp, sim_cfg.tp_efficiency)
+    cm = CostModel(decode_a=mc.decode_a / s, decode_b=mc.decode_b / s, decode_c=mc.decode_c / s,
+                   prefill_per_token=mc.prefill_per_token / s)
+    free = tp * mc.device_memory * mc.memory_utilization - mc.param_bytes
+    if free <= 0:
+        raise ValueError(f"{mc.name}: weights ({mc.param_bytes / 1e9:.0f} GB) do not fit {tp} device(s); "
+                         f"use sim.infer_tp >= {mc.min_tp}")
+    kv = int(free / mc.kv_bytes_per_token)
+    if kv_cache_tokens:
+        kv = min(kv, int(kv_cache_tokens))
+    return cm, kv
+
+
+def system_costs(cost_cfg, sim_cfg, *, tp: int, train_devices: int, kv_cache_tokens: int = 0,
+                 colocated: bool = False, logprob_passes: int = 2) -> SimCosts:
+    """Costs of one system configuration: rollout instances of ``tp`` devices, a trainer on
+    ``train_devices`` devices (data parallel, linear scaling), weight sync over the link."""
+    cm, kv = instance_costs(cost_cfg, sim_cfg, tp, kv_cache_tokens)
+    if sim_cfg.model_class == "custom":
+        per_tok = cost_cfg.train_per_token + logprob_passes * cost_cfg.logprob_per_token
+        # cost.train_per_token is "all trainer devices" for the configured train device count
+        scale = max(1, sim_cfg.total_devices - sim_cfg.rollout_devices) / max(1, train_devices)
+        return SimCosts(cm, kv, per_tok * scale, cost_cfg.train_per_step, cost_cfg.sync_s,
+                        sim_cfg.colocated_switch_s if colocated else 0.0)
+    mc = MODEL_CLASSES[sim_cfg.model_class]
+    per_tok = (mc.train_per_token + logprob_passes * mc.logprob_per_token) / max(1, train_devices)
+    sync = mc.param_bytes / (sim_cfg.sync_bandwidth_gbps * 1e9) + sim_cfg.sync_latency_s
+    switch = 0.0
+    if colocated:
+        # offload/onload of weights, grads and optimizer state to host + resharding, per iteration
+        # (16 bytes of weights+grads+Adam state per parameter = 8x the bf16 weights, out and back in)
+        switch = sim_cfg.colocated_switch_s if sim_cfg.colocated_switch_s > 0 else \
+            2 * 8 * mc.param_bytes / max(1, train_devices) / (sim_cfg.host_bandwidth_gbps * 1e9)
+    return SimCosts(cm, kv, per_tok, mc.train_per_step, sync, switch)
+
+
+def with_coefficients(costs: SimCosts, **decode) -> SimCosts:
+    """A copy with some decode coefficients replaced (calibration)."""
+    return replace(costs, instance=replace(costs.instance, **decode))
+
+
+def group_latency_exact(prompt_len: float, resp_lens, cm: CostModel) -> float:
+    """Seconds to generate one group alone on an instance: prefill of every sample, then decode
+    steps over the running samples until the longest finishes (context = prompt + generated,
+    the token being generated included, as in :meth:`CostModel.solo_latency`)."""
+    L = np.sort(np.asarray(resp_lens, dtype=float))
+    G = L.size
+    p = float(prompt_len)
+    t = cm.prefill_per_token * p * G
+    done = 0.0
+    for j in range(G):
+        m = L[j] - done            # steps while G - j samples run
+        if m <= 0:
+            continue
+        n = G - j
+        C0 = n * (p + done)
+        t += m * (cm.decode_a + cm.decode_c * n) + cm.decode_b * (m * C0 + n * m * (m + 1) / 2)
+        done = L[j]
+    return t

@@ -1,0 +1,84 @@
+"""System policies: pipeline mode + dispatch policy + lag bound + device split.
+
+==================  ==========  ==========  ======  ===========================================
+policy              dispatch    lag bound   train   devices
+==================  ==========  ==========  ======  ===========================================
+sync_colocated      fifo        0           whole   all D devices: R = D / infer_tp vLLM replicas
+                                            iter.   generate, then the trainer uses all D (+ switch)
+single_instance     fifo        k           stream  one instance over all rollout devices (TP)
+one_step_off        fifo        1 exactly   whole   decoupled: R = rollout_devices / infer_tp;
+                                            iter.   batch i+1 generates while batch i trains
+fully_async_fifo    fifo        k           stream  decoupled, hot weight swap after every sync
+async_sorted        sorted      k           stream  decoupled
+async_random        random      k           stream  decoupled
+async_balanced      balanced    k           stream  decoupled
+asp                 asp         k           stream  decoupled, planned once from the history
+asp_adaptive        asp         k           stream  decoupled, re-planned each epoch from the
+                                                    lengths observed so far
+==================  ==========  ==========  ======  ===========================================
+
+``k`` = ``pipeline.lag_bound``. fifo/random/sorted instances pull from one shared queue
+(MindSpeed-RL's replicas pull from the TransferDock the same way); asp/balanced bind prompts
+to instances. "stream": an optimizer step starts as soon as its mini-batch is generated;
+"whole iter.": the trainer waits for the whole iteration (MindSpeed-RL, verl one-step-off).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    name: str
+    dispatch: str          # planner policy
+    lag_bound: int
+    stream_train: bool
+    colocated: bool
+    barrier: bool          # one-step-off: instances take new weights only between batches
+    single_instance: bool
+    adaptive: bool
+    num_instances: int
+    tp: int                # devices per rollout instance
+    train_devices: int
+    max_num_seqs: int
+
+    @property
+    def devices(self) -> int:
+        return self.train_devices if self.colocated else self.num_instances * self.tp + self.train_devices
+
+
+POLICY_NAMES = ("sync_colocated", "single_instance", "one_step_off", "fully_async_fifo", "async_sorted",
+                "async_random", "async_balanced", "asp", "asp_adaptive")
+
+_DISPATCH = {"sync_colocated": "fifo", "single_instance": "fifo", "one_step_off": "fifo",
+             "fully_async_fifo": "fifo", "async_sorted": "sorted", "async_random": "random",
+             "async_balanced": "balanced", "asp": "asp", "asp_adaptive": "asp"}
+
+
+def system_spec(name: str, *, total_devices: int, rollout_devices: int, infer_tp: int, lag_bound: int,
+                max_num_seqs: int) -> SystemSpec:
+    """The system ``name`` on ``total_devices`` devices (``rollout_devices`` of them for rollout
+    when rollout and training are decoupled)."""
+    if name not in POLICY_NAMES:
+        raise ConfigError([f"sim.policies: unknown system policy {name!r}; valid: {', '.join(POLICY_NAMES)}"])
+    D, Dr, tp = int(total_devices), int(rollout_devices), int(infer_tp)
+    if name == "sync_colocated":
+        if D < tp:
+            raise ConfigError([f"sim.infer_tp: {tp} exceeds sim.total_devices={D}"])
+        return SystemSpec(name, "fifo", 0, False, True, False, False, False, D // tp, tp, D, max_num_seqs)
+    if Dr < 1 or Dr >= D:
+        raise ConfigError([f"sim.rollout_devices: {Dr} must be between 1 and sim.total_devices-1={D - 1}"])
+    if name == "single_instance":
+        # the same total concurrency as the multi-instance split, one engine over all rollout devices
+        reps = max(1, Dr // tp)
+        return SystemSpec(name, "fifo", lag_bound, True, False, False, True, False, 1, Dr, D - Dr,
+                          max_num_seqs * reps)
+    if Dr < tp:
+        raise ConfigError([f"sim.rollout_devices: {Dr} is fewer than sim.infer_tp={tp} (one instance)"])
+    R = Dr // tp
+    if name == "one_step_off":
+        return SystemSpec(name, "fifo", 1, False, False, True, False, False, R, tp, D - Dr, max_num_seqs)
+    return SystemSpec(name, _DISPATCH[name], lag_bound, True, False, False, False, name == "asp_adaptive",
+                      R, tp, D - Dr, max_num_seqs)

@@ -1,0 +1,273 @@
+"""`asp simulate`: every system policy on the same workload and devices; sweeps; report.
+
+Epochs: a workload of E epochs (``workload.epochs``) gives the length history (its first
+``E - sim.epochs`` epochs) and the simulated epochs (the last ``sim.epochs``). Predictions
+come from the history with ``lengths.predictor``; ``asp_adaptive`` adds each simulated
+epoch's observed lengths to the history before planning the next one.
+
+Outputs in ``output_dir``: ``summary.json`` (DESIGN 6: one entry per system policy),
+``simulation.json`` (the simulated setups and cost coefficients), ``timeline_<policy>.jsonl``
+(small runs, see ``sim.write_timeline``), ``sweep/devices_<D>/summary.json`` for each
+``sim.sweep_devices`` point, ``calibration.json`` with ``--calibrate``, ``report.md`` and PNGs.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import ConfigError
+from ..metrics import summarize
+from .bounds import lower_bounds
+from .costs import SimCosts, system_costs
+from .engine import Engine, SimJobs, SimTimeline, TrainerSpec, minibatch_tokens
+from .policies import POLICY_NAMES, SystemSpec, system_spec
+
+log = logging.getLogger(__name__)
+TIMELINE_AUTO_LIMIT = 200_000
+
+
+@dataclass
+class SimResult:
+    name: str
+    spec: SystemSpec
+    costs: SimCosts
+    timeline: SimTimeline
+    summary: dict
+    preemptions: int
+    wall_s: float
+
+
+class _Predictions:
+    """Per-prompt predicted lengths from a workload's epochs (cached)."""
+
+    def __init__(self, workload, cfg):
+        self.w = workload
+        self.cfg = cfg
+        self._hist: dict[int, pd.DataFrame] = {}
+        self._pred: dict[tuple, np.ndarray] = {}
+
+    def history(self, epochs) -> pd.DataFrame | None:
+        if not epochs:
+            return None
+        for e in epochs:
+            if e not in self._hist:
+                self._hist[e] = self.w.to_history([e])
+        return pd.concat([self._hist[e] for e in epochs], ignore_index=True)
+
+    def predict(self, hist_epochs: tuple, target_epoch: int) -> np.ndarray:
+        L = self.cfg.lengths
+        if L.predictor == "oracle":
+            return self.w.mean_length[target_epoch].astype(float)
+        key = tuple(hist_epochs)
+        if key not in self._pred:
+            from ..lengths.predictors import predict_lengths
+
+            self._pred[key] = np.minimum(predict_lengths(
+                self.history(list(hist_epochs)), self.w.prompt_ids, self.w.prompt_length, L.predictor,
+                alpha=L.ema_alpha, q=L.quantile, prior=L.prior,
+                default=min(256.0, L.max_response_length)), L.max_response_length)
+        return self._pred[key]
+
+
+def epoch_split(workload, sim_epochs: int) -> tuple[list[int], list[int]]:
+    """(history epochs, simulated epochs) of the workload."""
+    E = workload.epochs
+    S = max(1, min(sim_epochs, E))
+    return list(range(E - S)), list(range(E - S, E))
+
+
+def build_jobs(workload, cfg, spec: SystemSpec, cm, preds: _Predictions | None = None) -> SimJobs:
+    """Plan every simulated epoch with the spec's dispatch policy; attach true lengths."""
+    from ..scheduler.planner import plan
+
+    preds = preds or _Predictions(workload, cfg)
+    hist, sim = epoch_split(workload, cfg.sim.epochs)
+    t = cfg.train
+    frames, resp = [], []
+    offset = 0
+    index = pd.Index(workload.prompt_ids)
+    for k, we in enumerate(sim):
+        h = tuple(hist + (sim[:k] if spec.adaptive else []))
+        pred = preds.predict(h, we)
+        sched = plan(workload.prompt_ids, pred, workload.prompt_length, policy=spec.dispatch,
+                     group_size=workload.group_size, global_batch_size=t.global_batch_size,
+                     mini_batch_size=t.mini_batch_size, num_instances=spec.num_instances,
+                     max_num_seqs=spec.max_num_seqs, lag_bound=spec.lag_bound, cost=cm, epoch=k,
+                     iteration_offset=offset, seed=cfg.seed)
+        rows = index.get_indexer(sched["prompt_id"].astype(str))
+        if (rows < 0).any():
+            raise RuntimeError("planner returned prompt ids outside the workload; this is a bug")
+        frames.append(sched.assign(_row=rows))
+        resp.append(workload.samples(we)[rows])
+        offset = int(sched["iteration"].max()) + 1
+    s = pd.concat(frames, ignore_index=True)
+    return SimJobs(epoch=s["epoch"].to_numpy(np.int64), prompt_id=s["prompt_id"].astype(str).to_numpy(object),
+                   iteration=s["iteration"].to_numpy(np.int64), mini_batch=s["mini_batch"].to_numpy(np.int64),
+                   instance=s["instance"].to_numpy(np.int64), dispatch_rank=s["dispatch_rank"].to_numpy(np.int64),
+                   prompt_length=workload.prompt_length[s["_row"].to_numpy()].astype(np.int64),
+                   resp=np.concatenate(resp, axis=0).astype(np.int64),
+                   predicted_length=s["predicted_length"].to_numpy(float))
+
+
+def system_for(cfg, name: str, total_devices: int | None = None, rollout_devices: int | None = None) -> SystemSpec:
+    s = cfg.sim
+    return system_spec(name, total_devices=total_devices or s.total_devices,
+                       rollout_devices=rollout_devices or s.rollout_devices, infer_tp=s.infer_tp,
+                       lag_bound=cfg.pipeline.lag_bound, max_num_seqs=cfg.rollout.max_num_seqs)
+
+
+def costs_for(cfg, spec: SystemSpec) -> SimCosts:
+    return system_costs(cfg.cost, cfg.sim, tp=spec.tp, train_devices=spec.train_devices,
+                        kv_cache_tokens=cfg.rollout.kv_cache_tokens, colocated=spec.colocated,
+                        logprob_passes=cfg.sim.logprob_passes)
+
+
+def simulate_system(cfg, workload, name: str, *, total_devices: int | None = None,
+                    rollout_devices: int | None = None, record_samples: bool | None = None,
+                    preds: _Predictions | None = None) -> SimResult:
+    """Simulate system policy ``name`` on ``workload`` (DESIGN 6 summary entry + timeline)."""
+    t0 = time.perf_counter()
+    spec = system_for(cfg, name, total_devices, rollout_devices)
+    costs = costs_for(cfg, spec)
+    jobs = build_jobs(workload, cfg, spec, costs.instance, preds)
+    samples = jobs.resp.size
+    if record_samples is None:
+        record_samples = samples <= TIMELINE_AUTO_LIMIT
+    tr = TrainerSpec(costs.train_per_token, costs.train_per_step, costs.sync_s, cfg.train.micro_batch_size,
+                     cfg.sim.micro_batching, costs.switch_s)
+    eng = Engine(jobs, num_instances=spec.num_instances, cost=costs.instance, max_num_seqs=spec.max_num_seqs,
+                 kv_capacity=costs.kv_capacity, trainer=tr, lag_bound=spec.lag_bound,
+                 shared_queue=_shared(spec.dispatch), stream_train=spec.stream_train, barrier=spec.barrier,
+                 sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples)
+    tl = eng.run()
+    mbt = minibatch_tokens(jobs, tr.micro_batch_size, tr.micro_batching)
+    lb = lower_bounds(jobs, mbt, tr.train_per_token, tr.train_per_step, costs.instance, spec.num_instances,
+                      spec.max_num_seqs, costs.kv_capacity, spec.lag_bound)
+    summ = summarize(tl, num_instances=spec.num_instances, max_num_seqs=spec.max_num_seqs,
+                     lag_bound=spec.lag_bound, lower_bounds=lb)
+    summ["devices"] = spec.devices
+    summ["throughput_per_device"] = summ["throughput"] / max(1, spec.devices)
+    summ["preemptions"] = int(sum(eng.preemptions))
+    return SimResult(name, spec, costs, tl, summ, int(sum(eng.preemptions)), time.perf_counter() - t0)
+
+
+def _shared(dispatch: str) -> bool:
+    from ..scheduler.planner import SHARED_QUEUE
+
+    return SHARED_QUEUE[dispatch]
+
+
+def _setup_entry(res: SimResult) -> dict:
+    c = res.costs
+    return {"spec": asdict(res.spec), "devices": res.spec.devices,
+            "instance_cost": {"decode_a": c.instance.decode_a, "decode_b": c.instance.decode_b,
+                              "decode_c": c.instance.decode_c, "prefill_per_token": c.instance.prefill_per_token},
+            "kv_capacity_tokens": c.kv_capacity, "train_per_token": c.train_per_token,
+            "train_per_step": c.train_per_step, "sync_s": c.sync_s, "switch_s": c.switch_s,
+            "preemptions": res.preemptions, "wall_s": res.wall_s}
+
+
+def run_points(cfg, workload, names, out: Path, *, total_devices=None, rollout_devices=None,
+               write_timelines: bool = True, echo=print) -> dict:
+    """Simulate ``names``; write summary.json + simulation.json (+ timelines) into ``out``."""
+    from ..io import write_json_atomic
+
+    preds = _Predictions(workload, cfg)
+    summary, setup = {}, {}
+    for name in names:
+        res = simulate_system(cfg, workload, name, total_devices=total_devices, rollout_devices=rollout_devices,
+                              preds=preds)
+        summary[name] = res.summary
+        setup[name] = _setup_entry(res)
+        mode = cfg.sim.write_timeline
+        n = int(res.summary["samples"])
+        if write_timelines and (mode == "always" or (mode == "auto" and n <= TIMELINE_AUTO_LIMIT)):
+            res.timeline.write_jsonl(out / f"timeline_{name}.jsonl")
+        s = res.summary
+        echo(f"  {name:18s} devices={res.spec.devices:4d} R={res.spec.num_instances:3d} "
+             f"throughput={s['throughput']:10.1f} tok/s  iter={s['iteration_time_mean']:8.1f}s  "
+             f"pad={s['padding_bubble']:.3f} skew={s['skew_bubble']:.3f} sort={s['sorting_bubble']:.3f}  "
+             f"LB-ratio={s['lower_bound_ratio']:.2f} lag<={s['policy_lag_max']}  ({res.wall_s:.1f}s)")
+    write_json_atomic(out / "summary.json", summary)
+    write_json_atomic(out / "simulation.json", {"total_devices": total_devices or cfg.sim.total_devices,
+                                                "rollout_devices": rollout_devices or cfg.sim.rollout_devices,
+                                                "workload": _workload_stats(workload, cfg), "systems": setup})
+    return summary
+
+
+def _workload_stats(w, cfg) -> dict:
+    hist, sim = epoch_split(w, cfg.sim.epochs)
+    L = np.concatenate([w.samples(e).reshape(-1) for e in sim])
+    return {"name": w.name, "prompts": int(w.num_prompts), "group_size": int(w.group_size),
+            "history_epochs": hist, "simulated_epochs": sim,
+            "response_length": {"mean": float(L.mean()), "p50": float(np.percentile(L, 50)),
+                                "p90": float(np.percentile(L, 90)), "p99": float(np.percentile(L, 99)),
+                                "max": int(L.max())},
+            "prompt_length_mean": float(np.mean(w.prompt_length))}
+
+
+def sweep_split(cfg, D: int) -> int:
+    """Rollout devices at ``D`` total: the configured share, a multiple of infer_tp, >= 1 instance."""
+    s = cfg.sim
+    share = s.rollout_devices / s.total_devices
+    tp = s.infer_tp
+    Dr = int(round(D * share / tp)) * tp
+    return min(max(tp, Dr), D - 1)
+
+
+def apply_calibration(cfg, fit: dict):
+    """A copy of ``cfg`` simulating with fitted coefficients (``sim.model_class=custom``)."""
+    cfg = copy.deepcopy(cfg)
+    for k in ("decode_a", "decode_b", "decode_c", "prefill_per_token", "train_per_token", "train_per_step", "sync_s"):
+        if fit.get(k) is not None:
+            setattr(cfg.cost, k, float(fit[k]))
+    cfg.cost.logprob_per_token = 0.0    # the fitted trainer cost already includes the log-prob passes
+    cfg.sim.model_class = "custom"
+    return cfg
+
+
+def run_simulate(cfg) -> int:
+    """Entry point of ``asp simulate`` (see module doc)."""
+    from ..config import save_resolved
+    from ..io import write_json_atomic
+    from ..lengths.workloads import workload_from_config
+
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    names = list(cfg.sim.policies)
+    bad = [n for n in names if n not in POLICY_NAMES]
+    if bad or not names:
+        raise ConfigError([f"sim.policies: unknown {bad or 'empty list'}; valid: {', '.join(POLICY_NAMES)}"])
+    if cfg.sim.calibrate:
+        from .calibrate import calibrate_run
+
+        fit = calibrate_run(cfg.sim.calibrate)
+        write_json_atomic(out / "calibration.json", fit)
+        print(f"asp simulate: calibrated from {cfg.sim.calibrate}: " +
+              ", ".join(f"{k}={v:.4g}" for k, v in fit.items() if isinstance(v, float)))
+        cfg = apply_calibration(cfg, fit)
+    save_resolved(cfg, out)
+    w = workload_from_config(cfg)
+    t0 = time.perf_counter()
+    print(f"asp simulate: {w.name}, {w.num_prompts} prompts x G={w.group_size}, {cfg.sim.epochs} epoch(s), "
+          f"{cfg.sim.total_devices} devices ({cfg.sim.rollout_devices} rollout when decoupled), model {cfg.sim.model_class}")
+    run_points(cfg, w, names, out)
+    for D in cfg.sim.sweep_devices:
+        D = int(D)
+        Dr = sweep_split(cfg, D)
+        pt = out / "sweep" / f"devices_{D}"
+        pt.mkdir(parents=True, exist_ok=True)
+        print(f"sweep: {D} devices ({Dr} rollout)")
+        sweep_names = names + (["single_instance"] if "single_instance" not in names else [])
+        run_points(cfg, w, sweep_names, pt, total_devices=D, rollout_devices=Dr, write_timelines=False)
+    from ..report.sim_report import write_sim_report
+
+    write_sim_report(out)
+    print(f"asp simulate: wrote {out}/summary.json, report.md and plots in {time.perf_counter() - t0:.1f}s")
+    return 0
