@@ -58,11 +58,16 @@ def predict_lengths(history: pd.DataFrame | None, prompt_ids, prompt_lengths=Non
     elif method == "quantile":
         per = g.quantile(q)
     else:  # ema over epochs, oldest first
+        # ema_t = alpha * x_t + (1 - alpha) * ema_{t-1}, ema_0 = x_0: a weighted sum with
+        # weight alpha (1-alpha)^(n-1-r) for epoch rank r > 0 and (1-alpha)^(n-1) for r = 0
         by_epoch = history.groupby(["prompt_id", "epoch"], sort=True)["response_length"].mean().reset_index()
-        by_epoch = by_epoch.sort_values(["prompt_id", "epoch"])
-        per = by_epoch.groupby("prompt_id", sort=False)["response_length"].agg(
-            lambda s: pd.Series(s.to_numpy(float)).ewm(alpha=alpha, adjust=False).mean().iloc[-1])
-    pred = per.reindex(ids).to_numpy(dtype=float)
+        g_ep = by_epoch.groupby("prompt_id", sort=False)
+        r = g_ep.cumcount().to_numpy()
+        cnt = g_ep["epoch"].transform("size").to_numpy()
+        wts = np.where(r == 0, (1 - alpha) ** (cnt - 1), alpha * (1 - alpha) ** (cnt - 1 - r))
+        by_epoch["w"] = wts * by_epoch["response_length"].to_numpy(float)
+        per = by_epoch.groupby("prompt_id", sort=False)["w"].sum()
+    pred = per.reindex(ids).to_numpy(dtype=float, copy=True)
     unseen = np.isnan(pred)
     if unseen.any():
         fill = regress() if prior == "regression" else np.full(n, float(history["response_length"].mean()))

@@ -1,0 +1,23 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """The real length traces shipped beside the repository (skip when absent)."""
+    if not (SHARED_DATA / "azure_llm_trace_2023_conv.csv").exists():
+        pytest.skip("../shared/data traces not present")
+    return SHARED_DATA
+
+
+@pytest.fixture
+def empty_yaml(tmp_path) -> Path:
+    p = tmp_path / "empty.yaml"
+    p.write_text("{}\n")
+    return p

@@ -1,0 +1,108 @@
+"""The admission/lag state machine shared by the simulator and the runtime."""
+import random
+
+import pytest
+
+from asp_ascend.scheduler.admission import AdmissionController, Dispatcher, Job, LagViolation
+
+
+def jobs_for(n_iter, per_iter, R, interleave=False):
+    out, rank = [], 0
+    for it in range(n_iter):
+        for j in range(per_iter):
+            # optionally pull the first job of each iteration one iteration forward
+            r = rank - (per_iter + 1) if interleave and j == 0 and it > 0 else rank
+            out.append(Job(it, r, f"p{it}-{j}", instance=j % R))
+            rank += 1
+    return out
+
+
+def run(k, R, n_iter=6, per_iter=8, interleave=False, shared=False, seed=0):
+    """Drive the state machine with random finish order; train iteration i once all its
+    jobs are done (trainer holds version i, publishes i + 1, every instance syncs)."""
+    rng = random.Random(seed)
+    adm = AdmissionController(k, R)
+    d = Dispatcher(jobs_for(n_iter, per_iter, R, interleave), R, adm, shared=shared)
+    running, done_by_iter, lags, trained = [], {}, [], 0
+    while trained < n_iter:
+        for inst in range(R):
+            while (nxt := d.next_for(inst)) is not None:
+                running.append((nxt[0], nxt[1]))
+        if running and rng.random() < 0.8:
+            job, v = running.pop(rng.randrange(len(running)))
+            d.on_finish(job.prompt_id, job.epoch)
+            done_by_iter.setdefault(job.iteration, []).append(v)
+        elif len(done_by_iter.get(trained, [])) == per_iter:
+            lags += [trained - v for v in done_by_iter[trained]]
+            trained += 1
+            adm.on_publish(trained)
+            for inst in range(R):
+                adm.on_instance_synced(inst, trained)
+        elif not running:
+            raise AssertionError("deadlock: nothing running and the next iteration is incomplete")
+    assert d.done and d.pending() == 0
+    return lags
+
+
+@pytest.mark.parametrize("k", [0, 1, 2, 3])
+@pytest.mark.parametrize("interleave", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
+def test_lag_never_exceeds_k(k, interleave, shared):
+    for seed in range(5):
+        lags = run(k, R=3, interleave=interleave, shared=shared, seed=seed)
+        assert len(lags) == 6 * 8  # every job trained once
+        assert max(lags) <= k
+        if k == 0:
+            assert set(lags) == {0}
+
+
+def test_admission_rule_and_violation():
+    adm = AdmissionController(1, 2)
+    assert adm.admissible(0, 1) and not adm.admissible(0, 2)
+    with pytest.raises(LagViolation):
+        adm.on_admit(0, 2)
+    with pytest.raises(ValueError):
+        adm.on_instance_synced(0, 1)  # not published yet
+    adm.on_publish(1)
+    adm.on_instance_synced(0, 1)
+    assert adm.on_admit(0, 2) == 1
+    with pytest.raises(ValueError):
+        AdmissionController(-1, 1)
+
+
+def test_interleaved_job_waits_without_blocking():
+    adm = AdmissionController(1, 1)
+    jobs = [Job(2, 0, "long-of-2"), Job(1, 1, "a-of-1"), Job(1, 2, "b-of-1")]
+    d = Dispatcher(jobs, 1, adm)
+    # iteration 2 needs version 1: the instance takes the admissible jobs meanwhile
+    assert d.next_for(0)[0].prompt_id == "a-of-1"
+    adm.on_publish(1)
+    adm.on_instance_synced(0, 1)
+    # now the pulled-forward job goes first (lower rank)
+    assert d.next_for(0)[0].prompt_id == "long-of-2"
+    assert d.next_for(0)[0].prompt_id == "b-of-1"
+    assert d.next_for(0) is None
+
+
+def test_blocked_by_lag_and_failover():
+    adm = AdmissionController(0, 2)
+    jobs = [Job(0, 0, "a", instance=0), Job(0, 1, "b", instance=0), Job(1, 2, "c", instance=1)]
+    d = Dispatcher(jobs, 2, adm)
+    assert d.blocked_by_lag(1) and not d.blocked_by_lag(0)
+    job, v = d.next_for(0)
+    moved = d.on_instance_failed(0)
+    assert {j.prompt_id for j in moved} == {"a", "b"}
+    # the survivor gets them, in rank order, and nothing is lost or duplicated
+    got = [d.next_for(1)[0].prompt_id, d.next_for(1)[0].prompt_id]
+    assert got == ["a", "b"] and d.next_for(1) is None
+    with pytest.raises(ValueError):
+        Dispatcher([Job(0, 0, "x", instance=5)], 2, AdmissionController(1, 2))
+
+
+def test_finish_twice_is_an_error():
+    adm = AdmissionController(1, 1)
+    d = Dispatcher([Job(0, 0, "a")], 1, adm)
+    d.next_for(0)
+    d.on_finish("a")
+    with pytest.raises(ValueError):
+        d.on_finish("a")

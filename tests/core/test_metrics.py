@@ -1,0 +1,72 @@
+"""Metric functions on a hand-made timeline, against values computed by hand."""
+import numpy as np
+import pytest
+
+from asp_ascend.metrics import Timeline, summarize, time_weighted_cv
+from asp_ascend.metrics.bubbles import iteration_lower_bounds, iteration_time_stats, padding_bubble
+
+
+def hand_timeline() -> Timeline:
+    tl = Timeline()
+    req = dict(epoch=0, sample=0, t_first_token=None, prompt_length=1, response_length=1)
+    tl.add("request", iteration=0, instance=0, prompt_id="a", admission_version=0, t_admit=0.0, t_finish=4.0, **req)
+    tl.add("request", iteration=0, instance=0, prompt_id="b", admission_version=0, t_admit=0.0, t_finish=2.0, **req)
+    tl.add("request", iteration=0, instance=1, prompt_id="c", admission_version=0, t_admit=0.0, t_finish=1.0, **req)
+    tl.add("request", iteration=1, instance=1, prompt_id="d", admission_version=0, t_admit=5.0, t_finish=6.0, **req)
+    tl.add("step", t_start=4.0, t_end=4.5, iteration=0, mini_batch=0, version=0, samples=[], tokens=30, padded_tokens=10)
+    tl.add("step", t_start=6.0, t_end=7.0, iteration=1, mini_batch=0, version=1, samples=[], tokens=10, padded_tokens=0)
+    tl.add("sync", t_start=4.5, t_end=5.0, version=1)
+    tl.add("sync", t_start=7.0, t_end=8.0, version=2)
+    tl.add("queue", t=0.0, op="put", size=2)
+    tl.add("queue", t=4.0, op="get", size=0)
+    return tl
+
+
+def test_summary_hand_computed():
+    s = summarize(hand_timeline(), num_instances=2, max_num_seqs=2, lag_bound=1, lower_bounds=[2.0, 2.0])
+    assert s["run_time_s"] == 8.0
+    assert s["throughput"] == pytest.approx(40 / 8)
+    assert s["iteration_time_mean"] == pytest.approx(4.0)          # syncs end at 5 and 8
+    assert s["iteration_time_p50"] == pytest.approx(4.0)
+    assert s["padding_bubble"] == pytest.approx(10 / 50)
+    # instance-time (16 s): useful 6 (occupancy >= 1), skew 4, lag-blocked 2, other 4
+    rb = s["rollout_breakdown"]
+    assert rb == pytest.approx({"useful": 6 / 16, "skew_bubble": 4 / 16, "lag_blocked": 2 / 16, "other": 4 / 16})
+    assert s["skew_bubble"] == pytest.approx(0.25)
+    # trainer (8 s): useful 0.375 + 1, padding 0.125, idle while generating 5, other 1.5
+    tb = s["trainer_breakdown"]
+    assert tb == pytest.approx({"useful": 1.375 / 8, "padding": 0.125 / 8, "sorting_bubble": 5 / 8, "other": 1.5 / 8})
+    assert s["sorting_bubble"] == pytest.approx(5 / 8)
+    assert s["policy_lag_max"] == 1
+    assert s["policy_lag_hist"] == {"0": 3, "1": 1}
+    assert s["queue_occupancy_cv"] == pytest.approx(1.0)  # 2 for 4 s then 0 for 4 s
+    assert s["lower_bound_ratio"] == pytest.approx(2.0)
+    assert sum(rb.values()) == pytest.approx(1.0) and sum(tb.values()) == pytest.approx(1.0)
+
+
+def test_timeline_jsonl_roundtrip(tmp_path):
+    tl = hand_timeline()
+    tl.write_jsonl(tmp_path / "timeline.jsonl")
+    back = Timeline.read_jsonl(tmp_path / "timeline.jsonl")
+    a = summarize(tl, num_instances=2, max_num_seqs=2, lag_bound=1)
+    b = summarize(back, num_instances=2, max_num_seqs=2, lag_bound=1)
+    assert a == b
+
+
+def test_truncated_timeline_line_is_a_clear_error(tmp_path):
+    from asp_ascend.errors import DataError
+
+    p = tmp_path / "timeline.jsonl"
+    p.write_text('{"kind": "sync", "t_start": 0, "t_end": 1, "version": 1}\n{"kind": "req')
+    with pytest.raises(DataError, match="timeline.jsonl:2: not valid JSON"):
+        Timeline.read_jsonl(p)
+
+
+def test_primitives():
+    assert padding_bubble(0, 0) == 0.0
+    assert padding_bubble(75, 25) == 0.25
+    st = iteration_time_stats([2.0, 3.0, 7.0], 0.0)
+    assert st["iteration_time_mean"] == pytest.approx(7 / 3)
+    assert time_weighted_cv([0, 1], [5, 5], 0, 2) == 0.0
+    lb = iteration_lower_bounds([1, 5], [2, 1], [6, 2], lag_bound=1)
+    assert lb.tolist() == [3.0, 5.0]

@@ -1,0 +1,183 @@
+import numpy as np
+import pandas as pd
+import pytest
+
+from asp_ascend.config import load_config
+from asp_ascend.lengths.workloads import workload_from_config
+from asp_ascend.scheduler.cost import CostModel
+from asp_ascend.scheduler.estimate import dispatch_windows, estimate
+from asp_ascend.scheduler.planner import POLICIES, plan
+
+COLUMNS = ["epoch", "prompt_id", "iteration", "mini_batch", "instance", "dispatch_rank", "predicted_length"]
+
+
+def heavy_tail(n, seed=0):
+    rng = np.random.default_rng(seed)
+    body = rng.lognormal(6.2, 0.6, n)
+    tail = 1500 * (1 - rng.random(n)) ** (-1 / 1.5)
+    return np.minimum(np.where(rng.random(n) < 0.1, tail, body), 8192), rng.lognormal(5.3, 0.5, n)
+
+
+def ks(sample, population):
+    xs = np.sort(population)
+    f_pop = np.searchsorted(np.sort(population), xs, side="right") / population.size
+    f_s = np.searchsorted(np.sort(sample), xs, side="right") / sample.size
+    return float(np.abs(f_pop - f_s).max())
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("n", [1000, 1030])
+def test_contract_invariants(policy, n):
+    pred, plen = heavy_tail(n)
+    ids = np.array([f"q{i}" for i in range(n)])
+    B, m, R = 64, 16, 5
+    df = plan(ids, pred, plen, policy=policy, global_batch_size=B, mini_batch_size=m, num_instances=R, seed=1)
+    assert list(df.columns) == COLUMNS
+    # every prompt exactly once
+    assert sorted(df["prompt_id"]) == sorted(ids)
+    # instance ids in range
+    assert df["instance"].between(0, R - 1).all()
+    # iterations hold exactly B prompts except the last (the remainder, never dropped)
+    sizes = df.groupby("iteration").size().sort_index().to_numpy()
+    assert (sizes[:-1] == B).all() and sizes[-1] == (n % B or B)
+    assert df["iteration"].min() == 0 and df["iteration"].max() == len(sizes) - 1
+    # mini-batches of m prompts (a partial last iteration may end in a smaller one)
+    mbs = df.groupby(["iteration", "mini_batch"]).size()
+    full_iters = sizes.size - (1 if n % B else 0)
+    assert (mbs.loc[:full_iters - 1] == m).all()
+    assert df.groupby("iteration")["mini_batch"].max().iloc[:full_iters].eq(B // m - 1).all()
+    # dispatch_rank is a permutation of the epoch
+    assert sorted(df["dispatch_rank"]) == list(range(n))
+    assert np.allclose(df["predicted_length"], pred.astype(np.float32))
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_same_seed_same_schedule(policy):
+    pred, plen = heavy_tail(700)
+    kw = dict(policy=policy, global_batch_size=64, mini_batch_size=16, num_instances=4)
+    a = plan(np.arange(700).astype(str), pred, plen, seed=5, **kw)
+    b = plan(np.arange(700).astype(str), pred, plen, seed=5, **kw)
+    pd.testing.assert_frame_equal(a, b)
+    if policy in ("asp", "random"):
+        c = plan(np.arange(700).astype(str), pred, plen, seed=6, **kw)
+        assert not a["iteration"].equals(c["iteration"])
+
+
+def test_baselines_follow_their_definitions():
+    n, B, m = 256, 64, 16
+    pred, plen = heavy_tail(n)
+    ids = np.arange(n).astype(str)
+    fifo = plan(ids, pred, plen, policy="fifo", global_batch_size=B, mini_batch_size=m, num_instances=4)
+    assert (fifo["iteration"].to_numpy() == np.arange(n) // B).all()
+    assert (fifo["mini_batch"].to_numpy() == (np.arange(n) % B) // m).all()
+    assert (fifo["dispatch_rank"].to_numpy() == np.arange(n)).all()
+    srt = plan(ids, pred, plen, policy="sorted", global_batch_size=B, mini_batch_size=m, num_instances=4)
+    order = srt.sort_values("dispatch_rank")
+    assert (np.diff(order["predicted_length"].to_numpy()) >= 0).all()  # ascending over the epoch
+    assert (np.diff(order["iteration"].to_numpy()) >= 0).all()
+    rnd = plan(ids, pred, plen, policy="random", global_batch_size=B, mini_batch_size=m, num_instances=4)
+    assert sorted(rnd.groupby("iteration").size()) == [B] * (n // B)
+    assert not (rnd["iteration"].to_numpy() == np.arange(n) // B).all()
+    bal = plan(ids, pred, plen, policy="balanced", global_batch_size=B, mini_batch_size=m, num_instances=4)
+    assert (bal["iteration"] == fifo["iteration"]).all() and (bal["mini_batch"] == fifo["mini_batch"]).all()
+    # dispatched in dataset order per instance
+    for _, g in bal.groupby("instance"):
+        assert (np.diff(g.sort_values("dispatch_rank")["prompt_id"].astype(int).to_numpy()) > 0).all()
+    # LPT balances better than a plain least-loaded pull in dataset order
+    w = CostModel().work(plen, pred, 64)
+    spread = lambda df: df.assign(w=w).groupby(["iteration", "instance"])["w"].sum().groupby("iteration").agg(
+        lambda s: s.max() / s.mean()).mean()
+    assert spread(bal) < spread(fifo)
+
+
+def test_asp_keeps_the_epoch_length_mix_in_every_iteration():
+    n, B = 8192, 256
+    pred, plen = heavy_tail(n, seed=2)
+    asp = plan(np.arange(n).astype(str), pred, plen, policy="asp", global_batch_size=B, mini_batch_size=64,
+               num_instances=8)
+    srt = plan(np.arange(n).astype(str), pred, plen, policy="sorted", global_batch_size=B, mini_batch_size=64,
+               num_instances=8)
+    asp_ks = [ks(g["predicted_length"].to_numpy(), pred) for _, g in asp.groupby("iteration")]
+    sorted_ks = [ks(g["predicted_length"].to_numpy(), pred) for _, g in srt.groupby("iteration")]
+    # one prompt from each of B length strata: the CDFs differ by at most one stratum
+    assert max(asp_ks) <= 1.5 / B
+    assert min(sorted_ks) > 0.45 and np.mean(sorted_ks) > 0.7  # sorted iterations: a length curriculum
+    # and no drift of lengths across the epoch (no curriculum by iteration order)
+    means = asp.groupby("iteration")["predicted_length"].mean().to_numpy()
+    assert abs(np.corrcoef(np.arange(means.size), means)[0, 1]) < 0.3
+
+
+def test_asp_minibatches_homogeneous_and_instances_balanced():
+    n, B, m, R = 4096, 512, 64, 8
+    pred, plen = heavy_tail(n, seed=3)
+    asp = plan(np.arange(n).astype(str), pred, plen, policy="asp", global_batch_size=B, mini_batch_size=m,
+               num_instances=R)
+    fifo = plan(np.arange(n).astype(str), pred, plen, policy="fifo", global_batch_size=B, mini_batch_size=m,
+                num_instances=R)
+    tot = pred + plen
+    rng_of = lambda df: df.assign(t=tot).groupby(["iteration", "mini_batch"])["t"].agg(lambda s: s.max() - s.min()).mean()
+    assert rng_of(asp) < 0.3 * rng_of(fifo)
+    # mini-batch 0 is the shortest of its iteration
+    mb_mean = asp.groupby(["iteration", "mini_batch"])["predicted_length"].mean()
+    for it in range(n // B):
+        assert (np.diff(mb_mean.loc[it].to_numpy()) >= 0).all()
+    w = CostModel().work(plen, pred, 64) * 8
+    per = asp.assign(w=w).groupby(["iteration", "instance"])["w"].sum().unstack()
+    assert (per.max(axis=1) / per.mean(axis=1)).max() < 1.05
+    # the R longest groups of an iteration land on R different instances
+    for _, g in asp.groupby("iteration"):
+        assert g.nlargest(R, "predicted_length")["instance"].nunique() == R
+
+
+def test_asp_starts_long_groups_early_within_the_lag_bound():
+    n, B, R = 4096, 256, 4
+    pred, plen = heavy_tail(n, seed=4)
+    for k in (0, 1, 2):
+        df = plan(np.arange(n).astype(str), pred, plen, policy="asp", global_batch_size=B, mini_batch_size=64,
+                  num_instances=R, lag_bound=k)
+        win = dispatch_windows(df["iteration"].to_numpy(), df["instance"].to_numpy(), df["dispatch_rank"].to_numpy(), R)
+        shift = df["iteration"].to_numpy() - win
+        assert shift.min() >= 0 and shift.max() <= k
+        if k == 0:
+            assert shift.max() == 0
+        else:
+            assert shift.max() >= 1
+            # pulled-forward groups are the long ones
+            assert pred[shift > 0].mean() > 3 * pred[shift == 0].mean()
+
+
+def _estimate(df, lengths, plen, R, k, **kw):
+    return estimate(df["iteration"], df["instance"], df["mini_batch"], df["dispatch_rank"], lengths, plen,
+                    group_size=8, num_instances=R, max_num_seqs=256, lag_bound=k, micro_batch_size=16,
+                    cost=CostModel(), **kw)
+
+
+@pytest.mark.parametrize("kind, R", [("synthetic", 8), ("trace", 32)])
+def test_asp_beats_mix_preserving_baselines_on_heavy_tails(kind, R, empty_yaml, shared_data):
+    ov = ["lengths.max_response_length=8192", "workload.num_prompts=16384", f"workload.type={kind}",
+          "workload.length_scale=6", f"workload.trace_path={shared_data / 'azure_llm_trace_2023_conv.csv'}"]
+    w = workload_from_config(load_config(empty_yaml, ov))
+    truth = w.mean_length[-1]
+    res = {}
+    for pol in POLICIES:
+        df = plan(w.prompt_ids, truth, w.prompt_length, policy=pol, global_batch_size=512, mini_batch_size=64,
+                  num_instances=R, max_num_seqs=256, lag_bound=1)
+        res[pol] = _estimate(df, truth, w.prompt_length, R, 1)
+    for pol in ("fifo", "random", "balanced"):
+        assert res["asp"]["iteration_time_mean"] < 0.95 * res[pol]["iteration_time_mean"], (pol, res)
+    assert res["asp"]["padding_bubble"] < res["fifo"]["padding_bubble"]
+    assert res["asp"]["lower_bound_ratio"] <= 1.12, res["asp"]
+    assert res["asp"]["lower_bound_ratio"] < min(r["lower_bound_ratio"] for p, r in res.items() if p != "asp")
+
+
+def test_estimate_sync_is_serial_and_lag_helps():
+    pred, plen = heavy_tail(2048, seed=5)
+    df0 = plan(np.arange(2048).astype(str), pred, plen, policy="fifo", global_batch_size=256, mini_batch_size=64,
+               num_instances=4, lag_bound=0)
+    e0 = _estimate(df0, pred, plen, 4, 0)
+    e1 = _estimate(df0, pred, plen, 4, 1)
+    e3 = _estimate(df0, pred, plen, 4, 3)
+    assert e0["iteration_time_mean"] > e1["iteration_time_mean"] >= e3["iteration_time_mean"]
+    for e in (e0, e1, e3):
+        assert e["lower_bound_ratio"] >= 1.0 - 1e-9
+        assert 0 <= e["skew_bubble"] <= 1 and 0 <= e["padding_bubble"] <= 1 and 0 <= e["sorting_bubble"] <= 1
