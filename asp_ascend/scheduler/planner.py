@@ -137,6 +137,13 @@ def _place(iteration: np.ndarray, pick_rank: np.ndarray, work: np.ndarray, R: in
     return inst
 
 
+def _as_str_ids(ids) -> np.ndarray:
+    a = np.asarray(ids)
+    if a.dtype.kind == "U" or (a.dtype == object and (a.size == 0 or isinstance(a[0], str))):
+        return a
+    return a.astype(str)
+
+
 def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "asp", group_size: int = 8,
          global_batch_size: int = 64, mini_batch_size: int = 16, num_instances: int = 2, max_num_seqs: int = 64,
          lag_bound: int = 1, cost: CostModel | None = None, epoch: int = 0, iteration_offset: int = 0,
@@ -203,7 +210,7 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
     dispatch_rank[dispatch_order] = np.arange(n)
     return pd.DataFrame({
         "epoch": np.full(n, epoch, dtype=np.int64),
-        "prompt_id": np.asarray(prompt_ids).astype(str) if not isinstance(prompt_ids, np.ndarray) or prompt_ids.dtype.kind != "U" else prompt_ids,
+        "prompt_id": _as_str_ids(prompt_ids),
         "iteration": iteration.astype(np.int64) + iteration_offset,
         "mini_batch": mini_batch.astype(np.int64),
         "instance": instance.astype(np.int64),
