@@ -19,7 +19,7 @@ from __future__ import annotations
 from ...errors import BackendMissingError
 
 MINDSPEED_HINT = ("install MindSpeed-RL from source on an Ascend node (docs/ascend.md): clone "
-                  "https://gitee.com/ascend/MindSpeed-RL, put its root on PYTHONPATH and run from it; "
+                  "https://gitcode.com/Ascend/MindSpeed-RL (mirror: github.com/Ascend/MindSpeed-RL), put its root on PYTHONPATH and run from it; "
                   "it needs torch_npu, CANN, vllm and vllm-ascend")
 
 

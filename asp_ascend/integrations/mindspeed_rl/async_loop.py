@@ -275,7 +275,7 @@ class AsyncGRPOLoop:
                        sample=k, admission_version=g.admission_version, t_admit=g.t_admit - self.t0,
                        t_first_token=g.t_admit - self.t0, t_finish=g.t_finish - self.t0,
                        prompt_length=len(g.prompt), response_length=len(resp))
-        if isinstance(steps, list) and steps:   # the group reported its optimizer steps
+        if isinstance(steps, list) and steps and all(isinstance(st, dict) for st in steps):  # per-step report
             for st in steps:
                 lo, hi = st["rows"]
                 tl.add("step", t_start=st["t_start"] - self.t0, t_end=st["t_end"] - self.t0, iteration=i,

@@ -1,0 +1,172 @@
+"""MindSpeed-RL Hydra YAML + our ``asp:`` group -> :class:`asp_ascend.config.Config`.
+
+MindSpeed-RL's config classes reject unknown keys (``BaseConfig.update``), so our
+settings live in a top-level ``asp:`` group that MindSpeed-RL never reads. Keys both
+sides need are read from MindSpeed-RL's own groups (one source of truth) and mapped by
+:data:`TRANSLATION`; repeating one of them under ``asp:`` with another value is an error
+naming both keys. ``actor_config`` overrides ``megatron_training`` as in MindSpeed-RL
+(``MegatronConfig({**megatron_training, **actor_config})``).
+
+No torch, no hydra, no mindspeed_rl: plain YAML (``defaults:`` is left to Hydra at run time).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Optional
+
+from ...errors import ConfigError
+
+# our dotted key -> MindSpeed-RL dotted key (megatron_training.* also looks in actor_config first)
+TRANSLATION: dict[str, str] = {
+    "seed": "megatron_training.seed",
+    "model.path": "megatron_training.tokenizer_name_or_path",
+    "train.global_batch_size": "megatron_training.global_batch_size",
+    "train.max_iterations": "megatron_training.train_iters",
+    "train.checkpoint_every": "megatron_training.save_interval",
+    "train.lr": "megatron_training.lr",
+    "train.weight_decay": "megatron_training.weight_decay",
+    "train.micro_batch_size": "megatron_training.micro_batch_size",
+    "train.mini_batch_size": "rl_config.mini_batch_size",
+    "train.group_size": "rl_config.n_samples_per_prompt",
+    "train.clip_eps": "rl_config.clip_ratio",
+    "train.kl_coef": "rl_config.init_kl_coef",
+    "rollout.max_num_seqs": "generate_config.max_num_seqs",
+    "rollout.devices_per_instance": "generate_config.infer_tensor_parallel_size",
+    "rollout.temperature": "generate_config.sampling_config.temperature",
+    "rollout.top_p": "generate_config.sampling_config.top_p",
+    "lengths.max_response_length": "generate_config.sampling_config.max_tokens",
+}
+
+MINDSPEED_GROUPS = ("megatron_training", "actor_config", "rl_config", "generate_config")
+
+# rl_config values the async adapter cannot run with: key -> (required value, why)
+ASYNC_REQUIREMENTS: dict[str, tuple[Any, str]] = {
+    "rl_config.use_integrated_worker": (True, "the adapter subclasses IntegratedWorker for weight push"),
+    "rl_config.partial_rollout_max_split": (1, "partial rollout and the async instances both own generation"),
+    "rl_config.data_strategy": ("td", "the off-policy correction reads and rewrites TransferDock columns"),
+}
+_REQUIREMENT_DEFAULTS = {"rl_config.use_integrated_worker": False, "rl_config.partial_rollout_max_split": 1,
+                         "rl_config.data_strategy": "td"}
+
+
+def _get(raw: dict, dotted: str) -> tuple[bool, Any]:
+    node: Any = raw
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def lookup(raw: dict, msrl_key: str) -> tuple[bool, Any, str]:
+    """Value of a MindSpeed-RL key as MindSpeed-RL resolves it: (found, value, where it was found)."""
+    if msrl_key.startswith("megatron_training."):
+        actor_key = "actor_config." + msrl_key.split(".", 1)[1]
+        found, val = _get(raw, actor_key)
+        if found:
+            return True, val, actor_key
+    found, val = _get(raw, msrl_key)
+    return found, val, msrl_key
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _set(d: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+    d[parts[-1]] = value
+
+
+def load_mindspeed_yaml(path: str | Path) -> dict:
+    """Read a MindSpeed-RL YAML as a plain dict (OmegaConf, interpolations resolved)."""
+    from omegaconf import OmegaConf
+
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError([f"MindSpeed-RL config {p} does not exist; pass --config-path DIR --config-name NAME "
+                           f"(NAME without .yaml), e.g. configs/mindspeed_rl grpo_qwen25_7b_asp_A3"])
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(p), resolve=True) or {}
+    except Exception as exc:
+        raise ConfigError([f"{p}: not valid YAML: {exc}"]) from None
+    if not isinstance(raw, dict):
+        raise ConfigError([f"{p}: top level must be a mapping"])
+    return raw
+
+
+def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<mindspeed config>",
+              *, mode: Optional[str] = None, check_files: bool = False):
+    """(our Config, the MindSpeed-RL dict without ``asp:``) from one MindSpeed-RL config dict.
+
+    ``overrides`` are our dotted ``key=value`` (applied last). Raises ConfigError listing every problem.
+    """
+    from ...config import load_config
+
+    problems: list[str] = []
+    missing = [g for g in ("megatron_training", "rl_config", "generate_config") if g not in raw]
+    if missing:
+        problems.append(f"{source}: missing group(s) {missing}; a MindSpeed-RL GRPO config has "
+                        f"{list(MINDSPEED_GROUPS)} (see configs/mindspeed_rl/)")
+    asp = raw.get("asp") or {}
+    if not isinstance(asp, dict):
+        problems.append(f"asp: must be a mapping of our config keys, got {type(asp).__name__}")
+        asp = {}
+    ours: dict[str, Any] = {"platform": "npu"}
+    for our_key, msrl_key in TRANSLATION.items():
+        found, val, where = lookup(raw, msrl_key)
+        if found and val is not None:
+            _set(ours, our_key, val)
+            a_found, a_val = _get(asp, our_key)
+            if a_found and a_val != val:
+                problems.append(f"asp.{our_key}={a_val!r} contradicts {where}={val!r}; set it once, in {where}")
+    for key, val in _flatten(asp).items():
+        if key in TRANSLATION:
+            continue
+        _set(ours, key, val)
+    mode = mode or _get(ours, "mindspeed.trainer")[1] or "async"
+    if mode == "async":
+        for key, (want, why) in ASYNC_REQUIREMENTS.items():
+            found, val = _get(raw, key)
+            val = val if found else _REQUIREMENT_DEFAULTS[key]
+            if val != want:
+                problems.append(f"{key}: {val!r} does not work with mindspeed.trainer=async ({why}); set {key}: {want}")
+    if problems:
+        raise ConfigError(problems, source)
+    from omegaconf import OmegaConf
+
+    fd, tmp = tempfile.mkstemp(suffix=".yaml", prefix="asp-from-mindspeed-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(OmegaConf.to_yaml(OmegaConf.create(ours)))
+        try:
+            cfg = load_config(tmp, list(overrides or []), check_files=check_files)
+        except ConfigError as exc:
+            raise ConfigError([_name_source(p) for p in exc.problems], source) from None
+    finally:
+        os.unlink(tmp)
+    msrl = {k: v for k, v in raw.items() if k != "asp"}
+    return cfg, msrl
+
+
+def _name_source(problem: str) -> str:
+    """Point a problem with one of our keys at where the user wrote it."""
+    key = problem.split(":", 1)[0].strip()
+    if key in TRANSLATION:
+        return f"{problem} (from {TRANSLATION[key]})"
+    return f"asp.{problem}" if "." in key and not key.startswith(("override", "config file")) else problem
+
+
+def translate_file(path: str | Path, overrides: Optional[list[str]] = None, **kw):
+    return translate(load_mindspeed_yaml(path), overrides, source=str(path), **kw)

@@ -1,0 +1,191 @@
+"""Feeding rollout instances by the schedule and handing complete groups to the async trainer.
+
+:class:`DispatcherSource` is the :class:`.async_loop.SampleSource` of the MindSpeed-RL path:
+it drives rollout instances (anything with the runtime's ``RolloutEngine`` methods
+``submit`` / ``poll``) through the shared admission state machine
+(:class:`asp_ascend.scheduler.admission.Dispatcher`), keeps each instance at most
+``groups_in_flight`` groups busy, and buffers finished groups per iteration.
+:func:`build_async_rollout` builds it on NPUs from the runtime's rollout actor.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+from ...errors import AspError
+from ...scheduler.admission import AdmissionController, Dispatcher, Job
+from .async_loop import LoopSettings, SampleGroup
+
+
+class InstanceHandle(Protocol):
+    def submit(self, group_id: str, prompt_token_ids: list[int], n: int, max_tokens: int, temperature: float,
+               top_p: float, seed: int, stop_token_ids: list[int], meta: Optional[dict] = None) -> int: ...
+    def poll(self) -> dict: ...
+
+
+def jobs_from_schedule(schedule) -> list[Job]:
+    return [Job(int(r.iteration), int(r.dispatch_rank), str(r.prompt_id), int(r.epoch), int(r.instance),
+                int(r.mini_batch), float(r.predicted_length)) for r in schedule.itertuples()]
+
+
+class DispatcherSource:
+    """SampleSource over live instances: schedule order, lag bound, bounded in-flight work."""
+
+    def __init__(self, schedule, instances: Sequence[InstanceHandle], prompt_of: Callable[[str], tuple[list[int], dict]],
+                 group_size: int, lag_bound: int, groups_in_flight: int, sampling: dict,
+                 start_iteration: int = 0, poll_interval_s: float = 0.01, timeout_s: float = 3600.0,
+                 clock: Callable[[], float] = time.time):
+        self.instances = list(instances)
+        self.n, self.cap, self.sampling = group_size, groups_in_flight, dict(sampling)
+        self.prompt_of, self.poll_interval_s, self.timeout_s, self.clock = prompt_of, poll_interval_s, timeout_s, clock
+        self.adm = AdmissionController(lag_bound, len(self.instances))
+        # resume: the trainer holds version start_iteration; earlier iterations are done
+        jobs = [j for j in jobs_from_schedule(schedule) if j.iteration >= start_iteration]
+        if start_iteration:
+            self.adm.on_publish(start_iteration)
+            for i in range(len(self.instances)):
+                self.adm.on_instance_synced(i, start_iteration)
+        self.disp = Dispatcher(jobs, len(self.instances), self.adm)
+        self.inflight = [0] * len(self.instances)
+        self.ready: dict[int, list[SampleGroup]] = defaultdict(list)
+
+    def _fill(self) -> None:
+        for i, inst in enumerate(self.instances):
+            while self.inflight[i] < self.cap:
+                nxt = self.disp.next_for(i)
+                if nxt is None:
+                    break
+                job, version = nxt
+                prompt, extras = self.prompt_of(job.prompt_id)
+                meta = {"epoch": job.epoch, "prompt_id": job.prompt_id, "iteration": job.iteration,
+                        "mini_batch": job.mini_batch, "prompt": list(prompt), "extras": extras, "version": version}
+                inst.submit(f"{job.epoch}:{job.prompt_id}", list(prompt), self.n, meta=meta, **self.sampling)
+                self.inflight[i] += 1
+
+    def _poll(self) -> int:
+        got = 0
+        for i, inst in enumerate(self.instances):
+            for g in inst.poll().get("groups", []):
+                m = g["meta"]
+                samples = g["samples"]
+                self.ready[m["iteration"]].append(SampleGroup(
+                    epoch=m["epoch"], prompt_id=m["prompt_id"], iteration=m["iteration"], mini_batch=m["mini_batch"],
+                    instance=i, admission_version=min(int(g["admission_version"]), int(m["version"])),
+                    prompt=m["prompt"], responses=[s["token_ids"] for s in samples],
+                    rollout_log_probs=[s["logprobs"] for s in samples], extras=m["extras"],
+                    t_admit=float(g["t_admit"]), t_finish=max(float(s["t_finish"]) for s in samples)))
+                self.disp.on_finish(m["prompt_id"], m["epoch"])
+                self.inflight[i] -= 1
+                got += 1
+        return got
+
+    def get_groups(self, iteration: int, count: int) -> list[SampleGroup]:
+        deadline = self.clock() + self.timeout_s
+        while len(self.ready[iteration]) < count:
+            self._fill()
+            if self._poll() == 0:
+                if self.clock() > deadline:
+                    raise AspError(f"iteration {iteration}: {len(self.ready[iteration])}/{count} groups after "
+                                   f"{self.timeout_s:.0f} s; instances in flight {self.inflight}")
+                time.sleep(self.poll_interval_s)
+        out = self.ready.pop(iteration)
+        if len(out) > count:
+            raise RuntimeError(f"iteration {iteration}: {len(out)} groups, the schedule has {count}")
+        return out
+
+    def on_published(self, version: int) -> None:
+        """Every instance now holds ``version`` (call after the weight push returned)."""
+        self.adm.on_publish(version)
+        for i in range(len(self.instances)):
+            self.adm.on_instance_synced(i, version)
+        self._fill()
+
+
+class _RayHandle:
+    """Blocking calls on a Ray actor handle, shaped like :class:`InstanceHandle`."""
+
+    def __init__(self, actor):
+        self.actor = actor
+
+    def submit(self, *a, **kw):
+        import ray
+
+        return ray.get(self.actor.submit.remote(*a, **kw))
+
+    def poll(self):
+        import ray
+
+        return ray.get(self.actor.poll.remote())
+
+
+RECEIVER = "asp_ascend.integrations.mindspeed_rl.vllm_receiver.MindSpeedWeightReceiver"
+
+
+def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenizer,
+                        dataset_additional_keys: Sequence[str] = ()) -> tuple[DispatcherSource, Any, LoopSettings]:
+    """Rollout instances on their own NPUs + the HCCL weight push, for ``AsyncGRPOTrainer``.
+
+    Needs the runtime's rollout actor to accept ``worker_extension_cls`` and to expose
+    ``collective_rpc(method, args)`` (the vllm-ascend instance loads Megatron-layout shards
+    with MindSpeed-RL's own loaders; :mod:`.vllm_receiver`).
+    """
+    import inspect
+
+    import pandas as pd
+    import ray
+
+    from ...engines.rollout import RolloutEngine, rollout_actor_class
+    from ...platforms import get_platform
+    from .rollout_groups import create_instance_placement_groups, instance_actor_options
+    from .trainer import weight_push_fn
+
+    if "worker_extension_cls" not in inspect.signature(RolloutEngine.__init__).parameters or \
+            not hasattr(RolloutEngine, "collective_rpc"):
+        raise AspError("the rollout engine (asp_ascend.engines.rollout.RolloutEngine) has no worker_extension_cls "
+                       "argument or collective_rpc method yet; the NPU async path loads Megatron-layout weights "
+                       f"through {RECEIVER} and needs both. Use asp.mindspeed.trainer=sync meanwhile")
+    platform = get_platform("npu", check=False)
+    r, tp = cfg.rollout.num_instances, cfg.rollout.devices_per_instance
+    pgs = create_instance_placement_groups(platform, r, tp)
+    cls = rollout_actor_class()
+    actors = []
+    for i, pg in enumerate(pgs):
+        actors.append(cls.options(**instance_actor_options(platform, pg, tp)).remote(
+            cfg.model.path, max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=cfg.lengths.max_response_length * 2,
+            seed=cfg.seed + i, dtype="bfloat16", instance=i, worker_extension_cls=RECEIVER))
+    ray.get([a.ready.remote() for a in actors])
+    schedule = pd.read_parquet(schedule_path)
+    fetch = train_ds.__getitem__
+
+    def prompt_of(pid):
+        item = fetch(int(pid))
+        return [int(t) for t in item["input_ids"]], {k: item[k] for k in dataset_additional_keys}
+
+    n = cfg.train.group_size
+    source = DispatcherSource(
+        schedule, [_RayHandle(a) for a in actors], prompt_of, n, cfg.pipeline.lag_bound,
+        groups_in_flight=max(1, cfg.rollout.max_num_seqs // n),
+        sampling={"max_tokens": cfg.lengths.max_response_length, "temperature": cfg.rollout.temperature,
+                  "top_p": cfg.rollout.top_p, "seed": cfg.seed, "stop_token_ids": [int(tokenizer.eod)]})
+
+    class _Instance:
+        def __init__(self, a, idx):
+            self.a, self.idx = a, idx
+
+        def receive_weights(self, manifests, version, host, base_port, rank, world):
+            return self.a.collective_rpc.remote("asp_recv_megatron_weights",
+                                                (manifests, version, host, base_port, self.idx, world, tp))
+
+    host = ray.util.get_node_ip_address()
+    push = weight_push_fn(actor_group, [_Instance(a, i) for i, a in enumerate(actors)], host,
+                          cfg.weight_sync.master_port, cfg.weight_sync.bucket_mb << 20)
+
+    def publish(version: int) -> None:
+        push(version)
+        source.on_published(version)
+
+    settings = LoopSettings(global_batch_size=cfg.train.global_batch_size, group_size=n,
+                            lag_bound=cfg.pipeline.lag_bound, iterations=0, off_policy=cfg.train.off_policy,
+                            tis_cap=cfg.train.tis_cap, dataset_additional_keys=tuple(dataset_additional_keys))
+    return source, publish, settings

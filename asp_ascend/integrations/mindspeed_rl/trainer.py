@@ -1,0 +1,248 @@
+"""MindSpeed-RL classes, created on demand: AsyncGRPOTrainer, the trainer worker, the loss.
+
+Every function here imports ``mindspeed_rl`` when called (it needs torch_npu, CANN,
+vllm and vllm-ascend); on a machine without them it raises BackendMissingError saying
+what to install. The loop itself is :class:`.async_loop.AsyncGRPOLoop`; this module only
+connects it to MindSpeed-RL's objects:
+
+- ``AsyncGRPOTrainer(RayGRPOTrainer)``: ``fit`` runs the async loop instead of generating;
+  the TransferDock gets an extra column ``rollout_log_prob``; ``skip_actor_log_prob`` is
+  forced off (old log-probs are always recomputed: the default skip would treat the
+  current policy as the behaviour policy, wrong for stale samples).
+- ``AspIntegratedWorker``: MindSpeed-RL's ``IntegratedWorker`` plus two methods that push
+  the trainer's weights, in vLLM layout (its own resharding: ``get_infer_params``), to the
+  rollout instances over HCCL; registered in ``launcher.resource_mapping`` (keyed by Ray
+  actor class name, otherwise a renamed worker gets 0 NPUs).
+- ``register_offpolicy_loss``: registers, as ``('ray_grpo', 'actor')``, a GRPO loss that
+  refuses to run without recomputed ``old_log_prob`` (the stock loss silently falls back to
+  the current log-prob). The off-policy weight itself travels in the advantages
+  (see :mod:`.async_loop`), so the loss arithmetic stays MindSpeed-RL's own.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from . import require_mindspeed
+from .async_loop import AsyncGRPOLoop, LoopPorts, LoopSettings
+
+ROLLOUT_LOG_PROB = "rollout_log_prob"
+_CACHE: dict[str, Any] = {}
+
+
+class TransferDockStore:
+    """:class:`.async_loop.ExperienceStore` over MindSpeed-RL's DataStrategy (strategy ``td``)."""
+
+    def __init__(self, data_strategy):
+        self.ds = data_strategy
+
+    def put_experience(self, data_dict, indexes, is_prompt=False):
+        self.ds.put_experience(data_dict, indexes, is_prompt=is_prompt)
+
+    def read_columns(self, columns, indexes):
+        import ray
+
+        data = ray.get(self.ds.td.get_experience_data.remote())
+        return {c: [data[c][i] for i in indexes] for c in columns}
+
+    def clear_main(self):
+        self.ds.clear_main()
+
+
+def register_offpolicy_loss():
+    """Register the guarded GRPO actor loss for stage ``ray_grpo``; call in every trainer worker
+    process before ``initialize()`` (``BaseTrainingEngine`` looks the loss up at construction)."""
+    if "loss" in _CACHE:
+        return _CACHE["loss"]
+    require_mindspeed("the off-policy GRPO loss")
+    from mindspeed_rl.models.loss.grpo_actor_loss_func import GRPOActorLossFunc
+    from mindspeed_rl.models.loss.loss_func_factory import LossFuncFactory
+
+    @LossFuncFactory.register_loss("ray_grpo", "actor")
+    class AspGRPOActorLossFunc(GRPOActorLossFunc):
+        """GRPO loss for the async trainer: old log-probs must be the recomputed ones."""
+
+        def compute_loss(self, output, batch, forward_only=False, non_loss_data=True, **kwargs):
+            if not forward_only and batch.get("old_log_prob") is None:
+                raise RuntimeError("asp async trainer: the update batch has no old_log_prob; the async loop "
+                                   "recomputes it every iteration (skip_actor_log_prob must stay False)")
+            return super().compute_loss(output, batch, forward_only=forward_only,
+                                        non_loss_data=non_loss_data, **kwargs)
+
+    _CACHE["loss"] = AspGRPOActorLossFunc
+    return AspGRPOActorLossFunc
+
+
+def make_trainer_worker_class():
+    """``AspIntegratedWorker``: IntegratedWorker + weight push, registered in resource_mapping."""
+    if "worker" in _CACHE:
+        return _CACHE["worker"]
+    require_mindspeed("the trainer worker")
+    import ray
+    from mindspeed_rl.workers.integrated_worker import IntegratedWorker
+    from mindspeed_rl.workers.scheduler import launcher
+
+    base = IntegratedWorker.__ray_actor_class__
+
+    class AspIntegratedWorker(base):
+        """IntegratedWorker that can push its weights to asp rollout instances."""
+
+        def initialize(self):
+            register_offpolicy_loss()
+            return super().initialize()
+
+        def _asp_first_dp_group(self) -> Optional[int]:
+            """This rank's inference-TP index if it belongs to the first inference DP group, else None."""
+            import torch.distributed as dist
+            from mindspeed_rl.models.rollout.vllm_adapter.vllm_parallel_state import get_vllm_tp_group_ranks
+
+            groups = get_vllm_tp_group_ranks()
+            first = list(groups[0]) if groups and isinstance(groups[0], (list, tuple)) else list(groups or [])
+            rank = dist.get_rank()
+            return first.index(rank) if rank in first else None
+
+        def _asp_params(self):
+            sm = self.sharding_manager
+            sm.enter_forward_mode()
+            sm.onload_infer_params()
+            return sm.vllm_weight_container.get_infer_params()
+
+        def _asp_release(self):
+            sm = self.sharding_manager
+            sm.offload_infer_params()
+            sm.exit_forward_mode()
+
+        def asp_weight_manifest(self, bucket_bytes: int):
+            """(tp_index, buckets) on senders, None elsewhere; collective over the trainer ranks."""
+            from asp_ascend.platforms.transport import _specs, plan_buckets
+
+            params = self._asp_params()
+            j = self._asp_first_dp_group()
+            out = None if j is None else (j, plan_buckets(_specs(list(params.items())), bucket_bytes))
+            self._asp_release()
+            return out
+
+        def asp_push_weights(self, version: int, host: str, base_port: int, num_instances: int,
+                             bucket_bytes: int):
+            """Broadcast this rank's inference shard to TP rank j of every instance (senders only)."""
+            from asp_ascend.platforms import get_platform
+            from asp_ascend.platforms.transport import BroadcastTransport, create_communicator
+
+            params = self._asp_params()
+            j = self._asp_first_dp_group()
+            if j is not None:
+                if getattr(self, "_asp_comm", None) is None:
+                    platform = get_platform("npu")
+                    device = int(ray.get_runtime_context().get_accelerator_ids()["NPU"][0])
+                    self._asp_comm = create_communicator("npu", host, base_port + j, 0, 1 + num_instances, device)
+                    self._asp_sync = platform.synchronize
+                tx = BroadcastTransport(self._asp_comm, bucket_bytes, synchronize=self._asp_sync)
+                named = list(params.items())
+                tx.send(tx.prepare(version, named), named)
+            self._asp_release()
+            return j
+
+    AspIntegratedWorker.__name__ = AspIntegratedWorker.__qualname__ = "AspIntegratedWorker"
+    remote_cls = ray.remote(resources={"NPU": 0.7})(AspIntegratedWorker)
+    launcher.resource_mapping[AspIntegratedWorker.__name__] = lambda config: config.actor_resource
+    _CACHE["worker"] = remote_cls
+    return remote_cls
+
+
+def make_async_grpo_trainer_class():
+    """``AsyncGRPOTrainer(RayGRPOTrainer)``, created on the first call (imports mindspeed_rl)."""
+    if "trainer" in _CACHE:
+        return _CACHE["trainer"]
+    require_mindspeed("the async GRPO trainer")
+    import ray
+    from mindspeed_rl.trainer.grpo_trainer_hybrid import RayGRPOTrainer
+    from mindspeed_rl.utils.loggers import Loggers
+    from mindspeed_rl.workers.scheduler.launcher import RayActorGroup
+
+    class AsyncGRPOTrainer(RayGRPOTrainer):
+        """GRPO on samples from separate rollout instances, policy lag <= k.
+
+        Extra keyword arguments: ``asp_samples`` (SampleSource), ``asp_publish`` (version ->
+        None, pushes weights to every instance), ``asp_settings`` (LoopSettings without the
+        iteration range), ``asp_on_iteration`` and ``asp_timeline`` (optional sinks).
+        """
+
+        def __init__(self, *args, asp_samples, asp_publish: Callable[[int], Any], asp_settings: LoopSettings,
+                     asp_on_iteration=None, asp_timeline=None, **kwargs):
+            self.asp_samples, self.asp_publish, self.asp_settings = asp_samples, asp_publish, asp_settings
+            self.asp_on_iteration, self.asp_timeline = asp_on_iteration, asp_timeline
+            super().__init__(*args, **kwargs)
+
+        def transfer_dock_init(self):
+            keys = self.dataset_additional_keys
+            self.dataset_additional_keys = list(keys or []) + [ROLLOUT_LOG_PROB]
+            try:
+                super().transfer_dock_init()
+            finally:
+                self.dataset_additional_keys = keys
+
+        def set_actor_log_prob_skip_flag(self):
+            self.skip_actor_log_prob = False
+            self.actor_worker.skip_actor_log_prob = False
+
+        def _asp_rewards(self):
+            refs = []
+            for reward in self.reward_list:
+                if isinstance(reward, RayActorGroup):
+                    reward.compute_rm_score(blocking=self.blocking)
+                else:
+                    refs.append(reward.compute_rm_score.remote())
+            ray.get(refs)
+
+        def fit(self, data_iters=None):
+            """Run iterations from the worker's checkpointed iteration to ``train_iters``."""
+            logger = Loggers("asp_async_grpo")
+            start = self.actor_worker.get_iteration()
+            s = self.asp_settings
+            settings = LoopSettings(**{**s.__dict__, "start_iteration": start, "iterations": self.train_iters})
+            ports = LoopPorts(
+                actor=self.actor_worker, ref=self.ref_worker, store=TransferDockStore(self.data_strategy),
+                samples=self.asp_samples, kl_ctrl=self.kl_ctrl, timeline=self.asp_timeline,
+                compute_rewards=self._asp_rewards,
+                compute_advantage=lambda: self.compute_advantage(blocking=True, guarantee_order=self.guarantee_order),
+                publish_weights=self.asp_publish)
+            loop = AsyncGRPOLoop(ports, settings)
+            logger.info(f"asp async GRPO: iterations {start}..{self.train_iters - 1}, lag bound {s.lag_bound}")
+            for i in range(start, self.train_iters):
+                row = loop.run_iteration(i)
+                logger.info(row, i + 1, self.train_iters)
+                if self.asp_on_iteration is not None:
+                    self.asp_on_iteration(row)
+                if self.tensorboard is not None:
+                    for k, v in row.items():
+                        if isinstance(v, (int, float)):
+                            self.tensorboard.add_scalar(f"train/{k}", v, i + 1)
+                if (i + 1) % self.save_interval == 0 or i + 1 == self.train_iters:
+                    self.save_checkpoint(i + 1)
+            logger.info("asp async GRPO done")
+
+    _CACHE["trainer"] = AsyncGRPOTrainer
+    return AsyncGRPOTrainer
+
+
+def weight_push_fn(actor_group, instances, host: str, base_port: int, bucket_bytes: int) -> Callable[[int], None]:
+    """``publish_weights(version)``: instances start receiving, trainer senders broadcast, both finish.
+
+    ``instances[r].receive_weights(manifests, version, host, base_port, rank=1 + r, world)`` returns an
+    ObjectRef; inside, every TP worker j of instance r joins communicator j (port base_port + j).
+    """
+    import ray
+
+    manifests: dict[int, Any] = {}
+
+    def publish(version: int) -> None:
+        if not manifests:
+            for out in actor_group.execute_sync_command("asp_weight_manifest", bucket_bytes):
+                if out is not None:
+                    manifests[out[0]] = out[1]
+        world = 1 + len(instances)
+        refs = [inst.receive_weights(dict(manifests), version, host, base_port, 1 + r, world)
+                for r, inst in enumerate(instances)]
+        actor_group.execute_sync_command("asp_push_weights", version, host, base_port, len(instances), bucket_bytes)
+        ray.get(refs)
+
+    return publish

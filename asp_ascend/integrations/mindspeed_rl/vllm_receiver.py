@@ -1,0 +1,44 @@
+"""Instance side of the HCCL weight push: a vLLM worker extension for vllm-ascend instances.
+
+The trainer sends, per inference-TP rank j, MindSpeed-RL's ``get_infer_params()`` shard:
+vLLM parameter names, inference-TP layout, Megatron QKV interleave. vLLM's own loader
+expects full HF tensors, so the instance loads them the way MindSpeed-RL's colocated
+engine does: ``update_megatron_weight_loader()`` once (per-shard copy loaders), then
+``load_megatron_weights(params, model, InferParallelConfig(...), hf_config)``.
+
+Use as ``worker_extension_cls="asp_ascend.integrations.mindspeed_rl.vllm_receiver.MindSpeedWeightReceiver"``
+and call ``llm.collective_rpc("asp_recv_megatron_weights", args=(...))`` on the instance:
+every TP worker of the instance joins communicator j = its TP rank.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class MindSpeedWeightReceiver:
+    """Methods run inside each vLLM worker process (``self.model_runner``, ``self.rank`` available)."""
+
+    def asp_recv_megatron_weights(self, manifests: dict[int, Any], version: int, host: str, base_port: int,
+                                  instance_index: int, world_size: int, infer_tp: int, infer_ep: int = 1,
+                                  local_experts: int = 0) -> int:
+        from asp_ascend.platforms import get_platform
+        from asp_ascend.platforms.transport import BroadcastTransport, WeightTicket, create_communicator
+
+        from . import require_mindspeed
+
+        require_mindspeed("loading pushed weights into a vllm-ascend instance")
+        from mindspeed_rl.models.rollout.vllm_adapter.megatron_weight_loaders import (
+            InferParallelConfig, load_megatron_weights, update_megatron_weight_loader)
+
+        j = int(getattr(self, "rank", 0)) % infer_tp
+        platform = get_platform("npu")
+        if getattr(self, "_asp_comm", None) is None:
+            device = self.device.index if getattr(self, "device", None) is not None else j
+            self._asp_comm = create_communicator("npu", host, base_port + j, 1 + instance_index, world_size, device)
+            update_megatron_weight_loader()
+        rx = BroadcastTransport(self._asp_comm, synchronize=platform.synchronize)
+        params = dict(rx.recv(WeightTicket(version, manifests[j])))
+        model = self.model_runner.model
+        cfg = InferParallelConfig(infer_tp, 1, infer_ep * infer_tp, local_experts)
+        load_megatron_weights(params, model, cfg, self.model_runner.model_config.hf_config)
+        return len(params)
