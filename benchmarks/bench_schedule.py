@@ -127,8 +127,9 @@ def quality(md_path: str | None, n: int) -> None:
     ]
     common = [f"workload.num_prompts={n}", "lengths.max_response_length=8192", "train.global_batch_size=512",
               "train.mini_batch_size=64", "rollout.max_num_seqs=256", "pipeline.lag_bound=1", "output_dir=/tmp/unused"]
-    lines = ["| workload | predictions | policy | iter time (s) | vs fifo | p99 (s) | padding | skew | sorting | LB ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| workload | predictions | policy | iter time (s) | vs fifo | p99 (s) | padding | skew | sorting | "
+             "lag-blocked | work CV | LB ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, ov, R in setups:
         for pred_name, pov in (("exact", ["lengths.predictor=oracle"]), ("previous epoch (mean)", ["lengths.predictor=mean"])):
             cfg = load_config(None, common + ov + pov + [f"rollout.num_instances={R}"])
@@ -142,7 +143,7 @@ def quality(md_path: str | None, n: int) -> None:
                 lines.append(f"| {name} | {pname} | {pol} | {e['iteration_time_mean']:.1f} | "
                              f"{100 * (e['iteration_time_mean'] / fifo - 1):+.1f}% | {e['iteration_time_p99']:.1f} | "
                              f"{e['padding_bubble']:.3f} | {e['skew_bubble']:.3f} | {e['sorting_bubble']:.3f} | "
-                             f"{e['lower_bound_ratio']:.3f} |")
+                             f"{e['lag_blocked']:.3f} | {e['rollout_work_cv']:.2f} | {e['lower_bound_ratio']:.3f} |")
     table = "\n".join(lines)
     print(table)
     if md_path:
