@@ -36,6 +36,7 @@ class PlanInputs:
     source: str
     prediction_quality: dict | None = None
     group_max_factor: float = 1.0
+    holdout: dict | None = None      # every predictor on the history's last epoch
 
 
 def _group_max_factor(spread: float, G: int) -> float:
@@ -72,7 +73,13 @@ def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -
             pred = predict_lengths(history, ids, plen, L.predictor, alpha=L.ema_alpha, q=L.quantile,
                                    prior=L.prior, default=min(256.0, L.max_response_length))
         q = evaluate(pred, truth) if truth is not None and L.predictor != "oracle" and history is not None else None
-        return PlanInputs(ids, plen, np.minimum(pred, L.max_response_length), truth, prompts.source, q)
+        holdout = None
+        if history is not None and history["epoch"].nunique() >= 2:
+            from ..lengths.predictors import holdout_report
+
+            holdout = holdout_report(history, pd.Series(plen, index=ids.astype(str)), alpha=L.ema_alpha, q=L.quantile)
+        return PlanInputs(ids, plen, np.minimum(pred, L.max_response_length), truth, prompts.source, q,
+                          holdout=holdout)
 
     from ..lengths.workloads import workload_from_config
 
@@ -165,6 +172,8 @@ def build_schedule(cfg, prompts=None, history: pd.DataFrame | None = None, *, co
     }
     if inp.prediction_quality is not None:
         report["prediction_quality"] = inp.prediction_quality
+    if inp.holdout:
+        report["history_holdout"] = inp.holdout
     if inp.truth is not None:
         report["realized"] = _short(estimate_schedule(cfg, sched, inp, inp.truth))
     if compare:
@@ -213,4 +222,6 @@ def format_report(report: dict) -> str:
     if q:
         lines.append(f"  prediction quality ({report['predictor']}): MAE {q['mae']:.1f} tokens, "
                      f"Spearman {q['spearman']:.3f}")
+    for method, h in (report.get("history_holdout") or {}).items():
+        lines.append(f"  history, last epoch held out, {method:10s}: MAE {h['mae']:.1f} tokens, Spearman {h['spearman']:.3f}")
     return "\n".join(lines)

@@ -54,7 +54,8 @@ def test_dataset_with_history(empty_yaml, tmp_path, caplog):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "w " * (i % 7 + 1)}) + "\n" for i in range(40)))
     hist = tmp_path / "h.csv"
-    rows = [f"q{i},{(i * 37) % 500 + 1},0" for i in range(30)] + ["ghost,5,0", "ghost,7,1"]
+    rows = ([f"q{i},{(i * 37) % 500 + 1},0" for i in range(30)] + [f"q{i},{(i * 37) % 500 + 1},1" for i in range(30)]
+            + ["ghost,5,0", "ghost,7,1"])
     hist.write_text("prompt_id,response_length,epoch\n" + "\n".join(rows) + "\n")
     out = tmp_path / "run"
     assert main(["schedule", str(empty_yaml), f"output_dir={out}", f"data.path={data}", f"lengths.path={hist}",
@@ -65,6 +66,9 @@ def test_dataset_with_history(empty_yaml, tmp_path, caplog):
     p = sched.set_index("prompt_id")["predicted_length"]
     assert p["q3"] == pytest.approx((3 * 37) % 500 + 1)
     assert rep["policy"] == "balanced"
+    # a history with two epochs: every predictor is scored on the held-out last epoch
+    assert set(rep["history_holdout"]) == {"mean", "ema", "quantile", "regression"}
+    assert rep["history_holdout"]["mean"]["mae"] >= 0
 
 
 @pytest.mark.parametrize("args, match", [
