@@ -124,10 +124,12 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
         problems.append(f"asp: must be a mapping of our config keys, got {type(asp).__name__}")
         asp = {}
     ours: dict[str, Any] = {"platform": "npu"}
+    origin: dict[str, str] = {}
     for our_key, msrl_key in TRANSLATION.items():
         found, val, where = lookup(raw, msrl_key)
         if found and val is not None:
             _set(ours, our_key, val)
+            origin[our_key] = where
             a_found, a_val = _get(asp, our_key)
             if a_found and a_val != val:
                 problems.append(f"asp.{our_key}={a_val!r} contradicts {where}={val!r}; set it once, in {where}")
@@ -153,18 +155,18 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
         try:
             cfg = load_config(tmp, list(overrides or []), check_files=check_files)
         except ConfigError as exc:
-            raise ConfigError([_name_source(p) for p in exc.problems], source) from None
+            raise ConfigError([_name_source(p, origin) for p in exc.problems], source) from None
     finally:
         os.unlink(tmp)
     msrl = {k: v for k, v in raw.items() if k != "asp"}
     return cfg, msrl
 
 
-def _name_source(problem: str) -> str:
+def _name_source(problem: str, origin: dict[str, str]) -> str:
     """Point a problem with one of our keys at where the user wrote it."""
     key = problem.split(":", 1)[0].strip()
-    if key in TRANSLATION:
-        return f"{problem} (from {TRANSLATION[key]})"
+    if key in origin:
+        return f"{problem} (from {origin[key]})"
     return f"asp.{problem}" if "." in key and not key.startswith(("override", "config file")) else problem
 
 

@@ -1,0 +1,113 @@
+"""MindSpeed-RL YAML + asp: group -> our Config."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from asp_ascend.errors import ConfigError
+from asp_ascend.integrations.mindspeed_rl.config_bridge import (
+    TRANSLATION, load_mindspeed_yaml, lookup, translate, translate_file)
+from asp_ascend.integrations.mindspeed_rl.entry import split_overrides
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "mindspeed_rl"
+
+
+def raw7b() -> dict:
+    return load_mindspeed_yaml(CONFIGS / "grpo_qwen25_7b_asp_A3.yaml")  # as Hydra reads it (1e-6 is a float)
+
+
+@pytest.mark.parametrize("name", ["grpo_qwen25_7b_asp_A3", "grpo_qwen25_32b_asp_A3"])
+def test_shipped_configs_translate(name):
+    raw = load_mindspeed_yaml(CONFIGS / f"{name}.yaml")
+    cfg, msrl = translate_file(CONFIGS / f"{name}.yaml")
+    assert "asp" not in msrl and set(msrl) >= {"megatron_training", "actor_config", "rl_config", "generate_config"}
+    assert cfg.platform == "npu"
+    assert cfg.train.global_batch_size == raw["megatron_training"]["global_batch_size"]
+    assert cfg.train.group_size == raw["rl_config"]["n_samples_per_prompt"]
+    assert cfg.train.mini_batch_size == raw["rl_config"]["mini_batch_size"]
+    assert cfg.train.lr == float(raw["actor_config"]["lr"])          # actor_config wins over megatron_training
+    assert cfg.rollout.devices_per_instance == raw["generate_config"]["infer_tensor_parallel_size"]
+    assert cfg.lengths.max_response_length == raw["generate_config"]["sampling_config"]["max_tokens"]
+    assert cfg.rollout.num_instances == raw["asp"]["rollout"]["num_instances"]
+    assert cfg.pipeline.lag_bound == raw["asp"]["pipeline"]["lag_bound"]
+    # the layout fits two A3 nodes: trainer + instances = 32 dies
+    assert raw["rl_config"]["actor_resource"]["num_npus"] + cfg.rollout.num_instances * cfg.rollout.devices_per_instance == 32
+
+
+def test_actor_config_overrides_megatron_training():
+    raw = {"megatron_training": {"lr": 1.0}, "actor_config": {"lr": 2.0}}
+    assert lookup(raw, "megatron_training.lr") == (True, 2.0, "actor_config.lr")
+    assert lookup({"megatron_training": {"lr": 1.0}}, "megatron_training.lr") == (True, 1.0, "megatron_training.lr")
+    assert lookup({}, "rl_config.clip_ratio")[0] is False
+
+
+def test_asp_contradicting_a_mindspeed_key_names_both():
+    raw = raw7b()
+    raw["asp"]["train"] = {"group_size": 4}
+    with pytest.raises(ConfigError, match=r"asp.train.group_size=4 contradicts rl_config.n_samples_per_prompt=8"):
+        translate(raw)
+    raw["asp"]["train"] = {"group_size": 8}   # repeating the same value is fine
+    assert translate(raw)[0].train.group_size == 8
+
+
+def test_async_requirements_are_checked_with_the_fix():
+    raw = raw7b()
+    raw["rl_config"]["partial_rollout_max_split"] = 2
+    raw["rl_config"]["data_strategy"] = "tq"
+    with pytest.raises(ConfigError) as e:
+        translate(raw)
+    msg = str(e.value)
+    assert "rl_config.partial_rollout_max_split: 2" in msg and "set rl_config.partial_rollout_max_split: 1" in msg
+    assert "rl_config.data_strategy: 'tq'" in msg
+    raw["asp"]["mindspeed"]["trainer"] = "sync"     # the sync path runs the stock trainer: allowed
+    assert translate(raw)[0].mindspeed.trainer == "sync"
+
+
+def test_unknown_asp_key_and_bad_value_are_reported_together():
+    raw = raw7b()
+    raw["asp"]["rollout"]["num_instancez"] = 3
+    raw["asp"]["pipeline"]["lag_bound"] = -1
+    with pytest.raises(ConfigError) as e:
+        translate(raw)
+    assert "num_instancez" in str(e.value) and "lag_bound" in str(e.value)
+
+
+def test_missing_groups_and_overrides():
+    with pytest.raises(ConfigError, match="missing group"):
+        translate({"asp": {}})
+    cfg, _ = translate(raw7b(), ["pipeline.lag_bound=3"])
+    assert cfg.pipeline.lag_bound == 3
+
+
+def test_every_translated_key_exists_in_our_schema():
+    from asp_ascend.config import Config, describe
+
+    ours = {k for k, _, _ in describe(Config)}
+    assert set(TRANSLATION) <= ours
+
+
+def test_split_overrides():
+    msrl, ours = split_overrides(["rl_config.epochs=1", "asp.pipeline.lag_bound=2", "+megatron_training.x=1"])
+    assert msrl == ["rl_config.epochs=1", "+megatron_training.x=1"] and ours == ["pipeline.lag_bound=2"]
+
+
+def test_entry_dry_run_composes_with_hydra(tmp_path):
+    pytest.importorskip("hydra")
+    import shutil
+
+    from asp_ascend.integrations.mindspeed_rl.entry import main
+
+    cfgdir = tmp_path / "configs"
+    (cfgdir / "model").mkdir(parents=True)
+    shutil.copy(CONFIGS / "grpo_qwen25_7b_asp_A3.yaml", cfgdir / "run.yaml")
+    (cfgdir / "model" / "qwen25_7b.yaml").write_text("qwen25_7b:\n  num_layers: 28\n")
+    rc = main(["--config-path", str(cfgdir), "--config-name", "run", "--dry-run",
+               "rl_config.clip_ratio=0.3", f"asp.output_dir={tmp_path / 'out'}"])
+    assert rc == 0
+    written = yaml.safe_load((tmp_path / "out" / "mindspeed_config.yaml").read_text())
+    assert written["rl_config"]["clip_ratio"] == 0.3 and "asp" not in written
+    assert written["model"]["qwen25_7b"]["num_layers"] == 28
+    ours = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
+    assert ours["train"]["clip_eps"] == 0.3 and ours["platform"] == "npu"
