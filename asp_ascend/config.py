@@ -120,6 +120,7 @@ class RolloutConfig:
     kv_cache_space_gib: float = _f(1.0, "vLLM-CPU KV cache per instance, GiB (VLLM_CPU_KVCACHE_SPACE)")
     cpu_cores: list = _f([], "CPU only: cores per instance, e.g. [[0],[1]]; [] = no pinning")
     request_timeout_s: float = _f(600.0, "a request slower than this marks its instance as hung")
+    num_cpus: float = _f(1.0, "Ray CPUs reserved per instance when not pinned (pinned: one per listed core)")
 
 
 @dataclass
@@ -139,6 +140,9 @@ class TrainConfig:
     eval_every: int = _f(0, "evaluate on held-out prompts every N iterations (0 = never)")
     checkpoint_every: int = _f(0, "checkpoint every N iterations (0 = only at the end)")
     cpu_cores: list = _f([], "CPU only: cores of the trainer, e.g. [1]; [] = no pinning")
+    num_cpus: float = _f(1.0, "Ray CPUs reserved for the trainer when not pinned (pinned: one per listed core)")
+    warmup_sft_lr: float = _f(1e-3, "learning rate of the supervised warm start")
+    warmup_sft_batch_size: int = _f(32, "prompts per supervised warm-start step")
     max_iterations: int = _f(0, "stop after this many iterations (0 = all epochs)")
     reward: str = _f("auto", "reward function: auto | synthetic | math | module:function")
 
@@ -177,7 +181,7 @@ class SimConfig:
     micro_batching: str = _f("padded", "trainer micro-batches: padded in schedule order, sorted by length, or packed",
                              choices=("padded", "sorted", "packed"))
     rollout_sync_pause: bool = _f(True, "async policies: instances pause generation during each weight sync")
-    write_timeline: str = _f("auto", "write timeline_<policy>.jsonl: auto (<= 200k samples) | always | never",
+    write_timeline: str = _f("auto", "write timeline_<policy>.jsonl: auto (<= 50k samples) | always | never",
                              choices=("auto", "always", "never"))
 
 

@@ -45,6 +45,9 @@ def gantt(req: pd.DataFrame, syncs: pd.DataFrame, path, title: str = "") -> Path
     fig, ax = plt.subplots(figsize=(11, max(2.5, min(12, 0.35 * R + 1.5))))
     cmap = plt.get_cmap("tab10")
     # groups overlapping in time on one instance go to separate lanes inside its row
+    from matplotlib.collections import PolyCollection
+
+    verts, colors = [], []
     for r, gr in g.groupby("instance"):
         lanes_end: list[float] = []
         lane_of = []
@@ -56,9 +59,13 @@ def gantt(req: pd.DataFrame, syncs: pd.DataFrame, path, title: str = "") -> Path
                 lanes_end[lane] = t1
             lane_of.append(lane)
         h = 0.8 / max(1, len(lanes_end))
-        for (t0, t1, it), lane in zip(zip(gr["t0"], gr["t1"], gr["it"]), lane_of):
-            ax.broken_barh([(t0, max(t1 - t0, 1e-9))], (r - 0.4 + lane * h, h),
-                           facecolors=cmap(int(it) % 10), linewidth=0)
+        for t0, t1, it, lane in zip(gr["t0"], gr["t1"], gr["it"], lane_of):
+            y0 = r - 0.4 + lane * h
+            verts.append([(t0, y0), (t1, y0), (t1, y0 + h), (t0, y0 + h)])
+            colors.append(cmap(int(it) % 10))
+    ax.add_collection(PolyCollection(verts, facecolors=colors, linewidths=0))
+    ax.set_xlim(float(g["t0"].min()), float(g["t1"].max()))
+    ax.set_ylim(-0.6, R - 0.4)
     tmax = g["t1"].max()
     if not syncs.empty:
         for t in syncs["t_end"]:

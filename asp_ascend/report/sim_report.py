@@ -64,8 +64,12 @@ def _table(summary: dict) -> list[str]:
     return lines
 
 
-def write_sim_report(out) -> Path:
-    """Write ``report.md`` and the PNGs into simulation directory ``out``; returns the report path."""
+def write_sim_report(out, views: dict | None = None) -> Path:
+    """Write ``report.md`` and the PNGs into simulation directory ``out``; returns the report path.
+
+    ``views``: per policy, in-memory timeline frames (``request``, ``queue``, ``sync``) for the
+    Gantt and queue plots; without them the ``timeline_<policy>.jsonl`` files are read.
+    """
     from ..io import write_text_atomic
     from ..metrics.timeline import Timeline
 
@@ -107,15 +111,17 @@ def write_sim_report(out) -> Path:
                                                     out / "policy_lag.png")))
     queues = {}
     for name in summary:
-        p = out / f"timeline_{name}.jsonl"
-        if not p.is_file():
-            continue
-        tl = Timeline.read_jsonl(p)
-        queues[name] = tl.frame("queue")
-        req = tl.frame("request")
-        if not req.empty:
-            figs.append((f"Per-instance timeline: {name}", plots.gantt(req, tl.frame("sync"), out / f"gantt_{name}.png",
-                                                                         name)))
+        v = (views or {}).get(name)
+        if v is None:
+            p = out / f"timeline_{name}.jsonl"
+            if not p.is_file():
+                continue
+            tl = Timeline.read_jsonl(p)
+            v = {k: tl.frame(k) for k in ("request", "queue", "sync")}
+        queues[name] = v["queue"]
+        if not v["request"].empty:
+            figs.append((f"Per-instance timeline: {name}",
+                         plots.gantt(v["request"], v["sync"], out / f"gantt_{name}.png", name)))
     if queues:
         figs.append(("Trainer queue occupancy", plots.queue_occupancy(queues, out / "queue_occupancy.png")))
     else:

@@ -29,7 +29,8 @@ from .engine import Engine, SimJobs, SimTimeline, TrainerSpec, minibatch_tokens
 from .policies import POLICY_NAMES, SystemSpec, system_spec
 
 log = logging.getLogger(__name__)
-TIMELINE_AUTO_LIMIT = 200_000
+TIMELINE_AUTO_LIMIT = 50_000
+GANTT_SAMPLES = 20_000
 
 
 @dataclass
@@ -179,7 +180,7 @@ def run_points(cfg, workload, names, out: Path, *, total_devices=None, rollout_d
     from ..io import write_json_atomic
 
     preds = _Predictions(workload, cfg)
-    summary, setup = {}, {}
+    summary, setup, views = {}, {}, {}
     for name in names:
         res = simulate_system(cfg, workload, name, total_devices=total_devices, rollout_devices=rollout_devices,
                               preds=preds)
@@ -189,6 +190,9 @@ def run_points(cfg, workload, names, out: Path, *, total_devices=None, rollout_d
         n = int(res.summary["samples"])
         if write_timelines and (mode == "always" or (mode == "auto" and n <= TIMELINE_AUTO_LIMIT)):
             res.timeline.write_jsonl(out / f"timeline_{name}.jsonl")
+        req = res.timeline.frame("request")
+        views[name] = {"queue": res.timeline.frame("queue"), "sync": res.timeline.frame("sync"),
+                       "request": req.nsmallest(GANTT_SAMPLES, "t_admit") if len(req) > GANTT_SAMPLES else req}
         s = res.summary
         echo(f"  {name:18s} devices={res.spec.devices:4d} R={res.spec.num_instances:3d} "
              f"throughput={s['throughput']:10.1f} tok/s  iter={s['iteration_time_mean']:8.1f}s  "
@@ -198,7 +202,7 @@ def run_points(cfg, workload, names, out: Path, *, total_devices=None, rollout_d
     write_json_atomic(out / "simulation.json", {"total_devices": total_devices or cfg.sim.total_devices,
                                                 "rollout_devices": rollout_devices or cfg.sim.rollout_devices,
                                                 "workload": _workload_stats(workload, cfg), "systems": setup})
-    return summary
+    return views
 
 
 def _workload_stats(w, cfg) -> dict:
@@ -257,7 +261,7 @@ def run_simulate(cfg) -> int:
     t0 = time.perf_counter()
     print(f"asp simulate: {w.name}, {w.num_prompts} prompts x G={w.group_size}, {cfg.sim.epochs} epoch(s), "
           f"{cfg.sim.total_devices} devices ({cfg.sim.rollout_devices} rollout when decoupled), model {cfg.sim.model_class}")
-    run_points(cfg, w, names, out)
+    views = run_points(cfg, w, names, out)
     for D in cfg.sim.sweep_devices:
         D = int(D)
         Dr = sweep_split(cfg, D)
@@ -268,6 +272,6 @@ def run_simulate(cfg) -> int:
         run_points(cfg, w, sweep_names, pt, total_devices=D, rollout_devices=Dr, write_timelines=False)
     from ..report.sim_report import write_sim_report
 
-    write_sim_report(out)
+    write_sim_report(out, views)
     print(f"asp simulate: wrote {out}/summary.json, report.md and plots in {time.perf_counter() - t0:.1f}s")
     return 0

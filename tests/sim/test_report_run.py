@@ -1,0 +1,75 @@
+"""`asp simulate` end to end and `asp report` on simulation and training run directories."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from asp_ascend.cli import main
+from asp_ascend.config import load_config, save_resolved
+from asp_ascend.errors import DataError
+from asp_ascend.lengths.workloads import workload_from_config
+from asp_ascend.report.run import run_report
+from asp_ascend.sim.run import simulate_system
+
+SMALL = ["workload.type=synthetic", "workload.num_prompts=64", "workload.epochs=2", "lengths.max_response_length=1024",
+         "workload.body_median=150", "workload.tail_scale=400", "train.group_size=4", "train.global_batch_size=16",
+         "train.mini_batch_size=8", "rollout.max_num_seqs=16", "sim.total_devices=8", "sim.rollout_devices=4",
+         "sim.infer_tp=1"]
+
+TINY = str(Path(__file__).resolve().parents[2] / "configs" / "sim_tiny.yaml")
+DESIGN_KEYS = {"throughput", "iteration_time_mean", "iteration_time_p50", "iteration_time_p99", "padding_bubble",
+               "skew_bubble", "sorting_bubble", "lower_bound_ratio", "policy_lag_max", "queue_occupancy_cv"}
+
+
+def test_report_asp_simulate_cli_end_to_end(tmp_path):
+    out = tmp_path / "sim"
+    rc = main(["simulate", TINY, f"output_dir={out}", *SMALL, "sim.sweep_devices=[4,8]"])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary.pop("schema_version") == 1
+    assert set(summary) == {"sync_colocated", "single_instance", "one_step_off", "fully_async_fifo", "async_sorted",
+                            "asp", "asp_adaptive"}
+    for entry in summary.values():
+        assert DESIGN_KEYS <= set(entry)
+    for png in ("bubbles.png", "policy_lag.png", "queue_occupancy.png", "gantt_asp.png", "scaling.png"):
+        assert (out / png).stat().st_size > 1000, png
+    for D in (4, 8):
+        assert (out / "sweep" / f"devices_{D}" / "summary.json").is_file()
+    report = (out / "report.md").read_text()
+    assert "| asp |" in report and "## Scaling" in report and "scaling.png" in report
+    assert (out / "config.yaml").is_file() and (out / "timeline_asp.jsonl").is_file()
+    # `asp report` regenerates the report from the files alone
+    (out / "report.md").unlink()
+    assert main(["report", str(out)]) == 0
+    assert "| asp |" in (out / "report.md").read_text()
+
+
+def test_report_training_run_directory(tmp_path):
+    # a training run leaves timeline.jsonl, metrics.jsonl and config.yaml (DESIGN 6)
+    cfg = load_config(None, SMALL + ["pipeline.mode=async", "scheduler.policy=fifo", "rollout.num_instances=4"])
+    res = simulate_system(cfg, workload_from_config(cfg), "fully_async_fifo")
+    run = tmp_path / "run"
+    res.timeline.write_jsonl(run / "timeline.jsonl")
+    save_resolved(cfg, run)
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"iteration": i, "iteration_time_s": 1.0 + i, "reward_mean": 0.1 * i, "policy_lag_max": 1}) + "\n"
+        for i in range(4)))
+    assert run_report(run) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    entry = summary["async_fifo"]
+    assert DESIGN_KEYS <= set(entry)
+    # the report computes the same figures from the file as the simulator did in memory
+    assert entry["throughput"] == pytest.approx(res.summary["throughput"])
+    assert entry["skew_bubble"] == pytest.approx(res.summary["skew_bubble"])
+    for png in ("gantt.png", "queue_occupancy.png", "policy_lag.png", "bubbles.png", "iterations.png"):
+        assert (run / png).stat().st_size > 1000, png
+    assert "Training run report" in (run / "report.md").read_text()
+
+
+def test_report_rejects_unknown_directory(tmp_path):
+    with pytest.raises(DataError, match="neither simulation.json nor timeline.jsonl"):
+        run_report(tmp_path)
+    with pytest.raises(DataError, match="not a directory"):
+        run_report(tmp_path / "missing")
