@@ -6,10 +6,21 @@ an instance of ``tp`` devices and adds what only the simulator needs: KV-cache c
 tokens, trainer seconds per token for a given number of training devices, weight-sync time
 from parameter bytes and link bandwidth.
 
-Tensor parallelism: an instance over ``tp`` devices runs ``speedup(tp) = tp * e ** log2(tp)``
-times faster than one device (``e`` = ``sim.tp_efficiency`` per doubling), so every decode and
-prefill coefficient is divided by ``speedup(tp)``. One instance over all devices therefore
-plateaus below several smaller instances on the same devices (the single-instance plateau).
+Tensor parallelism: the device-side work of an instance over ``tp`` devices runs
+``speedup(tp) = tp * e ** (intra-node doublings) * e_x ** (inter-node doublings)`` times faster
+than on one device (``e`` = ``sim.tp_efficiency``, ``e_x`` = ``sim.tp_efficiency_internode``,
+nodes of ``sim.devices_per_node``). The host side does not shrink: every step pays a fixed host
+overhead and a per-sequence host cost (scheduling, sampling, output processing: Vidur models
+these CPU overheads as functions of batch size; BestServe finds decode "dispatch-bound"), and
+each TP doubling adds an all-reduce latency (x4 across nodes)::
+
+    a(tp) = a_dev / speedup(tp) + a_host + allreduce_s * (doublings, inter-node ones x4)
+    b(tp) = b / speedup(tp)
+    c(tp) = c_dev / speedup(tp) + c_host
+
+So one instance over all devices saturates early (its host cost grows with its batch, its
+device work gains little from the last doublings) while several smaller instances on the same
+devices keep scaling: the single-instance plateau ("Mind the Memory Gap", arXiv 2503.08311).
 
 Default model classes (per device of an Ascend 910B-class accelerator: 64 GB HBM at about
 1.6 TB/s, 354 bf16 TFLOPS; see docs/simulator.md for the derivation and sources):
@@ -23,10 +34,11 @@ class         decode a   decode b   decode c   KV bytes/   train s/tok  weights
 32b           0.060      1.6e-7     4.5e-4     256 KiB     1.55e-3      65.5e9
 ============  =========  =========  =========  ==========  ===========  ============
 
-``a`` ~ weight bytes / HBM bandwidth plus launch overhead; ``b`` ~ KV bytes per token / bandwidth;
-``c`` ~ 2 * params FLOPs per token at ~40 % utilisation; training ~ 6 * params FLOPs per token at
-~35 % MFU, a log-prob pass 2 * params. (literature.md section 4.2: DistServe's a + b*sum(ctx) +
-c*bs decode form; KV footprints of Qwen2.5-7B/32B.) ``custom`` takes ``cost.*`` as given.
+``a`` = weight bytes / HBM bandwidth (``a_dev``) + 8 ms host overhead per step (``a_host``);
+``b`` ~ KV bytes per token / bandwidth; ``c`` ~ 2 * params FLOPs per token at ~40 % utilisation
+(``c_dev``) + 30 us host cost per sequence (``c_host``); training ~ 6 * params FLOPs per token at
+~35 % MFU, a log-prob pass 2 * params. (The a + b*sum(ctx) + c*bs decode form is DistServe's
+simulator's; KV footprints from the Qwen2.5-7B/32B configs.) ``custom`` takes ``cost.*`` as given.
 """
 from __future__ import annotations
 
@@ -54,23 +66,36 @@ class ModelClass:
     device_memory: float = 64e9
     memory_utilization: float = 0.9
     min_tp: int = 1            # smallest TP whose shard of the weights fits a device
+    a_host: float = 0.008      # part of decode_a spent on the host (does not shrink with TP)
+    c_host: float = 3.0e-5     # part of decode_c spent on the host, per sequence
+    allreduce_s: float = 1.0e-3  # added step latency per TP doubling (all-reduces of every layer)
 
 
 MODEL_CLASSES = {
     "7b": ModelClass("7b", decode_a=0.020, decode_b=3.5e-8, decode_c=1.0e-4, prefill_per_token=8.0e-5,
                      train_per_token=3.4e-4, logprob_per_token=1.13e-4, train_per_step=0.5,
-                     param_bytes=15.2e9, kv_bytes_per_token=56 * 1024, min_tp=1),
+                     param_bytes=15.2e9, kv_bytes_per_token=56 * 1024, min_tp=1, allreduce_s=1.0e-3),
     "32b": ModelClass("32b", decode_a=0.060, decode_b=1.6e-7, decode_c=4.5e-4, prefill_per_token=3.6e-4,
                       train_per_token=1.55e-3, logprob_per_token=5.2e-4, train_per_step=1.5,
-                      param_bytes=65.5e9, kv_bytes_per_token=256 * 1024, min_tp=2),
+                      param_bytes=65.5e9, kv_bytes_per_token=256 * 1024, min_tp=2, allreduce_s=2.5e-3),
 }
 
 
-def tp_speedup(tp: int, efficiency: float) -> float:
-    """Throughput of one instance over ``tp`` devices relative to one device."""
+def tp_doublings(tp: int, devices_per_node: int = 8) -> tuple[float, float]:
+    """(intra-node, inter-node) doublings of a ``tp``-way instance."""
     if tp < 1:
         raise ValueError(f"tensor-parallel size must be >= 1, got {tp}")
-    return tp * efficiency ** math.log2(tp)
+    total = math.log2(tp)
+    intra = min(total, math.log2(max(1, devices_per_node)))
+    return intra, total - intra
+
+
+def tp_speedup(tp: int, efficiency: float, efficiency_internode: float | None = None,
+               devices_per_node: int = 8) -> float:
+    """Device-side throughput of one instance over ``tp`` devices relative to one device."""
+    intra, inter = tp_doublings(tp, devices_per_node)
+    ex = efficiency if efficiency_internode is None else efficiency_internode
+    return tp * efficiency ** intra * ex ** inter
 
 
 @dataclass(frozen=True)
@@ -98,8 +123,10 @@ def instance_costs(cost_cfg, sim_cfg, tp: int, kv_cache_tokens: int = 0) -> tupl
         cm = CostModel.from_config(cost_cfg)
         return cm, int(kv_cache_tokens)
     mc = MODEL_CLASSES[sim_cfg.model_class]
-    s = tp_speedup(tp, sim_cfg.tp_efficiency)
-    cm = CostModel(decode_a=mc.decode_a / s, decode_b=mc.decode_b / s, decode_c=mc.decode_c / s,
+    s = tp_speedup(tp, sim_cfg.tp_efficiency, sim_cfg.tp_efficiency_internode, sim_cfg.devices_per_node)
+    intra, inter = tp_doublings(tp, sim_cfg.devices_per_node)
+    cm = CostModel(decode_a=(mc.decode_a - mc.a_host) / s + mc.a_host + mc.allreduce_s * (intra + 4 * inter),
+                   decode_b=mc.decode_b / s, decode_c=(mc.decode_c - mc.c_host) / s + mc.c_host,
                    prefill_per_token=mc.prefill_per_token / s)
     free = tp * mc.device_memory * mc.memory_utilization - mc.param_bytes
     if free <= 0:
