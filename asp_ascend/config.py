@@ -169,6 +169,8 @@ class SimConfig:
     rollout_devices: int = _f(12, "devices given to rollout in decoupled policies (rest train)")
     infer_tp: int = _f(2, "tensor parallel size of one rollout instance")
     tp_efficiency: float = _f(0.85, "throughput efficiency per doubling of tensor parallelism")
+    tp_efficiency_internode: float = _f(0.6, "the same for doublings beyond one node")
+    devices_per_node: int = _f(8, "devices per node (tensor parallelism beyond a node is slower)")
     model_class: str = _f("7b", "default cost model", choices=("7b", "32b", "custom"))
     sweep_devices: list = _f([], "device counts for the scaling curve (empty = none)")
     epochs: int = _f(1, "epochs to simulate")
