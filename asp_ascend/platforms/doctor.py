@@ -66,7 +66,7 @@ def package_version(label: str) -> Optional[str]:
 def cann_version() -> Optional[str]:
     """CANN toolkit version from its install info (ASCEND_TOOLKIT_HOME or the default path)."""
     homes = [os.environ.get("ASCEND_TOOLKIT_HOME"), os.environ.get("ASCEND_HOME_PATH"),
-             "/usr/local/Ascend/ascend-toolkit/latest"]
+             "/usr/local/Ascend/cann", "/usr/local/Ascend/ascend-toolkit/latest"]
     for h in filter(None, homes):
         base = Path(h)
         for f in [base / "version.cfg", *sorted(base.glob("*/ascend_toolkit_install.info"))]:

@@ -11,7 +11,8 @@ from ..errors import BackendMissingError
 from .base import import_torch, torch_importable
 
 TORCH_NPU_HINT = ("pip install torch_npu==<the version matching your torch and CANN> "
-                  "and `source /usr/local/Ascend/ascend-toolkit/set_env.sh` (see docs/ascend.md)")
+                  "and source the CANN environment (/usr/local/Ascend/cann/set_env.sh; older CANN: "
+                  "ascend-toolkit/set_env.sh), see docs/ascend.md")
 
 
 def _torch_npu():

@@ -20,7 +20,7 @@ SOCKET_IFNAME="${SOCKET_IFNAME:-}"                          # NIC for HCCL/GLOO,
 RAY_PORT="${RAY_PORT:-6766}"
 DASHBOARD_PORT="${DASHBOARD_PORT:-8260}"
 JOIN_TIMEOUT_S="${JOIN_TIMEOUT_S:-1800}"
-CANN_SET_ENV="${CANN_SET_ENV:-/usr/local/Ascend/ascend-toolkit/set_env.sh}"
+CANN_SET_ENV="${CANN_SET_ENV:-/usr/local/Ascend/cann/set_env.sh}"       # CANN 8.5; older: ascend-toolkit/set_env.sh
 ATB_SET_ENV="${ATB_SET_ENV:-/usr/local/Ascend/nnal/atb/set_env.sh}"
 LOG_DIR="${LOG_DIR:-$MINDSPEED_RL_DIR/logs}"
 PYTHON="${PYTHON:-python3}"
@@ -46,7 +46,8 @@ PY
 # --- environment (CANN scripts read unset variables: relax -u while sourcing them)
 set +u
 # shellcheck disable=SC1090
-[ -f "$CANN_SET_ENV" ] && source "$CANN_SET_ENV"
+if [ -f "$CANN_SET_ENV" ]; then source "$CANN_SET_ENV"
+elif [ -f /usr/local/Ascend/ascend-toolkit/set_env.sh ]; then source /usr/local/Ascend/ascend-toolkit/set_env.sh; fi
 # shellcheck disable=SC1090
 [ -f "$ATB_SET_ENV" ] && source "$ATB_SET_ENV"
 set -u
