@@ -149,3 +149,35 @@ def test_a_lag_violation_is_refused():
     pool.get_groups = stale
     with pytest.raises(LagViolation, match="exceeds the bound 1"):
         loop.run_iteration(0)
+
+
+def _mindspeed_optimizer_steps(num_rows: int, n: int, mb_prompts: int, dp: int) -> list[set[int]]:
+    """Which rows each optimizer step trains in MindSpeed-RL's update with guarantee_order and no shuffle:
+    rank d takes rows [d*E, (d+1)*E) (get_current_dp_range_indexes with assign_batch_size=E) and cuts
+    them into consecutive mini-batches of mb*n/dp rows; step m is the union of every rank's m-th piece."""
+    e, per = num_rows // dp, mb_prompts * n // dp
+    steps = [set() for _ in range(e // per)]
+    for d in range(dp):
+        for m in range(e // per):
+            steps[m].update(range(d * e + m * per, d * e + (m + 1) * per))
+    return steps
+
+
+@pytest.mark.parametrize("dp, mb", [(1, 4), (2, 4), (4, 4), (2, 8), (4, 8)])
+def test_dp_layout_realises_the_schedule_mini_batches(dp, mb):
+    from asp_ascend.integrations.mindspeed_rl.async_loop import dp_group_order
+
+    gbs, n = 8, 3
+    order = dp_group_order(gbs, mb, dp)
+    assert sorted(order) == list(range(gbs))
+    group_of_row = [order[r // n] for r in range(gbs * n)]   # row -> index of the group in mini-batch order
+    for m, rows in enumerate(_mindspeed_optimizer_steps(gbs * n, n, mb, dp)):
+        assert {group_of_row[r] // mb for r in rows} == {m}   # step m trains exactly mini-batch m
+        assert len({group_of_row[r] for r in rows}) == mb     # all of it, whole groups
+
+
+def test_dp_layout_rejects_an_unsplittable_mini_batch():
+    from asp_ascend.integrations.mindspeed_rl.async_loop import dp_group_order
+
+    with pytest.raises(ValueError, match="divisible by the trainer's DP size"):
+        dp_group_order(8, 4, 3)

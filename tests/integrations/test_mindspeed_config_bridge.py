@@ -111,3 +111,22 @@ def test_entry_dry_run_composes_with_hydra(tmp_path):
     assert written["model"]["qwen25_7b"]["num_layers"] == 28
     ours = yaml.safe_load((tmp_path / "out" / "config.yaml").read_text())
     assert ours["train"]["clip_eps"] == 0.3 and ours["platform"] == "npu"
+
+
+def test_mini_batch_must_split_over_trainer_dp():
+    from asp_ascend.integrations.mindspeed_rl.config_bridge import trainer_dp
+
+    raw = raw7b()
+    assert trainer_dp(raw) == 16 // (2 * 2)
+    raw["rl_config"]["mini_batch_size"] = 6
+    raw["megatron_training"]["global_batch_size"] = 66
+    with pytest.raises(ConfigError, match="cannot be split over the trainer's 4 data-parallel ranks"):
+        translate(raw)
+    raw = raw7b()
+    raw["rl_config"]["actor_update_dispatch_size"] = 64
+    with pytest.raises(ConfigError, match="must be unset or global_batch_size x n_samples_per_prompt / DP = 128"):
+        translate(raw)
+    raw = raw7b()
+    raw["rl_config"]["guarantee_order"] = False
+    with pytest.raises(ConfigError, match="rl_config.guarantee_order: False"):
+        translate(raw)

@@ -117,6 +117,25 @@ class LoopSettings:
     tis_cap: float = 2.0
     blocking: bool = True
     dataset_additional_keys: tuple[str, ...] = ()
+    mini_batch_size: int = 0        # prompts per optimizer step (0: the whole batch)
+    trainer_dp: int = 1             # data-parallel size of the trainer (row layout, see dp_group_order)
+
+
+def dp_group_order(num_groups: int, mini_batch_size: int, dp: int) -> list[int]:
+    """Group order that makes MindSpeed-RL's update realise the schedule's mini-batches.
+
+    With ``rl_config.guarantee_order: true`` data-parallel rank d trains rows
+    ``[d*E, (d+1)*E)`` (E = rows / dp) and cuts them into consecutive mini-batches of
+    ``mini_batch_size*n/dp`` rows; optimizer step m is the union over ranks of their m-th
+    piece. So the groups of mini-batch m are split into dp equal parts and rank d's rows list
+    part d of every mini-batch in turn. Input order: groups sorted by mini-batch.
+    """
+    mb = mini_batch_size or num_groups
+    if num_groups % mb or mb % dp:
+        raise ValueError(f"mini-batch of {mb} prompts cannot be split over {dp} data-parallel ranks "
+                         f"(global batch {num_groups}); choose rl_config.mini_batch_size divisible by the trainer's DP size")
+    per = mb // dp
+    return [m * mb + d * per + j for d in range(dp) for m in range(num_groups // mb) for j in range(per)]
 
 
 def build_rows(groups: list[SampleGroup], n: int, additional_keys: Sequence[str] = ()) -> tuple[dict, list[int]]:
@@ -232,6 +251,8 @@ class AsyncGRPOLoop:
                                    f"v{g.admission_version}) exceeds the bound {s.lag_bound}")
             lags.extend([lag] * s.group_size)
         groups = sorted(groups, key=lambda g: (g.mini_batch, g.instance, g.t_finish))
+        if s.trainer_dp > 1:
+            groups = [groups[j] for j in dp_group_order(len(groups), s.mini_batch_size, s.trainer_dp)]
         rows, indexes = build_rows(groups, s.group_size, s.dataset_additional_keys)
         phase("put", p.store.put_experience, rows, indexes)
         if "rm_scores" not in rows:

@@ -46,9 +46,23 @@ ASYNC_REQUIREMENTS: dict[str, tuple[Any, str]] = {
     "rl_config.use_integrated_worker": (True, "the adapter subclasses IntegratedWorker for weight push"),
     "rl_config.partial_rollout_max_split": (1, "partial rollout and the async instances both own generation"),
     "rl_config.data_strategy": ("td", "the off-policy correction reads and rewrites TransferDock columns"),
+    "rl_config.guarantee_order": (True, "the update must take rows in the order that lays out the ASP mini-batches"),
+    "rl_config.shuffle_mini_batch": (False, "a shuffle would undo the ASP mini-batches"),
 }
 _REQUIREMENT_DEFAULTS = {"rl_config.use_integrated_worker": False, "rl_config.partial_rollout_max_split": 1,
-                         "rl_config.data_strategy": "td"}
+                         "rl_config.data_strategy": "td", "rl_config.guarantee_order": False,
+                         "rl_config.shuffle_mini_batch": False}
+
+
+def trainer_dp(raw: dict) -> int:
+    """Data-parallel size of the trainer: actor NPUs / (TP x PP x CP), as MindSpeed-RL derives it."""
+    res = (raw.get("rl_config") or {}).get("actor_resource") or {}
+    npus = int(res.get("num_npus", 1))
+    par = 1
+    for key in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+        found, val, _ = lookup(raw, f"megatron_training.{key}")
+        par *= int(val) if found and val else 1
+    return max(1, npus // par)
 
 
 def _get(raw: dict, dotted: str) -> tuple[bool, Any]:
@@ -144,6 +158,17 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
             val = val if found else _REQUIREMENT_DEFAULTS[key]
             if val != want:
                 problems.append(f"{key}: {val!r} does not work with mindspeed.trainer=async ({why}); set {key}: {want}")
+        dp = trainer_dp(raw)
+        gbs = lookup(raw, "megatron_training.global_batch_size")[1] or 0
+        n = lookup(raw, "rl_config.n_samples_per_prompt")[1] or 1
+        mb = lookup(raw, "rl_config.mini_batch_size")[1] or gbs
+        if mb and mb % dp:
+            problems.append(f"rl_config.mini_batch_size: {mb} prompts cannot be split over the trainer's {dp} "
+                            f"data-parallel ranks; use a multiple of {dp}")
+        found, dispatch, _ = lookup(raw, "rl_config.actor_update_dispatch_size")
+        if found and dispatch and gbs and dispatch != gbs * n // dp:
+            problems.append(f"rl_config.actor_update_dispatch_size: {dispatch} must be unset or global_batch_size x "
+                            f"n_samples_per_prompt / DP = {gbs * n // dp} (one row range per rank)")
     if problems:
         raise ConfigError(problems, source)
     from omegaconf import OmegaConf

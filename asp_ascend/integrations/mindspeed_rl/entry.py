@@ -199,8 +199,11 @@ def _train(msrl: dict, cfg_dict: dict, schedule_path: str, root: str) -> None:
         return
     from .sample_source import build_async_rollout
 
+    from .config_bridge import trainer_dp
+
     source, publish, settings = build_async_rollout(cfg, actor, schedule_path, train_ds, tokenizer,
-                                                    dataset_additional_keys=actor_config.dataset_additional_keys)
+                                                    dataset_additional_keys=actor_config.dataset_additional_keys,
+                                                    trainer_dp=trainer_dp(msrl))
     from .trainer import make_async_grpo_trainer_class
 
     make_async_grpo_trainer_class()(actor, actor, reward_list, asp_samples=source, asp_publish=publish, asp_settings=settings,

@@ -123,7 +123,8 @@ RECEIVER = "asp_ascend.integrations.mindspeed_rl.vllm_receiver.MindSpeedWeightRe
 
 
 def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenizer,
-                        dataset_additional_keys: Sequence[str] = ()) -> tuple[DispatcherSource, Any, LoopSettings]:
+                        dataset_additional_keys: Sequence[str] = (), trainer_dp: int = 1
+                        ) -> tuple[DispatcherSource, Any, LoopSettings]:
     """Rollout instances on their own NPUs + the HCCL weight push, for ``AsyncGRPOTrainer``.
 
     Needs the runtime's rollout actor to accept ``worker_extension_cls`` and to expose
@@ -187,5 +188,6 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
 
     settings = LoopSettings(global_batch_size=cfg.train.global_batch_size, group_size=n,
                             lag_bound=cfg.pipeline.lag_bound, iterations=0, off_policy=cfg.train.off_policy,
-                            tis_cap=cfg.train.tis_cap, dataset_additional_keys=tuple(dataset_additional_keys))
+                            tis_cap=cfg.train.tis_cap, dataset_additional_keys=tuple(dataset_additional_keys),
+                            mini_batch_size=cfg.train.mini_batch_size, trainer_dp=trainer_dp)
     return source, publish, settings
