@@ -181,14 +181,16 @@ def run_points(cfg, workload, names, out: Path, *, total_devices=None, rollout_d
 
     preds = _Predictions(workload, cfg)
     summary, setup, views = {}, {}, {}
+    mode = cfg.sim.write_timeline
+    hist, sim = epoch_split(workload, cfg.sim.epochs)
+    n = workload.num_prompts * workload.group_size * len(sim)
+    write = write_timelines and (mode == "always" or (mode == "auto" and n <= TIMELINE_AUTO_LIMIT))
     for name in names:
         res = simulate_system(cfg, workload, name, total_devices=total_devices, rollout_devices=rollout_devices,
-                              preds=preds)
+                              preds=preds, record_samples=write)
         summary[name] = res.summary
         setup[name] = _setup_entry(res)
-        mode = cfg.sim.write_timeline
-        n = int(res.summary["samples"])
-        if write_timelines and (mode == "always" or (mode == "auto" and n <= TIMELINE_AUTO_LIMIT)):
+        if write:
             res.timeline.write_jsonl(out / f"timeline_{name}.jsonl")
         req = res.timeline.frame("request")
         views[name] = {"queue": res.timeline.frame("queue"), "sync": res.timeline.frame("sync"),
@@ -261,6 +263,10 @@ def run_simulate(cfg) -> int:
     t0 = time.perf_counter()
     print(f"asp simulate: {w.name}, {w.num_prompts} prompts x G={w.group_size}, {cfg.sim.epochs} epoch(s), "
           f"{cfg.sim.total_devices} devices ({cfg.sim.rollout_devices} rollout when decoupled), model {cfg.sim.model_class}")
+    hist, _ = epoch_split(w, cfg.sim.epochs)
+    if not hist and cfg.lengths.predictor != "oracle":
+        print("asp simulate: note: no history epochs (workload.epochs <= sim.epochs), so every prediction is the "
+              "prior; raise workload.epochs to give the planner a length history")
     views = run_points(cfg, w, names, out)
     for D in cfg.sim.sweep_devices:
         D = int(D)

@@ -58,3 +58,25 @@ def test_sim_calibrate_errors_name_the_file(tmp_path):
         calibrate_run(tmp_path)
     with pytest.raises(DataError, match="no request events"):
         fit_timeline(Timeline())
+
+
+def test_sim_calibrate_cli_simulates_with_fitted_model(tmp_path):
+    from pathlib import Path
+
+    from asp_ascend.cli import main
+
+    run = tmp_path / "run"
+    _run(TRUE).write_jsonl(run / "timeline.jsonl")
+    out = tmp_path / "sim"
+    tiny = str(Path(__file__).resolve().parents[2] / "configs" / "sim_tiny.yaml")
+    rc = main(["simulate", tiny, f"output_dir={out}", "workload.type=synthetic", "workload.num_prompts=32",
+               "sim.sweep_devices=[]", "sim.policies=[fully_async_fifo]", "--calibrate", str(run)])
+    assert rc == 0
+    import json
+
+    cal = json.loads((out / "calibration.json").read_text())
+    sim = json.loads((out / "simulation.json").read_text())
+    used = sim["systems"]["fully_async_fifo"]["instance_cost"]
+    assert used["decode_a"] == pytest.approx(cal["decode_a"])          # the fitted model is what ran
+    assert used["decode_b"] == pytest.approx(cal["decode_b"])
+    assert "## Calibration" in (out / "report.md").read_text()
