@@ -173,6 +173,7 @@ class SimConfig:
     devices_per_node: int = _f(8, "devices per node (tensor parallelism beyond a node is slower)")
     model_class: str = _f("7b", "default cost model", choices=("7b", "32b", "custom"))
     sweep_devices: list = _f([], "device counts for the scaling curve (empty = none)")
+    sweep_rollout_devices: list = _f([], "rollout device counts to try at sim.total_devices (the split sweep; empty = none)")
     epochs: int = _f(1, "epochs to simulate")
     calibrate: Optional[str] = _f(None, "run directory whose timeline.jsonl calibrates the cost model")
     sync_bandwidth_gbps: float = _f(25.0, "trainer->rollout weight-sync link bandwidth, GB/s (sync = param bytes / this)")
