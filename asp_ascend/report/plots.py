@@ -144,17 +144,20 @@ def bubble_breakdown(summary: dict[str, dict], path) -> Path:
     return _save(fig, path)
 
 
-def scaling_curve(points: pd.DataFrame, path, metric: str = "throughput") -> Path:
-    """``points``: columns devices, policy, <metric>. One line per policy."""
+def scaling_curve(points: pd.DataFrame, path, metric: str = "throughput", x: str = "devices",
+                  xlabel: str = "devices (rollout + training)",
+                  title: str = "scaling: throughput against device count", log_x: bool = True) -> Path:
+    """``points``: columns <x>, policy, <metric>. One line per policy."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4))
     for name, g in points.groupby("policy", sort=False):
-        g = g.sort_values("devices")
-        ax.plot(g["devices"], g[metric], marker="o", label=name, lw=2 if name in ("asp", "single_instance") else 1)
-    ax.set_xlabel("devices (rollout + training)")
+        g = g.sort_values(x)
+        ax.plot(g[x], g[metric], marker="o", label=name, lw=2 if name in ("asp", "single_instance") else 1)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("trained tokens/s" if metric == "throughput" else metric)
-    ax.set_xscale("log", base=2)
-    ax.set_title("scaling: throughput against device count", fontsize=9)
+    if log_x:
+        ax.set_xscale("log", base=2)
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     return _save(fig, path)

@@ -39,9 +39,10 @@ def headline(summary: dict) -> list[str]:
     return lines
 
 
-def scaling_points(out: Path) -> pd.DataFrame:
+def scaling_points(out: Path, sub: str = "sweep", prefix: str = "devices") -> pd.DataFrame:
+    """Throughput per (point, policy) from ``out/<sub>/<prefix>_<N>/summary.json``."""
     rows = []
-    for p in sorted((out / "sweep").glob("devices_*/summary.json")):
+    for p in sorted((out / sub).glob(f"{prefix}_*/summary.json"), key=lambda q: int(q.parent.name.split("_")[1])):
         D = int(p.parent.name.split("_")[1])
         for name, s in _load(p).items():
             rows.append({"devices": D, "policy": name, "throughput": s["throughput"],
@@ -136,6 +137,20 @@ def write_sim_report(out, views: dict | None = None) -> Path:
             md.append(f"| {D} | " + " | ".join(f"{v:.0f}" for v in row.to_numpy()) + " |")
         md.append("")
         figs.append(("Scaling curve", plots.scaling_curve(pts, out / "scaling.png")))
+    split = scaling_points(out, "split", "rollout")
+    if not split.empty:
+        md += ["## Rollout/trainer split", "",
+               "Trained tokens/s by the number of rollout devices at the same total "
+               "(`split/rollout_<Dr>/summary.json`):", ""]
+        tab = split.pivot_table(index="devices", columns="policy", values="throughput", sort=False)
+        md += ["| rollout devices | " + " | ".join(tab.columns) + " |", "|---" * (len(tab.columns) + 1) + "|"]
+        for D, row in tab.iterrows():
+            md.append(f"| {D} | " + " | ".join(f"{v:.0f}" for v in row.to_numpy()) + " |")
+        best = split.loc[split.groupby("policy")["throughput"].idxmax()]
+        md += ["", "Best split per policy: " + ", ".join(f"`{r.policy}` {r.devices}" for r in best.itertuples()), ""]
+        figs.append(("Rollout/trainer split", plots.scaling_curve(
+            split, out / "split.png", xlabel="rollout devices (the rest train)",
+            title="throughput against the rollout/trainer split", log_x=False)))
     md += ["## Plots", ""]
     for title, path in figs:
         md += [f"### {title}", "", f"![{title}]({Path(path).name})", ""]

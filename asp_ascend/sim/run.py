@@ -8,7 +8,9 @@ epoch's observed lengths to the history before planning the next one.
 Outputs in ``output_dir``: ``summary.json`` (DESIGN 6: one entry per system policy),
 ``simulation.json`` (the simulated setups and cost coefficients), ``timeline_<policy>.jsonl``
 (small runs, see ``sim.write_timeline``), ``sweep/devices_<D>/summary.json`` for each
-``sim.sweep_devices`` point, ``calibration.json`` with ``--calibrate``, ``report.md`` and PNGs.
+``sim.sweep_devices`` point, ``split/rollout_<Dr>/summary.json`` for each
+``sim.sweep_rollout_devices`` entry (same total, another rollout/trainer split),
+``calibration.json`` with ``--calibrate``, ``report.md`` and PNGs.
 """
 from __future__ import annotations
 
@@ -276,6 +278,13 @@ def run_simulate(cfg) -> int:
         print(f"sweep: {D} devices ({Dr} rollout)")
         sweep_names = names + (["single_instance"] if "single_instance" not in names else [])
         run_points(cfg, w, sweep_names, pt, total_devices=D, rollout_devices=Dr, write_timelines=False)
+    decoupled = [n for n in names if n != "sync_colocated"]
+    for Dr in cfg.sim.sweep_rollout_devices:
+        Dr = int(Dr)
+        pt = out / "split" / f"rollout_{Dr}"
+        pt.mkdir(parents=True, exist_ok=True)
+        print(f"split: {Dr} of {cfg.sim.total_devices} devices for rollout")
+        run_points(cfg, w, decoupled, pt, rollout_devices=Dr, write_timelines=False)
     from ..report.sim_report import write_sim_report
 
     write_sim_report(out, views)

@@ -25,7 +25,8 @@ DESIGN_KEYS = {"throughput", "iteration_time_mean", "iteration_time_p50", "itera
 
 def test_report_asp_simulate_cli_end_to_end(tmp_path):
     out = tmp_path / "sim"
-    rc = main(["simulate", TINY, f"output_dir={out}", *SMALL, "sim.sweep_devices=[4,8]"])
+    rc = main(["simulate", TINY, f"output_dir={out}", *SMALL, "sim.sweep_devices=[4,8]",
+               "sim.sweep_rollout_devices=[2,6]"])
     assert rc == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary.pop("schema_version") == 1
@@ -37,8 +38,12 @@ def test_report_asp_simulate_cli_end_to_end(tmp_path):
         assert (out / png).stat().st_size > 1000, png
     for D in (4, 8):
         assert (out / "sweep" / f"devices_{D}" / "summary.json").is_file()
+    for Dr in (2, 6):
+        split = json.loads((out / "split" / f"rollout_{Dr}" / "summary.json").read_text())
+        assert "sync_colocated" not in split and "asp" in split
     report = (out / "report.md").read_text()
     assert "| asp |" in report and "## Scaling" in report and "scaling.png" in report
+    assert "## Rollout/trainer split" in report and (out / "split.png").is_file()
     assert (out / "config.yaml").is_file() and (out / "timeline_asp.jsonl").is_file()
     # `asp report` regenerates the report from the files alone
     (out / "report.md").unlink()
