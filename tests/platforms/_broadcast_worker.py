@@ -18,16 +18,21 @@ def model(seed):
 
 def main():
     rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    comm = create_communicator("cpu", "127.0.0.1", port, rank, world)
-    tx = BroadcastTransport(comm, bucket_bytes=1024)
-    named = model(seed=0)
+    platform_name = sys.argv[5] if len(sys.argv) > 5 else "cpu"
+    from asp_ascend.platforms import get_platform
+
+    platform = get_platform(platform_name)
+    platform.set_device(rank)
+    comm = create_communicator(platform_name, "127.0.0.1", port, rank, world, device_index=rank)
+    tx = BroadcastTransport(comm, bucket_bytes=1024, synchronize=platform.synchronize)
+    named = [(k, v.to(platform.torch_device(rank))) for k, v in model(seed=0)]
     ticket = tx.prepare(3, named)  # every rank plans the same buckets from the same metadata
     if rank == 0:
         tx.send(ticket, named)
         result = {"buckets": len(ticket.buckets)}
     else:
-        got = dict(tx.recv(ticket))
-        ref = dict(named)
+        got = {k: v.cpu() for k, v in tx.recv(ticket)}
+        ref = {k: v.cpu() for k, v in named}
         result = {"names": list(got), "equal": all(torch.equal(got[k], ref[k]) for k in ref),
                   "dtypes": {k: str(v.dtype) for k, v in got.items()}}
     with open(out, "w") as f:

@@ -81,22 +81,49 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_bucketed_gloo_broadcast_three_ranks(tmp_path):
-    pytest.importorskip("torch")
+def _broadcast(tmp_path, world: int, platform: str = "cpu") -> None:
     worker = Path(__file__).with_name("_broadcast_worker.py")
-    port, world = _free_port(), 3
+    port = _free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, str(worker), str(r), str(world), str(port), str(tmp_path / f"{r}.json")],
-                              env=env) for r in range(world)]
+    procs = [subprocess.Popen([sys.executable, str(worker), str(r), str(world), str(port), str(tmp_path / f"{r}.json"),
+                               platform], env=env) for r in range(world)]
     for p in procs:
-        assert p.wait(timeout=120) == 0
+        assert p.wait(timeout=300) == 0
     sender = json.loads((tmp_path / "0.json").read_text())
     assert sender["buckets"] >= 3  # the 1 KiB cap splits the model into several buckets
-    for r in (1, 2):
+    for r in range(1, world):
         got = json.loads((tmp_path / f"{r}.json").read_text())
         assert got["names"] == ["embed.weight", "layer.0.w", "layer.0.b", "step", "head.weight"]
         assert got["equal"] is True
         assert got["dtypes"]["layer.0.w"] == "torch.bfloat16" and got["dtypes"]["step"] == "torch.int64"
+
+
+def test_bucketed_gloo_broadcast_three_ranks(tmp_path):
+    pytest.importorskip("torch")
+    _broadcast(tmp_path, 3, "cpu")
+
+
+@pytest.mark.gpu
+def test_bucketed_nccl_broadcast(tmp_path):
+    """vLLM's PyNcclCommunicator over a StatelessProcessGroup; NCCL needs one GPU per rank."""
+    from asp_ascend.platforms import CudaPlatform
+
+    if not CudaPlatform().is_available() or CudaPlatform().device_count() < 2:
+        pytest.skip("needs 2 CUDA GPUs")
+    pytest.importorskip("vllm")
+    _broadcast(tmp_path, 2, "cuda")
+
+
+@pytest.mark.npu
+def test_bucketed_hccl_broadcast(tmp_path):
+    """vllm-ascend's PyHcclCommunicator over a StatelessProcessGroup."""
+    pytest.importorskip("torch_npu")
+    pytest.importorskip("vllm_ascend")
+    from asp_ascend.platforms import NpuPlatform
+
+    if not NpuPlatform().is_available() or NpuPlatform().device_count() < 2:
+        pytest.skip("needs 2 NPUs")
+    _broadcast(tmp_path, 2, "npu")
 
 
 def test_device_communicators_fail_clearly_without_the_device():
