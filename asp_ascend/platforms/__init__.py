@@ -14,7 +14,8 @@ from .npu import NpuPlatform
 
 PLATFORMS = {"cpu": CpuPlatform, "cuda": CudaPlatform, "npu": NpuPlatform}
 
-__all__ = ["Platform", "CpuPlatform", "CudaPlatform", "NpuPlatform", "PLATFORMS", "get_platform"]
+__all__ = ["Platform", "CpuPlatform", "CudaPlatform", "NpuPlatform", "PLATFORMS", "get_platform",
+           "bind_visible_devices"]
 
 
 def get_platform(name: str = "auto", *, check: bool = True) -> Platform:
@@ -41,6 +42,25 @@ def get_platform(name: str = "auto", *, check: bool = True) -> Platform:
             raise ConfigError([f"platform: {name!r} is not usable here: {reason}; "
                                f"set platform=auto or platform=cpu, or fix the install"])
     return p
+
+
+def bind_visible_devices(platform: Platform) -> list[int]:
+    """Inside a Ray actor: set the platform's visible-devices variable to Ray's accelerator ids.
+
+    Needed when Ray is told not to set it (MindSpeed-RL's runtime env sets
+    ``RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES``). Call before importing torch_npu/vllm.
+    Returns the ids (empty on CPU or outside an actor holding devices).
+    """
+    import os
+
+    import ray
+
+    if platform.ray_resource is None:
+        return []
+    ids = [int(i) for i in ray.get_runtime_context().get_accelerator_ids().get(platform.ray_resource, [])]
+    if ids:
+        os.environ.update(platform.visible_devices_envvars(ids))
+    return ids
 
 
 def _missing_module(name: str, reason: str) -> tuple[str, str, str]:

@@ -53,26 +53,51 @@ def test_inprocess_roundtrip_copies():
     assert ticket.version == 1 and ticket.names == ["w"] and ticket.nbytes == 24
 
 
-def test_object_store_roundtrip():
-    torch = pytest.importorskip("torch")
+@pytest.fixture(scope="module")
+def ray_session():
+    """One local Ray for this module, with 4 declared NPUs (Ray counts them; none need to exist)."""
     ray = pytest.importorskip("ray")
+    pytest.importorskip("torch")
+    noset = {"RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1"}  # as MindSpeed-RL's runtime env
+    ray.init(num_cpus=1, resources={"NPU": 4}, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": noset})
+    yield ray
+    ray.shutdown()
+
+
+def test_object_store_roundtrip(ray_session):
+    import torch
+
     from asp_ascend.platforms.transport import RayObjectStoreTransport
 
-    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
-    try:
-        tx = RayObjectStoreTransport()
-        named = [("a", torch.randn(3, 4)), ("b", torch.ones(2, dtype=torch.bfloat16))]
-        ticket = tx.prepare(2, named)
+    ray = ray_session
+    tx = RayObjectStoreTransport()
+    named = [("a", torch.randn(3, 4)), ("b", torch.ones(2, dtype=torch.bfloat16))]
+    ticket = tx.prepare(2, named)
 
-        @ray.remote
-        def receive(t):
-            return {k: v.clone() for k, v in RayObjectStoreTransport().recv(t)}
+    @ray.remote(num_cpus=0)
+    def receive(t):
+        return {k: v.clone() for k, v in RayObjectStoreTransport().recv(t)}
 
-        got = ray.get(receive.remote(ticket))
-        assert list(got) == ["a", "b"]
-        assert all(torch.equal(got[k], v) for k, v in named)
-    finally:
-        ray.shutdown()
+    got = ray.get(receive.remote(ticket))
+    assert list(got) == ["a", "b"]
+    assert all(torch.equal(got[k], v) for k, v in named)
+
+
+def test_actor_binds_its_ray_npus_to_ascend_visible_devices(ray_session):
+    ray = ray_session
+
+    @ray.remote(resources={"NPU": 2}, num_cpus=0)
+    class Instance:
+        def bind(self):
+            import os
+
+            from asp_ascend.platforms import NpuPlatform, bind_visible_devices
+
+            return bind_visible_devices(NpuPlatform()), os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+
+    ids, env = ray.get(Instance.remote().bind.remote())
+    assert len(ids) == 2 and env == ",".join(map(str, ids))
 
 
 def _free_port() -> int:

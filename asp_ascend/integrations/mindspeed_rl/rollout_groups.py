@@ -5,16 +5,15 @@ placement group each: one bundle ``{NPU: devices_per_instance, CPU: c x devices}
 ``STRICT_PACK`` (an instance never spans nodes, its TP group stays on one node).
 Ray counts NPUs as the custom resource ``NPU`` (``ray start --resources='{"NPU": 16}'``);
 MindSpeed-RL's runtime env sets ``RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES``, so
-an instance actor binds its devices itself with :func:`bind_visible_devices` before it
-imports torch_npu or vllm.
+an instance actor binds its devices itself with
+:func:`asp_ascend.platforms.bind_visible_devices` before it imports torch_npu or vllm.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from ...errors import ConfigError
-from ...platforms import Platform
+from ...platforms import Platform, bind_visible_devices  # noqa: F401 (re-exported)
 
 
 def instance_bundles(platform: Platform, devices_per_instance: int, cpus_per_device: float = 4.0) -> list[dict]:
@@ -67,15 +66,3 @@ def instance_actor_options(platform: Platform, pg, devices_per_instance: int, en
     if env:
         opts["runtime_env"] = {"env_vars": dict(env)}
     return opts
-
-
-def bind_visible_devices(platform: Platform) -> list[int]:
-    """Set the platform's visible-devices variable from Ray's accelerator ids for this actor."""
-    import ray
-
-    if platform.ray_resource is None:
-        return []
-    ids = [int(i) for i in ray.get_runtime_context().get_accelerator_ids().get(platform.ray_resource, [])]
-    if ids:
-        os.environ.update(platform.visible_devices_envvars(ids))
-    return ids
