@@ -79,6 +79,11 @@ def test_async_loop_trains_every_prompt_once_within_the_lag_bound_and_learns():
     assert max(lags) == 1 and min(lags) == 0
     assert all(h["policy_lag_max"] <= 1 for h in history)
     assert len(tl.events["sync"]) == iterations
+    # the timeline is the shared format: the shared metric functions summarise it
+    from asp_ascend.metrics.bubbles import summarize
+
+    summary = summarize(tl, num_instances=R, max_num_seqs=8, lag_bound=1)
+    assert summary["policy_lag_max"] == 1 and summary["throughput"] > 0
     # it learns: reward = fraction of tokens equal to the label (1/6 by chance)
     with torch.no_grad():
         hit = torch.stack([torch.softmax(actor.policy.table[c], -1)[c] for c in range(VOCAB)]).mean()

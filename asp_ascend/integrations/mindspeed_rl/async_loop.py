@@ -30,11 +30,11 @@ as is; :mod:`.trainer` wires the rest. Torch is used only through the ``store``.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
+from ...metrics.bubbles import ratio
 from ...scheduler.admission import LagViolation
 
 OFF_POLICY_MODES = ("decoupled_ppo", "tis", "none")
@@ -55,7 +55,9 @@ class SampleGroup:
     extras: dict[str, Any] = field(default_factory=dict)   # dataset_additional_keys, e.g. labels
     rewards: Optional[list[float]] = None     # set when the instance scored the samples
     t_admit: float = 0.0
-    t_finish: float = 0.0
+    t_finish: float = 0.0                     # the group's last sample
+    sample_t_first_token: Optional[list[float]] = None   # per sample, when the instance reports them
+    sample_t_finish: Optional[list[float]] = None
 
 
 @runtime_checkable
@@ -277,7 +279,7 @@ class AsyncGRPOLoop:
         tokens = sum(len(g.prompt) * s.group_size + sum(len(r) for r in g.responses) for g in groups)
         elapsed = self.clock() - t_iter
         row = {"iteration": i, "policy_version": self.version, "iteration_time_s": elapsed, "tokens": tokens,
-               "throughput": tokens / elapsed if elapsed > 0 else math.nan, "policy_lag_max": max(lags),
+               "throughput": ratio(tokens, elapsed), "policy_lag_max": max(lags),
                "policy_lag_mean": sum(lags) / len(lags),
                "response_length_mean": sum(len(r) for g in groups for r in g.responses) / len(lags),
                **weights, **{f"timing/{k}": v for k, v in timings.items()}}
@@ -292,9 +294,11 @@ class AsyncGRPOLoop:
         n = self.s.group_size
         for g in groups:
             for k, resp in enumerate(g.responses):
+                first = g.sample_t_first_token[k] if g.sample_t_first_token else g.t_admit
+                finish = g.sample_t_finish[k] if g.sample_t_finish else g.t_finish
                 tl.add("request", epoch=g.epoch, iteration=i, instance=g.instance, prompt_id=g.prompt_id,
                        sample=k, admission_version=g.admission_version, t_admit=g.t_admit - self.t0,
-                       t_first_token=g.t_admit - self.t0, t_finish=g.t_finish - self.t0,
+                       t_first_token=first - self.t0, t_finish=finish - self.t0,
                        prompt_length=len(g.prompt), response_length=len(resp))
         if isinstance(steps, list) and steps and all(isinstance(st, dict) for st in steps):  # per-step report
             for st in steps:

@@ -74,7 +74,9 @@ class DispatcherSource:
                     instance=i, admission_version=min(int(g["admission_version"]), int(m["version"])),
                     prompt=m["prompt"], responses=[s["token_ids"] for s in samples],
                     rollout_log_probs=[s["logprobs"] for s in samples], extras=m["extras"],
-                    t_admit=float(g["t_admit"]), t_finish=max(float(s["t_finish"]) for s in samples)))
+                    t_admit=float(g["t_admit"]), t_finish=max(float(s["t_finish"]) for s in samples),
+                    sample_t_first_token=[float(s.get("t_first_token") or g["t_admit"]) for s in samples],
+                    sample_t_finish=[float(s["t_finish"]) for s in samples]))
                 self.disp.on_finish(m["prompt_id"], m["epoch"])
                 self.inflight[i] -= 1
                 got += 1
