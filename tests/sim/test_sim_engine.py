@@ -155,3 +155,21 @@ def test_sim_lag_bound_blocks_admission():
     publish_1 = tl.frame("sync")["t_end"].iloc[0]
     assert (req.loc[req.iteration == 1, "t_admit"] >= publish_1).all()
     assert (req["iteration"] - req["admission_version"]).max() == 0
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), G=st.integers(1, 4), mns=st.integers(1, 10), kv=st.sampled_from([0, 150, 400, 2000]))
+def test_sim_engine_matches_reference_property(seed, G, mns, kv):
+    rng = np.random.default_rng(seed)
+    J = int(rng.integers(1, 12))
+    jobs = _jobs(rng.integers(1, 60, (J, G)), iteration=np.arange(J) // 3, instance=np.zeros(J),
+                 prompt_length=rng.integers(1, 40, J))
+    cm = CostModel(decode_a=0.01, decode_b=1e-5, decode_c=2e-3, prefill_per_token=1e-4)
+    eng = Engine(jobs, num_instances=1, cost=cm, max_num_seqs=mns, kv_capacity=kv,
+                 trainer=TrainerSpec(1e-6, 0.0, 0.0, 4, "packed"), lag_bound=100, shared_queue=True,
+                 sync_pause=False)
+    got = eng.run().frame("request")["t_finish"].to_numpy()
+    np.testing.assert_allclose(got, reference_single_instance(jobs, cm, mns, kv), rtol=1e-9, atol=1e-9)
