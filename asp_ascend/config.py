@@ -244,7 +244,6 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     Raises :class:`ConfigError` listing every problem at once.
     """
     from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
 
     source = str(path) if path else "<defaults>"
     problems: list[str] = []
@@ -260,16 +259,22 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not isinstance(raw, dict):
             raise ConfigError([f"{p}: top level must be a mapping of keys, got {type(raw).__name__}"], source)
         raw.pop("defaults", None)
-    bad_ov = [o for o in overrides if "=" not in o]
-    for o in bad_ov:
-        problems.append(f"override {o!r}: expected key=value, e.g. rollout.num_instances=4")
-    good_ov = [o for o in overrides if "=" in o]
-    if good_ov:
+    merged = OmegaConf.create(raw)
+    for o in overrides:
+        key, sep, _ = o.partition("=")
+        if not sep or not key.strip():
+            problems.append(f"override {o!r}: expected key=value, e.g. rollout.num_instances=4")
+            continue
         try:
-            merged = OmegaConf.merge(OmegaConf.create(raw), OmegaConf.from_dotlist(good_ov))
-            raw = OmegaConf.to_container(merged, resolve=True)
-        except OmegaConfBaseException as exc:
-            problems.append(f"overrides {good_ov}: {exc}")
+            merged = OmegaConf.merge(merged, OmegaConf.from_dotlist([o]))
+        except Exception as exc:  # omegaconf and yaml errors alike
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            problems.append(f"override {o!r}: cannot parse ({first}); quote strings, e.g. key='a b'")
+    try:
+        raw = OmegaConf.to_container(merged, resolve=True)
+    except Exception as exc:
+        problems.append(f"{source}: cannot resolve interpolations ({str(exc).splitlines()[0]})")
+        raw = OmegaConf.to_container(merged, resolve=False)
     cfg = _build(Config, raw, "", problems)
     # Cross-field checks run even when some keys were bad (those keep defaults), so
     # the user sees every problem in one go.

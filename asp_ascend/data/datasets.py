@@ -89,19 +89,26 @@ def load_prompts(path: str | Path, prompt_key: str = "prompt", id_key: str = "id
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json", ".ndjson"):
         records = []
-        with open(path) as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); each line must be one "
-                                    "JSON object") from None
-                if not isinstance(rec, dict):
-                    raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-                rec.setdefault("__line__", lineno)
-                records.append(rec)
+        try:
+            lines = path.read_bytes().split(b"\n")
+        except OSError as exc:
+            raise DataError(f"{path}: cannot read ({exc.strerror})") from None
+        for lineno, raw_line in enumerate(lines, 1):
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataError(f"{path}:{lineno}: not UTF-8 text; save the file as UTF-8 JSONL") from None
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg}); each line must be one "
+                                "JSON object") from None
+            if not isinstance(rec, dict):
+                raise DataError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+            rec.setdefault("__line__", lineno)
+            records.append(rec)
         if not records:
             raise DataError(f"{path}: the dataset is empty; add prompts (one JSON object per line)")
         # Report real line numbers (blank lines are skipped).

@@ -29,7 +29,7 @@ def scenarios(draw):
     return R, k, n_iter, per_iter, shared, jobs, ops
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(scenarios())
 def test_nothing_lost_duplicated_or_too_stale(sc):
     R, k, n_iter, per_iter, shared, jobs, ops = sc
