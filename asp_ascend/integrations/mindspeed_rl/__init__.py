@@ -24,23 +24,29 @@ MINDSPEED_HINT = ("install MindSpeed-RL from source on an Ascend node (docs/asce
 
 
 def require_mindspeed(purpose: str = "the MindSpeed-RL adapter"):
-    """Import ``mindspeed_rl`` or raise BackendMissingError saying what to install.
+    """Import ``mindspeed_rl`` (the trainer package) or raise BackendMissingError saying what to install.
 
     The PyPI package named ``mindspeed-rl`` is an empty placeholder; a real install
     has ``mindspeed_rl.trainer``. A failing import inside (torch_npu, acl, vllm_ascend
     missing) is reported with the module that is missing.
     """
+    import_mindspeed("mindspeed_rl.trainer.grpo_trainer_hybrid", purpose)
+    import mindspeed_rl
+
+    return mindspeed_rl
+
+
+def import_mindspeed(module: str, purpose: str = "the MindSpeed-RL adapter"):
+    """Import one MindSpeed-RL module, turning a missing dependency into BackendMissingError."""
+    import importlib
+
     try:
-        import mindspeed_rl  # noqa: F401
-        from mindspeed_rl.trainer import grpo_trainer_hybrid  # noqa: F401
+        return importlib.import_module(module)
     except ModuleNotFoundError as exc:
         missing = exc.name or "mindspeed_rl"
         if missing.split(".")[0] == "mindspeed_rl":
             raise BackendMissingError("mindspeed_rl", MINDSPEED_HINT, purpose) from exc
         raise BackendMissingError(missing, _hint_for(missing), f"{purpose} (imported by mindspeed_rl)") from exc
-    import mindspeed_rl
-
-    return mindspeed_rl
 
 
 def _hint_for(module: str) -> str:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from . import require_mindspeed
+from . import import_mindspeed, require_mindspeed
 from .async_loop import AsyncGRPOLoop, LoopPorts, LoopSettings
 
 ROLLOUT_LOG_PROB = "rollout_log_prob"
@@ -53,8 +53,8 @@ def register_offpolicy_loss():
     process before ``initialize()`` (``BaseTrainingEngine`` looks the loss up at construction)."""
     if "loss" in _CACHE:
         return _CACHE["loss"]
-    require_mindspeed("the off-policy GRPO loss")
-    from mindspeed_rl.models.loss.grpo_actor_loss_func import GRPOActorLossFunc
+    GRPOActorLossFunc = import_mindspeed("mindspeed_rl.models.loss.grpo_actor_loss_func",
+                                         "the off-policy GRPO loss").GRPOActorLossFunc
     from mindspeed_rl.models.loss.loss_func_factory import LossFuncFactory
 
     @LossFuncFactory.register_loss("ray_grpo", "actor")

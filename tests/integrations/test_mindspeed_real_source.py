@@ -1,4 +1,4 @@
-"""The async loop's data path against MindSpeed-RL's real TransferDock and advantage code (CPU, Ray).
+"""Adapter pieces against real MindSpeed-RL code on CPU: TransferDock, advantages, loss registry.
 
 Runs when ASP_MINDSPEED_SRC points to a MindSpeed-RL checkout and tensordict is importable
 (``pip install tensordict==0.8.1``, MindSpeed-RL's pin); skips otherwise. Checks what cannot be
@@ -102,3 +102,23 @@ def test_rows_advantages_and_reweighting_through_the_real_transfer_dock(msrl):
         assert torch.allclose(batch["advantages"][k].reshape(-1)[:L].double(), (expect[r] * w).double(), atol=1e-5)
     store.clear_main()   # the end of an iteration: every column empty again
     assert ray.get(td.get_experience_status.remote())["advantages"].sum() == 0
+
+
+def test_offpolicy_loss_registration_with_the_real_loss_registry(msrl):
+    import importlib
+
+    for pkg in ("mindspeed_rl.models", "mindspeed_rl.models.loss"):
+        if pkg not in sys.modules:
+            m = types.ModuleType(pkg)
+            m.__path__ = [os.path.join(SRC, *pkg.split("."))]
+            sys.modules[pkg] = m
+    from asp_ascend.integrations.mindspeed_rl.trainer import register_offpolicy_loss
+
+    base = importlib.import_module("mindspeed_rl.models.loss.grpo_actor_loss_func").GRPOActorLossFunc
+    factory = importlib.import_module("mindspeed_rl.models.loss.loss_func_factory").LossFuncFactory
+    cls = register_offpolicy_loss()
+    assert issubclass(cls, base) and cls is not base
+    assert factory.get_class("ray_grpo", "actor") is cls       # what BaseTrainingEngine will construct
+    loss = factory.get_instance("ray_grpo", "actor")
+    with pytest.raises(RuntimeError, match="no old_log_prob"):
+        loss.compute_loss(torch.zeros(1, 4, 8), {"responses": torch.ones(1, 3, dtype=torch.long)})
