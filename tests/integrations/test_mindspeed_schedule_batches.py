@@ -112,3 +112,12 @@ def test_prompt_dataset_fetch_and_replica_placement():
     assert replica_of_rows(8, 2) == [0, 0, 0, 0, 1, 1, 1, 1]
     with pytest.raises(DataError, match="not divisible"):
         replica_of_rows(6, 4)
+
+
+def test_schedule_must_cover_train_iters():
+    from asp_ascend.errors import ConfigError
+    from asp_ascend.integrations.mindspeed_rl.entry import check_schedule_covers
+
+    check_schedule_covers(remaining=6, train_iters=8, done=2)
+    with pytest.raises(ConfigError, match="train_iters: 9 iterations, but schedule.parquet has 8"):
+        check_schedule_covers(remaining=6, train_iters=9, done=2)

@@ -195,6 +195,7 @@ def _train(msrl: dict, cfg_dict: dict, schedule_path: str, root: str) -> None:
         batches = ScheduleBatches(schedule_path, gbs, prompt_dataset_fetch(train_ds),
                                   dataset_additional_keys=actor_config.dataset_additional_keys,
                                   consumed_samples=consumed, order=cfg.mindspeed.batch_order)
+        check_schedule_covers(len(batches), actor_config.train_iters, batches.skipped_iterations)
         RayGRPOTrainer(actor, actor, reward_list, **common).fit(batches)
         return
     from .sample_source import build_async_rollout
@@ -208,6 +209,13 @@ def _train(msrl: dict, cfg_dict: dict, schedule_path: str, root: str) -> None:
 
     make_async_grpo_trainer_class()(actor, actor, reward_list, asp_samples=source, asp_publish=publish, asp_settings=settings,
                 **common).fit()
+
+
+def check_schedule_covers(remaining: int, train_iters: int, done: int) -> None:
+    """RayGRPOTrainer.fit calls next() train_iters times: the schedule must have that many iterations."""
+    if remaining < train_iters - done:
+        raise ConfigError([f"megatron_training.train_iters: {train_iters} iterations, but schedule.parquet has "
+                           f"{done + remaining}; lower train_iters or schedule more epochs (asp.train.epochs)"])
 
 
 def _cfg_from_dict(d: dict, load_config):
