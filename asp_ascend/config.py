@@ -159,6 +159,8 @@ class SchedulerConfig:
     policy: str = _f("asp", "dispatch policy", choices=("asp", "fifo", "random", "sorted", "balanced"))
     adaptive: bool = _f(False, "re-plan each epoch from the lengths observed so far")
     length_stat: str = _f("mean", "group statistic the planner balances on", choices=("mean", "max"))
+    steal: bool = _f(False, "asp/balanced: an instance with nothing admissible of its own takes the next job of the "
+                     "instance with the most queued work (corrects mispredicted lengths at run time)")
 
 
 @dataclass

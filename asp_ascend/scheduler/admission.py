@@ -90,6 +90,7 @@ class _RankQueue:
         self.buckets: dict[int, list] = {}
         self.iters: list[int] = []  # sorted iterations with a non-empty bucket
         self.size = 0
+        self.work = 0.0  # sum of queued jobs' predicted lengths (stealing picks the largest)
 
     def push(self, job: Job) -> None:
         b = self.buckets.get(job.iteration)
@@ -98,6 +99,7 @@ class _RankQueue:
             bisect.insort(self.iters, job.iteration)
         heapq.heappush(b, (job.epoch, job.dispatch_rank, job.prompt_id, job))
         self.size += 1
+        self.work += job.predicted_length
 
     def best(self, limit: int) -> Job | None:
         best = None
@@ -113,6 +115,7 @@ class _RankQueue:
         b = self.buckets[job.iteration]
         heapq.heappop(b)
         self.size -= 1
+        self.work -= job.predicted_length
         if not b:
             del self.buckets[job.iteration]
             self.iters.remove(job.iteration)
@@ -122,7 +125,7 @@ class _RankQueue:
 
     def drain(self) -> list[Job]:
         jobs = [entry[3] for b in self.buckets.values() for entry in b]
-        self.buckets, self.iters, self.size = {}, [], 0
+        self.buckets, self.iters, self.size, self.work = {}, [], 0, 0.0
         return jobs
 
     def __len__(self) -> int:
@@ -142,12 +145,20 @@ class Dispatcher:
     iteration is admissible and never blocks the admissible jobs ranked after it.
     Failed instances' unfinished jobs are moved to survivors (``on_instance_failed``),
     each exactly once; a job is finished exactly once (``on_finish``).
+
+    ``steal=True`` (per-instance mode): an instance with nothing admissible of its own
+    takes the next admissible job of the instance with the most queued predicted work, the
+    job that instance would have started next. The schedule's placement becomes a plan
+    that corrects itself when lengths are mispredicted; the lag rule is unchanged (the
+    thief's own version decides admissibility).
     """
 
     def __init__(self, jobs: Iterable[Job], num_instances: int, admission: AdmissionController,
-                 shared: bool = False):
+                 shared: bool = False, steal: bool = False):
         self.adm = admission
         self.shared = shared
+        self.steal = steal and not shared
+        self.stolen = 0
         self.alive = [True] * num_instances
         self.queues: list[_RankQueue] = [_RankQueue() for _ in range(1 if shared else num_instances)]
         # keyed by (epoch, prompt_id): a prompt recurs once per epoch
@@ -170,9 +181,23 @@ class Dispatcher:
 
     def peek(self, instance: int) -> Job | None:
         """The job ``instance`` would take next, or None (queue empty or lag-blocked)."""
+        return self._pick(instance)[0]
+
+    def _pick(self, instance: int) -> tuple[Job | None, _RankQueue | None]:
         if not self.alive[instance]:
-            return None
-        return self._queue(instance).best(self._limit(instance))
+            return None, None
+        own = self._queue(instance)
+        limit = self._limit(instance)
+        job = own.best(limit)
+        if job is not None or not self.steal:
+            return job, own
+        victims = sorted((i for i, q in enumerate(self.queues) if i != instance and self.alive[i] and len(q)),
+                         key=lambda i: -self.queues[i].work)
+        for v in victims:
+            job = self.queues[v].best(limit)
+            if job is not None:
+                return job, self.queues[v]
+        return None, None
 
     def blocked_by_lag(self, instance: int) -> bool:
         """True if ``instance`` has queued work but none of it is admissible yet."""
@@ -192,10 +217,12 @@ class Dispatcher:
     # state updates ---------------------------------------------------------------
     def next_for(self, instance: int) -> tuple[Job, int] | None:
         """Pop the next admissible job for ``instance``: (job, admission_version) or None."""
-        job = self.peek(instance)
+        job, queue = self._pick(instance)
         if job is None:
             return None
-        self._queue(instance).pop(job)
+        queue.pop(job)
+        if queue is not self._queue(instance):
+            self.stolen += 1
         version = self.adm.on_admit(instance, job.iteration)
         self.running[(job.epoch, job.prompt_id)] = (instance, job)
         return job, version

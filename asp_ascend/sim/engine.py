@@ -140,7 +140,7 @@ class Engine:
     def __init__(self, jobs: SimJobs, *, num_instances: int, cost: CostModel, max_num_seqs: int,
                  kv_capacity: int, trainer: TrainerSpec, lag_bound: int, shared_queue: bool,
                  stream_train: bool = True, barrier: bool = False, sync_pause: bool = True,
-                 record_samples: bool = True):
+                 record_samples: bool = True, steal: bool = False):
         self.jobs = jobs
         self.R = int(num_instances)
         self.cm = cost
@@ -153,6 +153,7 @@ class Engine:
         self.barrier = barrier
         self.sync_pause = sync_pause and not barrier
         self.record_samples = record_samples
+        self.steal = steal
         J, G = jobs.resp.shape
         self.J, self.G = J, G
         if J == 0:
@@ -195,11 +196,14 @@ class Engine:
         pids = [str(p) for p in jobs.prompt_id.tolist()]
         eps = jobs.epoch.tolist()
         job_it = jobs.iteration.tolist()
-        job_objs = [Job(int(i), int(d), p, epoch=int(e), instance=int(ins), mini_batch=int(m))
-                    for i, d, p, e, ins, m in zip(job_it, jobs.dispatch_rank.tolist(), pids, eps,
-                                                  jobs.instance.tolist(), jobs.mini_batch.tolist())]
+        pred = (jobs.predicted_length if jobs.predicted_length is not None
+                else np.zeros(J)).astype(float).tolist()
+        job_objs = [Job(int(i), int(d), p, epoch=int(e), instance=int(ins), mini_batch=int(m), predicted_length=pl)
+                    for i, d, p, e, ins, m, pl in zip(job_it, jobs.dispatch_rank.tolist(), pids, eps,
+                                                      jobs.instance.tolist(), jobs.mini_batch.tolist(), pred)]
         job_of = {(j.epoch, j.prompt_id): x for x, j in enumerate(job_objs)}
-        disp = Dispatcher(job_objs, R, adm, shared=self.shared)
+        disp = Dispatcher(job_objs, R, adm, shared=self.shared, steal=self.steal)
+        self.dispatcher = disp
 
         # ---- sequences (seq s = job * G + sample)
         N = J * G

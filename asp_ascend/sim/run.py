@@ -147,7 +147,8 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     eng = Engine(jobs, num_instances=spec.num_instances, cost=costs.instance, max_num_seqs=spec.max_num_seqs,
                  kv_capacity=costs.kv_capacity, trainer=tr, lag_bound=spec.lag_bound,
                  shared_queue=_shared(spec.dispatch), stream_train=spec.stream_train, barrier=spec.barrier,
-                 sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples)
+                 sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples,
+                 steal=cfg.scheduler.steal)
     tl = eng.run()
     mbt = minibatch_tokens(jobs, tr.micro_batch_size, tr.micro_batching)
     lb = lower_bounds(jobs, mbt, tr.train_per_token, tr.train_per_step, costs.instance, spec.num_instances,
@@ -157,6 +158,7 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     summ["devices"] = spec.devices
     summ["throughput_per_device"] = summ["throughput"] / max(1, spec.devices)
     summ["preemptions"] = int(sum(eng.preemptions))
+    summ["stolen_groups"] = int(eng.dispatcher.stolen)
     return SimResult(name, spec, costs, tl, summ, int(sum(eng.preemptions)), time.perf_counter() - t0)
 
 

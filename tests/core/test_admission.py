@@ -106,3 +106,20 @@ def test_finish_twice_is_an_error():
     d.on_finish("a")
     with pytest.raises(ValueError):
         d.on_finish("a")
+
+
+def test_steal_takes_the_most_loaded_instances_next_job():
+    adm = AdmissionController(1, 3)
+    jobs = [Job(0, 0, "a", instance=0, predicted_length=100), Job(0, 1, "b", instance=0, predicted_length=50),
+            Job(0, 2, "c", instance=1, predicted_length=10), Job(1, 3, "d", instance=1, predicted_length=900)]
+    d = Dispatcher(jobs, 3, adm, steal=True)
+    # instance 2 has no jobs: it steals from instance 1 (most queued work) its next admissible job
+    job, v = d.next_for(2)
+    assert job.prompt_id == "c" and d.stolen == 1
+    job, v = d.next_for(2)
+    assert job.prompt_id == "d"  # iteration 1 is admissible at version 0 with k = 1
+    assert [d.next_for(0)[0].prompt_id, d.next_for(0)[0].prompt_id] == ["a", "b"]
+    assert d.next_for(1) is None and d.next_for(2) is None
+    # without stealing, an instance only ever takes its own jobs
+    d2 = Dispatcher(jobs, 3, AdmissionController(1, 3))
+    assert d2.next_for(2) is None

@@ -17,6 +17,7 @@ def scenarios(draw):
     n_iter = draw(st.integers(1, 5))
     per_iter = draw(st.integers(1, 6))
     shared = draw(st.booleans())
+    steal = draw(st.booleans())
     jobs = []
     rank = 0
     for it in range(n_iter):
@@ -26,15 +27,15 @@ def scenarios(draw):
             rank += 1
     ops = draw(st.lists(st.tuples(st.sampled_from(["finish", "fail", "restart", "train"]),
                                   st.integers(0, 1000)), min_size=1, max_size=200))
-    return R, k, n_iter, per_iter, shared, jobs, ops
+    return R, k, n_iter, per_iter, shared, steal, jobs, ops
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(scenarios())
 def test_nothing_lost_duplicated_or_too_stale(sc):
-    R, k, n_iter, per_iter, shared, jobs, ops = sc
+    R, k, n_iter, per_iter, shared, steal, jobs, ops = sc
     adm = AdmissionController(k, R)
-    d = Dispatcher(jobs, R, adm, shared=shared)
+    d = Dispatcher(jobs, R, adm, shared=shared, steal=steal)
     alive = [True] * R
     running: list[tuple[int, Job, int]] = []  # (instance, job, admission version)
     completed: dict[int, list[tuple[str, int]]] = {}
