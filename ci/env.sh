@@ -2,6 +2,7 @@
 # Create (or reuse) the project's virtual environment and install the project into it.
 #   usage: source ci/env.sh [core|cpu]   (default: cpu = the full CPU runtime stack)
 # Idempotent: a stamp keyed on pyproject.toml and this script skips work already done.
+_asp_env_opts="$(set +o)"  # restored at the end: sourcing must not change the caller's shell options
 set -euo pipefail
 ASP_STACK="${1:-${ASP_STACK:-cpu}}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -19,6 +20,7 @@ stamp="$VENV/.asp-stamp-$ASP_STACK"
 want="$(cat "$ROOT/pyproject.toml" "$ROOT/ci/env.sh" | sha256sum | cut -c1-16)"
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   echo "[env] $VENV is up to date ($ASP_STACK)"
+  eval "$_asp_env_opts"
   return 0 2>/dev/null || exit 0
 fi
 
@@ -38,3 +40,4 @@ else
   pip_install -e "$ROOT[dev]"
 fi
 echo "$want" > "$stamp"
+eval "$_asp_env_opts"

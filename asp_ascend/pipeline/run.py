@@ -158,7 +158,7 @@ def run_train(cfg) -> int:
     from ..engines.trainer import trainer_actor_class
     from ..algos.grpo import LossConfig
 
-    env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"), "TOKENIZERS_PARALLELISM": "false",
+    env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"), "TOKENIZERS_PARALLELISM": "false",
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(cfg.rollout.kv_cache_space_gib)))))}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(runtime_env={"env_vars": env}, log_to_driver=True)
