@@ -130,3 +130,14 @@ def test_mini_batch_must_split_over_trainer_dp():
     raw["rl_config"]["guarantee_order"] = False
     with pytest.raises(ConfigError, match="rl_config.guarantee_order: False"):
         translate(raw)
+
+
+def test_runtime_env_mirrors_mindspeed_main(tmp_path):
+    from asp_ascend.integrations.mindspeed_rl.entry import runtime_env
+
+    (tmp_path / "configs" / "envs").mkdir(parents=True)
+    (tmp_path / "configs" / "envs" / "runtime_env.yaml").write_text("env_vars:\n  HCCL_CONNECT_TIMEOUT: '1800'\n")
+    env = runtime_env({"rl_config": {"hccl_buffersize": 128}, "generate_config": {}}, tmp_path)["env_vars"]
+    assert env["HCCL_CONNECT_TIMEOUT"] == "1800" and env["HCCL_BUFFSIZE"] == "128" and env["IS_MULTIMODAL"] == "False"
+    assert env["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] == "true"
+    assert env["PYTHONPATH"].split(":")[0] == str(tmp_path)

@@ -76,13 +76,19 @@ def ensure_schedule(cfg) -> Path:
 
 
 def runtime_env(msrl: dict, root: Path) -> dict:
-    """MindSpeed-RL's Ray runtime env (``rl_config.runtime_env_path``), as its ``main`` builds it."""
+    """MindSpeed-RL's Ray runtime env (``rl_config.runtime_env_path``, relative to its root) plus the
+    variables its ``main`` adds (VLLM_DP_SIZE, IS_MULTIMODAL, HCCL_BUFFSIZE), and the root on PYTHONPATH."""
     import yaml
 
     rel = (msrl.get("rl_config") or {}).get("runtime_env_path", "configs/envs/runtime_env.yaml")
     p = (root / rel) if not Path(rel).is_absolute() else Path(rel)
     env = yaml.safe_load(p.read_text()) if p.is_file() else {"env_vars": {}}
     env.setdefault("env_vars", {})
+    rl, gen = msrl.get("rl_config") or {}, msrl.get("generate_config") or {}
+    if gen.get("enable_expert_parallel"):
+        env["env_vars"]["VLLM_DP_SIZE"] = str(gen.get("infer_expert_parallel_size", 1))
+    env["env_vars"]["IS_MULTIMODAL"] = str(bool(rl.get("is_multimodal", False)))
+    env["env_vars"]["HCCL_BUFFSIZE"] = str(rl.get("hccl_buffersize", 256))
     env["env_vars"].setdefault("RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES", "true")
     env["env_vars"]["PYTHONPATH"] = os.pathsep.join([str(root), env["env_vars"].get("PYTHONPATH", "")]).rstrip(os.pathsep)
     return env
