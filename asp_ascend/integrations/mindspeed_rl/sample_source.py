@@ -176,12 +176,11 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
         def __init__(self, a, idx):
             self.a, self.idx = a, idx
 
-        def receive_weights(self, manifests, version, host, base_port, rank, world):
+        def receive_weights(self, manifests, version, base_port, rank, world):
             return self.a.collective_rpc.remote("asp_recv_megatron_weights",
-                                                (manifests, version, host, base_port, self.idx, world, tp))
+                                                (manifests, version, base_port, self.idx, world, tp))
 
-    host = ray.util.get_node_ip_address()
-    push = weight_push_fn(actor_group, [_Instance(a, i) for i, a in enumerate(actors)], host,
+    push = weight_push_fn(actor_group, [_Instance(a, i) for i, a in enumerate(actors)],
                           cfg.weight_sync.master_port, cfg.weight_sync.bucket_mb << 20)
 
     def publish(version: int) -> None:

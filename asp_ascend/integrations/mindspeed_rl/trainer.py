@@ -112,17 +112,18 @@ def make_trainer_worker_class():
             sm.exit_forward_mode()
 
         def asp_weight_manifest(self, bucket_bytes: int):
-            """(tp_index, buckets) on senders, None elsewhere; collective over the trainer ranks."""
+            """(tp_index, buckets, node IP) on senders, None elsewhere; collective over the trainer ranks.
+            The sender of TP index j hosts communicator j's store, so instances connect to its IP."""
             from asp_ascend.platforms.transport import _specs, plan_buckets
 
             params = self._asp_params()
             j = self._asp_first_dp_group()
-            out = None if j is None else (j, plan_buckets(_specs(list(params.items())), bucket_bytes))
+            out = None if j is None else (j, plan_buckets(_specs(list(params.items())), bucket_bytes),
+                                          ray.util.get_node_ip_address())
             self._asp_release()
             return out
 
-        def asp_push_weights(self, version: int, host: str, base_port: int, num_instances: int,
-                             bucket_bytes: int):
+        def asp_push_weights(self, version: int, base_port: int, num_instances: int, bucket_bytes: int):
             """Broadcast this rank's inference shard to TP rank j of every instance (senders only)."""
             from asp_ascend.platforms import get_platform
             from asp_ascend.platforms.transport import BroadcastTransport, create_communicator
@@ -133,6 +134,7 @@ def make_trainer_worker_class():
                 if getattr(self, "_asp_comm", None) is None:
                     platform = get_platform("npu")
                     device = int(ray.get_runtime_context().get_accelerator_ids()["NPU"][0])
+                    host = ray.util.get_node_ip_address()
                     self._asp_comm = create_communicator("npu", host, base_port + j, 0, 1 + num_instances, device)
                     self._asp_sync = platform.synchronize
                 tx = BroadcastTransport(self._asp_comm, bucket_bytes, synchronize=self._asp_sync)
@@ -224,11 +226,12 @@ def make_async_grpo_trainer_class():
     return AsyncGRPOTrainer
 
 
-def weight_push_fn(actor_group, instances, host: str, base_port: int, bucket_bytes: int) -> Callable[[int], None]:
+def weight_push_fn(actor_group, instances, base_port: int, bucket_bytes: int) -> Callable[[int], None]:
     """``publish_weights(version)``: instances start receiving, trainer senders broadcast, both finish.
 
-    ``instances[r].receive_weights(manifests, version, host, base_port, rank=1 + r, world)`` returns an
-    ObjectRef; inside, every TP worker j of instance r joins communicator j (port base_port + j).
+    ``instances[r].receive_weights(manifests, version, base_port, rank=1 + r, world)`` returns an
+    ObjectRef; ``manifests[j] = (buckets, sender IP)``. Inside, every TP worker j of instance r
+    joins communicator j (the store of trainer sender j, at its IP, port base_port + j).
     """
     import ray
 
@@ -238,11 +241,12 @@ def weight_push_fn(actor_group, instances, host: str, base_port: int, bucket_byt
         if not manifests:
             for out in actor_group.execute_sync_command("asp_weight_manifest", bucket_bytes):
                 if out is not None:
-                    manifests[out[0]] = out[1]
+                    j, buckets, ip = out
+                    manifests[j] = (buckets, ip)
         world = 1 + len(instances)
-        refs = [inst.receive_weights(dict(manifests), version, host, base_port, 1 + r, world)
+        refs = [inst.receive_weights(dict(manifests), version, base_port, 1 + r, world)
                 for r, inst in enumerate(instances)]
-        actor_group.execute_sync_command("asp_push_weights", version, host, base_port, len(instances), bucket_bytes)
+        actor_group.execute_sync_command("asp_push_weights", version, base_port, len(instances), bucket_bytes)
         ray.get(refs)
 
     return publish

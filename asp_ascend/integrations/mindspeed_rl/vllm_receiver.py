@@ -18,9 +18,10 @@ from typing import Any
 class MindSpeedWeightReceiver:
     """Methods run inside each vLLM worker process (``self.model_runner``, ``self.rank`` available)."""
 
-    def asp_recv_megatron_weights(self, manifests: dict[int, Any], version: int, host: str, base_port: int,
+    def asp_recv_megatron_weights(self, manifests: dict[int, Any], version: int, base_port: int,
                                   instance_index: int, world_size: int, infer_tp: int, infer_ep: int = 1,
                                   local_experts: int = 0) -> int:
+        """Receive version ``version``: ``manifests[j] = (buckets, sender IP)`` per inference-TP rank j."""
         from asp_ascend.platforms import get_platform
         from asp_ascend.platforms.transport import BroadcastTransport, WeightTicket, create_communicator
 
@@ -31,13 +32,14 @@ class MindSpeedWeightReceiver:
             InferParallelConfig, load_megatron_weights, update_megatron_weight_loader)
 
         j = int(getattr(self, "rank", 0)) % infer_tp
+        buckets, host = manifests[j]
         platform = get_platform("npu")
         if getattr(self, "_asp_comm", None) is None:
             device = self.device.index if getattr(self, "device", None) is not None else j
             self._asp_comm = create_communicator("npu", host, base_port + j, 1 + instance_index, world_size, device)
             update_megatron_weight_loader()
         rx = BroadcastTransport(self._asp_comm, synchronize=platform.synchronize)
-        params = dict(rx.recv(WeightTicket(version, manifests[j])))
+        params = dict(rx.recv(WeightTicket(version, buckets)))
         model = self.model_runner.model
         cfg = InferParallelConfig(infer_tp, 1, infer_ep * infer_tp, local_experts)
         load_megatron_weights(params, model, cfg, self.model_runner.model_config.hf_config)
