@@ -75,7 +75,20 @@ def _dispatch(args) -> int | None:
     overrides = list(args.overrides)
     if getattr(args, "calibrate", None):
         overrides.append(f"sim.calibrate={args.calibrate}")
-    cfg = load_config(args.config, overrides)
+    if _is_mindspeed_yaml(args.config):
+        # A MindSpeed-RL YAML with an asp: group: the Ascend path (docs/ascend.md).
+        from pathlib import Path
+
+        if args.command == "train":
+            from .integrations.mindspeed_rl.entry import run as run_mindspeed
+
+            p = Path(args.config)
+            return run_mindspeed(str(p.parent), p.stem, overrides)
+        from .integrations.mindspeed_rl.config_bridge import translate_file
+
+        cfg, _ = translate_file(args.config, [o[4:] if o.startswith("asp.") else o for o in overrides])
+    else:
+        cfg = load_config(args.config, overrides)
     if args.command == "schedule":
         from .scheduler.run import run_schedule
 
@@ -89,6 +102,15 @@ def _dispatch(args) -> int | None:
 
         return run_train(cfg)
     raise AssertionError(args.command)
+
+
+def _is_mindspeed_yaml(path: str) -> bool:
+    """A MindSpeed-RL config has a top-level megatron_training group (ours never does)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return any(line.startswith("megatron_training:") for line in f)
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":

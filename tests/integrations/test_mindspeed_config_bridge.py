@@ -141,3 +141,20 @@ def test_runtime_env_mirrors_mindspeed_main(tmp_path):
     assert env["HCCL_CONNECT_TIMEOUT"] == "1800" and env["HCCL_BUFFSIZE"] == "128" and env["IS_MULTIMODAL"] == "False"
     assert env["RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES"] == "true"
     assert env["PYTHONPATH"].split(":")[0] == str(tmp_path)
+
+
+def test_asp_cli_reads_a_mindspeed_yaml_without_torch(tmp_path):
+    """`asp schedule|simulate` on a MindSpeed-RL YAML translate it (login node: no torch, no hydra)."""
+    import subprocess
+    import sys
+
+    code = ("import sys\n"
+            "from asp_ascend.cli import _is_mindspeed_yaml\n"
+            "from asp_ascend.integrations.mindspeed_rl.config_bridge import translate_file\n"
+            f"p = {str(CONFIGS / 'grpo_qwen25_7b_asp_A3.yaml')!r}\n"
+            "assert _is_mindspeed_yaml(p)\n"
+            "cfg, _ = translate_file(p, ['pipeline.lag_bound=2'])\n"
+            "print(cfg.pipeline.lag_bound, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["2", "False"]
