@@ -1,6 +1,8 @@
 """schedule.parquet -> MindSpeed-RL data_iters: exact order, resume, errors."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -121,3 +123,19 @@ def test_schedule_must_cover_train_iters():
     check_schedule_covers(remaining=6, train_iters=8, done=2)
     with pytest.raises(ConfigError, match="train_iters: 9 iterations, but schedule.parquet has 8"):
         check_schedule_covers(remaining=6, train_iters=9, done=2)
+
+
+def test_mindspeed_yaml_to_schedule_to_batches(tmp_path):
+    """The login-node flow: `asp schedule` on the MindSpeed-RL YAML, then the batches fit() will see."""
+    from asp_ascend.cli import main
+
+    cfg = Path(__file__).resolve().parents[2] / "configs" / "mindspeed_rl" / "grpo_qwen25_7b_asp_A3.yaml"
+    pd.DataFrame({"prompt": [f"q{i}" for i in range(256)], "answer": ["a"] * 256}).to_parquet(tmp_path / "p.parquet")
+    assert main(["schedule", str(cfg), f"output_dir={tmp_path / 'run'}", f"data.path={tmp_path / 'p.parquet'}"]) == 0
+    dataset = [{"input_ids": [i, 7]} for i in range(256)]          # PromptDataset positions = row index
+    batches = ScheduleBatches(tmp_path / "run" / "schedule.parquet", 64, prompt_dataset_fetch(dataset),
+                              collate=lambda items: [it["input_ids"][0] for it in items])
+    seen = [pid for batch in batches for pid in batch]
+    assert len(seen) == 256 and sorted(seen) == list(range(256))    # one epoch, every prompt once
+    df = read_schedule(tmp_path / "run" / "schedule.parquet", 64)    # 64 prompts in every iteration
+    assert df["instance"].between(0, 7).all()                         # asp.rollout.num_instances = 8
