@@ -8,8 +8,9 @@ For each iteration i and instance r, with the groups of (i, r) in dispatch order
   lat_g  = length_g * step_full  (>= solo latency) latency of a group under load, where
            step_full = a + c*S + b*S*mean context of the instance's share
   start_g = 0 for groups of the first wave (<= S sequences), else the work dispatched before
-  a group runs at the loaded step time until the instance's share W_ir = sum w_g is done,
-  then at its solo step time (the instance drains to its long tail)
+  a group runs at the loaded step time while its instance has admissible work (its share
+  W_ir = sum w_g of this window, and the next window's share when that one is already
+  admissible), then at its solo step time (the instance drains to its long tail)
 Pipeline with lag bound k (versions published at V_0 = 0 < V_1 < ...):
   s_ir = max(c_{i-1,r}, V_{max(0,i-k)}),  c_ir = s_ir + W_ir  (capacity free again),
   Gen_i = max over groups of their finish (tails may overlap the next iteration's work)
@@ -135,7 +136,13 @@ def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_len
         g = slice(win_start[j], win_start[j + 1])
         base = s[inst_o[g]]
         start = np.maximum(base + offset[g], V[np.maximum(0, it_o[g] - k)])
-        x = np.clip((base + work_o[g] - start) / loaded[g], 0.0, Lg[g])
+        # the instance stays loaded while it has admissible work: through this window, and
+        # through the next one too when that one is already admissible (not lag-blocked)
+        busy_until = s + W_ir[j]
+        if k > 0 and j + 1 < n_iter:
+            nxt_open = V[j + 1 - k] <= busy_until
+            busy_until = np.where(nxt_open, busy_until + W_ir[j + 1], busy_until)
+        x = np.clip((busy_until[inst_o[g]] - start) / loaded[g], 0.0, Lg[g])
         fin = start + prefill[g] + x * loaded[g] + (Lg[g] - x) * solo_step[g]
         np.maximum.at(gen, it_o[g], fin)
         gen[j] = max(gen[j], C[j].max())

@@ -167,7 +167,8 @@ def test_asp_beats_mix_preserving_baselines_on_heavy_tails(kind, R, empty_yaml, 
         assert res["asp"]["iteration_time_mean"] < 0.95 * res[pol]["iteration_time_mean"], (pol, res)
     assert res["asp"]["padding_bubble"] < res["fifo"]["padding_bubble"]
     assert res["asp"]["lower_bound_ratio"] <= 1.12, res["asp"]
-    assert res["asp"]["lower_bound_ratio"] < min(r["lower_bound_ratio"] for p, r in res.items() if p != "asp")
+    # (the lower bound depends on each iteration's mix, so compare with the mix-preserving ones)
+    assert res["asp"]["lower_bound_ratio"] < min(res[p]["lower_bound_ratio"] for p in ("fifo", "random", "balanced"))
 
 
 def test_estimate_sync_is_serial_and_lag_helps():
