@@ -142,9 +142,8 @@ class SourceTree:
         if name in info.imports:
             mod, orig = info.imports[name]
             path = _module_file(self.root, mod)
-            if path is None:
-                sub = _module_file(self.root, f"{mod}.{orig}")
-                return None if sub is None else None
+            if path is None:   # outside the tree (torch, ray, ...): not followed
+                return None
             target = self.module(path)
             if target.tree is None:
                 return None
