@@ -141,7 +141,7 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
     from ...engines.rollout import RolloutEngine, rollout_actor_class
     from ...platforms import get_platform
     from .rollout_groups import create_instance_placement_groups, instance_actor_options
-    from .trainer import weight_push_fn
+    from .weight_push import weight_push_fn
 
     if "worker_extension_cls" not in inspect.signature(RolloutEngine.__init__).parameters or \
             not hasattr(RolloutEngine, "collective_rpc"):

@@ -11,8 +11,8 @@ connects it to MindSpeed-RL's objects:
   current policy as the behaviour policy, wrong for stale samples).
 - ``AspIntegratedWorker``: MindSpeed-RL's ``IntegratedWorker`` plus two methods that push
   the trainer's weights, in vLLM layout (its own resharding: ``get_infer_params``), to the
-  rollout instances over HCCL; registered in ``launcher.resource_mapping`` (keyed by Ray
-  actor class name, otherwise a renamed worker gets 0 NPUs).
+  rollout instances over HCCL (:mod:`.weight_push`); registered in ``launcher.resource_mapping``
+  (keyed by Ray actor class name, otherwise a renamed worker gets 0 NPUs).
 - ``register_offpolicy_loss``: registers, as ``('ray_grpo', 'actor')``, a GRPO loss that
   refuses to run without recomputed ``old_log_prob`` (the stock loss silently falls back to
   the current log-prob). The off-policy weight itself travels in the advantages
@@ -125,21 +125,16 @@ def make_trainer_worker_class():
 
         def asp_push_weights(self, version: int, base_port: int, num_instances: int, bucket_bytes: int):
             """Broadcast this rank's inference shard to TP rank j of every instance (senders only)."""
-            from asp_ascend.platforms import get_platform
-            from asp_ascend.platforms.transport import BroadcastTransport, create_communicator
+            from .weight_push import PushEndpoint
 
             params = self._asp_params()
             j = self._asp_first_dp_group()
             if j is not None:
-                if getattr(self, "_asp_comm", None) is None:
-                    platform = get_platform("npu")
+                if getattr(self, "_asp_endpoint", None) is None:
                     device = int(ray.get_runtime_context().get_accelerator_ids()["NPU"][0])
-                    host = ray.util.get_node_ip_address()
-                    self._asp_comm = create_communicator("npu", host, base_port + j, 0, 1 + num_instances, device)
-                    self._asp_sync = platform.synchronize
-                tx = BroadcastTransport(self._asp_comm, bucket_bytes, synchronize=self._asp_sync)
-                named = list(params.items())
-                tx.send(tx.prepare(version, named), named)
+                    self._asp_endpoint = PushEndpoint("npu", device)
+                self._asp_endpoint.send(params.items(), version, ray.util.get_node_ip_address(), base_port + j,
+                                        1 + num_instances, bucket_bytes)
             self._asp_release()
             return j
 
@@ -224,29 +219,3 @@ def make_async_grpo_trainer_class():
 
     _CACHE["trainer"] = AsyncGRPOTrainer
     return AsyncGRPOTrainer
-
-
-def weight_push_fn(actor_group, instances, base_port: int, bucket_bytes: int) -> Callable[[int], None]:
-    """``publish_weights(version)``: instances start receiving, trainer senders broadcast, both finish.
-
-    ``instances[r].receive_weights(manifests, version, base_port, rank=1 + r, world)`` returns an
-    ObjectRef; ``manifests[j] = (buckets, sender IP)``. Inside, every TP worker j of instance r
-    joins communicator j (the store of trainer sender j, at its IP, port base_port + j).
-    """
-    import ray
-
-    manifests: dict[int, Any] = {}
-
-    def publish(version: int) -> None:
-        if not manifests:
-            for out in actor_group.execute_sync_command("asp_weight_manifest", bucket_bytes):
-                if out is not None:
-                    j, buckets, ip = out
-                    manifests[j] = (buckets, ip)
-        world = 1 + len(instances)
-        refs = [inst.receive_weights(dict(manifests), version, base_port, 1 + r, world)
-                for r, inst in enumerate(instances)]
-        actor_group.execute_sync_command("asp_push_weights", version, base_port, len(instances), bucket_bytes)
-        ray.get(refs)
-
-    return publish

@@ -22,24 +22,20 @@ class MindSpeedWeightReceiver:
                                   instance_index: int, world_size: int, infer_tp: int, infer_ep: int = 1,
                                   local_experts: int = 0) -> int:
         """Receive version ``version``: ``manifests[j] = (buckets, sender IP)`` per inference-TP rank j."""
-        from asp_ascend.platforms import get_platform
-        from asp_ascend.platforms.transport import BroadcastTransport, WeightTicket, create_communicator
+        from . import import_mindspeed
+        from .weight_push import PushEndpoint
 
-        from . import require_mindspeed
-
-        require_mindspeed("loading pushed weights into a vllm-ascend instance")
-        from mindspeed_rl.models.rollout.vllm_adapter.megatron_weight_loaders import (
-            InferParallelConfig, load_megatron_weights, update_megatron_weight_loader)
+        loaders = import_mindspeed("mindspeed_rl.models.rollout.vllm_adapter.megatron_weight_loaders",
+                                   "loading pushed weights into a vllm-ascend instance")
+        InferParallelConfig, load_megatron_weights = loaders.InferParallelConfig, loaders.load_megatron_weights
 
         j = int(getattr(self, "rank", 0)) % infer_tp
         buckets, host = manifests[j]
-        platform = get_platform("npu")
-        if getattr(self, "_asp_comm", None) is None:
+        if getattr(self, "_asp_endpoint", None) is None:
             device = self.device.index if getattr(self, "device", None) is not None else j
-            self._asp_comm = create_communicator("npu", host, base_port + j, 1 + instance_index, world_size, device)
-            update_megatron_weight_loader()
-        rx = BroadcastTransport(self._asp_comm, synchronize=platform.synchronize)
-        params = dict(rx.recv(WeightTicket(version, buckets)))
+            self._asp_endpoint = PushEndpoint("npu", device)
+            loaders.update_megatron_weight_loader()
+        params = dict(self._asp_endpoint.recv(buckets, version, host, base_port + j, 1 + instance_index, world_size))
         model = self.model_runner.model
         cfg = InferParallelConfig(infer_tp, 1, infer_ep * infer_tp, local_experts)
         load_megatron_weights(params, model, cfg, self.model_runner.model_config.hf_config)

@@ -1,0 +1,73 @@
+"""Trainer -> rollout-instance weight push, per inference-TP rank, over a bucketed broadcast.
+
+Communicator j spans the trainer rank holding inference-TP shard j in the first inference
+data-parallel group (rank 0, it hosts the store at its node IP) and TP rank j of every
+instance (rank 1 + r). :class:`PushEndpoint` is one process's end of it, created on first
+use and reused for every version; the platform decides the library (HCCL on NPU, NCCL on
+CUDA, gloo on CPU), so the same code runs in the CPU test. :func:`weight_push_fn` is the
+orchestration: instances start receiving, the trainer group sends, both finish.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional
+
+
+class PushEndpoint:
+    """This process's end of weight-sync communicator j."""
+
+    def __init__(self, platform_name: str, device_index: int = 0):
+        self.platform_name, self.device_index = platform_name, device_index
+        self._comm: Optional[Any] = None
+
+    def _transport(self, host: str, port: int, rank: int, world: int, bucket_bytes: int):
+        from ...platforms import get_platform
+        from ...platforms.transport import BroadcastTransport, create_communicator
+
+        platform = get_platform(self.platform_name)
+        if self._comm is None:
+            self._comm = create_communicator(self.platform_name, host, port, rank, world, self.device_index)
+        return BroadcastTransport(self._comm, bucket_bytes, synchronize=platform.synchronize)
+
+    def send(self, named: Iterable[tuple[str, Any]], version: int, host: str, port: int, world: int,
+             bucket_bytes: int) -> int:
+        named = list(named)
+        tx = self._transport(host, port, 0, world, bucket_bytes)
+        tx.send(tx.prepare(version, named), named)
+        return len(named)
+
+    def recv(self, buckets, version: int, host: str, port: int, rank: int, world: int) -> list[tuple[str, Any]]:
+        from ...platforms.transport import WeightTicket
+
+        rx = self._transport(host, port, rank, world, 1)
+        return list(rx.recv(WeightTicket(version, buckets)))
+
+
+def weight_push_fn(actor_group, instances, base_port: int, bucket_bytes: int) -> Callable[[int], None]:
+    """``publish_weights(version)`` for the async trainer.
+
+    ``actor_group.execute_sync_command(name, *args)`` runs a method on every trainer rank and
+    returns their results (MindSpeed-RL's ``RayActorGroup``). Trainer ranks implement
+    ``asp_weight_manifest(bucket_bytes) -> (j, buckets, ip) | None`` and
+    ``asp_push_weights(version, base_port, num_instances, bucket_bytes)``; instance ``r`` implements
+    ``receive_weights(manifests, version, base_port, rank=1 + r, world) -> ObjectRef`` with
+    ``manifests[j] = (buckets, sender IP)``. The manifest is asked once (names and shapes never change).
+    """
+    import ray
+
+    manifests: dict[int, Any] = {}
+
+    def publish(version: int) -> None:
+        if not manifests:
+            for out in actor_group.execute_sync_command("asp_weight_manifest", bucket_bytes):
+                if out is not None:
+                    j, buckets, ip = out
+                    manifests[j] = (buckets, ip)
+            if not manifests:
+                raise RuntimeError("no trainer rank reported itself as a weight sender (first inference DP group)")
+        world = 1 + len(instances)
+        refs = [inst.receive_weights(dict(manifests), version, base_port, 1 + r, world)
+                for r, inst in enumerate(instances)]
+        actor_group.execute_sync_command("asp_push_weights", version, base_port, len(instances), bucket_bytes)
+        ray.get(refs)
+
+    return publish

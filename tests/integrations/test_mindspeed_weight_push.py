@@ -1,0 +1,113 @@
+"""The weight push orchestration on CPU: Ray actors, per-TP-rank gloo communicators, two versions.
+
+The same ``PushEndpoint`` and ``weight_push_fn`` the NPU path uses (there over HCCL): trainer ranks
+of the first inference-DP group send shard j, every instance's TP worker j receives it; ranks
+outside that group only take part in the (here: absent) resharding collective.
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+ray = pytest.importorskip("ray")
+
+from asp_ascend.integrations.mindspeed_rl.weight_push import PushEndpoint, weight_push_fn  # noqa: E402
+
+TP, INSTANCES = 2, 2
+
+
+def shard(j: int, version: int) -> list:
+    g = torch.Generator().manual_seed(100 * version + j)
+    return [(f"layers.0.qkv.{j}", torch.randn(24, 8, generator=g)),
+            (f"layers.0.mlp.{j}", torch.randn(40, 8, generator=g).to(torch.bfloat16)),
+            ("embed", torch.full((16, 8), float(version + j)))]
+
+
+@ray.remote(num_cpus=0)
+class TrainerRank:
+    """What AspIntegratedWorker does around get_infer_params(), with the shard made up locally."""
+
+    def __init__(self, tp_index):
+        self.j, self.version = tp_index, 0
+        self.ep = PushEndpoint("cpu")
+
+    def asp_weight_manifest(self, bucket_bytes):
+        from asp_ascend.platforms.transport import _specs, plan_buckets
+
+        if self.j is None:
+            return None
+        return self.j, plan_buckets(_specs(shard(self.j, 0)), bucket_bytes), ray.util.get_node_ip_address()
+
+    def asp_push_weights(self, version, base_port, num_instances, bucket_bytes):
+        if self.j is not None:
+            self.ep.send(shard(self.j, version), version, ray.util.get_node_ip_address(), base_port + self.j,
+                         1 + num_instances, bucket_bytes)
+        return self.j
+
+
+@ray.remote(num_cpus=0)
+class InstanceWorker:
+    """TP worker j of one instance (inside vLLM: a worker extension reached by collective_rpc)."""
+
+    def __init__(self, j):
+        self.j, self.ep, self.weights = j, PushEndpoint("cpu"), {}
+
+    def recv(self, manifests, version, base_port, rank, world):
+        buckets, host = manifests[self.j]
+        self.weights = {k: v.clone() for k, v in self.ep.recv(buckets, version, host, base_port + self.j, rank, world)}
+        return version
+
+    def get(self):
+        return self.weights
+
+
+@ray.remote(num_cpus=0)
+def _all_done(*versions):
+    return list(versions)
+
+
+class Instance:
+    def __init__(self):
+        self.workers = [InstanceWorker.remote(j) for j in range(TP)]
+
+    def receive_weights(self, manifests, version, base_port, rank, world):
+        return _all_done.remote(*[w.recv.remote(manifests, version, base_port, rank, world) for w in self.workers])
+
+
+class Group:
+    """RayActorGroup.execute_sync_command: the method on every rank, results in rank order."""
+
+    def __init__(self, handles):
+        self.handles = handles
+
+    def execute_sync_command(self, name, *args):
+        return ray.get([getattr(h, name).remote(*args) for h in self.handles])
+
+
+def _free_port_block(n: int) -> int:
+    import socket
+
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n < 65000:
+            return base
+
+
+def test_two_versions_reach_every_instance_tp_rank():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        trainer = Group([TrainerRank.remote(0), TrainerRank.remote(1), TrainerRank.remote(None)])
+        instances = [Instance() for _ in range(INSTANCES)]
+        publish = weight_push_fn(trainer, instances, base_port=_free_port_block(TP), bucket_bytes=512)
+        for version in (1, 2):
+            publish(version)
+            for inst in instances:
+                for j, w in enumerate(inst.workers):
+                    got = ray.get(w.get.remote())
+                    want = dict(shard(j, version))
+                    assert list(got) == list(want)
+                    assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
+    finally:
+        ray.shutdown()
