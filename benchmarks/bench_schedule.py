@@ -45,6 +45,7 @@ def naive_plan(pred, plen, B, m, R, G, S, cost, seed=0):
     order = sorted(range(n), key=lambda i: (-pred[i], rng.random()))
     n_iter = -(-n // B)
     work = [G * float(cost.work(plen[i], pred[i], S)) for i in range(n)]
+    place_load = [max(work[i], 0.5 * float(cost.group_latency(plen[i], pred[i], G))) for i in range(n)]
     iteration = [0] * n
     heap = [(0.0, j) for j in range(n_iter)]
     counts = [0] * n_iter
@@ -70,10 +71,10 @@ def naive_plan(pred, plen, B, m, R, G, S, cost, seed=0):
             mini_batch[i] = (len(members) - 1 - pos) // m
         inst_heap = list(cum)
         heapq.heapify(inst_heap)
-        for i in sorted(members, key=lambda i: -work[i]):
+        for i in sorted(members, key=lambda i: -place_load[i]):
             load, r = heapq.heappop(inst_heap)
             instance[i] = r
-            heapq.heappush(inst_heap, (load + work[i], r))
+            heapq.heappush(inst_heap, (load + place_load[i], r))
         cum = sorted(inst_heap)
     dispatch = sorted(range(n), key=lambda i: (iteration[i], -pred[i]))
     rank = [0] * n

@@ -17,8 +17,9 @@ ASP, jointly:
    length are cut into mini-batches of ``m`` (padding bubble); mini-batch 0 is the
    shortest, i.e. the first expected to complete.
 3. **Balanced instances, long tail spread and started early.** Within each iteration,
-   groups are placed longest-first on the least-loaded instance, one round of R groups at a
-   time (LPT); then each iteration's buckets are mapped to instances so that the heaviest
+   groups are placed longest-first on the least-loaded instance (LPT), a group's load being
+   its work or, for a long-tail group, half its solo latency (so a host of a long tail gets
+   less other work and decodes it at a lighter load); then each iteration's buckets are mapped to instances so that the heaviest
    bucket lands on the instance with the least cumulative work, keeping every window of
    the run balanced (skewness bubble). Each instance admits its share of an iteration
    longest first (``dispatch_rank``), iterations in order; a group whose solo latency
@@ -124,14 +125,7 @@ def _place(iteration: np.ndarray, pick_rank: np.ndarray, work: np.ndarray, R: in
         bucket[:, q * R:(q + 1) * R] = inst
         loads[rows, inst] += items  # inst is a permutation of each row: no repeats
     if carry:
-        cum = np.zeros(R)
-        mapping = np.empty((n_iter, R), dtype=np.int64)
-        for i in range(n_iter):
-            heavy_first = np.argsort(-loads[i], kind="stable")
-            light_first = np.argsort(cum, kind="stable")
-            mapping[i, heavy_first] = light_first
-            cum[light_first] += loads[i, heavy_first]
-        bucket = np.take_along_axis(mapping, bucket, axis=1)
+        bucket = _carry(bucket, loads, R, n_iter)
     inst = np.empty(n, dtype=np.int64)
     inst[idx] = bucket[iteration[idx], pos]
     return inst
@@ -142,6 +136,57 @@ def _as_str_ids(ids) -> np.ndarray:
     if a.dtype.kind == "U" or (a.dtype == object and (a.size == 0 or isinstance(a[0], str))):
         return a
     return a.astype(str)
+
+
+def _lpt(iteration: np.ndarray, pick_rank: np.ndarray, load: np.ndarray, R: int, n_iter: int,
+         carry: bool) -> np.ndarray:
+    """Greedy LPT per iteration: prompts in ``pick_rank`` order (descending load), each to
+    the instance with the least load so far in its iteration (counts may differ), all
+    iterations at once; with ``carry``, buckets are then mapped by cumulative load."""
+    n = iteration.shape[0]
+    if R == 1:
+        return np.zeros(n, dtype=np.int64)
+    idx = np.argsort(iteration * n + pick_rank)
+    counts = np.bincount(iteration, minlength=n_iter)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    pos = np.arange(n) - np.repeat(starts, counts)
+    width = int(counts.max())
+    Wm = np.zeros((n_iter, width))
+    Wm[iteration[idx], pos] = load[idx]
+    loads = np.zeros((n_iter, R))
+    bucket = np.zeros((n_iter, width), dtype=np.int64)
+    rows = np.arange(n_iter)
+    for t in range(width):
+        r = np.argmin(loads, axis=1)
+        bucket[:, t] = r
+        loads[rows, r] += Wm[:, t]
+    if carry:
+        bucket = _carry(bucket, loads, R, n_iter)
+    inst = np.empty(n, dtype=np.int64)
+    inst[idx] = bucket[iteration[idx], pos]
+    return inst
+
+
+def _carry(bucket: np.ndarray, loads: np.ndarray, R: int, n_iter: int) -> np.ndarray:
+    """Map each iteration's buckets onto instances: heaviest bucket to the instance with the
+    least cumulative load (every window of the run stays balanced)."""
+    cum = np.zeros(R)
+    mapping = np.empty((n_iter, R), dtype=np.int64)
+    for i in range(n_iter):
+        heavy_first = np.argsort(-loads[i], kind="stable")
+        light_first = np.argsort(cum, kind="stable")
+        mapping[i, heavy_first] = light_first
+        cum[light_first] += loads[i, heavy_first]
+    return np.take_along_axis(mapping, bucket, axis=1)
+
+
+TAIL_WEIGHT = 0.5
+
+
+def tail_aware_load(work: np.ndarray, solo_latency: np.ndarray) -> np.ndarray:
+    """The load a group puts on its instance for placement: its work at full concurrency,
+    or ``TAIL_WEIGHT`` x its solo latency when that is larger (a long-tail group)."""
+    return np.maximum(work, TAIL_WEIGHT * solo_latency)
 
 
 def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "asp", group_size: int = 8,
@@ -165,7 +210,7 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
     sizes = iteration_sizes(n, B)
     n_iter = sizes.size
 
-    if policy in ("asp", "balanced"):
+    if policy == "balanced":
         work_rank = _rank_of(_desc_order(work, rng))
     if policy == "asp":
         by_len = _desc_order(pred, rng)
@@ -180,7 +225,11 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
         rank_desc[desc] = np.arange(n) - np.repeat(starts, np.bincount(iteration, minlength=n_iter))
         n_mb = -(-np.bincount(iteration, minlength=n_iter) // m)
         mini_batch = n_mb[iteration] - 1 - rank_desc // m
-        instance = _place(iteration, work_rank, work, R, n_iter, carry=True)
+        # a group holds its instance for at least part of its own latency: balancing on
+        # max(work, latency / 2) gives the hosts of long-tail groups less other work, so
+        # those groups decode at a lighter load and finish sooner
+        eff = tail_aware_load(work, cost.group_latency(plen, pred, G))
+        instance = _lpt(iteration, _rank_of(_desc_order(eff, rng)), eff, R, n_iter, carry=True)
         # dispatch: a group whose generation spans several iterations' worth of an
         # instance's work is pulled forward by up to k windows (it still waits for its
         # own admission version): long tails start as early as the lag bound allows.
