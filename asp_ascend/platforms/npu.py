@@ -45,6 +45,8 @@ class NpuPlatform:
             return str(exc)
         except Exception as exc:  # torch_npu raises RuntimeError/OSError when CANN is absent
             return f"torch_npu failed to import: {type(exc).__name__}: {exc} (is the CANN toolkit sourced?)"
+        if not hasattr(torch, "npu"):
+            return "torch_npu imported but registered no torch.npu (a broken or mismatched torch_npu install)"
         if not torch.npu.is_available():
             return "torch_npu is installed but sees no NPU (driver missing or ASCEND_RT_VISIBLE_DEVICES empty?)"
         return None

@@ -40,6 +40,12 @@ def msrl():
                           "worker_process_setup_hook": "_msrl_cpu_hook.install"})
     yield td_mod, cu, metric_cls
     ray.shutdown()
+    # the stand-ins must not leak into later tests (torch_npu would look installed)
+    for name in [m for m in sys.modules if m == "torch_npu" or m.split(".")[0] == "mindspeed_rl"]:
+        del sys.modules[name]
+    from asp_ascend.integrations.mindspeed_rl import trainer
+
+    trainer._CACHE.clear()   # the loss class registered here belongs to the stand-in load
 
 
 class _MainDock:
