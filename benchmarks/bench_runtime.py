@@ -107,7 +107,7 @@ def main() -> None:
     p.add_argument("--out", default="runs/bench_runtime")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("overrides", nargs="*")
-    a = p.parse_args()
+    a = p.parse_intermixed_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     if a.what == "throughput":

@@ -67,14 +67,19 @@ class Orchestrator:
                  lag_bound: int, sync_mode: bool, queue_capacity: int, max_num_seqs: int,
                  timeline_path: Path, logger: RunLogger, t0: float, eval_prompts: Prompts | None = None,
                  eval_every: int = 0, checkpoint_every: int = 0, checkpoint_dir: Path | None = None,
-                 mode_name: str = "async", poll_s: float = 0.05):
+                 mode_name: str = "async", poll_s: float = 0.05, total_iterations: int | None = None,
+                 replan: Callable | None = None, epochs: int = 1):
         self.instances = instances
         self.trainer = trainer
         self.dispatcher = dispatcher
         self.adm = dispatcher.adm
         self.iters = iterations
-        self.n_iters = len(iterations)
+        self.n_iters = total_iterations or len(iterations)
         self.first_iter = min(iterations) if iterations else 0
+        # adaptive: epoch e + 1 is planned from the lengths observed so far once epoch e is dispatched
+        self.replan = replan
+        self.epochs = epochs
+        self.next_epoch = 1
         self.prompts = prompts
         self.reward_fn = reward_fn
         self.decode = decode
@@ -192,7 +197,21 @@ class Orchestrator:
         g["iteration"], g["epoch"], g["prompt_id"] = job.iteration, epoch, pid
         self.queue.put((epoch, pid), g, self.now())
 
+    def _plan_next_epoch(self) -> None:
+        end = self.first_iter + self.n_iters
+        offset = max(self.iters) + 1
+        if self.replan is None or self.next_epoch >= self.epochs or self.dispatcher.pending() or offset >= end:
+            return
+        jobs = [j for j in self.replan(self.next_epoch, list(self.history), offset) if j.iteration < end]
+        for j in jobs:
+            it = self.iters.setdefault(j.iteration, _Iter(mini_batches={}))
+            it.mini_batches.setdefault(j.mini_batch, []).append((j.epoch, j.prompt_id))
+        self.dispatcher.add(jobs)
+        self.log.say(f"epoch {self.next_epoch} re-planned from {len(self.history)} observed lengths")
+        self.next_epoch += 1
+
     def _dispatch(self) -> None:
+        self._plan_next_epoch()
         progress = True
         while progress:
             progress = False
@@ -216,7 +235,9 @@ class Orchestrator:
     def _start_train_step(self) -> None:
         if self.train_call is not None or self.iteration >= self.first_iter + self.n_iters:
             return
-        it = self.iters[self.iteration]
+        it = self.iters.get(self.iteration)
+        if it is None:  # adaptive: the next epoch is not planned yet
+            return
         todo = [m for m in sorted(it.mini_batches) if m not in it.done]
         if self.sync_mode and not all(k in self.queue for m in todo for k in it.mini_batches[m]):
             return  # sync baseline: generate the whole iteration, then train

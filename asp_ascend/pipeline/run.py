@@ -8,6 +8,7 @@ checkpoints/.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import time
@@ -125,9 +126,13 @@ def run_train(cfg) -> int:
 
     from ..scheduler.run import build_schedule
 
-    sched, report = build_schedule(cfg, train, None, compare=False)
+    adaptive = cfg.scheduler.adaptive and cfg.train.epochs > 1
+    plan_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=1)) if adaptive else cfg
+    sched, report = build_schedule(plan_cfg, train, None, compare=False)
+    total_iters = int(sched["iteration"].nunique()) * (cfg.train.epochs if adaptive else 1)
     if cfg.train.max_iterations:
-        sched = sched[sched["iteration"] < sched["iteration"].min() + cfg.train.max_iterations].reset_index(drop=True)
+        total_iters = min(total_iters, cfg.train.max_iterations)
+        sched = sched[sched["iteration"] < sched["iteration"].min() + total_iters].reset_index(drop=True)
     write_parquet_atomic(out / "schedule.parquet", sched, {"policy": cfg.scheduler.policy})
     write_json_atomic(out / "schedule_report.json", report)
     save_resolved(cfg, out)
@@ -143,7 +148,9 @@ def run_train(cfg) -> int:
         it = iters.setdefault(j.iteration, _Iter(mini_batches={}))
         it.mini_batches.setdefault(j.mini_batch, []).append((j.epoch, j.prompt_id))
     R = cfg.rollout.num_instances
-    dispatcher = Dispatcher(jobs, R, AdmissionController(k, R), shared=bool(report.get("shared_queue", False)))
+    dispatcher = Dispatcher(jobs, R, AdmissionController(k, R), shared=bool(report.get("shared_queue", False)),
+                            steal=cfg.scheduler.steal)
+    replan = _replanner(cfg, train, k, out, sched) if adaptive else None
 
     max_prompt = int(train.prompt_lengths.max())
     ev_ids = None
@@ -200,7 +207,7 @@ def run_train(cfg) -> int:
         ticket = trainer.publish.remote(0)
         ray.get([i.update_weights.remote(ticket) for i in instances])
 
-        logger.total = len(iters)
+        logger.total = total_iters
         if t.warmup_sft_steps > 0:
             logger.log_side("warm_start.jsonl", row)
         logger.say(f"instances ready; training {len(iters)} iteration(s) of {t.global_batch_size} prompts x "
@@ -217,9 +224,9 @@ def run_train(cfg) -> int:
             timeline_path=out / "timeline.jsonl", logger=logger, t0=t_start,
             eval_prompts=Prompts(ev_ids, dict(zip(ev.ids, ev.answers))) if ev_ids else None,
             eval_every=t.eval_every, checkpoint_every=t.checkpoint_every, checkpoint_dir=out / "checkpoints",
-            mode_name=cfg.pipeline.mode)
+            mode_name=cfg.pipeline.mode, total_iterations=total_iters, replan=replan, epochs=cfg.train.epochs)
         orch.run()
-        final = len(iters) + min(iters)
+        final = total_iters + min(iters)
         if not (t.checkpoint_every and final % t.checkpoint_every == 0):
             orch.save_checkpoint(final)
         summary = write_summary(cfg, orch, out, k)
@@ -237,6 +244,36 @@ def run_train(cfg) -> int:
     finally:
         ray.shutdown()
     return 0
+
+
+def _replanner(cfg, train, k: int, out: Path, first):
+    """``scheduler.adaptive``: plan epoch e from the response lengths observed so far."""
+    import pandas as pd
+
+    from ..io import write_parquet_atomic
+    from ..scheduler.admission import Job
+    from ..scheduler.cost import CostModel
+    from ..scheduler.planner import plan
+    from ..scheduler.run import inputs_from_config
+
+    frames = [first]
+    t, r = cfg.train, cfg.rollout
+
+    def replan(epoch: int, history: list[dict], offset: int) -> list[Job]:
+        inp = inputs_from_config(cfg, train, pd.DataFrame(history) if history else None)
+        df = plan(inp.prompt_ids, inp.predicted, inp.prompt_lengths, policy=cfg.scheduler.policy,
+                  group_size=t.group_size, global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
+                  num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=k,
+                  cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0)), epoch=epoch,
+                  iteration_offset=offset, seed=cfg.seed)
+        frames.append(df)
+        write_parquet_atomic(out / "schedule.parquet", pd.concat(frames, ignore_index=True),
+                             {"policy": cfg.scheduler.policy, "adaptive": "true"})
+        return [Job(int(x.iteration), int(x.dispatch_rank), str(x.prompt_id), epoch=int(x.epoch),
+                    instance=int(x.instance), mini_batch=int(x.mini_batch), predicted_length=float(x.predicted_length))
+                for x in df.itertuples(index=False)]
+
+    return replan
 
 
 def write_summary(cfg, orch, out: Path, k: int) -> dict:

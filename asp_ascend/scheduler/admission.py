@@ -172,6 +172,18 @@ class Dispatcher:
             self.queues[q].push(job)
             self.total += 1
 
+    def add(self, jobs: Iterable[Job]) -> int:
+        """Queue more jobs (the next epoch, re-planned from observed lengths); returns how many."""
+        n = 0
+        for job in jobs:
+            q = 0 if self.shared else job.instance
+            if not 0 <= q < len(self.queues):
+                raise ValueError(f"job {job.prompt_id}: instance {job.instance} out of range 0..{len(self.queues) - 1}")
+            self.queues[q].push(job)
+            self.total += 1
+            n += 1
+        return n
+
     # decisions -----------------------------------------------------------------
     def _queue(self, instance: int) -> _RankQueue:
         return self.queues[0 if self.shared else instance]

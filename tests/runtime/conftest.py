@@ -22,11 +22,13 @@ def _run(out: Path, overrides: list[str]):
 
 @pytest.fixture(scope="session")
 def async_run(tmp_path_factory):
-    """Async, k = 1, ASP schedule, two instances, 2 epochs = 8 iterations, 2 optimizer steps each."""
+    """Async, k = 1, ASP schedule, two instances, 2 epochs = 8 iterations, 2 optimizer steps each;
+    epoch 1 re-planned from the lengths observed in epoch 0 (scheduler.adaptive)."""
     if stack_missing():
         pytest.skip(stack_missing())
     return _run(tmp_path_factory.mktemp("async_run"),
                 ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp", "train.epochs=2",
+                 "scheduler.adaptive=true",
                  "rollout.num_instances=2", "rollout.num_cpus=0.5", "train.num_cpus=1", "train.checkpoint_every=4"])
 
 

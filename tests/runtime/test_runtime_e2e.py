@@ -123,3 +123,15 @@ def test_sync_mode_has_lag_zero_and_generates_before_training(sync_run):
         if i > 0:
             assert g["t_admit"].min() >= syncs.loc[i, "t_end"]
     assert json.loads((out / "summary.json").read_text())["sync_fifo"]["policy_lag_max"] == 0
+
+
+def test_adaptive_replans_next_epoch_from_observed_lengths(async_run):
+    out, cfg = async_run
+    sched = pd.read_parquet(out / "schedule.parquet")
+    assert sorted(sched["epoch"].unique()) == [0, 1]
+    observed = pd.read_parquet(out / "lengths.parquet")
+    mean0 = observed[observed["epoch"] == 0].groupby("prompt_id")["response_length"].mean()
+    ep1 = sched[sched["epoch"] == 1].set_index("prompt_id")["predicted_length"]
+    # prompts whose groups had finished when epoch 1 was planned are predicted by their observed mean
+    match = (ep1 - mean0.reindex(ep1.index)).abs() < 1e-6
+    assert match.mean() >= 0.5

@@ -120,3 +120,18 @@ def test_negative_lag_bound_and_missing_model_rejected(empty_yaml, tmp_path):
         load_config(empty_yaml, ["pipeline.lag_bound=-1"])
     with pytest.raises(ConfigError, match="model.path"):
         load_config(empty_yaml, [f"model.path={tmp_path / 'nope'}"])
+
+
+def test_dispatcher_add_queues_a_replanned_epoch_under_the_same_rule():
+    from asp_ascend.scheduler.admission import AdmissionController, Dispatcher, Job
+
+    d = Dispatcher([Job(0, 0, "a", epoch=0)], 1, AdmissionController(1, 1))
+    assert d.next_for(0)[0].prompt_id == "a" and d.pending() == 0
+    assert d.add([Job(1, 0, "a", epoch=1), Job(2, 1, "b", epoch=1)]) == 2
+    assert d.next_for(0)[0].iteration == 1      # v0 + k=1 admits iteration 1 ...
+    assert d.next_for(0) is None                 # ... but not iteration 2
+    d.adm.on_publish(1); d.adm.on_instance_synced(0, 1)
+    assert d.next_for(0)[0].prompt_id == "b"
+    for pid, e in (("a", 0), ("a", 1), ("b", 1)):
+        d.on_finish(pid, e)
+    assert d.done
