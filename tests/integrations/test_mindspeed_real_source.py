@@ -43,6 +43,8 @@ def msrl():
     # the stand-ins must not leak into later tests (torch_npu would look installed)
     for name in [m for m in sys.modules if m == "torch_npu" or m.split(".")[0] == "mindspeed_rl"]:
         del sys.modules[name]
+    while SRC in sys.path:
+        sys.path.remove(SRC)
     from asp_ascend.integrations.mindspeed_rl import trainer
 
     trainer._CACHE.clear()   # the loss class registered here belongs to the stand-in load
