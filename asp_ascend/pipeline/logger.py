@@ -63,7 +63,8 @@ class RunLogger:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and k != "iteration":
                 self.tb.add_scalar(k, v, step)
         self.wandb.log({k: v for k, v in row.items() if isinstance(v, (int, float))}, step=step)
-        if self.progress:
+        every = max(1, self.total // 32)  # about 32 progress lines per run, plus evaluations
+        if self.progress and (step % every == every - 1 or step + 1 == self.total or "eval_reward_mean" in row):
             ev = f" | eval {row['eval_reward_mean']:.3f}" if "eval_reward_mean" in row else ""
             self.say(f"iteration {step + 1}/{self.total} v{row['policy_version']} | reward {row['reward_mean']:.3f}"
                      f" | resp len {row['response_length_mean']:.1f} | lag max {row['policy_lag_max']}"
