@@ -25,6 +25,12 @@ def test_launcher_rules(script):
     assert "set -euo pipefail" in text
     for bad in ("pkill", "killall", "ray stop --force", "rm -rf"):
         assert bad not in text, f"{script.name}: destructive clean-up ({bad})"
+    delegate = re.search(r'exec bash .*/([\w.]+\.sh)"', text)
+    if delegate:  # a thin wrapper: another launcher with another config
+        assert (script.parent / delegate.group(1)).is_file()
+        config = re.search(r'CONFIG_NAME="\$\{CONFIG_NAME:-([^}]+)\}"', text).group(1)
+        assert (ROOT / "configs/mindspeed_rl" / f"{config}.yaml").is_file()
+        return
     # settings are overridable from the environment: VAR="${VAR:-default}" (or :? for required ones)
     settings = [(n, v) for n, v in re.findall(r'^([A-Z][A-Z0-9_]+)="([^"]*)"', text, re.M) if not v.startswith("$(")]
     assert len(settings) >= 5
