@@ -111,6 +111,7 @@ class Orchestrator:
         self.pending_rows: dict[int, dict] = {}   # iteration -> metrics row awaiting its sync
         self.last_sync_end = 0.0
         self.eval_pending: dict[int, dict] = {}
+        self.eval_where: dict[tuple[int, str], int] = {}  # (version, prompt) -> instance, until it returns
         self.eval_done: list[dict] = []
         self.history: list[dict] = []             # observed lengths (the run's length history)
 
@@ -359,17 +360,22 @@ class Orchestrator:
         ep = self.eval_prompts
         if ep is None or not ep.token_ids or version in self.eval_pending:
             return
-        live = [r for r in range(len(self.instances)) if self.alive[r]]
         self.eval_pending[version] = {"n": len(ep.token_ids), "rewards": []}
-        for j, (pid, ids) in enumerate(ep.token_ids.items()):
-            r = live[j % len(live)]
-            self.submit_refs.append(self.instances[r].submit.remote(
-                f"eval-v{version}:{pid}", ids, 1, self.sp.max_tokens, 0.0, 1.0, 0, self.sp.stop_token_ids,
-                {"eval": True, "version": version, "prompt_id": pid}))
+        for j, pid in enumerate(ep.token_ids):
+            self._submit_eval(version, pid, j)
+
+    def _submit_eval(self, version: int, pid: str, j: int) -> None:
+        live = [r for r in range(len(self.instances)) if self.alive[r]]
+        r = live[j % len(live)]
+        self.eval_where[(version, pid)] = r
+        self.submit_refs.append(self.instances[r].submit.remote(
+            f"eval-v{version}:{pid}", self.eval_prompts.token_ids[pid], 1, self.sp.max_tokens, 0.0, 1.0, 0,
+            self.sp.stop_token_ids, {"eval": True, "version": version, "prompt_id": pid}))
 
     def _on_eval(self, g: dict) -> None:
         meta = g["meta"]
         v = meta["version"]
+        self.eval_where.pop((v, meta["prompt_id"]), None)
         ans = self.eval_prompts.answers.get(meta["prompt_id"])
         rew = float(self.reward_fn(self.decode(g["samples"][0]["token_ids"]), ans))
         e = self.eval_pending[v]
@@ -392,6 +398,9 @@ class Orchestrator:
         self.inflight[r] = 0
         self.poll_refs.pop(r, None)
         self._event("instance", t=self.now(), instance=r, state="down")
+        lost = [key for key, where in self.eval_where.items() if where == r]
+        for j, (v, pid) in enumerate(lost):
+            self._submit_eval(v, pid, j)
         self.log.say(f"rollout instance {r} failed ({type(exc).__name__}); {len(moved)} prompt(s) re-dispatched")
 
     def save_checkpoint(self, version: int) -> None:

@@ -179,7 +179,8 @@ def run_train(cfg) -> int:
                                f"the Ray cluster has {have:g}"])
         logger.say(f"starting {R} vLLM instance(s) and the trainer (engine start takes ~20-40 s)")
         Rollout, Trainer = rollout_actor_class(), trainer_actor_class()
-        instances = [Rollout.options(num_cpus=inst_cpus[r], name=None).remote(
+        # named per run, so tools (and the fault-injection test) can find an instance
+        instances = [Rollout.options(num_cpus=inst_cpus[r], name=f"asp-rollout-{os.getpid()}-{r}").remote(
             str(model_dir), max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len,
             seed=cfg.seed + r, kv_cache_gib=cfg.rollout.kv_cache_space_gib, dtype=cfg.model.dtype,
             cpu_cores=inst_cores[r], instance=r) for r in range(R)]
