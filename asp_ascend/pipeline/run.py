@@ -97,6 +97,9 @@ def run_train(cfg) -> int:
     from ..io import write_json_atomic, write_parquet_atomic
 
     check_backends()
+    if cfg.resume:
+        raise ConfigError(["resume: asp train cannot resume a run yet; start a new run (another output_dir) "
+                           "or load a checkpoint with model.path=<run>/checkpoints/<iter_N>"])
     k = 0 if cfg.pipeline.mode == "sync" else cfg.pipeline.lag_bound
     if k < 0:
         raise ConfigError([f"pipeline.lag_bound: {k} must be >= 0"])
@@ -178,15 +181,20 @@ def run_train(cfg) -> int:
             raise ConfigError([f"rollout.num_instances: {R} instance(s) + trainer need {sum(inst_cpus) + tr_cpus:g} CPUs; "
                                f"the Ray cluster has {have:g}"])
         logger.say(f"starting {R} vLLM instance(s) and the trainer (engine start takes ~20-40 s)")
+        from ..platforms import get_platform
+
+        plat = get_platform(cfg.platform)  # device resources per actor: {} on CPU, GPUs or NPUs otherwise
+        inst_opts = plat.ray_actor_options(cfg.rollout.devices_per_instance) if plat.ray_resource else {}
+        tr_opts = plat.ray_actor_options(1) if plat.ray_resource else {}
         Rollout, Trainer = rollout_actor_class(), trainer_actor_class()
         # named per run, so tools (and the fault-injection test) can find an instance
-        instances = [Rollout.options(num_cpus=inst_cpus[r], name=f"asp-rollout-{os.getpid()}-{r}").remote(
+        instances = [Rollout.options(num_cpus=inst_cpus[r], name=f"asp-rollout-{os.getpid()}-{r}", **inst_opts).remote(
             str(model_dir), max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len,
             seed=cfg.seed + r, kv_cache_gib=cfg.rollout.kv_cache_space_gib, dtype=cfg.model.dtype,
             cpu_cores=inst_cores[r], instance=r) for r in range(R)]
         t = cfg.train
         loss = LossConfig(clip_eps=t.clip_eps, off_policy=t.off_policy, cap=t.tis_cap, kl_coef=t.kl_coef)
-        trainer = Trainer.options(num_cpus=tr_cpus).remote(
+        trainer = Trainer.options(num_cpus=tr_cpus, **tr_opts).remote(
             str(model_dir), lr=t.lr, weight_decay=t.weight_decay, loss=loss, micro_batch_size=t.micro_batch_size,
             temperature=cfg.rollout.temperature, seed=cfg.seed, dtype=cfg.model.dtype, cpu_cores=tr_cores,
             platform=cfg.platform)

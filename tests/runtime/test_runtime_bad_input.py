@@ -44,3 +44,8 @@ def test_more_instances_than_the_machine_has(tmp_path):
 def test_unknown_reward_function(tmp_path):
     with pytest.raises(ConfigError, match="train.reward"):
         _train(tmp_path, ["train.reward=no_such_module_xyz:score"])
+
+
+def test_resume_is_refused_rather_than_ignored(tmp_path):
+    with pytest.raises(ConfigError, match="resume"):
+        _train(tmp_path, ["resume=true"])
