@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -67,7 +66,7 @@ class Orchestrator:
                  lag_bound: int, sync_mode: bool, queue_capacity: int, max_num_seqs: int,
                  timeline_path: Path, logger: RunLogger, t0: float, eval_prompts: Prompts | None = None,
                  eval_every: int = 0, checkpoint_every: int = 0, checkpoint_dir: Path | None = None,
-                 mode_name: str = "async", poll_s: float = 0.05, total_iterations: int | None = None,
+                 poll_s: float = 0.05, total_iterations: int | None = None,
                  replan: Callable | None = None, epochs: int = 1):
         self.instances = instances
         self.trainer = trainer
@@ -94,7 +93,6 @@ class Orchestrator:
         self.eval_every = eval_every
         self.checkpoint_every = checkpoint_every
         self.checkpoint_dir = checkpoint_dir
-        self.mode_name = mode_name
         self.poll_s = poll_s
 
         self.timeline = Timeline()

@@ -91,11 +91,11 @@ def prepare_model(cfg, train, ev, out: Path) -> Path:
 
 
 def run_train(cfg) -> int:
-    from ..config import save_resolved
+    """Check inputs, plan, start actors, warm start, train, write the summary. Returns 0."""
     from ..data.datasets import prompts_from_config
     from ..data.rewards import get_reward_fn
-    from ..io import write_json_atomic, write_parquet_atomic
 
+    # -- everything that can fail on bad input, before Ray starts -----------------------
     check_backends()
     if cfg.resume:
         raise ConfigError(["resume: asp train cannot resume a run yet; start a new run (another output_dir) "
@@ -104,9 +104,11 @@ def run_train(cfg) -> int:
     if k < 0:
         raise ConfigError([f"pipeline.lag_bound: {k} must be >= 0"])
     train, ev = prompts_from_config(cfg)
-    builtin = train.source.startswith("builtin:")
-    reward_fn = get_reward_fn(cfg.train.reward, builtin)
-    inst_cores, tr_cores, inst_cpus, tr_cpus = check_resources(cfg)
+    reward_fn = get_reward_fn(cfg.train.reward, train.source.startswith("builtin:"))
+    cores = check_resources(cfg)
+    if cfg.train.warmup_sft_steps > 0 and not any(train.answers):
+        raise ConfigError(["train.warmup_sft_steps: the dataset has no reference answers "
+                           f"(data.answer_key={cfg.data.answer_key!r}); set it to 0 or add answers"])
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     for name in RUN_FILES:
@@ -116,143 +118,178 @@ def run_train(cfg) -> int:
 
     logger = RunLogger(out, tensorboard=cfg.logging.tensorboard, wandb_project=cfg.logging.wandb_project,
                        progress=cfg.logging.progress, total_iterations=0)
+    logger.t0 = t_start
     logger.say(f"preparing: {len(train)} prompts ({train.source}), mode {cfg.pipeline.mode}, "
                f"policy {cfg.scheduler.policy}, k={k}, {cfg.rollout.num_instances} rollout instance(s)")
 
+    # -- model, tokens, schedule ---------------------------------------------------------
     model_dir = prepare_model(cfg, train, ev, out)
     from ..engines.tiny_model import load_tokenizer
 
     tok = load_tokenizer(model_dir)
-    eos = tok.eos_token_id
     tok_ids = {pid: tok(p, add_special_tokens=False).input_ids for pid, p in zip(train.ids, train.prompts)}
     train.prompt_lengths = np.asarray([len(tok_ids[p]) for p in train.ids], dtype=np.int64)
-
-    from ..scheduler.run import build_schedule
-
-    adaptive = cfg.scheduler.adaptive and cfg.train.epochs > 1
-    plan_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=1)) if adaptive else cfg
-    sched, report = build_schedule(plan_cfg, train, None, compare=False)
-    total_iters = int(sched["iteration"].nunique()) * (cfg.train.epochs if adaptive else 1)
-    if cfg.train.max_iterations:
-        total_iters = min(total_iters, cfg.train.max_iterations)
-        sched = sched[sched["iteration"] < sched["iteration"].min() + total_iters].reset_index(drop=True)
-    write_parquet_atomic(out / "schedule.parquet", sched, {"policy": cfg.scheduler.policy})
-    write_json_atomic(out / "schedule_report.json", report)
-    save_resolved(cfg, out)
-
-    from ..scheduler.admission import AdmissionController, Dispatcher, Job
-    from .orchestrator import Orchestrator, Prompts, Sampling, _Iter
-
-    jobs = [Job(int(r.iteration), int(r.dispatch_rank), str(r.prompt_id), epoch=int(r.epoch),
-                instance=int(r.instance), mini_batch=int(r.mini_batch), predicted_length=float(r.predicted_length))
-            for r in sched.itertuples(index=False)]
-    iters: dict[int, _Iter] = {}
-    for j in jobs:
-        it = iters.setdefault(j.iteration, _Iter(mini_batches={}))
-        it.mini_batches.setdefault(j.mini_batch, []).append((j.epoch, j.prompt_id))
-    R = cfg.rollout.num_instances
-    dispatcher = Dispatcher(jobs, R, AdmissionController(k, R), shared=bool(report.get("shared_queue", False)),
-                            steal=cfg.scheduler.steal)
-    replan = _replanner(cfg, train, k, out, sched) if adaptive else None
-
-    max_prompt = int(train.prompt_lengths.max())
     ev_ids = None
     if ev is not None and cfg.train.eval_every:
         ev_ids = {pid: tok(p, add_special_tokens=False).input_ids for pid, p in zip(ev.ids, ev.prompts)}
-        max_prompt = max(max_prompt, max(len(v) for v in ev_ids.values()))
-    max_model_len = -(-(max_prompt + cfg.lengths.max_response_length + 8) // 16) * 16
+    plan = _plan(cfg, train, k, out)
+    logger.total = plan["total_iterations"]
 
+    # -- actors, warm start, the loop ----------------------------------------------------
     import ray
 
-    from ..engines.rollout import rollout_actor_class
-    from ..engines.trainer import trainer_actor_class
-    from ..algos.grpo import LossConfig
-
-    env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"), "TOKENIZERS_PARALLELISM": "false",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(cfg.rollout.kv_cache_space_gib)))))}
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(runtime_env={"env_vars": env}, log_to_driver=True)
-    else:
-        ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, runtime_env={"env_vars": env},
-                 log_to_driver=True)
+    _ray_init(cfg)
     try:
-        have = ray.cluster_resources().get("CPU", 0)
-        if sum(inst_cpus) + tr_cpus > have + 1e-9:
-            raise ConfigError([f"rollout.num_instances: {R} instance(s) + trainer need {sum(inst_cpus) + tr_cpus:g} CPUs; "
-                               f"the Ray cluster has {have:g}"])
-        logger.say(f"starting {R} vLLM instance(s) and the trainer (engine start takes ~20-40 s)")
-        from ..platforms import get_platform
-
-        plat = get_platform(cfg.platform)  # device resources per actor: {} on CPU, GPUs or NPUs otherwise
-        inst_opts = plat.ray_actor_options(cfg.rollout.devices_per_instance) if plat.ray_resource else {}
-        tr_opts = plat.ray_actor_options(1) if plat.ray_resource else {}
-        Rollout, Trainer = rollout_actor_class(), trainer_actor_class()
-        # named per run, so tools (and the fault-injection test) can find an instance
-        instances = [Rollout.options(num_cpus=inst_cpus[r], name=f"asp-rollout-{os.getpid()}-{r}", **inst_opts).remote(
-            str(model_dir), max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len,
-            seed=cfg.seed + r, kv_cache_gib=cfg.rollout.kv_cache_space_gib, dtype=cfg.model.dtype,
-            cpu_cores=inst_cores[r], instance=r) for r in range(R)]
-        t = cfg.train
-        loss = LossConfig(clip_eps=t.clip_eps, off_policy=t.off_policy, cap=t.tis_cap, kl_coef=t.kl_coef)
-        trainer = Trainer.options(num_cpus=tr_cpus, **tr_opts).remote(
-            str(model_dir), lr=t.lr, weight_decay=t.weight_decay, loss=loss, micro_batch_size=t.micro_batch_size,
-            temperature=cfg.rollout.temperature, seed=cfg.seed, dtype=cfg.model.dtype, cpu_cores=tr_cores,
-            platform=cfg.platform)
-        ray.get(trainer.ready.remote())
-        if t.warmup_sft_steps > 0:
-            examples = [(tok_ids[pid], tok(a, add_special_tokens=False).input_ids + [eos])
-                        for pid, a in zip(train.ids, train.answers) if a]
-            if not examples:
-                raise ConfigError(["train.warmup_sft_steps: the dataset has no reference answers "
-                                   f"(data.answer_key={cfg.data.answer_key!r}); set it to 0 or add answers"])
-            logger.say(f"supervised warm start: {t.warmup_sft_steps} steps x {t.warmup_sft_batch_size} prompts")
-            t0 = time.time()
-            losses = ray.get(trainer.sft.remote(examples, t.warmup_sft_steps, t.warmup_sft_batch_size,
-                                                t.warmup_sft_lr, cfg.seed))
-            row = {"steps": t.warmup_sft_steps, "loss_first": losses[0], "loss_last": float(np.mean(losses[-5:])),
-                   "time_s": time.time() - t0}
-            logger.say(f"warm start done: loss {row['loss_first']:.3f} -> {row['loss_last']:.3f} in {row['time_s']:.1f} s")
+        instances, trainer = _start_actors(cfg, model_dir, cores, tok_ids, ev_ids, logger)
+        if cfg.train.warmup_sft_steps > 0:
+            _warm_start(cfg, trainer, train, tok, tok_ids, logger)
         ray.get([i.ready.remote() for i in instances])
-        ticket = trainer.publish.remote(0)
+        ticket = trainer.publish.remote(0)  # version 0 = the weights after the warm start
         ray.get([i.update_weights.remote(ticket) for i in instances])
+        t = cfg.train
+        logger.say(f"instances ready; training {plan['total_iterations']} iteration(s) of {t.global_batch_size} "
+                   f"prompts x {t.group_size} samples")
+        from .orchestrator import Orchestrator, Prompts, Sampling
 
-        logger.total = total_iters
-        if t.warmup_sft_steps > 0:
-            logger.log_side("warm_start.jsonl", row)
-        logger.say(f"instances ready; training {len(iters)} iteration(s) of {t.global_batch_size} prompts x "
-                     f"{t.group_size} samples")
-        sampling = Sampling(t.group_size, cfg.lengths.max_response_length, cfg.rollout.temperature,
-                            cfg.rollout.top_p, [eos], cfg.seed)
-        cap = cfg.pipeline.queue_capacity or t.global_batch_size * (k + 1)
-        decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
-        ans = dict(zip(train.ids, train.answers))
         orch = Orchestrator(
-            instances=instances, trainer=trainer, dispatcher=dispatcher, iterations=iters,
-            prompts=Prompts(tok_ids, ans), reward_fn=reward_fn, decode=decode, sampling=sampling, lag_bound=k,
-            sync_mode=cfg.pipeline.mode == "sync", queue_capacity=cap, max_num_seqs=cfg.rollout.max_num_seqs,
-            timeline_path=out / "timeline.jsonl", logger=logger, t0=t_start,
+            instances=instances, trainer=trainer, dispatcher=plan["dispatcher"], iterations=plan["iterations"],
+            prompts=Prompts(tok_ids, dict(zip(train.ids, train.answers))), reward_fn=reward_fn,
+            decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
+            sampling=Sampling(t.group_size, cfg.lengths.max_response_length, cfg.rollout.temperature,
+                              cfg.rollout.top_p, [tok.eos_token_id], cfg.seed),
+            lag_bound=k, sync_mode=cfg.pipeline.mode == "sync",
+            queue_capacity=cfg.pipeline.queue_capacity or t.global_batch_size * (k + 1),
+            max_num_seqs=cfg.rollout.max_num_seqs, timeline_path=out / "timeline.jsonl", logger=logger, t0=t_start,
             eval_prompts=Prompts(ev_ids, dict(zip(ev.ids, ev.answers))) if ev_ids else None,
             eval_every=t.eval_every, checkpoint_every=t.checkpoint_every, checkpoint_dir=out / "checkpoints",
-            mode_name=cfg.pipeline.mode, total_iterations=total_iters, replan=replan, epochs=cfg.train.epochs)
+            total_iterations=plan["total_iterations"], replan=plan["replan"], epochs=t.epochs)
         orch.run()
-        final = total_iters + min(iters)
+        final = orch.first_iter + plan["total_iterations"]
         if not (t.checkpoint_every and final % t.checkpoint_every == 0):
             orch.save_checkpoint(final)
         summary = write_summary(cfg, orch, out, k)
         import pandas as pd
 
+        from ..io import write_parquet_atomic
+
         write_parquet_atomic(out / "lengths.parquet", pd.DataFrame(orch.history))
         logger.close()
         logger.say(f"done in {time.time() - t_start:.1f} s: throughput {summary['throughput']:.0f} tok/s, "
-                     f"policy lag max {summary['policy_lag_max']} (k={k}); outputs in {out}")
+                   f"policy lag max {summary['policy_lag_max']} (k={k}); outputs in {out}")
         for i in instances:
             try:
                 ray.get(i.shutdown.remote(), timeout=15)
-            except Exception:  # noqa: BLE001 - best effort at shutdown
+            except Exception:  # noqa: BLE001 - best effort at shutdown (an instance may be dead)
                 pass
     finally:
         ray.shutdown()
     return 0
+
+
+def _plan(cfg, train, k: int, out: Path) -> dict:
+    """The schedule (all epochs, or epoch 0 when adaptive), the dispatcher and per-iteration bookkeeping."""
+    from ..config import save_resolved
+    from ..io import write_json_atomic, write_parquet_atomic
+    from ..scheduler.admission import AdmissionController, Dispatcher
+    from ..scheduler.run import build_schedule
+    from .orchestrator import _Iter
+
+    adaptive = cfg.scheduler.adaptive and cfg.train.epochs > 1
+    plan_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=1)) if adaptive else cfg
+    sched, report = build_schedule(plan_cfg, train, None, compare=False)
+    total = int(sched["iteration"].nunique()) * (cfg.train.epochs if adaptive else 1)
+    if cfg.train.max_iterations:
+        total = min(total, cfg.train.max_iterations)
+        sched = sched[sched["iteration"] < sched["iteration"].min() + total].reset_index(drop=True)
+    write_parquet_atomic(out / "schedule.parquet", sched, {"policy": cfg.scheduler.policy})
+    write_json_atomic(out / "schedule_report.json", report)
+    save_resolved(cfg, out)
+    jobs = _jobs(sched)
+    iters: dict[int, _Iter] = {}
+    for j in jobs:
+        iters.setdefault(j.iteration, _Iter(mini_batches={})).mini_batches.setdefault(j.mini_batch, []).append(
+            (j.epoch, j.prompt_id))
+    R = cfg.rollout.num_instances
+    dispatcher = Dispatcher(jobs, R, AdmissionController(k, R), shared=bool(report.get("shared_queue", False)),
+                            steal=cfg.scheduler.steal)
+    return {"dispatcher": dispatcher, "iterations": iters, "total_iterations": total,
+            "replan": _replanner(cfg, train, k, out, sched) if adaptive else None}
+
+
+def _jobs(sched):
+    from ..scheduler.admission import Job
+
+    return [Job(int(x.iteration), int(x.dispatch_rank), str(x.prompt_id), epoch=int(x.epoch), instance=int(x.instance),
+                mini_batch=int(x.mini_batch), predicted_length=float(x.predicted_length))
+            for x in sched.itertuples(index=False)]
+
+
+def _ray_init(cfg) -> None:
+    import ray
+
+    gib = str(max(1, int(round(cfg.rollout.kv_cache_space_gib))))
+    env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"), "TOKENIZERS_PARALLELISM": "false",
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", gib)}
+    if os.environ.get("RAY_ADDRESS"):  # an existing cluster (`ray start` on every node)
+        ray.init(runtime_env={"env_vars": env}, log_to_driver=True)
+    else:
+        ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, runtime_env={"env_vars": env},
+                 log_to_driver=True)
+
+
+def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | None, logger):
+    """R rollout instances (engines start in the background) and the trainer (ready on return)."""
+    import ray
+
+    from ..algos.grpo import LossConfig
+    from ..engines.rollout import rollout_actor_class
+    from ..engines.trainer import trainer_actor_class
+    from ..platforms import get_platform
+
+    inst_cores, tr_cores, inst_cpus, tr_cpus = cores
+    R = cfg.rollout.num_instances
+    have = ray.cluster_resources().get("CPU", 0)
+    if sum(inst_cpus) + tr_cpus > have + 1e-9:
+        raise ConfigError([f"rollout.num_instances: {R} instance(s) + trainer need {sum(inst_cpus) + tr_cpus:g} CPUs; "
+                           f"the Ray cluster has {have:g}"])
+    max_prompt = max(len(v) for v in list(tok_ids.values()) + list((ev_ids or {}).values()))
+    max_model_len = -(-(max_prompt + cfg.lengths.max_response_length + 8) // 16) * 16
+    plat = get_platform(cfg.platform)  # device resources per actor: {} on CPU, GPUs or NPUs otherwise
+    inst_opts = plat.ray_actor_options(cfg.rollout.devices_per_instance) if plat.ray_resource else {}
+    tr_opts = plat.ray_actor_options(1) if plat.ray_resource else {}
+    logger.say(f"starting {R} vLLM instance(s) and the trainer (engine start takes ~20-40 s)")
+    Rollout, Trainer = rollout_actor_class(), trainer_actor_class()
+    # named per run, so tools (and the fault-injection test) can find an instance
+    instances = [Rollout.options(num_cpus=inst_cpus[r], name=f"asp-rollout-{os.getpid()}-{r}", **inst_opts).remote(
+        str(model_dir), max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len, seed=cfg.seed + r,
+        kv_cache_gib=cfg.rollout.kv_cache_space_gib, dtype=cfg.model.dtype, cpu_cores=inst_cores[r], instance=r)
+        for r in range(R)]
+    t = cfg.train
+    loss = LossConfig(clip_eps=t.clip_eps, off_policy=t.off_policy, cap=t.tis_cap, kl_coef=t.kl_coef)
+    trainer = Trainer.options(num_cpus=tr_cpus, **tr_opts).remote(
+        str(model_dir), lr=t.lr, weight_decay=t.weight_decay, loss=loss, micro_batch_size=t.micro_batch_size,
+        temperature=cfg.rollout.temperature, seed=cfg.seed, dtype=cfg.model.dtype, cpu_cores=tr_cores,
+        platform=cfg.platform)
+    ray.get(trainer.ready.remote())
+    return instances, trainer
+
+
+def _warm_start(cfg, trainer, train, tok, tok_ids: dict, logger) -> None:
+    """Supervised steps on the reference answers (while the vLLM engines start)."""
+    import ray
+
+    t = cfg.train
+    eos = tok.eos_token_id
+    examples = [(tok_ids[pid], tok(a, add_special_tokens=False).input_ids + [eos])
+                for pid, a in zip(train.ids, train.answers) if a]
+    logger.say(f"supervised warm start: {t.warmup_sft_steps} steps x {t.warmup_sft_batch_size} prompts")
+    t0 = time.time()
+    losses = ray.get(trainer.sft.remote(examples, t.warmup_sft_steps, t.warmup_sft_batch_size, t.warmup_sft_lr,
+                                        cfg.seed))
+    row = {"steps": t.warmup_sft_steps, "loss_first": losses[0], "loss_last": float(np.mean(losses[-5:])),
+           "time_s": time.time() - t0}
+    logger.log_side("warm_start.jsonl", row)
+    logger.say(f"warm start done: loss {row['loss_first']:.3f} -> {row['loss_last']:.3f} in {row['time_s']:.1f} s")
 
 
 def _replanner(cfg, train, k: int, out: Path, first):
