@@ -165,12 +165,7 @@ class Dispatcher:
         self.running: dict[tuple[int, str], tuple[int, Job]] = {}  # -> (instance, job)
         self.finished: set[tuple[int, str]] = set()
         self.total = 0
-        for job in jobs:
-            q = 0 if shared else job.instance
-            if not 0 <= q < len(self.queues):
-                raise ValueError(f"job {job.prompt_id}: instance {job.instance} out of range 0..{num_instances - 1}")
-            self.queues[q].push(job)
-            self.total += 1
+        self.add(jobs)
 
     def add(self, jobs: Iterable[Job]) -> int:
         """Queue more jobs (the next epoch, re-planned from observed lengths); returns how many."""
