@@ -138,7 +138,7 @@ def run_train(cfg) -> int:
     # -- actors, warm start, the loop ----------------------------------------------------
     import ray
 
-    _ray_init(cfg)
+    owns_ray = _ray_init(cfg)
     try:
         instances, trainer = _start_actors(cfg, model_dir, cores, tok_ids, ev_ids, logger)
         if cfg.train.warmup_sft_steps > 0:
@@ -182,7 +182,8 @@ def run_train(cfg) -> int:
             except Exception:  # noqa: BLE001 - best effort at shutdown (an instance may be dead)
                 pass
     finally:
-        ray.shutdown()
+        if owns_ray:
+            ray.shutdown()
     return 0
 
 
@@ -224,17 +225,17 @@ def _jobs(sched):
             for x in sched.itertuples(index=False)]
 
 
-def _ray_init(cfg) -> None:
+def _ray_init(cfg) -> bool:
+    """Start (or join) Ray; False when the caller had already connected (then it is left running)."""
     import ray
 
-    gib = str(max(1, int(round(cfg.rollout.kv_cache_space_gib))))
-    env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"), "TOKENIZERS_PARALLELISM": "false",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", gib)}
+    if ray.is_initialized():
+        return False
     if os.environ.get("RAY_ADDRESS"):  # an existing cluster (`ray start` on every node)
-        ray.init(runtime_env={"env_vars": env}, log_to_driver=True)
+        ray.init(log_to_driver=True)
     else:
-        ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, runtime_env={"env_vars": env},
-                 log_to_driver=True)
+        ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, log_to_driver=True)
+    return True
 
 
 def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | None, logger):
@@ -255,8 +256,13 @@ def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | Non
     max_prompt = max(len(v) for v in list(tok_ids.values()) + list((ev_ids or {}).values()))
     max_model_len = -(-(max_prompt + cfg.lengths.max_response_length + 8) // 16) * 16
     plat = get_platform(cfg.platform)  # device resources per actor: {} on CPU, GPUs or NPUs otherwise
-    inst_opts = plat.ray_actor_options(cfg.rollout.devices_per_instance) if plat.ray_resource else {}
-    tr_opts = plat.ray_actor_options(1) if plat.ray_resource else {}
+    inst_opts = dict(plat.ray_actor_options(cfg.rollout.devices_per_instance)) if plat.ray_resource else {}
+    tr_opts = dict(plat.ray_actor_options(1)) if plat.ray_resource else {}
+    gib = str(max(1, int(round(cfg.rollout.kv_cache_space_gib))))
+    env = {"env_vars": {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
+                        "TOKENIZERS_PARALLELISM": "false",
+                        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", gib)}}
+    inst_opts["runtime_env"] = tr_opts["runtime_env"] = env
     logger.say(f"starting {R} vLLM instance(s) and the trainer (engine start takes ~20-40 s)")
     Rollout, Trainer = rollout_actor_class(), trainer_actor_class()
     # named per run, so tools (and the fault-injection test) can find an instance
