@@ -119,7 +119,8 @@ class RolloutConfig:
     top_p: float = _f(1.0, "nucleus sampling")
     kv_cache_space_gib: float = _f(1.0, "vLLM-CPU KV cache per instance, GiB (VLLM_CPU_KVCACHE_SPACE)")
     cpu_cores: list = _f([], "CPU only: cores per instance, e.g. [[0],[1]]; [] = no pinning")
-    request_timeout_s: float = _f(600.0, "a request slower than this marks its instance as hung")
+    request_timeout_s: float = _f(600.0, "an instance with work in flight that completes no decode step for this "
+                                  "long is treated as failed (hung); its prompts move to the survivors; 0 = off")
     num_cpus: float = _f(1.0, "Ray CPUs reserved per instance when not pinned (pinned: one per listed core)")
 
 
@@ -221,7 +222,8 @@ class Config:
     output_dir: str = _f("runs/default", "run directory: every output and the resolved config")
     seed: int = _f(0, "seed of everything random")
     platform: str = _f("auto", "device platform", choices=("auto", "cpu", "cuda", "npu"))
-    resume: bool = _f(False, "continue from the newest checkpoint in output_dir")
+    resume: bool = _f(False, "continue from the newest complete checkpoint in output_dir/checkpoints, "
+                             "following the run's own schedule.parquet")
     data: DataConfig = _sub(DataConfig, "prompts")
     model: ModelConfig = _sub(ModelConfig, "policy model")
     lengths: LengthsConfig = _sub(LengthsConfig, "length history and predictor")

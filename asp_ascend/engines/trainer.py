@@ -199,11 +199,44 @@ class TrainerEngine:
         self.model.save_pretrained(tmp, safe_serialization=True)
         self.tokenizer.save_pretrained(tmp)
         torch.save(self.opt.state_dict(), tmp / "optimizer.pt")
+        torch.save(self._rng_state(), tmp / "rng.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"schema_version": 1, "version": self.version, **state}))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
         return str(final)
+
+    def load_checkpoint(self, path: str) -> int:
+        """Restore optimizer, policy version and RNG states from ``path`` (a folder written by
+        ``save_checkpoint``; the weights were loaded from it at construction). Returns the version."""
+        import torch
+
+        p = Path(path)
+        self.opt.load_state_dict(torch.load(p / "optimizer.pt", map_location=self.device, weights_only=False))
+        if (p / "rng.pt").is_file():
+            self._set_rng_state(torch.load(p / "rng.pt", weights_only=False))
+        self.version = int(json.loads((p / "trainer_state.json").read_text())["version"])
+        return self.version
+
+    @staticmethod
+    def _rng_state() -> dict:
+        import random
+
+        import numpy as np
+        import torch
+
+        return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+    @staticmethod
+    def _set_rng_state(st: dict) -> None:
+        import random
+
+        import numpy as np
+        import torch
+
+        torch.set_rng_state(st["torch"])
+        np.random.set_state(st["numpy"])
+        random.setstate(st["python"])
 
     def ready(self) -> int:
         return self.version

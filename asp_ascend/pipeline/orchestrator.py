@@ -31,6 +31,7 @@ from ..metrics import Timeline, TimelineWriter, summarize
 from ..scheduler.admission import Dispatcher, LagViolation
 from .logger import RunLogger
 from .sample_queue import SampleQueue
+from .watchdog import HangWatch
 
 
 @dataclass
@@ -66,7 +67,7 @@ class Orchestrator:
                  lag_bound: int, sync_mode: bool, queue_capacity: int, max_num_seqs: int,
                  timeline_path: Path, logger: RunLogger, t0: float, eval_prompts: Prompts | None = None,
                  eval_every: int = 0, checkpoint_every: int = 0, checkpoint_dir: Path | None = None,
-                 poll_s: float = 0.05, total_iterations: int | None = None,
+                 poll_s: float = 0.05, total_iterations: int | None = None, request_timeout_s: float = 0.0,
                  replan: Callable | None = None, epochs: int = 1):
         self.instances = instances
         self.trainer = trainer
@@ -94,6 +95,7 @@ class Orchestrator:
         self.checkpoint_every = checkpoint_every
         self.checkpoint_dir = checkpoint_dir
         self.poll_s = poll_s
+        self.watch = HangWatch(len(instances), request_timeout_s)  # hung instances count as failed
 
         self.timeline = Timeline()
         self._writer = TimelineWriter(timeline_path)
@@ -133,6 +135,7 @@ class Orchestrator:
             self._start_eval(self.adm.published)
         while self.iteration < self.first_iter + self.n_iters or self.syncs:
             self._collect_rollouts()
+            self._fail_hung_instances()
             self._finish_train_step()
             self._finish_syncs()
             self._dispatch()
@@ -158,6 +161,7 @@ class Orchestrator:
             except ray.exceptions.RayActorError as exc:
                 self._instance_failed(r, exc)
                 continue
+            self.watch.on_poll(r, self.now(), res.get("busy_s", 0.0), len(res["groups"]))
             for g in res["groups"]:
                 self._on_group(g)
             self.poll_refs[r] = self.instances[r].poll.remote(self.poll_s)
@@ -223,6 +227,7 @@ class Orchestrator:
                     continue
                 job, _version = self.dispatcher.next_for(r)
                 self.queue.reserve()
+                self.watch.on_submit(r, self.now(), had_work=self.inflight[r] > 0)
                 self.inflight[r] += 1
                 seed = zlib.crc32(f"{self.sp.seed}:{job.epoch}:{job.prompt_id}".encode()) & 0x7FFFFFFF
                 self.submit_refs.append(self.instances[r].submit.remote(
@@ -401,11 +406,26 @@ class Orchestrator:
             self._submit_eval(v, pid, j)
         self.log.say(f"rollout instance {r} failed ({type(exc).__name__}); {len(moved)} prompt(s) re-dispatched")
 
-    def save_checkpoint(self, version: int) -> None:
-        from ..io import write_text_atomic
+    def _fail_hung_instances(self) -> None:
+        """An instance with work and no progress for ``rollout.request_timeout_s`` is killed and
+        handled as failed (pipeline/watchdog.py): its prompts go to the survivors."""
+        busy = [self.alive[r] and self.inflight[r] > 0 for r in range(len(self.instances))]
+        for r in self.watch.hung(self.now(), busy):
+            self.log.say(f"rollout instance {r}: no progress for {self.watch.timeout_s:g} s with "
+                         f"{self.inflight[r]} group(s) in flight; treating it as failed")
+            try:
+                self.ray.kill(self.instances[r], no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            self._instance_failed(r, TimeoutError(f"no progress for {self.watch.timeout_s:g} s"))
+            self.watch.forget(r)
 
-        path = self.checkpoint_dir / f"iter_{version:06d}"
-        state = {"iteration": version, "trained_iterations": version}
-        ref = self.trainer.save_checkpoint.remote(str(path), state)
-        self.ray.get(ref)
-        write_text_atomic(self.checkpoint_dir / "latest", path.name + "\n")
+    def save_checkpoint(self, version: int) -> None:
+        """Weights, optimizer, RNG, version, schedule cursor and length history (pipeline/checkpoint.py)."""
+        from . import checkpoint
+
+        state = checkpoint.run_state(checkpoint.trained_history(self.history, self.iters, version), version,
+                                     self.first_iter + self.n_iters)
+        checkpoint.save(self.checkpoint_dir, version,
+                        lambda tmp: self.ray.get(self.trainer.save_checkpoint.remote(str(tmp), {"iteration": version})),
+                        state)

@@ -97,9 +97,11 @@ def run_train(cfg) -> int:
 
     # -- everything that can fail on bad input, before Ray starts -----------------------
     check_backends()
-    if cfg.resume:
-        raise ConfigError(["resume: asp train cannot resume a run yet; start a new run (another output_dir) "
-                           "or load a checkpoint with model.path=<run>/checkpoints/<iter_N>"])
+    resume = None
+    if cfg.resume:  # the newest complete checkpoint and the run's own schedule (pipeline/checkpoint.py)
+        from .checkpoint import find_resume
+
+        resume = find_resume(Path(cfg.output_dir))
     k = 0 if cfg.pipeline.mode == "sync" else cfg.pipeline.lag_bound
     if k < 0:
         raise ConfigError([f"pipeline.lag_bound: {k} must be >= 0"])
@@ -111,6 +113,10 @@ def run_train(cfg) -> int:
                            f"(data.answer_key={cfg.data.answer_key!r}); set it to 0 or add answers"])
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if resume is not None:  # the interrupted attempt's outputs are kept under previous/attempt_<n>/
+        from .checkpoint import archive_run_files
+
+        archive_run_files(out, RUN_FILES, resume.attempt)
     for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
     t_start = time.time()
@@ -123,7 +129,7 @@ def run_train(cfg) -> int:
                f"policy {cfg.scheduler.policy}, k={k}, {cfg.rollout.num_instances} rollout instance(s)")
 
     # -- model, tokens, schedule ---------------------------------------------------------
-    model_dir = prepare_model(cfg, train, ev, out)
+    model_dir = resume.path if resume is not None else prepare_model(cfg, train, ev, out)
     from ..engines.tiny_model import load_tokenizer
 
     tok = load_tokenizer(model_dir)
@@ -132,7 +138,14 @@ def run_train(cfg) -> int:
     ev_ids = None
     if ev is not None and cfg.train.eval_every:
         ev_ids = {pid: tok(p, add_special_tokens=False).input_ids for pid, p in zip(ev.ids, ev.prompts)}
-    plan = _plan(cfg, train, k, out)
+    if resume is not None:
+        from .checkpoint import resume_plan
+
+        plan = resume_plan(cfg, out, k, resume.version)
+        logger.say(f"resuming from {resume.path.name}: version {resume.version}, "
+                   f"{plan['total_iterations']} iteration(s) left")
+    else:
+        plan = _plan(cfg, train, k, out)
     logger.total = plan["total_iterations"]
 
     # -- actors, warm start, the loop ----------------------------------------------------
@@ -141,10 +154,11 @@ def run_train(cfg) -> int:
     owns_ray = _ray_init(cfg)
     try:
         instances, trainer = _start_actors(cfg, model_dir, cores, tok_ids, ev_ids, logger)
-        if cfg.train.warmup_sft_steps > 0:
+        v0 = 0 if resume is None else ray.get(trainer.load_checkpoint.remote(str(resume.path)))
+        if cfg.train.warmup_sft_steps > 0 and resume is None:
             _warm_start(cfg, trainer, train, tok, tok_ids, logger)
         ray.get([i.ready.remote() for i in instances])
-        ticket = trainer.publish.remote(0)  # version 0 = the weights after the warm start
+        ticket = trainer.publish.remote(v0)  # version 0 = the weights after the warm start (or the checkpoint's)
         ray.get([i.update_weights.remote(ticket) for i in instances])
         t = cfg.train
         logger.say(f"instances ready; training {plan['total_iterations']} iteration(s) of {t.global_batch_size} "
@@ -162,7 +176,10 @@ def run_train(cfg) -> int:
             max_num_seqs=cfg.rollout.max_num_seqs, timeline_path=out / "timeline.jsonl", logger=logger, t0=t_start,
             eval_prompts=Prompts(ev_ids, dict(zip(ev.ids, ev.answers))) if ev_ids else None,
             eval_every=t.eval_every, checkpoint_every=t.checkpoint_every, checkpoint_dir=out / "checkpoints",
-            total_iterations=plan["total_iterations"], replan=plan["replan"], epochs=t.epochs)
+            total_iterations=plan["total_iterations"], replan=plan["replan"], epochs=t.epochs,
+            request_timeout_s=cfg.rollout.request_timeout_s)
+        if resume is not None:
+            orch.history = list(resume.history)  # the length history observed before the interruption
         orch.run()
         final = orch.first_iter + plan["total_iterations"]
         if not (t.checkpoint_every and final % t.checkpoint_every == 0):
@@ -199,10 +216,11 @@ def _plan(cfg, train, k: int, out: Path) -> dict:
     plan_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=1)) if adaptive else cfg
     sched, report = build_schedule(plan_cfg, train, None, compare=False)
     total = int(sched["iteration"].nunique()) * (cfg.train.epochs if adaptive else 1)
+    # schedule.parquet keeps the whole plan: a run stopped by train.max_iterations can be resumed
+    write_parquet_atomic(out / "schedule.parquet", sched, {"policy": cfg.scheduler.policy})
     if cfg.train.max_iterations:
         total = min(total, cfg.train.max_iterations)
         sched = sched[sched["iteration"] < sched["iteration"].min() + total].reset_index(drop=True)
-    write_parquet_atomic(out / "schedule.parquet", sched, {"policy": cfg.scheduler.policy})
     write_json_atomic(out / "schedule_report.json", report)
     save_resolved(cfg, out)
     jobs = _jobs(sched)

@@ -1,0 +1,210 @@
+"""Trainer checkpoints and `asp train ... resume=true`.
+
+Layout (``output_dir/checkpoints``)::
+
+    iter_000004/            one checkpoint per saved policy version
+      config.json, model.safetensors, tokenizer files     (the trainer: save_pretrained)
+      optimizer.pt, rng.pt                                (the trainer: AdamW state, RNG states)
+      trainer_state.json                                  (the trainer: policy version)
+      run_state.json                                      (the driver: schedule cursor, length history)
+    latest                  the name of the newest complete checkpoint, written last
+
+Writing is crash-safe: everything goes into ``iter_N.tmp-<pid>`` first, the folder is renamed
+to ``iter_N`` only when complete, and ``latest`` (an atomic file write) is updated after the
+rename. A crash at any point leaves either the previous checkpoint as ``latest`` or a complete
+new one; a left-over ``*.tmp-*`` folder or a folder missing a file is never taken as valid
+(:func:`find_latest` checks every file it needs).
+
+What a resume restores: the weights, the optimizer, the policy version (= the number of
+trained iterations: the schedule cursor), the trainer's RNG states and the length history
+observed so far; the schedule is the run's own ``schedule.parquet``. The driver draws no
+random numbers (each prompt's sampling seed is derived from (seed, epoch, prompt_id)), so a
+resumed run generates each remaining prompt with the same seeds as the uninterrupted one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigError
+
+STATE_FILE = "run_state.json"
+REQUIRED = ("config.json", "model.safetensors", "optimizer.pt", "trainer_state.json", STATE_FILE)
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Resume:
+    """What ``resume=true`` continues from."""
+    path: Path                  # the checkpoint folder (also a loadable HF model directory)
+    version: int                # policy version = iterations already trained
+    history: list[dict] = field(default_factory=list)  # observed lengths (the run's length history)
+    attempt: int = 1            # how many times this run directory has been resumed
+
+
+# ---------------------------------------------------------------------- writing
+def save(root: Path, version: int, write_trainer, run_state: dict) -> Path:
+    """Write checkpoint ``iter_<version>`` under ``root`` crash-safely and point ``latest`` at it.
+
+    ``write_trainer(tmp_dir)`` writes the trainer's files into ``tmp_dir`` (it may run in another
+    process on a shared file system). ``run_state`` is the driver's part (JSON).
+    """
+    from ..io import write_json_atomic, write_text_atomic
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"iter_{version:06d}"
+    tmp = root / f"{final.name}.tmp-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    write_trainer(tmp)
+    write_json_atomic(tmp / STATE_FILE, {"version": int(version), **run_state})
+    missing = [f for f in REQUIRED if not (tmp / f).is_file()]
+    if missing:
+        raise RuntimeError(f"checkpoint {tmp} is missing {missing} after writing")
+    _fsync_dir(tmp)
+    if final.exists():  # a re-save of the same version (e.g. the final one)
+        old = root / f"{final.name}.old-{os.getpid()}"
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _fsync_dir(root)
+    write_text_atomic(root / "latest", final.name + "\n")
+    return final
+
+
+def run_state(history: list[dict], version: int, total_iterations: int) -> dict:
+    """The driver's part of a checkpoint: schedule cursor and the length history so far."""
+    return {"trained_iterations": int(version), "next_iteration": int(version),
+            "total_iterations": int(total_iterations), "history": history}
+
+
+def trained_history(history: list[dict], iterations: dict, version: int) -> list[dict]:
+    """The length-history rows of prompts already trained (iterations < ``version``).
+
+    Groups of later iterations that finished before the checkpoint are generated again after a
+    resume; leaving them out keeps the history free of duplicates."""
+    later = {key for i, it in iterations.items() if i >= version for mb in it.mini_batches.values() for key in mb}
+    return [h for h in history if (int(h["epoch"]), str(h["prompt_id"])) not in later]
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------- reading
+def is_valid(path: Path) -> bool:
+    """A complete checkpoint folder: every required file present, both state files parse."""
+    path = Path(path)
+    if not path.is_dir() or ".tmp-" in path.name or ".old-" in path.name:
+        return False
+    if not all((path / f).is_file() and (path / f).stat().st_size > 0 for f in REQUIRED):
+        return False
+    try:
+        st = json.loads((path / STATE_FILE).read_text())
+        tr = json.loads((path / "trainer_state.json").read_text())
+        return int(st["version"]) == int(tr["version"]) and isinstance(st.get("history"), list)
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
+def find_latest(root: Path) -> Path | None:
+    """The checkpoint ``latest`` names if it is valid, else the newest valid ``iter_*`` folder."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    pointer = root / "latest"
+    if pointer.is_file():
+        name = pointer.read_text().strip()
+        if name and "/" not in name and is_valid(root / name):
+            return root / name
+    valid = sorted(p for p in root.glob("iter_*") if is_valid(p))
+    return valid[-1] if valid else None
+
+
+def load(path: Path) -> Resume:
+    st = json.loads((Path(path) / STATE_FILE).read_text())
+    return Resume(path=Path(path), version=int(st["version"]), history=list(st["history"]))
+
+
+def find_resume(out: Path) -> Resume:
+    """``resume=true``: the newest valid checkpoint of ``out`` and its schedule, or a ConfigError."""
+    out = Path(out)
+    if not (out / "schedule.parquet").is_file():
+        raise ConfigError([f"resume: {out / 'schedule.parquet'} does not exist, so there is no run to resume in "
+                           f"output_dir={out}; start without resume=true"])
+    path = find_latest(out / "checkpoints")
+    if path is None:
+        raise ConfigError([f"resume: no complete checkpoint in {out / 'checkpoints'} (set train.checkpoint_every=N "
+                           "to save every N iterations); start without resume=true or point output_dir at the run"])
+    res = load(path)
+    prev = out / "previous"
+    res.attempt = 1 + (len(list(prev.glob("attempt_*"))) if prev.is_dir() else 0)
+    return res
+
+
+def archive_run_files(out: Path, names, attempt: int) -> Path:
+    """Move the interrupted attempt's outputs to ``out/previous/attempt_<n>/`` (kept, not merged)."""
+    dest = Path(out) / "previous" / f"attempt_{attempt}"
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        src = Path(out) / name
+        if src.exists():
+            os.replace(src, dest / name)
+    return dest
+
+
+def resume_plan(cfg, out: Path, k: int, start: int) -> dict:
+    """The saved schedule from iteration ``start`` on: same dispatcher and bookkeeping as a fresh plan."""
+    import pandas as pd
+
+    from ..scheduler.admission import AdmissionController, Dispatcher
+    from .orchestrator import _Iter
+    from .run import _jobs
+
+    out = Path(out)
+    sched = pd.read_parquet(out / "schedule.parquet")
+    report = json.loads((out / "schedule_report.json").read_text()) if (out / "schedule_report.json").is_file() else {}
+    first = int(sched["iteration"].min())
+    end = int(sched["iteration"].max()) + 1
+    planned = int(sched["epoch"].max()) + 1
+    if cfg.scheduler.adaptive and planned < cfg.train.epochs:
+        raise ConfigError([f"resume: scheduler.adaptive=true and {out / 'schedule.parquet'} holds {planned} of "
+                           f"{cfg.train.epochs} epochs; resuming an adaptive run before its last epoch is planned is "
+                           "not supported yet (resume with scheduler.adaptive=false to finish the planned epochs)"])
+    R = cfg.rollout.num_instances
+    if int(sched["instance"].max()) >= R:
+        raise ConfigError([f"resume: rollout.num_instances={R}, but the saved schedule places prompts on "
+                           f"{int(sched['instance'].max()) + 1} instances; resume with the run's own instance count"])
+    if cfg.train.max_iterations:
+        end = min(end, first + cfg.train.max_iterations)
+    if start >= end:
+        raise ConfigError([f"resume: the checkpoint at version {start} has already trained every iteration of "
+                           f"{out / 'schedule.parquet'} (up to iteration {end - 1}); nothing to resume"])
+    rest = sched[(sched["iteration"] >= start) & (sched["iteration"] < end)].reset_index(drop=True)
+    jobs = _jobs(rest)
+    iters: dict[int, _Iter] = {}
+    for j in jobs:
+        iters.setdefault(j.iteration, _Iter(mini_batches={})).mini_batches.setdefault(j.mini_batch, []).append(
+            (j.epoch, j.prompt_id))
+    adm = AdmissionController(k, R)
+    adm.on_publish(start)
+    for r in range(R):  # every instance receives version `start` before the first dispatch
+        adm.on_instance_synced(r, start)
+    dispatcher = Dispatcher(jobs, R, adm, shared=bool(report.get("shared_queue", False)), steal=cfg.scheduler.steal)
+    return {"dispatcher": dispatcher, "iterations": iters, "total_iterations": end - start, "replan": None}

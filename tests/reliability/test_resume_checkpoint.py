@@ -1,0 +1,185 @@
+"""Checkpoints for `asp train ... resume=true`: crash-safe writing, what a resume picks, its plan.
+
+Without Ray or vLLM. The last test saves and restores a real TrainerEngine (torch + transformers).
+"""
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from asp_ascend.config import load_config
+from asp_ascend.errors import ConfigError
+from asp_ascend.pipeline import checkpoint as ck
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "cpu_tiny_grpo.yaml"
+
+
+def _trainer_files(version: int, fail_after: int | None = None):
+    """Writes what TrainerEngine.save_checkpoint writes (stand-in bytes); may crash midway."""
+    def write(tmp: Path):
+        tmp.mkdir(exist_ok=True)
+        for n, name in enumerate(("config.json", "model.safetensors", "optimizer.pt")):
+            if fail_after is not None and n == fail_after:
+                raise OSError("disk full (injected)")
+            (tmp / name).write_bytes(b"{}" if name.endswith(".json") else b"\0" * 16)
+        (tmp / "trainer_state.json").write_text(json.dumps({"schema_version": 1, "version": version}))
+    return write
+
+
+def _save(root, v, history=(), **kw):
+    return ck.save(root, v, _trainer_files(v, **kw), ck.run_state(list(history), v, 8))
+
+
+def test_save_then_find_latest_and_load(tmp_path):
+    root = tmp_path / "checkpoints"
+    _save(root, 1, [{"prompt_id": "a", "epoch": 0, "response_length": 3}])
+    p = _save(root, 2, [{"prompt_id": "a", "epoch": 0, "response_length": 3},
+                        {"prompt_id": "b", "epoch": 0, "response_length": 5}])
+    assert (root / "latest").read_text().strip() == "iter_000002"
+    assert ck.find_latest(root) == p
+    res = ck.load(p)
+    assert res.version == 2 and [h["prompt_id"] for h in res.history] == ["a", "b"]
+    assert not [q for q in root.iterdir() if ".tmp-" in q.name or ".old-" in q.name]
+    # re-saving a version (the final save) replaces it whole
+    _save(root, 2, [])
+    assert ck.load(ck.find_latest(root)).history == []
+
+
+@pytest.mark.parametrize("fail_after", [0, 1, 2])
+def test_crash_mid_write_leaves_previous_checkpoint_valid(tmp_path, fail_after):
+    root = tmp_path / "checkpoints"
+    good = _save(root, 2)
+    with pytest.raises(OSError, match="injected"):
+        _save(root, 3, fail_after=fail_after)
+    assert not (root / "iter_000003").exists()        # never renamed into place
+    assert any(".tmp-" in q.name for q in root.iterdir())  # the half-written folder is left aside...
+    assert ck.find_latest(root) == good                # ...and never taken as valid
+
+
+def test_half_written_folders_are_ignored_even_when_newer(tmp_path):
+    root = tmp_path / "checkpoints"
+    good = _save(root, 2)
+    # a complete-looking temp folder (crash just before the rename)
+    tmp = root / f"iter_000004.tmp-{os.getpid() + 1}"
+    _trainer_files(4)(tmp)
+    (tmp / ck.STATE_FILE).write_text(json.dumps({"version": 4, "history": []}))
+    # a renamed folder missing a file, and one whose state file was cut off mid-write
+    partial = root / "iter_000005"
+    _trainer_files(5)(partial)
+    cut = root / "iter_000006"
+    _trainer_files(6)(cut)
+    (cut / ck.STATE_FILE).write_text('{"version": 6, "histo')
+    assert ck.find_latest(root) == good
+    # `latest` pointing at a broken folder: fall back to the newest complete one
+    (root / "latest").write_text("iter_000006\n")
+    assert ck.find_latest(root) == good
+    (root / "latest").write_text("../../etc\n")
+    assert ck.find_latest(root) == good
+    # version mismatch between the trainer's and the driver's state
+    (partial / ck.STATE_FILE).write_text(json.dumps({"version": 4, "history": []}))
+    assert not ck.is_valid(partial)
+
+
+def test_find_resume_errors_name_the_key(tmp_path):
+    with pytest.raises(ConfigError, match="resume: .*schedule.parquet"):
+        ck.find_resume(tmp_path)
+    pd.DataFrame({"epoch": [0], "prompt_id": ["a"], "iteration": [0], "mini_batch": [0], "instance": [0],
+                  "dispatch_rank": [0], "predicted_length": [1.0]}).to_parquet(tmp_path / "schedule.parquet")
+    with pytest.raises(ConfigError, match="resume: no complete checkpoint"):
+        ck.find_resume(tmp_path)
+    _save(tmp_path / "checkpoints", 1)
+    res = ck.find_resume(tmp_path)
+    assert res.version == 1 and res.attempt == 1
+    (tmp_path / "metrics.jsonl").write_text("{}\n")
+    dest = ck.archive_run_files(tmp_path, ["metrics.jsonl", "timeline.jsonl"], res.attempt)
+    assert (dest / "metrics.jsonl").is_file() and not (tmp_path / "metrics.jsonl").exists()
+    assert ck.find_resume(tmp_path).attempt == 2
+
+
+def test_trained_history_drops_groups_of_untrained_iterations():
+    from asp_ascend.pipeline.orchestrator import _Iter
+
+    iters = {2: _Iter(mini_batches={0: [(0, "c")]}), 3: _Iter(mini_batches={0: [(0, "d")]})}
+    hist = [{"epoch": 0, "prompt_id": p, "response_length": 1} for p in "abcd"]
+    assert [h["prompt_id"] for h in ck.trained_history(hist, iters, 2)] == ["a", "b"]
+    assert [h["prompt_id"] for h in ck.trained_history(hist, iters, 3)] == ["a", "b", "c"]
+
+
+def _schedule(n_iter=4, per_iter=4, R=2, epochs=1):
+    rows = []
+    for e in range(epochs):
+        for i in range(n_iter):
+            for j in range(per_iter):
+                it = e * n_iter + i
+                rows.append({"epoch": e, "prompt_id": f"p{i}-{j}", "iteration": it, "mini_batch": j // 2,
+                             "instance": j % R, "dispatch_rank": it * per_iter + j, "predicted_length": 5.0})
+    return pd.DataFrame(rows)
+
+
+def test_resume_plan_continues_the_saved_schedule(tmp_path):
+    sched = _schedule(epochs=2)
+    sched.to_parquet(tmp_path / "schedule.parquet")
+    (tmp_path / "schedule_report.json").write_text(json.dumps({"shared_queue": False}))
+    cfg = load_config(CONFIG, ["rollout.num_instances=2", "pipeline.lag_bound=1"])
+    plan = ck.resume_plan(cfg, tmp_path, 1, 3)
+    assert plan["total_iterations"] == 5 and sorted(plan["iterations"]) == [3, 4, 5, 6, 7]
+    for i, it in plan["iterations"].items():
+        want = sched[sched["iteration"] == i]
+        got = {(m, e, p) for m, keys in it.mini_batches.items() for e, p in keys}
+        assert got == set(zip(want["mini_batch"], want["epoch"], want["prompt_id"]))
+    d = plan["dispatcher"]
+    assert d.adm.published == 3 and d.adm.instance_version == [3, 3]
+    assert d.pending() == 20
+    job, v = d.next_for(0)
+    assert job.iteration == 3 and v == 3
+    # max_iterations counts from the start of the run; a finished run has nothing to resume
+    cfg2 = load_config(CONFIG, ["rollout.num_instances=2", "train.max_iterations=5"])
+    assert ck.resume_plan(cfg2, tmp_path, 1, 3)["total_iterations"] == 2
+    with pytest.raises(ConfigError, match="nothing to resume"):
+        ck.resume_plan(cfg2, tmp_path, 1, 5)
+    with pytest.raises(ConfigError, match="rollout.num_instances=1"):
+        ck.resume_plan(load_config(CONFIG, ["rollout.num_instances=1"]), tmp_path, 1, 3)
+
+
+@pytest.mark.runtime
+def test_trainer_state_round_trip(tmp_path):
+    """A real TrainerEngine: weights, optimizer, version and RNG come back exactly."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from asp_ascend.algos.grpo import LossConfig
+    from asp_ascend.engines.tiny_model import build_tiny_model, task_vocabulary
+    from asp_ascend.engines.trainer import TrainerEngine
+
+    model_dir = build_tiny_model(task_vocabulary(["count 1 to 3 :", "1 2 3"]), tmp_path / "m", hidden_size=32,
+                                 num_layers=1, num_heads=2, num_kv_heads=1, max_positions=64, seed=0)
+    kw = dict(lr=1e-3, weight_decay=0.0, loss=LossConfig(), micro_batch_size=8, temperature=1.0, seed=0)
+    tr = TrainerEngine(str(model_dir), **kw)
+    ids = tr.tokenizer("count 1 to 3 :", add_special_tokens=False).input_ids
+    resp = tr.tokenizer("1 2 3", add_special_tokens=False).input_ids
+    sample = {"prompt_ids": ids, "response_ids": resp, "behav_logprobs": [-1.0] * len(resp), "advantage": 1.0}
+    tr.begin_iteration(0, 1)
+    tr.train_step([sample])
+    tr.publish(1)
+    root = tmp_path / "checkpoints"
+    path = ck.save(root, 1, lambda tmp: tr.save_checkpoint(str(tmp), {"iteration": 1}), ck.run_state([], 1, 4))
+    assert ck.find_latest(root) == path and ck.is_valid(path)
+    expected_rand = torch.rand(3)
+
+    tr2 = TrainerEngine(str(path), **kw)
+    assert tr2.load_checkpoint(str(path)) == 1 and tr2.version == 1
+    assert torch.equal(torch.rand(3), expected_rand)  # RNG continues where the checkpoint left it
+    for (n, a), (_, b) in zip(tr.model.state_dict().items(), tr2.model.state_dict().items()):
+        assert torch.equal(a, b), n
+    s1, s2 = tr.opt.state_dict(), tr2.opt.state_dict()
+    for key in s1["state"]:
+        assert torch.equal(s1["state"][key]["exp_avg"], s2["state"][key]["exp_avg"])
+    # the next optimizer step is the same step on both
+    tr.begin_iteration(1, 1)
+    tr2.begin_iteration(1, 1)
+    a, b = tr.train_step([sample]), tr2.train_step([sample])
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+    for (n, x), (_, y) in zip(tr.model.state_dict().items(), tr2.model.state_dict().items()):
+        assert torch.allclose(x, y, atol=1e-6), n
