@@ -12,7 +12,7 @@ if grep -rnE "torch\.(cuda|npu)\b|import torch_npu" asp_ascend --include='*.py' 
   exit 1
 fi
 set +e
-python -m pytest -q "$@"
+python -m pytest -q --durations=15 "$@"
 rc=$?
 set -e
 # pytest exits 5 when no test was collected: that is a failure of the suite, not a pass.
