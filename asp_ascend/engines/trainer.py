@@ -95,7 +95,7 @@ class TrainerEngine:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
         return losses
 
     # ------------------------------------------------------------------ RL
@@ -150,7 +150,7 @@ class TrainerEngine:
                     ref = token_logprobs(self.ref_model, ids, att, self.temperature)
             loss, st = policy_loss(logp, behav, adv, mask, self.loss_cfg, prox, ref)
             (loss / denom).backward()
-            tot["loss"] += float(loss) / denom
+            tot["loss"] += loss.item() / denom
             for key in ("clipped", "tokens", "weight", "kl"):
                 tot[key] += st.get(key, 0.0)
             if first:  # behaviour vs trainer log-probs for samples drawn by exactly this version
