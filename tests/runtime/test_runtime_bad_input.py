@@ -46,6 +46,6 @@ def test_unknown_reward_function(tmp_path):
         _train(tmp_path, ["train.reward=no_such_module_xyz:score"])
 
 
-def test_resume_is_refused_rather_than_ignored(tmp_path):
-    with pytest.raises(ConfigError, match="resume"):
+def test_resume_without_a_previous_run(tmp_path):
+    with pytest.raises(ConfigError, match="resume: .* no run to resume"):
         _train(tmp_path, ["resume=true"])
