@@ -122,6 +122,8 @@ class RolloutConfig:
     request_timeout_s: float = _f(600.0, "an instance with work in flight that completes no decode step for this "
                                   "long is treated as failed (hung); its prompts move to the survivors; 0 = off")
     num_cpus: float = _f(1.0, "Ray CPUs reserved per instance when not pinned (pinned: one per listed core)")
+    max_restarts: int = _f(0, "Ray restarts of a dead or hung rollout instance; a restarted instance receives "
+                              "the newest published weights before it is given work")
 
 
 @dataclass

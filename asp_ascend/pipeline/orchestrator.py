@@ -68,6 +68,7 @@ class Orchestrator:
                  timeline_path: Path, logger: RunLogger, t0: float, eval_prompts: Prompts | None = None,
                  eval_every: int = 0, checkpoint_every: int = 0, checkpoint_dir: Path | None = None,
                  poll_s: float = 0.05, total_iterations: int | None = None, request_timeout_s: float = 0.0,
+                 max_restarts: int = 0, ticket=None,
                  replan: Callable | None = None, epochs: int = 1):
         self.instances = instances
         self.trainer = trainer
@@ -96,6 +97,10 @@ class Orchestrator:
         self.checkpoint_dir = checkpoint_dir
         self.poll_s = poll_s
         self.watch = HangWatch(len(instances), request_timeout_s)  # hung instances count as failed
+        # restarted instances (Ray actor restarts) rejoin once they hold the newest published weights
+        self.restarts_left = [max_restarts] * len(instances)
+        self.last_ticket = (dispatcher.adm.published, ticket)   # (version, WeightTicket ref) last published
+        self.rejoining: dict[int, dict] = {}
 
         self.timeline = Timeline()
         self._writer = TimelineWriter(timeline_path)
@@ -136,6 +141,7 @@ class Orchestrator:
         while self.iteration < self.first_iter + self.n_iters or self.syncs:
             self._collect_rollouts()
             self._fail_hung_instances()
+            self._rejoin_instances()
             self._finish_train_step()
             self._finish_syncs()
             self._dispatch()
@@ -289,6 +295,7 @@ class Orchestrator:
         v = i + 1
         t_start = self.now()
         ticket = self.trainer.publish.remote(v)
+        self.last_ticket = (v, ticket)
         self.adm.on_publish(v)
         refs = {r: self.instances[r].update_weights.remote(ticket) for r in range(len(self.instances)) if self.alive[r]}
         self.syncs.append({"version": v, "t_start": t_start, "refs": refs, "t_end": t_start})
@@ -405,6 +412,36 @@ class Orchestrator:
         for j, (v, pid) in enumerate(lost):
             self._submit_eval(v, pid, j)
         self.log.say(f"rollout instance {r} failed ({type(exc).__name__}); {len(moved)} prompt(s) re-dispatched")
+        self.watch.forget(r)
+        if self.restarts_left[r] > 0 and self.last_ticket[1] is not None:  # Ray restarts it: wait for it
+            self.restarts_left[r] -= 1
+            self.rejoining[r] = {"ref": self.instances[r].ready.remote(), "version": None}
+
+    def _rejoin_instances(self) -> None:
+        """A restarted instance (its constructor ran again: fresh engine, initial weights) first
+        receives the newest published weights, then rejoins the dispatcher (``instance`` event ``up``)."""
+        for r, st in list(self.rejoining.items()):
+            ready, _ = self.ray.wait([st["ref"]], timeout=0)
+            if not ready:
+                continue
+            try:
+                self.ray.get(st["ref"])
+            except self.ray.exceptions.RayActorError:  # gone for good (no restart left, or it died again)
+                del self.rejoining[r]
+                continue
+            if st["version"] is not None:
+                self.adm.on_instance_synced(r, st["version"])
+            if st["version"] is None or st["version"] < self.adm.published:  # (newer) weights to send first
+                st["version"], ticket = self.last_ticket
+                st["ref"] = self.instances[r].update_weights.remote(ticket)
+                continue
+            del self.rejoining[r]
+            self.dispatcher.on_instance_restarted(r)
+            self.alive[r] = True
+            self.inflight[r] = 0
+            self.poll_refs[r] = self.instances[r].poll.remote(0.0)
+            self._event("instance", t=self.now(), instance=r, state="up", version=st["version"])
+            self.log.say(f"rollout instance {r} restarted; rejoined at version {st['version']}")
 
     def _fail_hung_instances(self) -> None:
         """An instance with work and no progress for ``rollout.request_timeout_s`` is killed and
@@ -414,11 +451,10 @@ class Orchestrator:
             self.log.say(f"rollout instance {r}: no progress for {self.watch.timeout_s:g} s with "
                          f"{self.inflight[r]} group(s) in flight; treating it as failed")
             try:
-                self.ray.kill(self.instances[r], no_restart=True)
+                self.ray.kill(self.instances[r], no_restart=self.restarts_left[r] <= 0)
             except Exception:  # noqa: BLE001 - already gone
                 pass
             self._instance_failed(r, TimeoutError(f"no progress for {self.watch.timeout_s:g} s"))
-            self.watch.forget(r)
 
     def save_checkpoint(self, version: int) -> None:
         """Weights, optimizer, RNG, version, schedule cursor and length history (pipeline/checkpoint.py)."""

@@ -177,7 +177,7 @@ def run_train(cfg) -> int:
             eval_prompts=Prompts(ev_ids, dict(zip(ev.ids, ev.answers))) if ev_ids else None,
             eval_every=t.eval_every, checkpoint_every=t.checkpoint_every, checkpoint_dir=out / "checkpoints",
             total_iterations=plan["total_iterations"], replan=plan["replan"], epochs=t.epochs,
-            request_timeout_s=cfg.rollout.request_timeout_s)
+            request_timeout_s=cfg.rollout.request_timeout_s, max_restarts=cfg.rollout.max_restarts, ticket=ticket)
         if resume is not None:
             orch.history = list(resume.history)  # the length history observed before the interruption
         orch.run()
@@ -284,7 +284,8 @@ def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | Non
     logger.say(f"starting {R} vLLM instance(s) and the trainer (engine start takes ~20-40 s)")
     Rollout, Trainer = rollout_actor_class(), trainer_actor_class()
     # named per run, so tools (and the fault-injection test) can find an instance
-    instances = [Rollout.options(num_cpus=inst_cpus[r], name=f"asp-rollout-{os.getpid()}-{r}", **inst_opts).remote(
+    instances = [Rollout.options(num_cpus=inst_cpus[r], name=f"asp-rollout-{os.getpid()}-{r}",
+                                 max_restarts=cfg.rollout.max_restarts, **inst_opts).remote(
         str(model_dir), max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len, seed=cfg.seed + r,
         kv_cache_gib=cfg.rollout.kv_cache_space_gib, dtype=cfg.model.dtype, cpu_cores=inst_cores[r], instance=r)
         for r in range(R)]
