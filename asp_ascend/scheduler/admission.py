@@ -168,12 +168,20 @@ class Dispatcher:
         self.add(jobs)
 
     def add(self, jobs: Iterable[Job]) -> int:
-        """Queue more jobs (the next epoch, re-planned from observed lengths); returns how many."""
+        """Queue more jobs (the next epoch, re-planned from observed lengths); returns how many.
+
+        A job planned for a failed instance goes to the live instance with the fewest queued
+        jobs, as in ``on_instance_failed`` (a plan made before the failure is never stranded)."""
         n = 0
         for job in jobs:
             q = 0 if self.shared else job.instance
             if not 0 <= q < len(self.queues):
                 raise ValueError(f"job {job.prompt_id}: instance {job.instance} out of range 0..{len(self.queues) - 1}")
+            if not self.shared and not self.alive[q]:
+                survivors = [i for i, a in enumerate(self.alive) if a]
+                if not survivors:
+                    raise RuntimeError("every rollout instance has failed")
+                q = min(survivors, key=lambda i: (len(self.queues[i]), i))
             self.queues[q].push(job)
             self.total += 1
             n += 1

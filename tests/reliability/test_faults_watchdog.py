@@ -101,3 +101,16 @@ def test_hung_instance_prompts_move_once_and_keep_their_iteration():
     assert sorted(j.prompt_id for j in finished) == sorted(j.prompt_id for j in jobs)
     assert all(j.iteration == int(j.prompt_id[1]) for j in finished)
     assert d.done
+
+
+def test_jobs_planned_for_a_failed_instance_go_to_survivors():
+    """An adaptive re-plan made for R instances after one failed: nothing is stranded on it."""
+    d = Dispatcher([Job(0, 0, "a", instance=0)], 2, AdmissionController(1, 2))
+    d.on_instance_failed(1)
+    d.add([Job(1, 1, "b", epoch=1, instance=1), Job(1, 2, "c", epoch=1, instance=0)])
+    assert d.pending(1) == 0 and d.pending(0) == 3
+    got = []
+    while (nxt := d.next_for(0)) is not None:
+        got.append(nxt[0].prompt_id)
+        d.on_finish(nxt[0].prompt_id, nxt[0].epoch)
+    assert sorted(got) == ["a", "b", "c"] and d.done
