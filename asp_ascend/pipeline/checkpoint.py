@@ -32,7 +32,7 @@ from pathlib import Path
 from ..errors import ConfigError
 
 STATE_FILE = "run_state.json"
-REQUIRED = ("config.json", "model.safetensors", "optimizer.pt", "trainer_state.json", STATE_FILE)
+REQUIRED = ("config.json", "model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json", STATE_FILE)
 SCHEMA_VERSION = 1
 
 

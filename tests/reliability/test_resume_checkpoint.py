@@ -21,7 +21,7 @@ def _trainer_files(version: int, fail_after: int | None = None):
     """Writes what TrainerEngine.save_checkpoint writes (stand-in bytes); may crash midway."""
     def write(tmp: Path):
         tmp.mkdir(exist_ok=True)
-        for n, name in enumerate(("config.json", "model.safetensors", "optimizer.pt")):
+        for n, name in enumerate(("config.json", "model.safetensors", "optimizer.pt", "rng.pt")):
             if fail_after is not None and n == fail_after:
                 raise OSError("disk full (injected)")
             (tmp / name).write_bytes(b"{}" if name.endswith(".json") else b"\0" * 16)
