@@ -34,6 +34,9 @@ from .sample_queue import SampleQueue
 from .watchdog import HangWatch
 
 
+REJOIN_TIMEOUT_S = 1800.0  # how long a failed instance with restarts left is waited for
+
+
 @dataclass
 class Sampling:
     group_size: int
@@ -415,19 +418,26 @@ class Orchestrator:
         self.watch.forget(r)
         if self.restarts_left[r] > 0 and self.last_ticket[1] is not None:  # Ray restarts it: wait for it
             self.restarts_left[r] -= 1
-            self.rejoining[r] = {"ref": self.instances[r].ready.remote(), "version": None}
+            self.rejoining[r] = {"ref": None, "version": None, "retry_at": self.now() + 1.0,
+                                 "give_up_at": self.now() + REJOIN_TIMEOUT_S}
 
     def _rejoin_instances(self) -> None:
         """A restarted instance (its constructor ran again: fresh engine, initial weights) first
         receives the newest published weights, then rejoins the dispatcher (``instance`` event ``up``)."""
         for r, st in list(self.rejoining.items()):
+            if st["ref"] is None:  # probe again: calls to a restarting actor fail at once
+                if self.now() >= st["give_up_at"]:
+                    del self.rejoining[r]
+                elif self.now() >= st["retry_at"]:
+                    st["ref"] = self.instances[r].ready.remote()
+                continue
             ready, _ = self.ray.wait([st["ref"]], timeout=0)
             if not ready:
                 continue
             try:
                 self.ray.get(st["ref"])
-            except self.ray.exceptions.RayActorError:  # gone for good (no restart left, or it died again)
-                del self.rejoining[r]
+            except self.ray.exceptions.RayError:  # still restarting (or gone): probe again later
+                st.update(ref=None, version=None, retry_at=self.now() + 2.0)
                 continue
             if st["version"] is not None:
                 self.adm.on_instance_synced(r, st["version"])
