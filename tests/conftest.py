@@ -21,3 +21,14 @@ def empty_yaml(tmp_path) -> Path:
     p = tmp_path / "empty.yaml"
     p.write_text("{}\n")
     return p
+
+
+@pytest.fixture(autouse=True)
+def _no_ray_session_leaks():
+    """Every test starts and ends without a Ray session in this process (a test that
+    touches Ray from a helper thread can start one implicitly; the next test must not
+    inherit it)."""
+    yield
+    ray = sys.modules.get("ray")
+    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+        ray.shutdown()
