@@ -25,10 +25,12 @@ def empty_yaml(tmp_path) -> Path:
 
 @pytest.fixture(autouse=True)
 def _no_ray_session_leaks():
-    """Every test starts and ends without a Ray session in this process (a test that
-    touches Ray from a helper thread can start one implicitly; the next test must not
-    inherit it)."""
+    """A Ray session that a test started (a test touching Ray from a helper thread can start
+    one implicitly) ends with the test, so the next test does not inherit it; sessions that
+    were already running when the test began (a module's own fixture) are left alone."""
+    ray = sys.modules.get("ray")
+    before = ray is not None and getattr(ray, "is_initialized", lambda: False)()
     yield
     ray = sys.modules.get("ray")
-    if ray is not None and getattr(ray, "is_initialized", lambda: False)():
+    if not before and ray is not None and getattr(ray, "is_initialized", lambda: False)():
         ray.shutdown()
