@@ -85,7 +85,6 @@ def train_summary(out: Path, tl=None) -> dict:
 
 
 def write_train_report(out: Path) -> Path:
-    from ..io import write_text_atomic
     from ..metrics.timeline import Timeline
     from . import plots
     from .sim_report import _table
@@ -107,10 +106,6 @@ def write_train_report(out: Path) -> Path:
     if not metrics.empty:
         figs.append(("Per-iteration metrics", plots.iteration_series(metrics, out / "iterations.png")))
         md += [f"{len(metrics)} iterations in metrics.jsonl.", ""]
-    md += ["## Plots", ""]
-    for title, path in figs:
-        md += [f"### {title}", "", f"![{title}]({Path(path).name})", ""]
-    md += ["Metric definitions: docs/metrics.md.", ""]
-    path = out / "report.md"
-    write_text_atomic(path, "\n".join(md))
-    return path
+    from .sim_report import write_markdown
+
+    return write_markdown(out, md, figs, "Metric definitions: docs/metrics.md.")

@@ -71,7 +71,6 @@ def write_sim_report(out, views: dict | None = None) -> Path:
     ``views``: per policy, in-memory timeline frames (``request``, ``queue``, ``sync``) for the
     Gantt and queue plots; without them the ``timeline_<policy>.jsonl`` files are read.
     """
-    from ..io import write_text_atomic
     from ..metrics.timeline import Timeline
 
     out = Path(out)
@@ -151,10 +150,18 @@ def write_sim_report(out, views: dict | None = None) -> Path:
         figs.append(("Rollout/trainer split", plots.scaling_curve(
             split, out / "split.png", xlabel="rollout devices (the rest train)",
             title="throughput against the rollout/trainer split", log_x=False)))
-    md += ["## Plots", ""]
+    return write_markdown(out, md, figs, "Metric definitions: docs/metrics.md. Simulator model and its limits: "
+                          "docs/simulator.md.")
+
+
+def write_markdown(out: Path, md: list[str], figs: list[tuple[str, str]], footer: str) -> Path:
+    """Append the plots section and ``footer`` to ``md``; write ``out/report.md`` atomically."""
+    from ..io import write_text_atomic
+
+    md = md + ["## Plots", ""]
     for title, path in figs:
         md += [f"### {title}", "", f"![{title}]({Path(path).name})", ""]
-    md += ["Metric definitions: docs/metrics.md. Simulator model and its limits: docs/simulator.md.", ""]
+    md += [footer, ""]
     path = out / "report.md"
     write_text_atomic(path, "\n".join(md))
     return path
