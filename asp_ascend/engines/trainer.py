@@ -24,7 +24,7 @@ from ..algos.grpo import LossConfig, policy_loss, token_logprobs
 class TrainerEngine:
     def __init__(self, model_dir: str, *, lr: float, weight_decay: float, loss: LossConfig,
                  micro_batch_size: int, temperature: float, seed: int, dtype: str = "float32",
-                 cpu_cores: list[int] | None = None, platform: str = "cpu"):
+                 cpu_cores: list[int] | None = None, platform: str = "cpu", bucket_bytes: int = 1 << 30):
         from ..engines.rollout import pin_process
 
         pin_process(list(cpu_cores or []))
@@ -36,6 +36,7 @@ class TrainerEngine:
         from ..platforms import get_platform
 
         self.platform = get_platform(platform)
+        self.bucket_bytes = int(bucket_bytes)
         if cpu_cores:
             torch.set_num_threads(len(cpu_cores))
         self.platform.manual_seed(seed)
@@ -173,12 +174,54 @@ class TrainerEngine:
                 "logprob_diff_mean": diff_sum / diff_n if diff_n else None}
 
     # ------------------------------------------------------------------ weights
-    def publish(self, version: int):
-        """A ``WeightTicket`` for ``version`` (Ray object-store transport on CPU)."""
-        from ..platforms.transport import RayObjectStoreTransport
+    def _named_weights(self) -> list:
+        """The full (unsharded) weights as (name, tensor) in HF names. A sharded trainer
+        overrides this with its gather (a collective every rank calls)."""
+        return list(self.model.state_dict().items())
+
+    def publish(self, version: int, transport: str = "object_store"):
+        """A ``WeightTicket`` for ``version``.
+
+        ``object_store``: the ticket carries one ``ray.put`` of the weights. ``broadcast``: the
+        ticket carries only the bucket layout; the weights wait here until ``send_weights``
+        broadcasts them to the instances that were handed the ticket.
+        """
+        from ..platforms.transport import RayObjectStoreTransport, WeightTicket, plan_buckets, specs_of
 
         self.version = version
-        return RayObjectStoreTransport().prepare(version, self.model.state_dict().items())
+        named = self._named_weights()
+        if transport == "object_store":
+            self._pending = None
+            return RayObjectStoreTransport().prepare(version, named)
+        if transport != "broadcast":
+            raise ValueError(f"weight_sync.transport: unknown {transport!r}")
+        self._pending = (version, named)
+        return WeightTicket(version, plan_buckets(specs_of(named), self.bucket_bytes))
+
+    def node_ip(self) -> str:
+        """Where the weight-sync group's store listens (this actor's node)."""
+        import ray
+
+        return ray.util.get_node_ip_address()
+
+    def send_weights(self, version: int, group: dict) -> dict:
+        """Broadcast the weights ``publish(version, "broadcast")`` kept to the instances of
+        ``group`` (``{"gen", "host", "port", "world"}``; this trainer is rank 0). A new ``gen``
+        (the set of instances changed) builds a new communicator on ``port``."""
+        from ..platforms.transport import BroadcastTransport, create_communicator
+
+        if getattr(self, "_pending", None) is None or self._pending[0] != version:
+            raise RuntimeError(f"send_weights({version}): publish({version}, 'broadcast') did not run first")
+        t0 = time.time()
+        comm = getattr(self, "_comm", None)
+        if comm is None or comm[0] != group["gen"]:
+            self._comm = None  # drop the old group before the new store binds
+            self._comm = (group["gen"], create_communicator(self.platform.name, group["host"], int(group["port"]),
+                                                            0, int(group["world"]), self.device.index or 0))
+        _, named = self._pending
+        tx = BroadcastTransport(self._comm[1], self.bucket_bytes, synchronize=self.platform.synchronize)
+        tx.send(tx.prepare(version, named), named)
+        return {"t_start": t0, "t_end": time.time(), "version": version}
 
     def sequence_logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
         import torch

@@ -100,7 +100,7 @@ def _dtype_name(t) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def _specs(named: list) -> list[tuple[str, tuple[int, ...], str]]:
+def specs_of(named: list) -> list[tuple[str, tuple[int, ...], str]]:
     return [(n, tuple(t.shape), _dtype_name(t)) for n, t in named]
 
 
@@ -118,7 +118,7 @@ class InProcessTransport:
 
     def prepare(self, version, named_tensors):
         named = [(n, t.detach().to("cpu").clone()) for n, t in named_tensors]
-        return WeightTicket(version, plan_buckets(_specs(named), DEFAULT_BUCKET_BYTES), payload=named)
+        return WeightTicket(version, plan_buckets(specs_of(named), DEFAULT_BUCKET_BYTES), payload=named)
 
     def send(self, ticket, named_tensors) -> None:
         """Nothing to do: the data travels in the ticket."""
@@ -149,7 +149,7 @@ class RayObjectStoreTransport:
         ray = _ray()
         named = list(named_tensors)
         blob = serialize_state(named)
-        return WeightTicket(version, plan_buckets(_specs(named), DEFAULT_BUCKET_BYTES), payload=ray.put(blob))
+        return WeightTicket(version, plan_buckets(specs_of(named), DEFAULT_BUCKET_BYTES), payload=ray.put(blob))
 
     def send(self, ticket, named_tensors) -> None:
         """Nothing to do: prepare already placed the blob in the object store."""
@@ -185,7 +185,7 @@ class BroadcastTransport:
         self.src = src
 
     def prepare(self, version, named_tensors):
-        return WeightTicket(version, plan_buckets(_specs(list(named_tensors)), self.bucket_bytes))
+        return WeightTicket(version, plan_buckets(specs_of(list(named_tensors)), self.bucket_bytes))
 
     def send(self, ticket, named_tensors) -> None:
         import torch

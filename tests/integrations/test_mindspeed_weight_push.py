@@ -32,11 +32,11 @@ class TrainerRank:
         self.ep = PushEndpoint("cpu")
 
     def asp_weight_manifest(self, bucket_bytes):
-        from asp_ascend.platforms.transport import _specs, plan_buckets
+        from asp_ascend.platforms.transport import plan_buckets, specs_of
 
         if self.j is None:
             return None
-        return self.j, plan_buckets(_specs(shard(self.j, 0)), bucket_bytes), ray.util.get_node_ip_address()
+        return self.j, plan_buckets(specs_of(shard(self.j, 0)), bucket_bytes), ray.util.get_node_ip_address()
 
     def asp_push_weights(self, version, base_port, num_instances, bucket_bytes):
         if self.j is not None:

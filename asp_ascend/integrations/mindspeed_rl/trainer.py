@@ -114,11 +114,11 @@ def make_trainer_worker_class():
         def asp_weight_manifest(self, bucket_bytes: int):
             """(tp_index, buckets, node IP) on senders, None elsewhere; collective over the trainer ranks.
             The sender of TP index j hosts communicator j's store, so instances connect to its IP."""
-            from asp_ascend.platforms.transport import _specs, plan_buckets
+            from asp_ascend.platforms.transport import plan_buckets, specs_of
 
             params = self._asp_params()
             j = self._asp_first_dp_group()
-            out = None if j is None else (j, plan_buckets(_specs(list(params.items())), bucket_bytes),
+            out = None if j is None else (j, plan_buckets(specs_of(list(params.items())), bucket_bytes),
                                           ray.util.get_node_ip_address())
             self._asp_release()
             return out
