@@ -142,8 +142,11 @@ class TrainConfig:
     warmup_sft_steps: int = _f(0, "supervised warm-start steps on reference answers before RL")
     eval_every: int = _f(0, "evaluate on held-out prompts every N iterations (0 = never)")
     checkpoint_every: int = _f(0, "checkpoint every N iterations (0 = only at the end)")
-    cpu_cores: list = _f([], "CPU only: cores of the trainer, e.g. [1]; [] = no pinning")
-    num_cpus: float = _f(1.0, "Ray CPUs reserved for the trainer when not pinned (pinned: one per listed core)")
+    cpu_cores: list = _f([], "CPU only: cores of the trainer, e.g. [1] (shared by all ranks) or [[1],[2]] "
+                         "(one list per rank, train.devices > 1); [] = no pinning")
+    num_cpus: float = _f(1.0, "Ray CPUs reserved per trainer rank when not pinned (pinned: one per listed core)")
+    devices: int = _f(1, "trainer data-parallel ranks (one device each); > 1 shards the model with FSDP2 "
+                      "(torch.distributed.fsdp.fully_shard)")
     warmup_sft_lr: float = _f(1e-3, "learning rate of the supervised warm start")
     warmup_sft_batch_size: int = _f(32, "prompts per supervised warm-start step")
     max_iterations: int = _f(0, "stop after this many iterations (0 = all epochs)")
@@ -391,6 +394,7 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
     pos("train.global_batch_size", t.global_batch_size)
     pos("train.mini_batch_size", t.mini_batch_size)
     pos("train.micro_batch_size", t.micro_batch_size)
+    pos("train.devices", t.devices)
     pos("train.epochs", t.epochs)
     pos("pipeline.lag_bound", pl.lag_bound, 0)
     pos("lengths.max_response_length", cfg.lengths.max_response_length)

@@ -1,0 +1,342 @@
+"""A data-parallel trainer: ``train.devices`` ranks, the model sharded with FSDP2.
+
+:class:`FSDPTrainerRank` is one rank (a :class:`TrainerEngine` whose model is
+``fully_shard``-ed per decoder layer and at the root, over the platform's collective
+backend: gloo on CPU, nccl on CUDA, hccl on NPU). :class:`TrainerGroup` starts the ranks as
+Ray actors and offers the single trainer actor's call surface (``group.train_step.remote(...)``
+returns one ObjectRef), so the orchestrator and ``asp train`` drive either the same way.
+
+Invariants (each checked by tests/runtime/test_fsdp_trainer.py):
+
+- **Same step as one trainer.** A mini-batch is split token-balanced across ranks; every rank
+  divides its loss by the mini-batch's GLOBAL response-token count and gradients are summed
+  across ranks (divide factor 1), so the update equals one trainer's on the whole mini-batch
+  (same AdamW, same clip at the global norm), up to float reduction order.
+- **Collectives line up.** Every forward/backward of a sharded model is a collective, so every
+  rank runs the same number of micro-batch passes (a rank with less work runs empty passes:
+  no response tokens, zero loss, zero gradient) and every method is called on every rank in
+  the same order (Ray runs one caller's calls to an actor in order).
+- **Weights leave whole.** ``_named_weights`` gathers the full HF state dict (every rank takes
+  part); rank 0 holds it, so rank 0's ``publish`` ticket is the one the instances receive.
+- **Checkpoints are the single trainer's format.** Rank 0 writes HF safetensors, the tokenizer
+  and ``optimizer.pt`` as the full (unsharded) AdamW state keyed like a single trainer's, so a
+  checkpoint loads with any ``train.devices``.
+
+pi_prox and the KL reference are sharded copies (built from the model's config, loaded from
+the sharded state dict; no gather). Left out: tensor/sequence parallelism, CPU offload of
+parameters, mixed-precision policies (the model trains in ``model.dtype``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import time
+from pathlib import Path
+
+from ..algos.grpo import token_logprobs
+from .trainer import TrainerEngine
+
+
+def _dummy_sample(pad_id: int) -> dict:
+    """One pass's worth of nothing: a two-token prompt, no response (zero loss and tokens)."""
+    return {"prompt_ids": [pad_id, pad_id], "response_ids": [], "behav_logprobs": [], "advantage": 0.0}
+
+
+DUMMY_TOKENS = 2
+
+
+class FSDPTrainerRank(TrainerEngine):
+    """One data-parallel rank. Constructed cheaply; ``connect(addr, port)`` joins the process
+    group and only then loads and shards the model (the group learns rank 0's address first)."""
+
+    def __init__(self, model_dir: str, *, rank: int, world_size: int, **kw):
+        self._args = (model_dir, kw)
+        self.rank, self.world = int(rank), int(world_size)
+        self._passes = 0
+        self._dummies = 0
+
+    # ------------------------------------------------------------------ setup
+    def endpoint(self) -> tuple[str, int]:
+        """This node's IP and a free TCP port (rank 0: the group's rendezvous)."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            port = s.getsockname()[1]
+        return ray.util.get_node_ip_address(), port
+
+    def connect(self, master_addr: str, master_port: int, timeout_s: float = 600.0) -> int:
+        import datetime
+
+        import torch.distributed as dist
+
+        from ..platforms import get_platform
+
+        model_dir, kw = self._args
+        plat = get_platform(kw.get("platform", "cpu"))
+        if plat.ray_resource:  # the actor sees its own device as index 0
+            plat.set_device(0)
+        if not dist.is_initialized():
+            dist.init_process_group(plat.comm_backend, init_method=f"tcp://{master_addr}:{int(master_port)}",
+                                    rank=self.rank, world_size=self.world,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        TrainerEngine.__init__(self, model_dir, **kw)
+        self._dtype = kw.get("dtype", "float32")
+        return self.rank
+
+    def _mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if getattr(self, "_mesh_obj", None) is None:
+            self._mesh_obj = init_device_mesh(self.platform.device_type, (self.world,))
+        return self._mesh_obj
+
+    def _wrap_model(self, model):
+        """fully_shard each decoder layer (``model.model.layers``, Qwen2/Llama style), then the root;
+        gradients are summed across ranks (each rank's loss is already divided by the global count)."""
+        from torch.distributed.fsdp import fully_shard
+
+        mesh = self._mesh()
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        for m in list(layers or []) + [model]:
+            fully_shard(m, mesh=mesh)
+            m.set_gradient_divide_factor(1.0)  # per FSDP module: sum, do not average
+            m.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
+        return model
+
+    def _sharded_copy(self):
+        """A frozen, identically sharded copy of the current weights (pi_prox or the reference)."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        copy = AutoModelForCausalLM.from_config(self.model.config, dtype=getattr(torch, self._dtype)).to(self.device)
+        copy = self._wrap_model(copy)
+        copy.load_state_dict(self.model.state_dict())
+        return copy.eval()
+
+    # ------------------------------------------------------------------ RL
+    def begin_iteration(self, version: int, mini_batches: int) -> None:
+        self.version = version
+        self._steps_in_iteration = 0
+        if self.loss_cfg.kl_coef > 0 and self.ref_model is None:
+            self.ref_model = self._sharded_copy()
+        if self.loss_cfg.off_policy != "none" and mini_batches > 1:
+            if self.prox_model is None:
+                self.prox_model = self._sharded_copy()
+            else:
+                self.prox_model.load_state_dict(self.model.state_dict())
+
+    def _micro_batches(self, samples: list[dict]) -> list[list[dict]]:
+        mbs = super()._micro_batches(samples)
+        self._dummies = max(0, self._passes - len(mbs))
+        return mbs + [[_dummy_sample(self.pad_id)] for _ in range(self._dummies)]
+
+    def train_step(self, samples: list[dict], denom: int | None = None, passes: int = 0) -> dict:
+        """This rank's share of one optimizer step: ``denom`` = the mini-batch's response tokens
+        (all ranks), ``passes`` = the micro-batch passes every rank runs (the largest share's)."""
+        self._passes = max(int(passes), -(-len(samples) // self.micro), 1)
+        st = super().train_step(samples, denom)
+        st["tokens"] -= DUMMY_TOKENS * self._dummies
+        st["rank"] = self.rank
+        return st
+
+    def sft(self, examples: list[tuple[list[int], list[int]]], steps: int, batch_size: int, lr: float,
+            seed: int) -> list[float]:
+        """The single trainer's warm start, data-parallel: every rank draws the same batch (same
+        seed), trains on its slice, divides by the batch's answer tokens; returns the global losses."""
+        import numpy as np
+        import torch
+        import torch.distributed as dist
+
+        rng = np.random.default_rng(seed)
+        opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        losses = []
+        for _ in range(steps):
+            pick = rng.choice(len(examples), size=min(batch_size, len(examples)), replace=False)
+            batch = [examples[i] for i in pick]
+            denom = max(sum(len(a) for _, a in batch), 1)
+            mine = batch[self.rank::self.world] or [([self.pad_id, self.pad_id], [])]
+            ids, att = self._pad([p + a for p, a in mine])
+            mask = self._response_tensor([[1.0] * len(a) for _, a in mine], [len(p) for p, _ in mine], ids.shape[1])
+            logp = token_logprobs(self.model, ids, att)
+            loss = -(logp * mask).sum() / denom
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total = loss.detach().clone()
+            dist.all_reduce(total)
+            losses.append(float(total))
+        return losses
+
+    def sequence_logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
+        return super().sequence_logprobs(prompt_ids, response_ids)  # a collective: every rank runs it
+
+    # ------------------------------------------------------------------ weights
+    def _named_weights(self) -> list:
+        """The full HF state dict on rank 0 (on CPU); [] on the other ranks. Collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return list(sd.items()) if self.rank == 0 else []
+
+    def _param_names(self) -> list[str]:
+        return [n for n, _ in self.model.named_parameters()]
+
+    def save_checkpoint(self, path: str, state: dict) -> str:
+        """Every rank gathers; rank 0 writes the single trainer's layout into ``path``."""
+        import torch
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        full = dict(self._named_weights())
+        osd = get_optimizer_state_dict(self.model, self.opt,
+                                       options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return str(path)
+        names = self._param_names()
+        index = {n: i for i, n in enumerate(names)}
+        osd = {"state": {index[n]: v for n, v in osd["state"].items()},
+               "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]}
+        final = Path(path)
+        tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        self.model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
+        self.tokenizer.save_pretrained(tmp)
+        torch.save(osd, tmp / "optimizer.pt")
+        torch.save(self._rng_state(), tmp / "rng.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps({"schema_version": 1, "version": self.version,
+                                                             "devices": self.world, **state}))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        return str(final)
+
+    def load_checkpoint(self, path: str) -> int:
+        """Optimizer (rank 0 reads the full state, the ranks take their shards), version, RNG."""
+        import torch
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        p = Path(path)
+        osd = {}
+        if self.rank == 0:
+            raw = torch.load(p / "optimizer.pt", map_location="cpu", weights_only=False)
+            names = self._param_names()
+            osd = {"state": {names[int(i)]: v for i, v in raw["state"].items()},
+                   "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in raw["param_groups"]]}
+        set_optimizer_state_dict(self.model, self.opt, optim_state_dict=osd,
+                                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        if (p / "rng.pt").is_file():
+            self._set_rng_state(torch.load(p / "rng.pt", weights_only=False))
+        self.version = int(json.loads((p / "trainer_state.json").read_text())["version"])
+        return self.version
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def split_balanced(samples: list[dict], world: int) -> list[list[dict]]:
+    """Longest-first onto the rank with the fewest tokens (prompt + response); each share keeps
+    the mini-batch's order."""
+    load = [0] * world
+    owner = [0] * len(samples)
+    size = [len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples]
+    for i in sorted(range(len(samples)), key=lambda i: -size[i]):
+        r = min(range(world), key=lambda r: (load[r], r))
+        owner[i] = r
+        load[r] += size[i]
+    return [[s for s, o in zip(samples, owner) if o == r] for r in range(world)]
+
+
+def merge_steps(steps: list[dict]) -> dict:
+    """One step record from the ranks' records (token sums added; ratios recomputed)."""
+    s = {k: sum(st["sums"][k] for st in steps) for k in steps[0]["sums"]}
+    s["diff_max"] = max(st["sums"]["diff_max"] for st in steps)
+    ntok = max(s["tokens"], 1.0)
+    n = int(s["diff_n"])
+    return {"t_start": min(st["t_start"] for st in steps), "t_end": max(st["t_end"] for st in steps),
+            "tokens": sum(st["tokens"] for st in steps), "padded_tokens": sum(st["padded_tokens"] for st in steps),
+            "loss": s["loss"], "clip_frac": s["clipped"] / ntok, "is_weight_mean": s["weight"] / ntok,
+            "kl": s["kl"] / ntok, "grad_norm": steps[0]["grad_norm"],
+            "logprob_diff_max": s["diff_max"] if n else None, "logprob_diff_mean": s["diff_sum"] / n if n else None,
+            "sums": s, "ranks": len(steps)}
+
+
+class _Method:
+    """``group.<name>.remote(...)``: one ObjectRef, like a method of one actor."""
+
+    def __init__(self, fn):
+        self._fn = fn
+
+    def remote(self, *args, **kwargs):
+        return self._fn(*args, **kwargs)
+
+
+class TrainerGroup:
+    """``world`` :class:`FSDPTrainerRank` actors behind the single trainer actor's call surface.
+
+    ``actor_options``: Ray options of each rank (``num_cpus``, the platform's device resource,
+    ``runtime_env``); ``rank_kwargs``: each rank's TrainerEngine arguments (``cpu_cores`` may
+    differ per rank: pass ``cores_per_rank``). Blocks until every rank has loaded its shard.
+    """
+
+    def __init__(self, model_dir: str, world: int, *, actor_options: dict | None = None,
+                 cores_per_rank: list[list[int]] | None = None, **rank_kwargs):
+        import ray
+
+        self.world = int(world)
+        actor = ray.remote(FSDPTrainerRank)
+        opts = dict(actor_options or {})
+        self.ranks = [actor.options(**opts).remote(str(model_dir), rank=r, world_size=self.world,
+                                                   **{**rank_kwargs, "cpu_cores": (cores_per_rank or [[]] * world)[r]})
+                      for r in range(self.world)]
+        addr, port = ray.get(self.ranks[0].endpoint.remote())
+        ray.get([a.connect.remote(addr, port) for a in self.ranks])
+        micro = int(rank_kwargs.get("micro_batch_size", 1))
+        self._micro = micro
+        self._pick = ray.remote(num_cpus=0)(_pick)
+        self._merge = ray.remote(num_cpus=0)(_merge)
+        for name in ("ready", "begin_iteration", "sft", "sequence_logprobs", "save_checkpoint", "load_checkpoint"):
+            setattr(self, name, _Method(self._all(name)))
+        self.train_step = _Method(self._train_step)
+        self.publish = _Method(self._publish)
+        self.node_ip = _Method(lambda: self.ranks[0].node_ip.remote())
+        self.send_weights = _Method(lambda *a, **k: self.ranks[0].send_weights.remote(*a, **k))
+        self.shutdown = _Method(self._all("shutdown"))
+
+    def _all(self, name: str):
+        def call(*args, **kwargs):
+            refs = [getattr(a, name).remote(*args, **kwargs) for a in self.ranks]
+            return self._pick.remote(0, *refs)  # waits for every rank; rank 0's answer
+        return call
+
+    def _train_step(self, samples: list[dict]):
+        shares = split_balanced(samples, self.world)
+        denom = sum(len(s["response_ids"]) for s in samples)
+        passes = max(1, max(-(-len(sh) // self._micro) for sh in shares))
+        refs = [a.train_step.remote(sh, denom, passes) for a, sh in zip(self.ranks, shares)]
+        return self._merge.remote(*refs)
+
+    def _publish(self, version: int, transport: str = "object_store"):
+        """Every rank takes part in the gather; rank 0's ticket carries the weights."""
+        refs = [a.publish.remote(version, transport) for a in self.ranks]
+        self._last_publish = refs  # the other ranks' (empty) tickets stay alive until the next publish
+        return refs[0]
+
+    def kill(self) -> None:
+        import ray
+
+        for a in self.ranks:
+            ray.kill(a)
+
+
+def _pick(i: int, *values):
+    return values[i]
+
+
+def _merge(*steps):
+    return merge_steps(list(steps))
