@@ -41,7 +41,8 @@ class TrainerEngine:
             torch.set_num_threads(len(cpu_cores))
         self.platform.manual_seed(seed)
         self.device = self.platform.torch_device(0)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(self.device)
+        self.model = self._wrap_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
+                                      .to(self.device))
         self.tokenizer = load_tokenizer(model_dir)
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -54,7 +55,14 @@ class TrainerEngine:
         self.ref_model = None
         self._steps_in_iteration = 0
 
+    def _wrap_model(self, model):
+        """The model the optimizer trains (a sharded trainer shards it here)."""
+        return model
+
     # ------------------------------------------------------------------ batches
+    def _micro_batches(self, samples: list[dict]) -> list[list[dict]]:
+        return [samples[k:k + self.micro] for k in range(0, len(samples), self.micro)]
+
     def _pad(self, seqs: list[list[int]]):
         import torch
 
@@ -112,23 +120,25 @@ class TrainerEngine:
             else:
                 self.prox_model.load_state_dict(self.model.state_dict())
 
-    def train_step(self, samples: list[dict]) -> dict:
+    def train_step(self, samples: list[dict], denom: int | None = None) -> dict:
         """One optimizer step over ``samples`` (prompt_ids, response_ids, behav_logprobs, advantage).
 
-        Returns timings, token counts (real and pad slots) and loss statistics.
+        The loss is divided by ``denom`` (default: the response tokens of ``samples``; a
+        data-parallel rank passes the whole mini-batch's count). Returns timings, token counts
+        (real and pad slots), loss statistics and their raw token sums (``sums``).
         """
         import torch
 
         t_start = time.time()
-        n_resp = sum(len(s["response_ids"]) for s in samples)
-        denom = max(n_resp, 1)
+        if denom is None:
+            denom = sum(len(s["response_ids"]) for s in samples)
+        denom = max(int(denom), 1)
         first = self._steps_in_iteration == 0
         tot = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "weight": 0.0, "kl": 0.0}
         tokens = padded = 0
         diff_max, diff_sum, diff_n = 0.0, 0.0, 0
         self.opt.zero_grad(set_to_none=True)
-        for k in range(0, len(samples), self.micro):
-            mb = samples[k:k + self.micro]
+        for mb in self._micro_batches(samples):
             seqs = [s["prompt_ids"] + s["response_ids"] for s in mb]
             plens = [len(s["prompt_ids"]) for s in mb]
             ids, att = self._pad(seqs)
@@ -171,7 +181,8 @@ class TrainerEngine:
                 "loss": tot["loss"], "clip_frac": tot["clipped"] / ntok, "is_weight_mean": tot["weight"] / ntok,
                 "kl": tot["kl"] / ntok, "grad_norm": float(gn),
                 "logprob_diff_max": diff_max if diff_n else None,
-                "logprob_diff_mean": diff_sum / diff_n if diff_n else None}
+                "logprob_diff_mean": diff_sum / diff_n if diff_n else None,
+                "sums": {**tot, "diff_sum": diff_sum, "diff_n": diff_n, "diff_max": diff_max}}
 
     # ------------------------------------------------------------------ weights
     def _named_weights(self) -> list:
