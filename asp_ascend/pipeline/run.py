@@ -45,24 +45,33 @@ def _core_lists(cores: list, n: int, key: str) -> list[list[int]]:
     return [list(map(int, c)) for c in cores]
 
 
-def check_resources(cfg, available: set[int] | None = None) -> tuple[list[list[int]], list[int], list[float], float]:
-    """Per-instance cores, trainer cores, and the Ray CPUs each actor reserves; fail if they do not fit."""
+def check_resources(cfg, available: set[int] | None = None) -> tuple[list[list[int]], list[list[int]], list[float], float]:
+    """Per-instance cores, per-trainer-rank cores, the Ray CPUs each instance reserves and the
+    trainer's total (all ``train.devices`` ranks); fail if they do not fit.
+
+    ``train.cpu_cores``: a flat list is shared by every rank (the ranks split its Ray CPUs);
+    one list per rank (``[[1], [2]]``) pins each rank to its own cores."""
     R = cfg.rollout.num_instances
+    D = cfg.train.devices
     inst_cores = _core_lists(cfg.rollout.cpu_cores, R, "rollout.cpu_cores")
-    tr_cores = [int(c) for c in cfg.train.cpu_cores]
+    tr_cores = _core_lists(cfg.train.cpu_cores, D, "train.cpu_cores")
     avail = available if available is not None else set(os.sched_getaffinity(0))
-    bad = sorted({c for cs in inst_cores for c in cs} | set(tr_cores) - avail)
-    bad = [c for c in bad if c not in avail]
+    bad = sorted({c for cs in inst_cores + tr_cores for c in cs} - avail)
     if bad:
         raise ConfigError([f"rollout.cpu_cores / train.cpu_cores: core(s) {bad} are not available here "
                            f"(usable cores: {sorted(avail)})"])
     inst_cpus = [float(len(c)) if c else cfg.rollout.num_cpus for c in inst_cores]
-    tr_cpus = float(len(tr_cores)) if tr_cores else cfg.train.num_cpus
+    shared = all(isinstance(c, int) for c in cfg.train.cpu_cores)
+    tr_cpus = ((float(len(tr_cores[0])) if shared else float(sum(map(len, tr_cores)))) if cfg.train.cpu_cores
+               else cfg.train.num_cpus * D)
     need = sum(inst_cpus) + tr_cpus
     if need > len(avail) + 1e-9:
-        raise ConfigError([f"rollout.num_instances: {R} instance(s) reserving {sum(inst_cpus):g} CPU(s) plus the trainer's "
-                           f"{tr_cpus:g} need {need:g} CPUs, but {len(avail)} are available; lower "
-                           f"rollout.num_instances or rollout.num_cpus (e.g. rollout.num_cpus={max(0.1, (len(avail) - tr_cpus) / R):.2g})"])
+        who = f"the trainer's {tr_cpus:g}" + (f" ({D} ranks, train.devices={D})" if D > 1 else "")
+        raise ConfigError([f"rollout.num_instances: {R} instance(s) reserving {sum(inst_cpus):g} CPU(s) plus {who} "
+                           f"need {need:g} CPUs, but {len(avail)} are available; lower "
+                           + ("train.devices or train.num_cpus, or " if D > 1 else "")
+                           + f"rollout.num_instances or rollout.num_cpus (e.g. rollout.num_cpus="
+                           f"{max(0.1, (len(avail) - tr_cpus) / R):.2g})"])
     return inst_cores, tr_cores, inst_cpus, tr_cpus
 
 
@@ -282,7 +291,7 @@ def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | Non
                         "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", gib)}}
     inst_opts["runtime_env"] = tr_opts["runtime_env"] = env
     logger.say(f"starting {R} vLLM instance(s) and the trainer (engine start takes ~20-40 s)")
-    Rollout, Trainer = rollout_actor_class(), trainer_actor_class()
+    Rollout = rollout_actor_class()
     # named per run, so tools (and the fault-injection test) can find an instance
     instances = [Rollout.options(num_cpus=inst_cpus[r], name=f"asp-rollout-{os.getpid()}-{r}",
                                  max_restarts=cfg.rollout.max_restarts, **inst_opts).remote(
@@ -291,10 +300,17 @@ def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | Non
         for r in range(R)]
     t = cfg.train
     loss = LossConfig(clip_eps=t.clip_eps, off_policy=t.off_policy, cap=t.tis_cap, kl_coef=t.kl_coef)
-    trainer = Trainer.options(num_cpus=tr_cpus, **tr_opts).remote(
-        str(model_dir), lr=t.lr, weight_decay=t.weight_decay, loss=loss, micro_batch_size=t.micro_batch_size,
-        temperature=cfg.rollout.temperature, seed=cfg.seed, dtype=cfg.model.dtype, cpu_cores=tr_cores,
-        platform=cfg.platform)
+    kw = dict(lr=t.lr, weight_decay=t.weight_decay, loss=loss, micro_batch_size=t.micro_batch_size,
+              temperature=cfg.rollout.temperature, seed=cfg.seed, dtype=cfg.model.dtype,
+              platform=cfg.platform, bucket_bytes=cfg.weight_sync.bucket_mb << 20)
+    if t.devices > 1:  # data-parallel FSDP2 ranks behind the one-actor call surface (engines/fsdp_trainer.py)
+        from ..engines.fsdp_trainer import TrainerGroup
+
+        trainer = TrainerGroup(str(model_dir), t.devices, actor_options={"num_cpus": tr_cpus / t.devices, **tr_opts},
+                               cores_per_rank=tr_cores, **kw)
+    else:
+        trainer = trainer_actor_class().options(num_cpus=tr_cpus, **tr_opts).remote(
+            str(model_dir), cpu_cores=tr_cores[0], **kw)
     ray.get(trainer.ready.remote())
     return instances, trainer
 
