@@ -107,6 +107,9 @@ class SimCosts:
     train_per_step: float        # fixed s per optimizer step
     sync_s: float                # weight sync trainer -> rollout, s
     switch_s: float = 0.0        # colocated only: offload/onload + resharding per iteration, s
+    publish_s: float | None = None   # runtime overheads (TrainerSpec); calibrated from a real run
+    step_latency_s: float = 0.0
+    admit_latency_s: float = 0.0
 
     def train_time(self, slot_tokens, num_steps=1):
         return self.train_per_token * np.asarray(slot_tokens, dtype=float) + self.train_per_step * np.asarray(num_steps)
@@ -148,7 +151,8 @@ def system_costs(cost_cfg, sim_cfg, *, tp: int, train_devices: int, kv_cache_tok
         # cost.train_per_token is "all trainer devices" for the configured train device count
         scale = max(1, sim_cfg.total_devices - sim_cfg.rollout_devices) / max(1, train_devices)
         return SimCosts(cm, kv, per_tok * scale, cost_cfg.train_per_step, cost_cfg.sync_s,
-                        sim_cfg.colocated_switch_s if colocated else 0.0)
+                        sim_cfg.colocated_switch_s if colocated else 0.0, _opt(cost_cfg, "publish_s", None),
+                        _opt(cost_cfg, "step_latency_s", 0.0), _opt(cost_cfg, "admit_latency_s", 0.0))
     mc = MODEL_CLASSES[sim_cfg.model_class]
     per_tok = (mc.train_per_token + logprob_passes * mc.logprob_per_token) / max(1, train_devices)
     sync = mc.param_bytes / (sim_cfg.sync_bandwidth_gbps * 1e9) + sim_cfg.sync_latency_s
@@ -159,6 +163,11 @@ def system_costs(cost_cfg, sim_cfg, *, tp: int, train_devices: int, kv_cache_tok
         switch = sim_cfg.colocated_switch_s if sim_cfg.colocated_switch_s > 0 else \
             2 * 8 * mc.param_bytes / max(1, train_devices) / (sim_cfg.host_bandwidth_gbps * 1e9)
     return SimCosts(cm, kv, per_tok, mc.train_per_step, sync, switch)
+
+
+def _opt(cfg, key, default):
+    v = getattr(cfg, key, default)
+    return default if v is None else float(v)
 
 
 def with_coefficients(costs: SimCosts, **decode) -> SimCosts:

@@ -41,7 +41,7 @@ from ..scheduler.admission import AdmissionController, Dispatcher, Job
 from ..scheduler.cost import CostModel
 
 # event kinds, in processing priority at equal times
-_PUBLISH, _TRAIN, _INST = 0, 1, 2
+_PUBLISH, _TRAIN, _VERSION, _INST = 0, 1, 2, 3
 
 
 @dataclass
@@ -77,6 +77,10 @@ class TrainerSpec:
     micro_batch_size: int = 8
     micro_batching: str = "padded"   # padded | sorted | packed
     switch_s: float = 0.0            # colocated: train<->infer switch per iteration
+    # runtime overheads (calibrated from a real run; 0/None = an ideal runtime):
+    publish_s: float | None = None   # trainer busy at the start of each sync (None: the whole sync)
+    step_latency_s: float = 0.0      # an optimizer step starts this long after its data and the trainer are ready
+    admit_latency_s: float = 0.0     # an instance admits work of a new version this long after its sync
 
 
 class SimTimeline(Timeline):
@@ -253,6 +257,7 @@ class Engine:
         st_rows = []
         sync_rows = []
         released = [0]             # barrier mode: highest iteration released for generation
+        early_free = self.tr.publish_s is not None and self.tr.publish_s < self.tr.sync_s
         dirty = [False]            # a group finished: trainer/barrier must react (see react)
 
         def steps_time(m, nn, C0):
@@ -473,11 +478,16 @@ class Engine:
             qsize[0] -= mb_groups[x]
             q_event(t, "get")
             tr_busy[0] = True
-            push(t + mb_dur[x], _TRAIN, x, 0)
-            st_rows.append((t, t + mb_dur[x], x))
+            t0 = t + self.tr.step_latency_s
+            push(t0 + mb_dur[x], _TRAIN, x, 0)
+            st_rows.append((t0, t0 + mb_dur[x], x))
 
         def on_train_end(x, t):
             tr_busy[0] = False
+            if x <= -2:                    # published: the trainer holds version -x - 2, the sync goes on
+                cur_it[0] = -x - 2
+                trainer_try(t)
+                return
             if x < 0:                      # end of a colocated switch
                 trainer_try(t)
                 return
@@ -492,18 +502,28 @@ class Engine:
             if self.sync_pause:
                 pause_all(t, self.tr.sync_s, i + 1)
             push(t + self.tr.sync_s, _PUBLISH, i + 1)
+            if early_free:
+                push(t + self.tr.publish_s, _TRAIN, -(i + 1) - 2)
 
         def on_publish(v, t):
             adm.on_publish(v)
-            cur_it[0] = v
-            tr_busy[0] = False
+            if not early_free:
+                cur_it[0] = v
+                tr_busy[0] = False
             if self.barrier:
                 try_release(t)
             elif not self.sync_pause:
                 for r in range(R):
-                    adm.on_instance_synced(r, v)
+                    version_arrives(r, v, t)
                 wake(t)
             trainer_try(t)
+
+        def version_arrives(r, v, t):
+            """Instance r holds version v: new work becomes admissible after the admission latency."""
+            if self.tr.admit_latency_s > 0:
+                push(t + self.tr.admit_latency_s, _VERSION, r, v)
+            else:
+                adm.on_instance_synced(r, v)
 
         def try_release(t):
             # generation of iteration i+1 starts once iteration i is generated and version i exists;
@@ -532,7 +552,7 @@ class Engine:
                 if paused[x]:
                     paused[x] = False
                     ev_time[x] = None
-                    adm.on_instance_synced(x, resume_version[x])
+                    version_arrives(x, resume_version[x], t)
                     T[x] = t
                     fill(x)
                     schedule(x)
@@ -543,6 +563,9 @@ class Engine:
                 schedule(x)
             elif kind == _TRAIN:
                 on_train_end(x, t)
+            elif kind == _VERSION:
+                adm.on_instance_synced(x, tok)
+                wake(t)
             else:
                 on_publish(x, t)
             react(t)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import ConfigError
+from ..errors import AspError, ConfigError
 from ..metrics import summarize
 from .bounds import lower_bounds
 from .costs import SimCosts, system_costs
@@ -143,7 +143,8 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     if record_samples is None:
         record_samples = samples <= TIMELINE_AUTO_LIMIT
     tr = TrainerSpec(costs.train_per_token, costs.train_per_step, costs.sync_s, cfg.train.micro_batch_size,
-                     cfg.sim.micro_batching, costs.switch_s)
+                     cfg.sim.micro_batching, costs.switch_s, publish_s=costs.publish_s,
+                     step_latency_s=costs.step_latency_s, admit_latency_s=costs.admit_latency_s)
     eng = Engine(jobs, num_instances=spec.num_instances, cost=costs.instance, max_num_seqs=spec.max_num_seqs,
                  kv_capacity=costs.kv_capacity, trainer=tr, lag_bound=spec.lag_bound,
                  shared_queue=_shared(spec.dispatch), stream_train=spec.stream_train, barrier=spec.barrier,
@@ -234,7 +235,8 @@ def sweep_split(cfg, D: int) -> int:
 def apply_calibration(cfg, fit: dict):
     """A copy of ``cfg`` simulating with fitted coefficients (``sim.model_class=custom``)."""
     cfg = copy.deepcopy(cfg)
-    for k in ("decode_a", "decode_b", "decode_c", "prefill_per_token", "train_per_token", "train_per_step", "sync_s"):
+    for k in ("decode_a", "decode_b", "decode_c", "prefill_per_token", "train_per_token", "train_per_step", "sync_s",
+              "publish_s", "step_latency_s", "admit_latency_s"):
         if fit.get(k) is not None:
             setattr(cfg.cost, k, float(fit[k]))
     cfg.cost.logprob_per_token = 0.0    # the fitted trainer cost already includes the log-prob passes
@@ -255,12 +257,20 @@ def run_simulate(cfg) -> int:
     if bad or not names:
         raise ConfigError([f"sim.policies: unknown {bad or 'empty list'}; valid: {', '.join(POLICY_NAMES)}"])
     if cfg.sim.calibrate:
-        from .calibrate import calibrate_run
+        from .calibrate import calibrate_run, format_phases, replay_report
 
         fit = calibrate_run(cfg.sim.calibrate)
-        write_json_atomic(out / "calibration.json", fit)
         print(f"asp simulate: calibrated from {cfg.sim.calibrate}: " +
               ", ".join(f"{k}={v:.4g}" for k, v in fit.items() if isinstance(v, float)))
+        try:  # the check: the run's own jobs re-simulated with the fit, phase by phase
+            _, phases, _ = replay_report(cfg.sim.calibrate, fit)
+            print("asp simulate: the run's own jobs simulated with the fitted model (replay):")
+            print("\n".join(format_phases(phases)))
+            fit["replay"] = {k: {c: (None if pd.isna(v) else float(v)) for c, v in r.items()}
+                             for k, r in phases.iterrows()}
+        except (AspError, ValueError, RuntimeError, KeyError) as exc:
+            print(f"asp simulate: note: could not replay the run with the fitted model ({exc})")
+        write_json_atomic(out / "calibration.json", fit)
         cfg = apply_calibration(cfg, fit)
     save_resolved(cfg, out)
     w = workload_from_config(cfg)
