@@ -49,18 +49,25 @@ class RolloutEngine:
 
     def __init__(self, model_dir: str, *, max_num_seqs: int, max_model_len: int, seed: int,
                  kv_cache_gib: float = 1.0, dtype: str = "float32", cpu_cores: list[int] | None = None,
-                 instance: int = 0):
-        pin_process(list(cpu_cores or []))
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
-        if not cpu_cores:
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+                 instance: int = 0, tensor_parallel_size: int = 1, worker_extension_cls: str = EXTENSION,
+                 platform: str = "cpu", gpu_memory_utilization: float = 0.9):
+        self.platform = platform
+        if platform == "cpu":
+            pin_process(list(cpu_cores or []))
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(round(kv_cache_gib)))))
+            if not cpu_cores:
+                os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
         from vllm import LLM
 
         self.instance = instance
-        self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=True,
-                       max_num_seqs=max_num_seqs, seed=seed, worker_extension_cls=EXTENSION,
+        # tensor_parallel_size > 1: vLLM starts one worker per device (the devices this actor
+        # was given); every worker runs the extension, so each receives the weights itself.
+        extra = {} if platform == "cpu" else {"gpu_memory_utilization": gpu_memory_utilization}
+        self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=platform == "cpu",
+                       max_num_seqs=max_num_seqs, seed=seed, worker_extension_cls=worker_extension_cls,
+                       tensor_parallel_size=int(tensor_parallel_size),
                        logprobs_mode="processed_logprobs", disable_log_stats=True,
-                       skip_tokenizer_init=True)  # prompts arrive as token ids; rewards decode
+                       skip_tokenizer_init=True, **extra)  # prompts arrive as token ids; rewards decode
         self.engine = self.llm.llm_engine
         self.version = 0
         self._lock = threading.Lock()
@@ -109,17 +116,35 @@ class RolloutEngine:
             return {"groups": done, "running": running, "version": self.version, "busy_s": self._busy_s}
 
     # ------------------------------------------------------------------ weights
-    def update_weights(self, ticket) -> dict:
-        """Receive a new policy version (a ``WeightTicket``) between decode steps."""
+    def update_weights(self, ticket, group: dict | None = None) -> dict:
+        """Receive a new policy version (a ``WeightTicket``) between decode steps.
+
+        A ticket with a payload came through the Ray object store. Without one, the weights
+        arrive over the broadcast ``group`` (``{"gen", "host", "port", "world", "rank", "platform"}``,
+        ``rank`` = this instance's first rank) while the trainer sends: every vLLM worker joins.
+        """
         from ..platforms.transport import RayObjectStoreTransport
 
         t0 = time.time()
-        blob = RayObjectStoreTransport().recv_bytes(ticket)
-        with self._lock:
-            if int(ticket.version) >= self.version:  # concurrent calls: never go back a version
-                self.llm.collective_rpc("asp_load_weights", args=(blob,))
-                self.version = int(ticket.version)
+        if ticket.payload is not None:
+            blob = RayObjectStoreTransport().recv_bytes(ticket)
+            with self._lock:
+                if int(ticket.version) >= self.version:  # concurrent calls: never go back a version
+                    self.llm.collective_rpc("asp_load_weights", args=(blob,))
+                    self.version = int(ticket.version)
+        else:
+            if group is None:
+                raise ValueError("update_weights: a ticket without payload needs the broadcast group")
+            with self._lock:  # a broadcast is never skipped: the sender waits for every rank
+                self.llm.collective_rpc("asp_recv_broadcast", args=(ticket.layout(), int(ticket.version), dict(group)))
+                self.version = max(self.version, int(ticket.version))
         return {"t_start": t0, "t_end": time.time(), "version": self.version}
+
+    def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> list:
+        """Run ``method`` of the worker extension in every vLLM worker of this instance (between
+        decode steps); returns the workers' results."""
+        with self._lock:
+            return self.llm.collective_rpc(method, args=tuple(args), kwargs=kwargs)
 
     def sequence_logprobs(self, prompt_token_ids: list[int], response_token_ids: list[int]) -> list[float]:
         """Log-probs the engine's current weights give each response token (prompt log-probs)."""

@@ -201,8 +201,7 @@ class TrainerEngine:
 
         self.version = version
         named = self._named_weights()
-        if transport == "object_store":
-            self._pending = None
+        if transport == "object_store":  # (a pending broadcast of this version stays available)
             return RayObjectStoreTransport().prepare(version, named)
         if transport != "broadcast":
             raise ValueError(f"weight_sync.transport: unknown {transport!r}")

@@ -1,10 +1,18 @@
 """Code that runs inside a vLLM worker (``worker_extension_cls``): weight reload.
 
-vLLM mixes this class into its worker; methods are called through
-``collective_rpc``. The state dict travels as ``torch.save`` bytes (tensors passed
-directly through vLLM's RPC arrive as lists). ``model_runner.reload_weights`` is
-vLLM's own in-place reload; calling ``model.load_weights`` directly is wrong on CPU,
-where the loader post-processes parameters after loading.
+vLLM mixes this class into its worker; methods are called through ``collective_rpc``
+(arguments must be plain data: tensors passed directly arrive as lists).
+
+- ``asp_load_weights(blob)``: the state dict as ``torch.save`` bytes (the object-store path).
+- ``asp_recv_broadcast(layout, version, group)``: the worker joins the weight-sync group
+  (rank ``group["rank"]`` + its own rank inside the instance, so every tensor-parallel worker
+  receives the full tensors) and receives the trainer's bucketed broadcast (gloo on CPU, NCCL
+  on CUDA, HCCL on NPU). The communicator is kept for the next version while the group's
+  generation ``gen`` stays the same (a new generation = the set of instances changed).
+
+``model_runner.reload_weights`` is vLLM's own in-place reload (full HF tensors; its weight
+loaders shard them for tensor parallelism); calling ``model.load_weights`` directly is wrong
+on CPU, where the loader post-processes parameters after loading.
 """
 from __future__ import annotations
 
@@ -15,5 +23,26 @@ class WeightReloadExtension:
         from ..platforms.transport import deserialize_state
 
         named = deserialize_state(blob)
+        self.model_runner.reload_weights(weights_iterator=iter(named))
+        return len(named)
+
+    def asp_recv_broadcast(self, layout: list, version: int, group: dict) -> int:
+        """Receive version ``version`` over the weight-sync group and load it; returns the tensor count."""
+        from ..platforms import get_platform
+        from ..platforms.transport import BroadcastTransport, WeightTicket, create_communicator
+
+        platform = get_platform(group["platform"], check=False)
+        comm = getattr(self, "_asp_comm", None)
+        if comm is None or comm[0] != group["gen"]:
+            self._asp_comm = None  # leave the old group before joining the new one
+            rank = int(group["rank"]) + int(getattr(self, "rank", 0) or 0)
+            device = getattr(self, "device", None)
+            index = getattr(device, "index", None) or 0
+            self._asp_comm = (group["gen"], create_communicator(group["platform"], group["host"], int(group["port"]),
+                                                                rank, int(group["world"]), index))
+        rx = BroadcastTransport(self._asp_comm[1], 1, synchronize=platform.synchronize)
+        # receive every bucket before loading: the broadcast must complete on every rank even
+        # if the loader stops early
+        named = list(rx.recv(WeightTicket.from_layout(version, layout)))
         self.model_runner.reload_weights(weights_iterator=iter(named))
         return len(named)

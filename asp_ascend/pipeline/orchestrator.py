@@ -31,9 +31,11 @@ from ..metrics import Timeline, TimelineWriter, summarize
 from ..scheduler.admission import Dispatcher, LagViolation
 from .logger import RunLogger
 from .sample_queue import SampleQueue
+from .weight_sync import WeightSync
 from .watchdog import HangWatch
 
 
+SYNC_TRIES = 3  # broadcasts of one version before the run stops
 REJOIN_TIMEOUT_S = 1800.0  # how long a failed instance with restarts left is waited for
 
 
@@ -71,10 +73,11 @@ class Orchestrator:
                  timeline_path: Path, logger: RunLogger, t0: float, eval_prompts: Prompts | None = None,
                  eval_every: int = 0, checkpoint_every: int = 0, checkpoint_dir: Path | None = None,
                  poll_s: float = 0.05, total_iterations: int | None = None, request_timeout_s: float = 0.0,
-                 max_restarts: int = 0, ticket=None,
+                 max_restarts: int = 0, ticket=None, weight_sync=None,
                  replan: Callable | None = None, epochs: int = 1):
         self.instances = instances
         self.trainer = trainer
+        self.wsync = weight_sync if weight_sync is not None else WeightSync(trainer, instances, "object_store", "cpu")
         self.dispatcher = dispatcher
         self.adm = dispatcher.adm
         self.iters = iterations
@@ -145,6 +148,7 @@ class Orchestrator:
             self._collect_rollouts()
             self._fail_hung_instances()
             self._rejoin_instances()
+            self._check_not_stranded()
             self._finish_train_step()
             self._finish_syncs()
             self._dispatch()
@@ -248,6 +252,8 @@ class Orchestrator:
     def _start_train_step(self) -> None:
         if self.train_call is not None or self.iteration >= self.first_iter + self.n_iters:
             return
+        if any(s["send"] is not None for s in self.syncs):
+            return  # a broadcast is in flight: the weights must stay those of its version until it lands
         it = self.iters.get(self.iteration)
         if it is None:  # adaptive: the next epoch is not planned yet
             return
@@ -297,11 +303,15 @@ class Orchestrator:
         it = self.iters[i]
         v = i + 1
         t_start = self.now()
-        ticket = self.trainer.publish.remote(v)
-        self.last_ticket = (v, ticket)
+        members = [r for r in range(len(self.instances)) if self.alive[r]]
+        joining = [r for r, st in self.rejoining.items() if st.get("await_sync")]
+        push = self.wsync.start(v, members + joining)
+        self.last_ticket = (v, push["ticket"])
         self.adm.on_publish(v)
-        refs = {r: self.instances[r].update_weights.remote(ticket) for r in range(len(self.instances)) if self.alive[r]}
-        self.syncs.append({"version": v, "t_start": t_start, "refs": refs, "t_end": t_start})
+        for r in joining:  # restarted instances that waited for this broadcast to catch up
+            self.rejoining[r].update(ref=push["refs"].pop(r), version=v, await_sync=False)
+        self.syncs.append({"version": v, "t_start": t_start, "refs": push["refs"], "send": push["send"],
+                           "ticket": push["ticket"], "t_end": t_start, "failed": None, "tries": 1})
         steps = it.steps
         tok = sum(s["tokens"] for s in steps)
         diffs = [s["logprob_diff_max"] for s in steps if s.get("logprob_diff_max") is not None]
@@ -327,22 +337,58 @@ class Orchestrator:
                 ready, _ = ray.wait([ref], timeout=0)
                 if not ready:
                     continue
+                del s["refs"][r]
                 try:
                     res = ray.get(ref)
                 except ray.exceptions.RayActorError as exc:
                     self._instance_failed(r, exc)
-                    del s["refs"][r]
+                    continue
+                except ray.exceptions.RayTaskError as exc:  # a broken broadcast group: retried below
+                    s["failed"] = s["failed"] or exc
                     continue
                 self.adm.on_instance_synced(r, s["version"])
                 s["t_end"] = max(s["t_end"], res["t_end"] - self.t0)
-                del s["refs"][r]
-            if s["refs"]:
+            if s["send"] is not None:
+                ready, _ = ray.wait([s["send"]], timeout=0)
+                if ready:
+                    try:
+                        ray.get(s["send"])
+                    except ray.exceptions.RayError as exc:
+                        s["failed"] = s["failed"] or exc
+                    s["send"] = None
+            if s["refs"] or s["send"] is not None:
+                return
+            if s["failed"] is not None:
+                self._retry_sync(s)
                 return
             self.syncs.pop(0)
             self._event("sync", t_start=s["t_start"], t_end=s["t_end"], version=s["version"])
             self._log_iteration(s["version"] - 1, s["t_end"])
             if self.eval_every and s["version"] % self.eval_every == 0 and s["version"] < self.first_iter + self.n_iters:
                 self._start_eval(s["version"])
+
+    def _retry_sync(self, s: dict) -> None:
+        """A broadcast failed (a member died or its group broke): send the same version again
+        over a new group of the instances still alive. The trainer has not stepped since (no
+        optimizer step starts while a broadcast is in flight), so it still holds that version."""
+        if s["tries"] >= SYNC_TRIES:
+            raise RuntimeError(f"weight sync of version {s['version']} failed {s['tries']} times "
+                               f"(last error: {s['failed']!r}); resume from the last checkpoint with resume=true, "
+                               "or set weight_sync.transport=object_store") from s["failed"]
+        members = [r for r in range(len(self.instances)) if self.alive[r]]
+        self.log.say(f"weight sync of version {s['version']} failed ({type(s['failed']).__name__}); "
+                     f"retrying with instance(s) {members}")
+        s.update(self.wsync.push(s["version"], s["ticket"], members), failed=None, tries=s["tries"] + 1)
+
+    def _check_not_stranded(self) -> None:
+        """Broadcast + restarts: a restarted instance that could not be caught up at once waits
+        for the next broadcast; if no instance is alive to produce it, the run cannot go on."""
+        if any(self.alive) or not self.rejoining or self.syncs:
+            return
+        if all(st.get("await_sync") for st in self.rejoining.values()):
+            raise RuntimeError("every rollout instance failed in the middle of an iteration and the broadcast weight "
+                               "sync cannot catch the restarted ones up; resume from the last checkpoint with "
+                               "resume=true, or set weight_sync.transport=object_store")
 
     def _log_iteration(self, i: int, t_sync_end: float) -> None:
         row = self.pending_rows.pop(i)
@@ -365,6 +411,8 @@ class Orchestrator:
             refs.append(self.train_call[0])
         for s in self.syncs:
             refs.extend(s["refs"].values())
+            if s["send"] is not None:
+                refs.append(s["send"])
         if refs:
             self.ray.wait(refs, num_returns=1, timeout=self.poll_s)
 
@@ -425,6 +473,8 @@ class Orchestrator:
         """A restarted instance (its constructor ran again: fresh engine, initial weights) first
         receives the newest published weights, then rejoins the dispatcher (``instance`` event ``up``)."""
         for r, st in list(self.rejoining.items()):
+            if st.get("await_sync"):  # joins the next broadcast (_end_iteration)
+                continue
             if st["ref"] is None:  # probe again: calls to a restarting actor fail at once
                 if self.now() >= st["give_up_at"]:
                     del self.rejoining[r]
@@ -442,8 +492,14 @@ class Orchestrator:
             if st["version"] is not None:
                 self.adm.on_instance_synced(r, st["version"])
             if st["version"] is None or st["version"] < self.adm.published:  # (newer) weights to send first
-                st["version"], ticket = self.last_ticket
-                st["ref"] = self.instances[r].update_weights.remote(ticket)
+                if not self.wsync.broadcast:
+                    st["version"], ticket = self.last_ticket
+                    st["ref"] = self.instances[r].update_weights.remote(ticket)
+                elif self._trainer_holds_published():  # one object-store copy for this instance alone
+                    st["version"] = self.adm.published
+                    st["ref"] = self.instances[r].update_weights.remote(self.wsync.catch_up_ticket(st["version"]))
+                else:
+                    st.update(ref=None, await_sync=True)
                 continue
             del self.rejoining[r]
             self.dispatcher.on_instance_restarted(r)
@@ -452,6 +508,12 @@ class Orchestrator:
             self.poll_refs[r] = self.instances[r].poll.remote(0.0)
             self._event("instance", t=self.now(), instance=r, state="up", version=st["version"])
             self.log.say(f"rollout instance {r} restarted; rejoined at version {st['version']}")
+
+    def _trainer_holds_published(self) -> bool:
+        """No optimizer step of the current iteration started: the trainer's weights are
+        exactly the newest published version."""
+        it = self.iters.get(self.adm.published)
+        return self.train_call is None and (it is None or not it.done)
 
     def _fail_hung_instances(self) -> None:
         """An instance with work and no progress for ``rollout.request_timeout_s`` is killed and

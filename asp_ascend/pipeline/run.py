@@ -167,8 +167,12 @@ def run_train(cfg) -> int:
         if cfg.train.warmup_sft_steps > 0 and resume is None:
             _warm_start(cfg, trainer, train, tok, tok_ids, logger)
         ray.get([i.ready.remote() for i in instances])
-        ticket = trainer.publish.remote(v0)  # version 0 = the weights after the warm start (or the checkpoint's)
-        ray.get([i.update_weights.remote(ticket) for i in instances])
+        wsync = _weight_sync(cfg, trainer, instances)
+        # version 0 = the weights after the warm start (or the checkpoint's)
+        first = wsync.start(v0, list(range(len(instances))))
+        ray.get(list(first["refs"].values()) + ([first["send"]] if first["send"] is not None else []))
+        ticket = first["ticket"]
+        logger.say(f"weights synced to the instances ({wsync.transport})")
         t = cfg.train
         logger.say(f"instances ready; training {plan['total_iterations']} iteration(s) of {t.global_batch_size} "
                    f"prompts x {t.group_size} samples")
@@ -186,7 +190,8 @@ def run_train(cfg) -> int:
             eval_prompts=Prompts(ev_ids, dict(zip(ev.ids, ev.answers))) if ev_ids else None,
             eval_every=t.eval_every, checkpoint_every=t.checkpoint_every, checkpoint_dir=out / "checkpoints",
             total_iterations=plan["total_iterations"], replan=plan["replan"], epochs=t.epochs,
-            request_timeout_s=cfg.rollout.request_timeout_s, max_restarts=cfg.rollout.max_restarts, ticket=ticket)
+            request_timeout_s=cfg.rollout.request_timeout_s, max_restarts=cfg.rollout.max_restarts, ticket=ticket,
+            weight_sync=wsync)
         if resume is not None:
             orch.history = list(resume.history)  # the length history observed before the interruption
         orch.run()
@@ -296,7 +301,8 @@ def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | Non
     instances = [Rollout.options(num_cpus=inst_cpus[r], name=f"asp-rollout-{os.getpid()}-{r}",
                                  max_restarts=cfg.rollout.max_restarts, **inst_opts).remote(
         str(model_dir), max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len, seed=cfg.seed + r,
-        kv_cache_gib=cfg.rollout.kv_cache_space_gib, dtype=cfg.model.dtype, cpu_cores=inst_cores[r], instance=r)
+        kv_cache_gib=cfg.rollout.kv_cache_space_gib, dtype=cfg.model.dtype, cpu_cores=inst_cores[r], instance=r,
+        tensor_parallel_size=cfg.rollout.devices_per_instance, platform=plat.name)
         for r in range(R)]
     t = cfg.train
     loss = LossConfig(clip_eps=t.clip_eps, off_policy=t.off_policy, cap=t.tis_cap, kl_coef=t.kl_coef)
@@ -313,6 +319,19 @@ def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | Non
             str(model_dir), cpu_cores=tr_cores[0], **kw)
     ray.get(trainer.ready.remote())
     return instances, trainer
+
+
+def _weight_sync(cfg, trainer, instances):
+    """``weight_sync.transport``: auto = the object store on CPU, the broadcast on devices."""
+    from ..platforms import get_platform
+    from .weight_sync import WeightSync
+
+    plat = get_platform(cfg.platform).name
+    kind = cfg.weight_sync.transport
+    if kind == "auto":
+        kind = "object_store" if plat == "cpu" else "broadcast"
+    return WeightSync(trainer, instances, kind, plat, tp=cfg.rollout.devices_per_instance,
+                      base_port=cfg.weight_sync.master_port)
 
 
 def _warm_start(cfg, trainer, train, tok, tok_ids: dict, logger) -> None:

@@ -61,6 +61,16 @@ class WeightTicket:
     def nbytes(self) -> int:
         return sum(b.numel * _DTYPE_BYTES.get(b.dtype, 4) for b in self.buckets)
 
+    def layout(self) -> list:
+        """The bucket layout as plain lists (crosses vLLM's RPC, which only passes plain data)."""
+        return [[b.dtype, b.numel, [[t.name, list(t.shape), t.offset, t.numel] for t in b.tensors]]
+                for b in self.buckets]
+
+    @classmethod
+    def from_layout(cls, version: int, layout: list) -> "WeightTicket":
+        return cls(int(version), tuple(Bucket(d, int(n), tuple(TensorSpec(a, tuple(sh), int(o), int(m))
+                                                                for a, sh, o, m in ts)) for d, n, ts in layout))
+
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
                 "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
@@ -224,7 +234,8 @@ class GlooCommunicator:
         store = dist.TCPStore(host, port, world_size, rank == 0,
                               timeout=datetime.timedelta(seconds=timeout_s))
         self._store = store
-        self._pg = dist.ProcessGroupGloo(dist.PrefixStore("asp_weight_sync", store), rank, world_size)
+        self._pg = dist.ProcessGroupGloo(dist.PrefixStore("asp_weight_sync", store), rank, world_size,
+                                         datetime.timedelta(seconds=timeout_s))
 
     def broadcast(self, tensor, src: int) -> None:
         import torch.distributed as dist

@@ -19,7 +19,10 @@ pytestmark = [pytest.mark.runtime, pytest.mark.slow,
               pytest.mark.skipif(stack_missing() is not None, reason=str(stack_missing()))]
 
 
-def test_restarted_instance_rejoins_with_current_weights(tmp_path):
+@pytest.mark.parametrize("transport", ["object_store", "broadcast"])
+def test_restarted_instance_rejoins_with_current_weights(tmp_path, transport):
+    """broadcast: the restarted instance gets one object-store copy when the trainer still holds
+    the newest version, else it joins the next broadcast (a new group generation)."""
     import pandas as pd
     import ray
 
@@ -30,7 +33,8 @@ def test_restarted_instance_rejoins_with_current_weights(tmp_path):
     # fifo: one shared queue, so the restarted instance finds work when it is back
     cfg = load_config(CONFIG, SMALL + ["rollout.num_instances=2", "rollout.num_cpus=0.5", "train.num_cpus=1",
                                        "train.epochs=40", "train.eval_every=0", "scheduler.policy=fifo",
-                                       "pipeline.lag_bound=1", "rollout.max_restarts=1", f"output_dir={tmp_path}"])
+                                       "pipeline.lag_bound=1", "rollout.max_restarts=1", f"weight_sync.transport={transport}",
+                                       f"output_dir={tmp_path}"])
     result: dict = {}
 
     def target():

@@ -95,6 +95,19 @@ def test_instance_logprobs_match_trainer_after_weight_sync(async_run):
     assert max(diffs) < 1e-3
 
 
+def test_broadcast_weight_sync_matches_trainer(sync_run):
+    """The bucketed broadcast (several 1 MiB buckets, gloo) delivers exactly the trainer's weights:
+    in sync mode every sample is drawn by the trainer's current version, so every iteration
+    compares vLLM's behaviour log-probs with the trainer's."""
+    out, cfg = sync_run
+    assert cfg.weight_sync.transport == "broadcast"
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    diffs = [r["logprob_diff_max"] for r in rows]
+    assert None not in diffs and max(diffs) < 1e-3
+    syncs = _timeline(out).events["sync"]
+    assert [e["version"] for e in syncs] == list(range(1, len(rows) + 1))
+
+
 def test_summary_comes_from_the_shared_metric_functions(async_run):
     from asp_ascend.pipeline.bounds import run_lower_bounds
 

@@ -11,7 +11,10 @@ pytestmark = [pytest.mark.runtime, pytest.mark.slow,
               pytest.mark.skipif(stack_missing() is not None, reason=str(stack_missing()))]
 
 
-def test_killed_instance_loses_no_sample(tmp_path):
+@pytest.mark.parametrize("transport", ["object_store", "broadcast"])
+def test_killed_instance_loses_no_sample(tmp_path, transport):
+    """broadcast: the next weight sync builds a new group without the dead instance (or, when it
+    died during a sync, the sync is retried over a new group of the survivors)."""
     import ray
 
     from asp_ascend.config import load_config
@@ -20,7 +23,7 @@ def test_killed_instance_loses_no_sample(tmp_path):
 
     cfg = load_config(CONFIG, SMALL + ["rollout.num_instances=2", "rollout.num_cpus=0.5", "train.num_cpus=1",
                                        "train.epochs=4", "scheduler.policy=asp", "pipeline.lag_bound=1",
-                                       f"output_dir={tmp_path}"])
+                                       f"weight_sync.transport={transport}", f"output_dir={tmp_path}"])
     result: dict = {}
 
     def target():

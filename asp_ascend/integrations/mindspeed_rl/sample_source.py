@@ -129,25 +129,19 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
                         ) -> tuple[DispatcherSource, Any, LoopSettings]:
     """Rollout instances on their own NPUs + the HCCL weight push, for ``AsyncGRPOTrainer``.
 
-    Needs the runtime's rollout actor to accept ``worker_extension_cls`` and to expose
-    ``collective_rpc(method, args)`` (the vllm-ascend instance loads Megatron-layout shards
-    with MindSpeed-RL's own loaders; :mod:`.vllm_receiver`).
+    Each instance is the runtime's rollout actor with ``worker_extension_cls`` = :data:`RECEIVER`
+    and ``tensor_parallel_size`` = ``rollout.devices_per_instance``; the weight push reaches its
+    vLLM workers through ``RolloutEngine.collective_rpc`` (the vllm-ascend workers load
+    Megatron-layout shards with MindSpeed-RL's own loaders; :mod:`.vllm_receiver`).
     """
-    import inspect
-
     import pandas as pd
     import ray
 
-    from ...engines.rollout import RolloutEngine, rollout_actor_class
+    from ...engines.rollout import rollout_actor_class
     from ...platforms import get_platform
     from .rollout_groups import create_instance_placement_groups, instance_actor_options
     from .weight_push import weight_push_fn
 
-    if "worker_extension_cls" not in inspect.signature(RolloutEngine.__init__).parameters or \
-            not hasattr(RolloutEngine, "collective_rpc"):
-        raise AspError("the rollout engine (asp_ascend.engines.rollout.RolloutEngine) has no worker_extension_cls "
-                       "argument or collective_rpc method yet; the NPU async path loads Megatron-layout weights "
-                       f"through {RECEIVER} and needs both. Use asp.mindspeed.trainer=sync meanwhile")
     platform = get_platform("npu", check=False)
     r, tp = cfg.rollout.num_instances, cfg.rollout.devices_per_instance
     pgs = create_instance_placement_groups(platform, r, tp)
@@ -156,7 +150,8 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
     for i, pg in enumerate(pgs):
         actors.append(cls.options(**instance_actor_options(platform, pg, tp)).remote(
             cfg.model.path, max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=cfg.lengths.max_response_length * 2,
-            seed=cfg.seed + i, dtype="bfloat16", instance=i, worker_extension_cls=RECEIVER))
+            seed=cfg.seed + i, dtype="bfloat16", instance=i, worker_extension_cls=RECEIVER, platform="npu",
+            tensor_parallel_size=tp))
     ray.get([a.ready.remote() for a in actors])
     schedule = pd.read_parquet(schedule_path)
     fetch = train_ds.__getitem__
