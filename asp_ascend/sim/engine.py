@@ -24,6 +24,12 @@ the shared :class:`~asp_ascend.scheduler.admission.AdmissionController`; instanc
 new version at the end of the sync (pausing during it when ``sync_pause``), or, with
 ``barrier`` (verl's one-step-off), only between generation batches.
 
+Runtime overheads (``TrainerSpec``; zero by default, fitted by ``asp simulate --calibrate``): an
+optimizer step starts ``step_latency_s`` after its mini-batch is generated and the trainer is
+free; the trainer is busy for ``publish_s`` of each sync (then trains on while the instances
+finish it); an instance admits work that its new version made admissible ``admit_latency_s``
+after its sync.
+
 Output: a :class:`SimTimeline` (the DESIGN 5 events, columnar) for :func:`metrics.summarize`.
 """
 from __future__ import annotations

@@ -176,6 +176,7 @@ def _setup_entry(res: SimResult) -> dict:
                               "decode_c": c.instance.decode_c, "prefill_per_token": c.instance.prefill_per_token},
             "kv_capacity_tokens": c.kv_capacity, "train_per_token": c.train_per_token,
             "train_per_step": c.train_per_step, "sync_s": c.sync_s, "switch_s": c.switch_s,
+            "publish_s": c.publish_s, "step_latency_s": c.step_latency_s, "admit_latency_s": c.admit_latency_s,
             "preemptions": res.preemptions, "wall_s": res.wall_s}
 
 
