@@ -60,13 +60,15 @@ def test_sim_calibrate_errors_name_the_file(tmp_path):
         fit_timeline(Timeline())
 
 
-def test_sim_calibrate_cli_simulates_with_fitted_model(tmp_path):
+def test_sim_calibrate_cli_simulates_with_fitted_model(tmp_path, capsys):
     from pathlib import Path
 
     from asp_ascend.cli import main
 
     run = tmp_path / "run"
     _run(TRUE).write_jsonl(run / "timeline.jsonl")
+    (run / "config.yaml").write_text("rollout:\n  max_num_seqs: 32\npipeline:\n  lag_bound: 1\n"
+                                     "train:\n  micro_batch_size: 8\n")
     out = tmp_path / "sim"
     tiny = str(Path(__file__).resolve().parents[2] / "configs" / "sim_tiny.yaml")
     rc = main(["simulate", tiny, f"output_dir={out}", "workload.type=synthetic", "workload.num_prompts=32",
@@ -80,6 +82,12 @@ def test_sim_calibrate_cli_simulates_with_fitted_model(tmp_path):
     assert used["decode_a"] == pytest.approx(cal["decode_a"])          # the fitted model is what ran
     assert used["decode_b"] == pytest.approx(cal["decode_b"])
     assert "## Calibration" in (out / "report.md").read_text()
+    # the replay check: the run's own jobs re-simulated with the fit, phase by phase
+    rep = cal["replay"]
+    assert set(rep) >= {"iteration_time", "generation", "train", "sync", "wait"}
+    assert abs(rep["iteration_time"]["error_pct"]) < 5
+    out_text = capsys.readouterr().out
+    assert "iteration_time" in out_text and "measured" in out_text
 
 
 # ---------------------------------------------------------------- step reconstruction, overheads, replay
