@@ -81,12 +81,38 @@ def policy_loss(logp, behav_logp, adv, mask, cfg: LossConfig, prox_logp=None, re
     return loss, stats
 
 
-def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0):
-    """Log-prob of each next token: [B, T-1] for targets input_ids[:, 1:]."""
+def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, top_p: float = 1.0):
+    """Log-prob of each next token: [B, T-1] for targets input_ids[:, 1:].
+
+    The distribution the rollout engine sampled from: logits / temperature, then with
+    ``top_p < 1`` restricted to the nucleus and renormalised (the rule vLLM applies before it
+    reports ``processed_logprobs``: sort ascending, drop tokens whose cumulative probability
+    is <= 1 - top_p, always keep the most likely). The target token is always kept, so a
+    float difference at the nucleus edge cannot turn its log-prob into -inf.
+    """
     import torch
 
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
+    target = input_ids[:, 1:, None]
+    if top_p < 1.0:
+        logits = logits.masked_fill(nucleus_drop_mask(logits, top_p, target), float("-inf"))
     logp = torch.log_softmax(logits, dim=-1)
-    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return logp.gather(-1, target).squeeze(-1)
+
+
+def nucleus_drop_mask(logits, top_p: float, keep=None):
+    """Boolean mask of the tokens outside the top-p nucleus (same shape as ``logits``);
+    ``keep`` (indices along the last axis) are never dropped."""
+    import torch
+
+    with torch.no_grad():
+        srt, idx = logits.sort(dim=-1, descending=False)
+        cum = srt.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cum <= 1.0 - top_p
+        drop_sorted[..., -1] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, idx, drop_sorted)
+        if keep is not None:
+            drop.scatter_(-1, keep, False)
+    return drop

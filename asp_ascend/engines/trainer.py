@@ -24,7 +24,8 @@ from ..algos.grpo import LossConfig, policy_loss, token_logprobs
 class TrainerEngine:
     def __init__(self, model_dir: str, *, lr: float, weight_decay: float, loss: LossConfig,
                  micro_batch_size: int, temperature: float, seed: int, dtype: str = "float32",
-                 cpu_cores: list[int] | None = None, platform: str = "cpu", bucket_bytes: int = 1 << 30):
+                 cpu_cores: list[int] | None = None, platform: str = "cpu", bucket_bytes: int = 1 << 30,
+                 top_p: float = 1.0):
         from ..engines.rollout import pin_process
 
         pin_process(list(cpu_cores or []))
@@ -49,6 +50,7 @@ class TrainerEngine:
         self.loss_cfg = loss
         self.micro = micro_batch_size
         self.temperature = temperature
+        self.top_p = float(top_p)  # the rollout's nucleus: log-probs are those of the sampling distribution
         self.pad_id = self.tokenizer.pad_token_id
         self.version = 0
         self.prox_model = None
@@ -148,17 +150,17 @@ class TrainerEngine:
             mask = self._response_tensor([[1.0] * len(s["response_ids"]) for s in mb], plens, T)
             behav = self._response_tensor([s["behav_logprobs"] for s in mb], plens, T)
             adv = torch.tensor([float(s["advantage"]) for s in mb], dtype=torch.float32, device=self.device)
-            logp = token_logprobs(self.model, ids, att, self.temperature)
+            logp = token_logprobs(self.model, ids, att, self.temperature, self.top_p)
             prox = ref = None
             if self.loss_cfg.off_policy != "none":
                 if first or self.prox_model is None:
                     prox = logp.detach()
                 else:
                     with torch.no_grad():
-                        prox = token_logprobs(self.prox_model, ids, att, self.temperature)
+                        prox = token_logprobs(self.prox_model, ids, att, self.temperature, self.top_p)
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref = token_logprobs(self.ref_model, ids, att, self.temperature)
+                    ref = token_logprobs(self.ref_model, ids, att, self.temperature, self.top_p)
             loss, st = policy_loss(logp, behav, adv, mask, self.loss_cfg, prox, ref)
             (loss / denom).backward()
             tot["loss"] += loss.item() / denom

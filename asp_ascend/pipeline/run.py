@@ -308,7 +308,7 @@ def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | Non
     loss = LossConfig(clip_eps=t.clip_eps, off_policy=t.off_policy, cap=t.tis_cap, kl_coef=t.kl_coef)
     kw = dict(lr=t.lr, weight_decay=t.weight_decay, loss=loss, micro_batch_size=t.micro_batch_size,
               temperature=cfg.rollout.temperature, seed=cfg.seed, dtype=cfg.model.dtype,
-              platform=cfg.platform, bucket_bytes=cfg.weight_sync.bucket_mb << 20)
+              platform=cfg.platform, bucket_bytes=cfg.weight_sync.bucket_mb << 20, top_p=cfg.rollout.top_p)
     if t.devices > 1:  # data-parallel FSDP2 ranks behind the one-actor call surface (engines/fsdp_trainer.py)
         from ..engines.fsdp_trainer import TrainerGroup
 

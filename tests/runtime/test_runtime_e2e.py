@@ -95,12 +95,13 @@ def test_instance_logprobs_match_trainer_after_weight_sync(async_run):
     assert max(diffs) < 1e-3
 
 
-def test_broadcast_weight_sync_matches_trainer(sync_run):
-    """The bucketed broadcast (several 1 MiB buckets, gloo) delivers exactly the trainer's weights:
-    in sync mode every sample is drawn by the trainer's current version, so every iteration
-    compares vLLM's behaviour log-probs with the trainer's."""
+def test_broadcast_weight_sync_and_top_p_match_trainer(sync_run):
+    """The bucketed broadcast (several 1 MiB buckets, gloo) delivers exactly the trainer's weights
+    and the trainer scores the same top-p nucleus: in sync mode every sample is drawn by the
+    trainer's current version, so every iteration compares vLLM's behaviour log-probs with the
+    trainer's."""
     out, cfg = sync_run
-    assert cfg.weight_sync.transport == "broadcast"
+    assert cfg.weight_sync.transport == "broadcast" and cfg.rollout.top_p < 1
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     diffs = [r["logprob_diff_max"] for r in rows]
     assert None not in diffs and max(diffs) < 1e-3

@@ -78,6 +78,34 @@ def test_policy_loss_corrections():
     assert float(loss) == pytest.approx(-2 * 1.2) and st["clipped"] == 2
 
 
+@pytest.mark.runtime
+@pytest.mark.parametrize("top_p", [0.3, 0.8, 0.95])
+def test_trainer_nucleus_is_the_one_vllm_samples_from(top_p):
+    """With top_p < 1 the behaviour log-probs vLLM reports (processed_logprobs) are over the
+    renormalised nucleus; the trainer must drop exactly the tokens vLLM drops."""
+    torch = pytest.importorskip("torch")
+    ops = pytest.importorskip("vllm.v1.sample.ops.topk_topp_sampler")
+    from asp_ascend.algos.grpo import nucleus_drop_mask
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 50, generator=g) * 3
+    theirs = ops.apply_top_k_top_p_pytorch(logits.clone(), None, torch.full((64,), top_p))
+    ours = logits.masked_fill(nucleus_drop_mask(logits, top_p), float("-inf"))
+    assert torch.equal(torch.isinf(theirs), torch.isinf(ours))
+    assert 0 < int(torch.isinf(ours).sum()) < ours.numel()
+    assert torch.allclose(ours.log_softmax(-1)[~torch.isinf(ours)], theirs.log_softmax(-1)[~torch.isinf(theirs)])
+
+
+@pytest.mark.runtime
+def test_nucleus_never_drops_the_sampled_token():
+    torch = pytest.importorskip("torch")
+    from asp_ascend.algos.grpo import nucleus_drop_mask
+
+    logits = torch.tensor([[[0.0, 1.0, 5.0]]])
+    assert nucleus_drop_mask(logits, 0.5).tolist() == [[[True, True, False]]]
+    assert nucleus_drop_mask(logits, 0.5, keep=torch.tensor([[[0]]])).tolist() == [[[False, True, False]]]
+
+
 # ----------------------------------------------------------------- queue and checks
 
 def test_sample_queue_backpressure_and_events():
