@@ -20,24 +20,8 @@ JOIN_TIMEOUT_S="${JOIN_TIMEOUT_S:-900}"
 LOG_DIR="${LOG_DIR:-$REPO/logs}"
 PYTHON="${PYTHON:-python3}"
 
-log() { echo "[$(date +%H:%M:%S) $(hostname)] $*"; }
-
-current_ip() {
-  if [ "$MASTER_ADDR" = "127.0.0.1" ]; then echo 127.0.0.1; return; fi
-  if [ -n "$SOCKET_IFNAME" ]; then
-    ip -4 -o addr show "$SOCKET_IFNAME" | awk '{print $4}' | cut -d/ -f1 | head -n1
-  else
-    ip -4 route get "$MASTER_ADDR" 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "src") print $(i + 1)}' | head -n1
-  fi
-}
-
-cluster_gpus() {
-  "$PYTHON" - "$MASTER_ADDR:$RAY_PORT" <<'PY' 2>/dev/null || echo 0
-import sys, ray
-ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-print(int(ray.cluster_resources().get("GPU", 0)))
-PY
-}
+# shellcheck source=../lib/cluster.sh
+source "$HERE/../lib/cluster.sh"
 
 [ "$GPUS_PER_NODE" -ge 1 ] || { log "no GPU found (nvidia-smi -L); set GPUS_PER_NODE"; exit 1; }
 if [ -n "$SOCKET_IFNAME" ]; then
@@ -48,40 +32,16 @@ mkdir -p "$LOG_DIR"
 
 IP="$(current_ip)"
 [ -n "$IP" ] || { log "cannot find this node's IP (set SOCKET_IFNAME)"; exit 1; }
-if ray status >/dev/null 2>&1; then
-  log "a Ray runtime is already running on this node; stop it yourself (ray stop) if it is yours, then rerun"
-  exit 1
-fi
+refuse_running_ray
 RAY_NODE_FLAGS=(--node-ip-address="$IP" --num-gpus="$GPUS_PER_NODE")
 WANT=$((NNODES * GPUS_PER_NODE))
 
 if [ "$IP" = "$MASTER_ADDR" ]; then
-  log "head: starting Ray on $IP:$RAY_PORT with $GPUS_PER_NODE GPUs"
-  ray start --head --port="$RAY_PORT" "${RAY_NODE_FLAGS[@]}"
-  waited=0
-  until [ "$(cluster_gpus)" -ge "$WANT" ]; do
-    if [ "$waited" -ge "$JOIN_TIMEOUT_S" ]; then
-      log "only $(cluster_gpus) of $WANT GPUs joined after ${JOIN_TIMEOUT_S}s"
-      exit 1
-    fi
-    log "waiting for nodes: $(cluster_gpus)/$WANT GPUs"
-    sleep 10
-    waited=$((waited + 10))
-  done
+  start_head_and_wait GPU "$WANT" "${RAY_NODE_FLAGS[@]}"
   export RAY_ADDRESS="$MASTER_ADDR:$RAY_PORT"
   "$PYTHON" -m asp_ascend.cli doctor
   TRAIN_CMD=("$PYTHON" -m asp_ascend.cli train "$CONFIG")
   "${TRAIN_CMD[@]}" "$@" 2>&1 | tee "$LOG_DIR/cuda_grpo_qwen25_7b_asp_$(date +%Y%m%d_%H%M%S).log"
 else
-  log "worker: joining $MASTER_ADDR:$RAY_PORT"
-  waited=0
-  until ray start --address="$MASTER_ADDR:$RAY_PORT" "${RAY_NODE_FLAGS[@]}"; do
-    if [ "$waited" -ge "$JOIN_TIMEOUT_S" ]; then
-      log "could not join the head after ${JOIN_TIMEOUT_S}s"
-      exit 1
-    fi
-    sleep 10
-    waited=$((waited + 10))
-  done
-  log "joined; this node now runs the head's Ray workers (ray stop on this node to leave)"
+  join_head "${RAY_NODE_FLAGS[@]}"
 fi

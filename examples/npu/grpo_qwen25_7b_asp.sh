@@ -25,23 +25,8 @@ ATB_SET_ENV="${ATB_SET_ENV:-/usr/local/Ascend/nnal/atb/set_env.sh}"
 LOG_DIR="${LOG_DIR:-$MINDSPEED_RL_DIR/logs}"
 PYTHON="${PYTHON:-python3}"
 
-log() { echo "[$(date +%H:%M:%S) $(hostname)] $*"; }
-
-current_ip() {
-  if [ -n "$SOCKET_IFNAME" ]; then
-    ip -4 -o addr show "$SOCKET_IFNAME" | awk '{print $4}' | cut -d/ -f1 | head -n1
-  else
-    ip -4 route get "$MASTER_ADDR" 2>/dev/null | awk '{for (i = 1; i < NF; i++) if ($i == "src") print $(i + 1)}' | head -n1
-  fi
-}
-
-cluster_npus() {  # NPUs registered in the Ray cluster (0 if unreachable)
-  "$PYTHON" - "$MASTER_ADDR:$RAY_PORT" <<'PY' 2>/dev/null || echo 0
-import sys, ray
-ray.init(address=sys.argv[1], logging_level="ERROR", log_to_driver=False)
-print(int(ray.cluster_resources().get("NPU", 0)))
-PY
-}
+# shellcheck source=../lib/cluster.sh
+source "$HERE/../lib/cluster.sh"
 
 # --- environment (CANN scripts read unset variables: relax -u while sourcing them)
 set +u
@@ -64,29 +49,13 @@ mkdir -p "$LOG_DIR"
 
 IP="$(current_ip)"
 [ -n "$IP" ] || { log "cannot find this node's IP (set SOCKET_IFNAME)"; exit 1; }
-if ray status >/dev/null 2>&1; then
-  log "a Ray runtime is already running on this node; stop it yourself (ray stop) if it is yours, then rerun"
-  exit 1
-fi
+refuse_running_ray
 
 RAY_NODE_FLAGS=(--node-ip-address="$IP" --resources="{\"NPU\": $NPUS_PER_NODE}")
 WANT=$((NNODES * NPUS_PER_NODE))
 
 if [ "$IP" = "$MASTER_ADDR" ]; then
-  log "head: starting Ray on $IP:$RAY_PORT with $NPUS_PER_NODE NPUs"
-  ray start --head --port="$RAY_PORT" --dashboard-host="$IP" --dashboard-port="$DASHBOARD_PORT" "${RAY_NODE_FLAGS[@]}"
-  waited=0
-  while :; do
-    have="$(cluster_npus)"
-    [ "$have" -ge "$WANT" ] && break
-    if [ "$waited" -ge "$JOIN_TIMEOUT_S" ]; then
-      log "only $have of $WANT NPUs joined after ${JOIN_TIMEOUT_S}s; check the worker nodes' logs"
-      exit 1
-    fi
-    log "waiting for nodes: $have/$WANT NPUs"
-    sleep 10
-    waited=$((waited + 10))
-  done
+  start_head_and_wait NPU "$WANT" --dashboard-host="$IP" --dashboard-port="$DASHBOARD_PORT" "${RAY_NODE_FLAGS[@]}"
   log "all $NNODES nodes joined ($WANT NPUs); training"
   cd "$MINDSPEED_RL_DIR"
   export RAY_ADDRESS="$MASTER_ADDR:$RAY_PORT"
@@ -94,15 +63,5 @@ if [ "$IP" = "$MASTER_ADDR" ]; then
   "${TRAIN_CMD[@]}" "$@" 2>&1 | tee "$LOG_DIR/${CONFIG_NAME}_$(date +%Y%m%d_%H%M%S).log"
   exit "${PIPESTATUS[0]}"
 else
-  log "worker: joining $MASTER_ADDR:$RAY_PORT"
-  waited=0
-  until ray start --address="$MASTER_ADDR:$RAY_PORT" "${RAY_NODE_FLAGS[@]}"; do
-    if [ "$waited" -ge "$JOIN_TIMEOUT_S" ]; then
-      log "could not join the head after ${JOIN_TIMEOUT_S}s"
-      exit 1
-    fi
-    sleep 10
-    waited=$((waited + 10))
-  done
-  log "joined; this node now runs the head's Ray workers (ray stop on this node to leave)"
+  join_head "${RAY_NODE_FLAGS[@]}"
 fi
