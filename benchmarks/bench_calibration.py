@@ -36,7 +36,7 @@ def bench(run_dir: str) -> dict:
             "step-fit": cal.compare_phases(tl, cal.replay(tl, fit, overheads=False, **kw)),
             "step-fit + overheads": cal.compare_phases(tl, cal.replay(tl, fit, **kw))}
     print(f"== {run_dir}  ({len(tl.frame('request'))} requests, {len(tl.frame('sync'))} syncs, "
-          f"mode {'sync' if kw['sync_mode'] else 'async'}, lag bound {kw['lag_bound']}, "
+          f"mode {'sync' if kw['sync_mode'] else 'async'}, lag bound {0 if kw['sync_mode'] else kw['lag_bound']}, "
           f"max_num_seqs {kw['max_num_seqs']})")
     print("   fit: " + ", ".join(f"{k}={v:.4g}" for k, v in fit.items() if isinstance(v, float)))
     print(f"   request-fit (earlier method): decode_a={old['decode_a']:.4g} decode_c={old['decode_c']:.4g} "

@@ -29,16 +29,20 @@ sync: mean duration.
 
 **Runtime overheads.** A real runtime loses time between the events the cost model times; the
 simulator models three of them (:class:`~asp_ascend.sim.engine.TrainerSpec`), each measured from
-the timeline as the median of its own gaps:
+the timeline as the mean of its own gaps (the mean, since they add up into the mean iteration
+time; their distributions are long-tailed on a loaded machine):
 
 - ``step_latency_s``: an optimizer step starts this long after both its mini-batch is generated
   and the trainer is free (result collection, rewards, the call to the trainer), measured on the
   steps whose data arrived while the trainer was idle;
-- ``publish_s``: the trainer's share of a weight sync (it is busy publishing, then trains on while
-  instances load the weights): the gap between an iteration's last step and the next step when
-  the data was already there, minus ``step_latency_s``, at most the sync time;
+- ``publish_s``: the trainer's own time per iteration boundary (publishing the weights plus the
+  driver's per-iteration bookkeeping; the instances may still be loading the weights when the
+  trainer goes on): the gap between an iteration's last step and the next step when the data was
+  already there, minus ``step_latency_s``;
 - ``admit_latency_s``: from the end of an instance's sync to its first admission of an iteration
-  that this version made admissible (lag-bound admissions only).
+  that this version made admissible (lag-bound admissions), pooled with the gaps from a group's
+  finish to the next admission on its instance while the instance held its most groups
+  (slot-bound admissions).
 
 :func:`replay` simulates the run's own jobs (its prompts, response lengths, iterations,
 mini-batches, instances and admission order) with a fit, and :func:`compare_phases` sets the
@@ -74,6 +78,15 @@ def _nnls_small(X: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
             if err < best_err - 1e-15:
                 best, best_err = full, err
     return best
+
+
+def _fit_total(X: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Non-negative least squares, rescaled so that the fitted durations sum to the measured ones
+    (a no-op when the fit is interior with a constant column; otherwise the clamp to >= 0 would
+    bias the total, which is what the simulator has to reproduce)."""
+    coef = _nnls_small(X, y, np.ones(len(y)))
+    tot = float(np.sum(X @ coef))
+    return coef * (float(np.sum(y)) / tot) if tot > 0 else coef
 
 
 def _r2(y: np.ndarray, pred: np.ndarray) -> float:
@@ -212,7 +225,7 @@ def _fit_decode_steps(req: pd.DataFrame, syncs: pd.DataFrame) -> dict | None:
         return None
     X = u[["k", "C", "N", "P"]].to_numpy(float)
     y = u["y"].to_numpy(float)
-    a, b, c, pf = _nnls_small(X, y, np.ones(len(y)))
+    a, b, c, pf = _fit_total(X, y)
     per_step = y / u["k"].to_numpy(float)
     pred = X @ np.array([a, b, c, pf]) / u["k"].to_numpy(float)
     return {"decode_a": float(a), "decode_b": float(b), "decode_c": float(c), "prefill_per_token": float(pf),
@@ -243,7 +256,7 @@ def _group_ready(req: pd.DataFrame) -> pd.Series:
     return req.groupby(["epoch", "prompt_id"])["t_finish"].max()
 
 
-def fit_overheads(tl: Timeline, sync_s: float | None) -> dict:
+def fit_overheads(tl: Timeline) -> dict:
     """``step_latency_s``, ``publish_s``, ``admit_latency_s`` (module doc); None where unmeasurable."""
     req, steps, syncs = tl.frame("request"), tl.frame("step"), tl.frame("sync")
     out = {"step_latency_s": None, "publish_s": None, "admit_latency_s": None}
@@ -262,23 +275,58 @@ def fit_overheads(tl: Timeline, sync_s: float | None) -> dict:
         # first step of the run: prev_end is NaN, count it as data-bound
         data_bound |= np.isfinite(rdy) & np.isnan(prev_end) & (start >= rdy)
         if data_bound.sum() >= 1:
-            out["step_latency_s"] = float(np.median(start[data_bound] - rdy[data_bound]))
+            out["step_latency_s"] = float(np.mean(start[data_bound] - rdy[data_bound]))
         trainer_bound = np.isfinite(rdy) & np.isfinite(prev_end) & (rdy <= prev_end) & first_of_it & (start >= prev_end)
-        if trainer_bound.sum() >= 1 and sync_s is not None:
-            gap = float(np.median(start[trainer_bound] - prev_end[trainer_bound]))
-            out["publish_s"] = float(min(sync_s, max(0.0, gap - (out["step_latency_s"] or 0.0))))
-    if not syncs.empty and not req.empty:
-        lag = int((req["iteration"] - req["admission_version"]).max())
-        first = req.groupby(["instance", "iteration"])["t_admit"].min()
-        gaps = []
-        for v, te in zip(syncs["version"].astype(int), syncs["t_end"].astype(float)):
-            for inst in req["instance"].unique():
-                t = first.get((inst, v + lag))
-                if t is not None and t >= te:
-                    gaps.append(t - te)
-        if gaps:
-            out["admit_latency_s"] = float(np.median(gaps))
+        if trainer_bound.sum() >= 1:
+            gap = float(np.mean(start[trainer_bound] - prev_end[trainer_bound]))
+            out["publish_s"] = float(max(0.0, gap - (out["step_latency_s"] or 0.0)))
+    gaps = _admit_gaps(req, syncs)
+    if gaps:
+        out["admit_latency_s"] = float(np.mean(gaps))
     return out
+
+
+def _admit_gaps(req: pd.DataFrame, syncs: pd.DataFrame) -> list:
+    """Admission latencies, per instance: (1) group finish -> next admission, when the instance
+    held its most groups ever (the finish freed the slot the admission waited for) and the
+    admitted group was admissible with the version the instance held at the finish; (2) sync
+    end -> first admission of the iteration that version made admissible, when the instance
+    had a free slot at the sync end."""
+    if req.empty:
+        return []
+    lag = int((req["iteration"] - req["admission_version"]).max())
+    v0 = int(req["admission_version"].min())
+    g = req.groupby(["epoch", "prompt_id"]).agg(inst=("instance", "first"), ta=("t_admit", "min"),
+                                                tf=("t_finish", "max"), it=("iteration", "first"))
+    if syncs.empty:
+        ends, vers = np.zeros(0), np.zeros(0, dtype=np.int64)
+    else:
+        sy = syncs.sort_values("t_end")
+        ends, vers = sy["t_end"].to_numpy(float), np.maximum.accumulate(sy["version"].to_numpy(np.int64))
+    gaps = []
+    for _, x in g.groupby("inst"):
+        x = x.sort_values("ta")
+        ta, it = x["ta"].to_numpy(float), x["it"].to_numpy(np.int64)
+        tf = np.sort(x["tf"].to_numpy(float))
+
+        def inflight(t):   # groups admitted before t and not finished before t
+            return np.searchsorted(ta, t, side="left") - np.searchsorted(tf, t, side="left")
+
+        most = int(inflight(tf).max())
+        # (1) slot-bound admissions
+        nxt = np.searchsorted(ta, tf, side="right")
+        k_ver = np.searchsorted(ends, tf, side="right") - 1
+        held = np.where(k_ver >= 0, vers[np.maximum(k_ver, 0)] if vers.size else v0, v0)
+        for c, k, full, v in zip(tf, nxt, inflight(tf) == most, held):
+            if full and k < ta.size and it[k] <= v + lag:
+                gaps.append(float(ta[k] - c))
+        # (2) version-bound admissions
+        free = inflight(ends) < most
+        for te, v, ok in zip(ends, vers, free):
+            k = np.flatnonzero(it == v + lag)
+            if ok and k.size and ta[k[0]] >= te:
+                gaps.append(float(ta[k[0]] - te))
+    return gaps
 
 
 # --------------------------------------------------------------------------- the fit
@@ -293,12 +341,12 @@ def fit_timeline(tl: Timeline) -> dict:
     if not steps.empty and len(steps) >= 2:
         dur = (steps["t_end"] - steps["t_start"]).to_numpy(float)
         slots = (steps["tokens"] + steps["padded_tokens"]).to_numpy(float)
-        coef = _nnls_small(np.column_stack([slots, np.ones_like(slots)]), dur, np.ones_like(dur))
+        coef = _fit_total(np.column_stack([slots, np.ones_like(slots)]), dur)
         fit["train_per_token"], fit["train_per_step"] = float(coef[0]), float(coef[1])
     else:
         fit["train_per_token"] = fit["train_per_step"] = None
     fit["sync_s"] = float((syncs["t_end"] - syncs["t_start"]).mean()) if not syncs.empty else None
-    fit.update(fit_overheads(tl, fit["sync_s"]))
+    fit.update(fit_overheads(tl))
     return fit
 
 
@@ -323,10 +371,12 @@ def replay_jobs(tl: Timeline):
     req = tl.frame("request")
     steps = tl.frame("step")
     mb: dict = {}
+    pos: dict = {}
     if not steps.empty and "samples" in steps:
         for m, smp in zip(steps["mini_batch"].astype(int), steps["samples"]):
             for e, p, _ in smp:
                 mb[(int(e), str(p))] = m
+                pos.setdefault((int(e), str(p)), len(pos))
     req = req.assign(prompt_id=req["prompt_id"].astype(str)).sort_values(["epoch", "prompt_id", "sample"])
     groups = req.groupby(["epoch", "prompt_id"], sort=False)
     sizes = groups.size()
@@ -342,13 +392,17 @@ def replay_jobs(tl: Timeline):
                    prompt_id=np.array([k[1] for k in keys], dtype=object), iteration=it,
                    mini_batch=np.array([mb.get((int(k[0]), k[1]), 0) for k in keys], np.int64),
                    instance=first["instance"].to_numpy(np.int64), dispatch_rank=rank,
-                   prompt_length=first["prompt_length"].to_numpy(np.int64), resp=resp)
+                   prompt_length=first["prompt_length"].to_numpy(np.int64), resp=resp,
+                   train_rank=np.array([pos.get((int(k[0]), k[1]), len(pos) + x) for x, k in enumerate(keys)],
+                                       np.int64))
 
 
 def replay(tl: Timeline, fit: dict, *, max_num_seqs: int, lag_bound: int, sync_mode: bool = False,
            micro_batch_size: int = 8, micro_batching: str = "padded", num_instances: int | None = None,
-           overheads: bool = True, kv_capacity: int = 0):
-    """Simulate the run's own jobs (:func:`replay_jobs`) with the fitted coefficients."""
+           overheads: bool = True, kv_capacity: int = 0, group_slots: bool = True):
+    """Simulate the run's own jobs (:func:`replay_jobs`) with the fitted coefficients, under the
+    runtime's admission rule (``group_slots``: at most ``max_num_seqs // G`` groups in flight per
+    instance, a group holding its slot until its last sample finishes)."""
     from ..scheduler.cost import CostModel
     from .engine import Engine, TrainerSpec
 
@@ -362,7 +416,8 @@ def replay(tl: Timeline, fit: dict, *, max_num_seqs: int, lag_bound: int, sync_m
                      step_latency_s=o("step_latency_s"), admit_latency_s=o("admit_latency_s"))
     R = num_instances or int(jobs.instance.max()) + 1
     eng = Engine(jobs, num_instances=R, cost=cm, max_num_seqs=max_num_seqs, kv_capacity=kv_capacity, trainer=tr,
-                 lag_bound=0 if sync_mode else lag_bound, shared_queue=False, stream_train=not sync_mode)
+                 lag_bound=0 if sync_mode else lag_bound, shared_queue=False, stream_train=not sync_mode,
+                 group_slots=group_slots)
     return eng.run()
 
 

@@ -26,9 +26,9 @@ new version at the end of the sync (pausing during it when ``sync_pause``), or, 
 
 Runtime overheads (``TrainerSpec``; zero by default, fitted by ``asp simulate --calibrate``): an
 optimizer step starts ``step_latency_s`` after its mini-batch is generated and the trainer is
-free; the trainer is busy for ``publish_s`` of each sync (then trains on while the instances
-finish it); an instance admits work that its new version made admissible ``admit_latency_s``
-after its sync.
+free; after an iteration's last step the trainer is busy for ``publish_s`` (its share of the sync
+plus per-iteration bookkeeping; it may train on while the instances finish the sync); an instance admits work that its new version made admissible ``admit_latency_s``
+after its sync (with ``group_slots``, also a new group that long after a group frees its slot).
 
 Output: a :class:`SimTimeline` (the DESIGN 5 events, columnar) for :func:`metrics.summarize`.
 """
@@ -47,7 +47,7 @@ from ..scheduler.admission import AdmissionController, Dispatcher, Job
 from ..scheduler.cost import CostModel
 
 # event kinds, in processing priority at equal times
-_PUBLISH, _TRAIN, _VERSION, _INST = 0, 1, 2, 3
+_PUBLISH, _TRAIN, _VERSION, _SLOT, _INST = 0, 1, 2, 3, 4
 
 
 @dataclass
@@ -65,6 +65,7 @@ class SimJobs:
     prompt_length: np.ndarray
     resp: np.ndarray
     predicted_length: np.ndarray | None = None
+    train_rank: np.ndarray | None = None   # order of groups within a mini-batch (default: dispatch_rank)
 
     def __len__(self) -> int:
         return int(self.epoch.shape[0])
@@ -84,9 +85,11 @@ class TrainerSpec:
     micro_batching: str = "padded"   # padded | sorted | packed
     switch_s: float = 0.0            # colocated: train<->infer switch per iteration
     # runtime overheads (calibrated from a real run; 0/None = an ideal runtime):
-    publish_s: float | None = None   # trainer busy at the start of each sync (None: the whole sync)
+    publish_s: float | None = None   # trainer busy after an iteration's last step (None: the whole sync);
+    #                                  less than sync_s: it trains on while instances load the weights
     step_latency_s: float = 0.0      # an optimizer step starts this long after its data and the trainer are ready
     admit_latency_s: float = 0.0     # an instance admits work of a new version this long after its sync
+    #                                  (and, with group_slots, a new group this long after a slot frees)
 
 
 class SimTimeline(Timeline):
@@ -117,7 +120,8 @@ def minibatch_tokens(jobs: SimJobs, micro_batch_size: int, mode: str) -> pd.Data
     each padded to its longest sequence (prompt + response). ``packed`` has no padding.
     """
     J, G = jobs.resp.shape
-    order = np.lexsort((jobs.dispatch_rank, jobs.mini_batch, jobs.iteration))
+    rank = jobs.dispatch_rank if jobs.train_rank is None else jobs.train_rank
+    order = np.lexsort((rank, jobs.mini_batch, jobs.iteration))
     it = np.repeat(jobs.iteration[order], G)
     mb = np.repeat(jobs.mini_batch[order], G)
     seq_len = (jobs.resp[order] + jobs.prompt_length[order, None]).reshape(-1).astype(np.int64)
@@ -150,7 +154,7 @@ class Engine:
     def __init__(self, jobs: SimJobs, *, num_instances: int, cost: CostModel, max_num_seqs: int,
                  kv_capacity: int, trainer: TrainerSpec, lag_bound: int, shared_queue: bool,
                  stream_train: bool = True, barrier: bool = False, sync_pause: bool = True,
-                 record_samples: bool = True, steal: bool = False):
+                 record_samples: bool = True, steal: bool = False, group_slots: bool = False):
         self.jobs = jobs
         self.R = int(num_instances)
         self.cm = cost
@@ -164,6 +168,10 @@ class Engine:
         self.sync_pause = sync_pause and not barrier
         self.record_samples = record_samples
         self.steal = steal
+        # group_slots: an instance holds at most max_num_seqs // G prompt groups, and a group keeps
+        # its slot until its last sample finishes (the runtime's dispatcher); default: a new group
+        # whenever running + waiting sequences < max_num_seqs (vLLM's own queue)
+        self.group_slots = group_slots
         J, G = jobs.resp.shape
         self.J, self.G = J, G
         if J == 0:
@@ -263,7 +271,9 @@ class Engine:
         st_rows = []
         sync_rows = []
         released = [0]             # barrier mode: highest iteration released for generation
-        early_free = self.tr.publish_s is not None and self.tr.publish_s < self.tr.sync_s
+        gslots = max(1, mns // G)
+        held = [0] * R             # group_slots: groups admitted whose slot is not yet released
+        early_free = self.tr.publish_s is not None   # the trainer's own time per sync, not the sync's
         dirty = [False]            # a group finished: trainer/barrier must react (see react)
 
         def steps_time(m, nn, C0):
@@ -314,7 +324,7 @@ class Engine:
             """Take jobs from the dispatcher and admit waiting sequences (at boundary T[r])."""
             w = waiting[r]
             t = T[r]
-            while n[r] + len(w) < mns:
+            while has_room(r):
                 if self.barrier:
                     head = disp.peek(r)
                     if head is None or head.iteration > released[0]:
@@ -323,6 +333,7 @@ class Engine:
                 if got is None:
                     break
                 job, ver = got
+                held[r] += 1
                 j = job_of[(job.epoch, job.prompt_id)]
                 base = j * G
                 for s in range(base, base + G):
@@ -422,7 +433,7 @@ class Engine:
         def wake(t):
             """Admissible work may have appeared: let instances with room take it."""
             for r in sorted(range(R), key=lambda x: n[x] + len(waiting[x])):
-                if paused[r] or n[r] + len(waiting[r]) >= mns:
+                if paused[r] or not has_room(r):
                     continue
                 head = disp.peek(r)
                 if head is None or (self.barrier and head.iteration > released[0]):
@@ -447,8 +458,16 @@ class Engine:
             q_op.append(op)
             q_size.append(qsize[0])
 
+        def has_room(r):
+            return held[r] < gslots if self.group_slots else n[r] + len(waiting[r]) < mns
+
         def group_done(j, t):
             e, p = eps[j], pids[j]
+            r = seq_inst[j * G]
+            if self.tr.admit_latency_s > 0:     # the runtime learns of the free slot this much later
+                push(t + self.tr.admit_latency_s, _SLOT, r)
+            else:
+                held[r] -= 1
             disp.on_finish(p, e)
             qsize[0] += 1
             q_event(t, "put")
@@ -572,6 +591,10 @@ class Engine:
             elif kind == _VERSION:
                 adm.on_instance_synced(x, tok)
                 wake(t)
+            elif kind == _SLOT:
+                held[x] -= 1
+                if self.group_slots:
+                    wake(t)
             else:
                 on_publish(x, t)
             react(t)
