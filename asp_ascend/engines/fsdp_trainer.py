@@ -106,6 +106,17 @@ class FSDPTrainerRank(TrainerEngine):
             m.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
         return model
 
+    @staticmethod
+    def _reshard(model) -> None:
+        """Free the unsharded parameters a forward without backward leaves behind (FSDP2 keeps the
+        root's gathered after forward, for the backward). Stale ones would otherwise be reused
+        by the next forward after the shards changed (an optimizer step, a load_state_dict)."""
+        from torch.distributed.fsdp import FSDPModule
+
+        for m in (model.modules() if model is not None else []):
+            if isinstance(m, FSDPModule):
+                m.reshard()
+
     def _sharded_copy(self):
         """A frozen, identically sharded copy of the current weights (pi_prox or the reference)."""
         import torch
@@ -126,6 +137,7 @@ class FSDPTrainerRank(TrainerEngine):
             if self.prox_model is None:
                 self.prox_model = self._sharded_copy()
             else:
+                self._reshard(self.prox_model)
                 self.prox_model.load_state_dict(self.model.state_dict())
 
     def _micro_batches(self, samples: list[dict]) -> list[list[dict]]:
@@ -137,7 +149,10 @@ class FSDPTrainerRank(TrainerEngine):
         """This rank's share of one optimizer step: ``denom`` = the mini-batch's response tokens
         (all ranks), ``passes`` = the micro-batch passes every rank runs (the largest share's)."""
         self._passes = max(int(passes), -(-len(samples) // self.micro), 1)
+        self._reshard(self.model)
         st = super().train_step(samples, denom)
+        self._reshard(self.prox_model)
+        self._reshard(self.ref_model)
         st["tokens"] -= DUMMY_TOKENS * self._dummies
         st["rank"] = self.rank
         return st
@@ -153,6 +168,7 @@ class FSDPTrainerRank(TrainerEngine):
         rng = np.random.default_rng(seed)
         opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
         losses = []
+        self._reshard(self.model)
         for _ in range(steps):
             pick = rng.choice(len(examples), size=min(batch_size, len(examples)), replace=False)
             batch = [examples[i] for i in pick]
@@ -171,7 +187,10 @@ class FSDPTrainerRank(TrainerEngine):
         return losses
 
     def sequence_logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
-        return super().sequence_logprobs(prompt_ids, response_ids)  # a collective: every rank runs it
+        try:
+            return super().sequence_logprobs(prompt_ids, response_ids)  # a collective: every rank runs it
+        finally:
+            self._reshard(self.model)
 
     # ------------------------------------------------------------------ weights
     def _named_weights(self) -> list:
