@@ -290,6 +290,12 @@ def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | Non
     plat = get_platform(cfg.platform)  # device resources per actor: {} on CPU, GPUs or NPUs otherwise
     inst_opts = dict(plat.ray_actor_options(cfg.rollout.devices_per_instance)) if plat.ray_resource else {}
     tr_opts = dict(plat.ray_actor_options(1)) if plat.ray_resource else {}
+    dev_need = R * cfg.rollout.devices_per_instance + cfg.train.devices
+    dev_have = ray.cluster_resources().get(plat.ray_resource, 0) if plat.ray_resource else dev_need
+    if dev_need > dev_have + 1e-9:
+        raise ConfigError([f"rollout.num_instances / train.devices: {R} instance(s) x {cfg.rollout.devices_per_instance} "
+                           f"{plat.ray_resource} + {cfg.train.devices} trainer rank(s) need {dev_need} "
+                           f"{plat.ray_resource}s; the Ray cluster has {dev_have:g}"])
     gib = str(max(1, int(round(cfg.rollout.kv_cache_space_gib))))
     env = {"env_vars": {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
                         "TOKENIZERS_PARALLELISM": "false",
