@@ -122,7 +122,8 @@ class FSDPTrainerRank(TrainerEngine):
         import torch
         from transformers import AutoModelForCausalLM
 
-        copy = AutoModelForCausalLM.from_config(self.model.config, dtype=getattr(torch, self._dtype)).to(self.device)
+        with self.device:  # initialised on the device (fast on GPUs); the weights come from the shards below
+            copy = AutoModelForCausalLM.from_config(self.model.config, dtype=getattr(torch, self._dtype))
         copy = self._wrap_model(copy)
         copy.load_state_dict(self.model.state_dict())
         return copy.eval()

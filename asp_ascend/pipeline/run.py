@@ -33,14 +33,14 @@ def check_backends(backends: dict[str, str] = BACKENDS) -> None:
             raise BackendMissingError(mod, hint, "asp train")
 
 
-def _core_lists(cores: list, n: int, key: str) -> list[list[int]]:
+def _core_lists(cores: list, n: int, key: str, unit: str = "instance") -> list[list[int]]:
     """rollout.cpu_cores: [[0],[1]] (one list per instance) or a flat list shared by all."""
     if not cores:
         return [[] for _ in range(n)]
     if all(isinstance(c, int) for c in cores):
         return [list(cores) for _ in range(n)]
     if len(cores) != n or not all(isinstance(c, (list, tuple)) for c in cores):
-        raise ConfigError([f"{key}: {cores!r} must be one list of cores per instance ({n} lists, "
+        raise ConfigError([f"{key}: {cores!r} must be one list of cores per {unit} ({n} lists, "
                            f"e.g. {[[i] for i in range(n)]}) or one flat list shared by all"])
     return [list(map(int, c)) for c in cores]
 
@@ -54,7 +54,7 @@ def check_resources(cfg, available: set[int] | None = None) -> tuple[list[list[i
     R = cfg.rollout.num_instances
     D = cfg.train.devices
     inst_cores = _core_lists(cfg.rollout.cpu_cores, R, "rollout.cpu_cores")
-    tr_cores = _core_lists(cfg.train.cpu_cores, D, "train.cpu_cores")
+    tr_cores = _core_lists(cfg.train.cpu_cores, D, "train.cpu_cores", "trainer rank (train.devices)")
     avail = available if available is not None else set(os.sched_getaffinity(0))
     bad = sorted({c for cs in inst_cores + tr_cores for c in cs} - avail)
     if bad:

@@ -88,6 +88,29 @@ def pair(tiny):
         ray.shutdown()
 
 
+def test_devices_key_validated_and_counted_before_anything_starts(empty_yaml):
+    from asp_ascend.config import load_config
+    from asp_ascend.errors import ConfigError
+    from asp_ascend.pipeline.run import check_resources
+
+    with pytest.raises(ConfigError, match="train.devices: 0 must be >= 1"):
+        load_config(empty_yaml, ["train.devices=0"])
+    cfg = load_config(empty_yaml, ["rollout.num_instances=1", "rollout.num_cpus=1", "train.devices=2"])
+    with pytest.raises(ConfigError, match="train.devices"):  # 1 + 2 x 1 CPUs on 2 cores
+        check_resources(cfg, available={0, 1})
+    cfg = load_config(empty_yaml, ["rollout.num_instances=1", "rollout.cpu_cores=[[0]]", "train.devices=2",
+                                   "train.cpu_cores=[1]"])  # a flat list: both ranks share core 1
+    _, tr, _, tr_cpus = check_resources(cfg, available={0, 1})
+    assert tr == [[1], [1]] and tr_cpus == 1.0
+    cfg = load_config(empty_yaml, ["rollout.num_instances=1", "rollout.num_cpus=0.5", "train.devices=2",
+                                   "train.cpu_cores=[[0],[1]]"])  # one list per rank
+    _, tr, _, tr_cpus = check_resources(cfg, available={0, 1, 2})
+    assert tr == [[0], [1]] and tr_cpus == 2.0
+    cfg = load_config(empty_yaml, ["train.devices=2", "train.cpu_cores=[[0]]"])
+    with pytest.raises(ConfigError, match="train.cpu_cores.*per trainer rank"):
+        check_resources(cfg, available={0, 1})
+
+
 def test_split_is_token_balanced_and_keeps_order():
     s = _samples(9, 3)
     for i, x in enumerate(s):
