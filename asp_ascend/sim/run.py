@@ -265,7 +265,10 @@ def run_simulate(cfg) -> int:
               ", ".join(f"{k}={v:.4g}" for k, v in fit.items() if isinstance(v, float)))
         try:  # the check: the run's own jobs re-simulated with the fit, phase by phase
             _, phases, _ = replay_report(cfg.sim.calibrate, fit)
-            print("asp simulate: the run's own jobs simulated with the fitted model (replay):")
+            has_cfg = (Path(cfg.sim.calibrate) / "config.yaml").is_file()
+            print("asp simulate: the run's own jobs simulated with the fitted model (replay"
+                  + ("" if has_cfg else "; no config.yaml in the run directory: max_num_seqs 128, lag bound 1, "
+                     "micro-batch 8 assumed") + "):")
             print("\n".join(format_phases(phases)))
             fit["replay"] = {k: {c: (None if pd.isna(v) else float(v)) for c, v in r.items()}
                              for k, r in phases.iterrows()}
