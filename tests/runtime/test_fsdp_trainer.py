@@ -46,6 +46,14 @@ def _samples(n: int, seed: int, version: int = 0) -> list[dict]:
     return out
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 def _weights(ticket) -> dict:
     return dict(RayObjectStoreTransport().recv(ticket))
 
@@ -191,7 +199,8 @@ def test_checkpoint_round_trip(pair, tmp_path):
 @pytest.mark.slow
 @pytest.mark.runtime
 def test_asp_train_with_two_trainer_ranks(tmp_path):
-    """`asp train` end to end with train.devices=2 (vLLM-CPU instance, two gloo trainer ranks)."""
+    """`asp train` end to end with train.devices=2 (vLLM-CPU instance, two gloo trainer ranks),
+    weights pushed by the broadcast transport from rank 0."""
     import json
 
     from rt_common import stack_missing
@@ -203,12 +212,15 @@ def test_asp_train_with_two_trainer_ranks(tmp_path):
 
     cfg = load_config(CONFIG, SMALL + [f"output_dir={tmp_path}", "train.devices=2", "train.max_iterations=2",
                                        "train.eval_every=0", "train.checkpoint_every=1", "rollout.num_instances=1",
-                                       "rollout.num_cpus=1", "train.num_cpus=0.5", "pipeline.mode=async"])
+                                       "rollout.num_cpus=1", "train.num_cpus=0.5", "pipeline.mode=async",
+                                       "weight_sync.transport=broadcast", f"weight_sync.master_port={_free_port()}"])
     assert run_train(cfg) == 0
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2]
     assert all(r["tokens"] > 0 and r["grad_norm"] > 0 for r in rows)
-    assert (tmp_path / "checkpoints" / "iter_000002" / "model.safetensors").is_file()
+    ckpt = tmp_path / "checkpoints" / "iter_000002"
+    assert (ckpt / "model.safetensors").is_file()
+    assert json.loads((ckpt / "trainer_state.json").read_text())["devices"] == 2
 
 
 @pytest.mark.gpu
