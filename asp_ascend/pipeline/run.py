@@ -283,7 +283,8 @@ def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | Non
     R = cfg.rollout.num_instances
     have = ray.cluster_resources().get("CPU", 0)
     if sum(inst_cpus) + tr_cpus > have + 1e-9:
-        raise ConfigError([f"rollout.num_instances: {R} instance(s) + trainer need {sum(inst_cpus) + tr_cpus:g} CPUs; "
+        raise ConfigError([f"rollout.num_instances: {R} instance(s) + trainer ({cfg.train.devices} rank(s), train.devices) "
+                           f"need {sum(inst_cpus) + tr_cpus:g} CPUs; "
                            f"the Ray cluster has {have:g}"])
     max_prompt = max(len(v) for v in list(tok_ids.values()) + list((ev_ids or {}).values()))
     max_model_len = -(-(max_prompt + cfg.lengths.max_response_length + 8) // 16) * 16
