@@ -39,12 +39,13 @@ from ..algos.grpo import token_logprobs
 from .trainer import TrainerEngine
 
 
-def _dummy_sample(pad_id: int) -> dict:
-    """One pass's worth of nothing: a two-token prompt, no response (zero loss and tokens)."""
-    return {"prompt_ids": [pad_id, pad_id], "response_ids": [], "behav_logprobs": [], "advantage": 0.0}
-
-
 DUMMY_TOKENS = 2
+
+
+def _dummy_sample(pad_id: int) -> dict:
+    """One pass's worth of nothing: a two-token prompt, no response (zero loss, zero gradient;
+    its tokens are taken out of the step's count, its pad slots are zero)."""
+    return {"prompt_ids": [pad_id] * DUMMY_TOKENS, "response_ids": [], "behav_logprobs": [], "advantage": 0.0}
 
 
 class FSDPTrainerRank(TrainerEngine):
