@@ -326,6 +326,7 @@ class TrainerGroup:
         self.train_step = _Method(self._train_step)
         self.publish = _Method(self._publish)
         self.node_ip = _Method(lambda: self.ranks[0].node_ip.remote())
+        self.free_port = _Method(lambda: self.ranks[0].free_port.remote())
         self.send_weights = _Method(lambda *a, **k: self.ranks[0].send_weights.remote(*a, **k))
         self.shutdown = _Method(self._all("shutdown"))
 

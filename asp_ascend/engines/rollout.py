@@ -136,7 +136,12 @@ class RolloutEngine:
             if group is None:
                 raise ValueError("update_weights: a ticket without payload needs the broadcast group")
             with self._lock:  # a broadcast is never skipped: the sender waits for every rank
-                self.llm.collective_rpc("asp_recv_broadcast", args=(ticket.layout(), int(ticket.version), dict(group)))
+                out = self.llm.collective_rpc("asp_recv_broadcast", args=(ticket.layout(), int(ticket.version),
+                                                                          dict(group)))
+                errors = [o for o in out if isinstance(o, str)]
+                if errors:
+                    raise RuntimeError(f"instance {self.instance}: weight broadcast of version {ticket.version} "
+                                       f"failed in {len(errors)} worker(s): {errors[0]}")
                 self.version = max(self.version, int(ticket.version))
         return {"t_start": t0, "t_end": time.time(), "version": self.version}
 

@@ -216,6 +216,15 @@ class TrainerEngine:
 
         return ray.util.get_node_ip_address()
 
+    @staticmethod
+    def free_port() -> int:
+        """A TCP port free on this actor's node now (for the next weight-sync group's store)."""
+        import socket
+
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return int(s.getsockname()[1])
+
     def send_weights(self, version: int, group: dict) -> dict:
         """Broadcast the weights ``publish(version, "broadcast")`` kept to the instances of
         ``group`` (``{"gen", "host", "port", "world"}``; this trainer is rank 0). A new ``gen``
@@ -229,10 +238,15 @@ class TrainerEngine:
         if comm is None or comm[0] != group["gen"]:
             self._comm = None  # drop the old group before the new store binds
             self._comm = (group["gen"], create_communicator(self.platform.name, group["host"], int(group["port"]),
-                                                            0, int(group["world"]), self.device.index or 0))
+                                                            0, int(group["world"]), self.device.index or 0,
+                                                            float(group.get("timeout_s", 300.0))))
         _, named = self._pending
         tx = BroadcastTransport(self._comm[1], self.bucket_bytes, synchronize=self.platform.synchronize)
-        tx.send(tx.prepare(version, named), named)
+        try:
+            tx.send(tx.prepare(version, named), named)
+        except BaseException:
+            self._comm = None  # a broken group is never reused
+            raise
         return {"t_start": t0, "t_end": time.time(), "version": version}
 
     def sequence_logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:

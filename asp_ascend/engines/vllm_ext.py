@@ -26,8 +26,17 @@ class WeightReloadExtension:
         self.model_runner.reload_weights(weights_iterator=iter(named))
         return len(named)
 
-    def asp_recv_broadcast(self, layout: list, version: int, group: dict) -> int:
-        """Receive version ``version`` over the weight-sync group and load it; returns the tensor count."""
+    def asp_recv_broadcast(self, layout: list, version: int, group: dict):
+        """Receive version ``version`` over the weight-sync group and load it. Returns the tensor
+        count, or the error as a string: an exception raised here would be logged by vLLM as a
+        worker failure; the caller (``RolloutEngine.update_weights``) raises it instead."""
+        try:
+            return self._asp_recv_broadcast(layout, version, group)
+        except Exception as exc:  # noqa: BLE001 - reported to the caller
+            self._asp_comm = None  # a broken group is never reused
+            return f"{type(exc).__name__}: {exc}"
+
+    def _asp_recv_broadcast(self, layout: list, version: int, group: dict) -> int:
         from ..platforms import get_platform
         from ..platforms.transport import BroadcastTransport, WeightTicket, create_communicator
 
@@ -39,7 +48,8 @@ class WeightReloadExtension:
             device = getattr(self, "device", None)
             index = getattr(device, "index", None) or 0
             self._asp_comm = (group["gen"], create_communicator(group["platform"], group["host"], int(group["port"]),
-                                                                rank, int(group["world"]), index))
+                                                                rank, int(group["world"]), index,
+                                                                float(group.get("timeout_s", 300.0))))
         rx = BroadcastTransport(self._asp_comm[1], 1, synchronize=platform.synchronize)
         # receive every bucket before loading: the broadcast must complete on every rank even
         # if the loader stops early

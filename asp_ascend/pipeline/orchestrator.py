@@ -378,6 +378,7 @@ class Orchestrator:
         members = [r for r in range(len(self.instances)) if self.alive[r]]
         self.log.say(f"weight sync of version {s['version']} failed ({type(s['failed']).__name__}); "
                      f"retrying with instance(s) {members}")
+        self.wsync.regroup()
         s.update(self.wsync.push(s["version"], s["ticket"], members), failed=None, tries=s["tries"] + 1)
 
     def _check_not_stranded(self) -> None:

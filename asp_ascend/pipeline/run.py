@@ -338,7 +338,7 @@ def _weight_sync(cfg, trainer, instances):
     if kind == "auto":
         kind = "object_store" if plat == "cpu" else "broadcast"
     return WeightSync(trainer, instances, kind, plat, tp=cfg.rollout.devices_per_instance,
-                      base_port=cfg.weight_sync.master_port)
+                      base_port=cfg.weight_sync.master_port, timeout_s=cfg.weight_sync.timeout_s)
 
 
 def _warm_start(cfg, trainer, train, tok, tok_ids: dict, logger) -> None:

@@ -8,8 +8,10 @@ returns only the bucket layout; then every member instance calls ``update_weight
 group)`` (its vLLM workers join the group and wait) and the trainer's ``send_weights(v, group)``
 broadcasts the buckets (NCCL / HCCL / gloo, platforms/transport.py). The group is the trainer
 (rank 0) and every vLLM worker of every member instance (``tp`` ranks per instance). It is
-built once and reused; when the set of member instances changes (a failure, a restart) the
-next sync builds a new one (a new *generation*, on the next port).
+built once and reused; when the set of member instances changes (a failure, a restart) or a
+broadcast failed, the next sync builds a new one (a new *generation*: with
+``weight_sync.master_port: 0`` on a port the trainer's node reports free, else on the next of
+``PORTS`` ports from the configured one).
 """
 from __future__ import annotations
 
@@ -20,11 +22,13 @@ PORTS = 50  # generations cycle through base_port .. base_port + PORTS - 1
 
 class WeightSync:
     def __init__(self, trainer, instances: list, transport: str, platform: str, tp: int = 1,
-                 base_port: int = 29650):
+                 base_port: int = 0, timeout_s: float = 120.0):
         if transport not in ("object_store", "broadcast"):
             raise ValueError(f"weight_sync.transport: {transport!r} is not object_store or broadcast")
         self.trainer, self.instances = trainer, instances
         self.transport, self.platform, self.tp, self.base_port = transport, platform, int(tp), int(base_port)
+        self.timeout_s = float(timeout_s)
+        self._port = 0
         self.gen = -1
         self.members: tuple[int, ...] | None = None
         self._host: str | None = None
@@ -41,8 +45,15 @@ class WeightSync:
         if tuple(members) != self.members:
             self.gen += 1
             self.members = tuple(members)
-        return {"gen": self.gen, "host": self._host, "port": self.base_port + self.gen % PORTS,
-                "world": 1 + self.tp * len(members), "platform": self.platform}
+            # base_port 0: a port free on the trainer's node now (runs sharing a node never collide)
+            self._port = (self.base_port + self.gen % PORTS if self.base_port
+                          else ray.get(self.trainer.free_port.remote()))
+        return {"gen": self.gen, "host": self._host, "port": self._port, "world": 1 + self.tp * len(members),
+                "platform": self.platform, "timeout_s": self.timeout_s}
+
+    def regroup(self) -> None:
+        """The next push builds a new group even if the members are the same (after a failure)."""
+        self.members = None
 
     def start(self, version: int, members: list[int]) -> dict[str, Any]:
         """Publish ``version`` and start pushing it to ``members``: ``{"ticket", "refs", "send"}``

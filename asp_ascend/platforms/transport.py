@@ -246,14 +246,14 @@ class GlooCommunicator:
 
 
 def create_communicator(platform_name: str, host: str, port: int, rank: int, world_size: int,
-                        device_index: int = 0) -> Communicator:
+                        device_index: int = 0, timeout_s: float = 300.0) -> Communicator:
     """A weight-sync communicator for ``platform_name`` (cpu|cuda|npu), world = trainer sender + instances.
 
     cuda: vLLM ``PyNcclCommunicator``; npu: vllm-ascend ``PyHcclCommunicator``; both over
     vLLM's ``StatelessProcessGroup`` so they never touch the trainer's own process groups.
     """
     if platform_name == "cpu":
-        return GlooCommunicator(host, port, rank, world_size)
+        return GlooCommunicator(host, port, rank, world_size, timeout_s)
     if platform_name not in ("cuda", "npu"):
         raise ConfigError([f"platform: no weight-sync communicator for {platform_name!r}; use cpu, cuda or npu"])
     from . import get_platform
@@ -272,7 +272,8 @@ def create_communicator(platform_name: str, host: str, port: int, rank: int, wor
         except ImportError as exc:
             raise BackendMissingError("vllm_ascend", "install vllm-ascend (docs/ascend.md)",
                                       "the HCCL weight-sync broadcast") from exc
-    group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
+    group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size,
+                                         store_timeout=int(timeout_s))
     comm = Comm(group, device=platform.torch_device(device_index))
     if getattr(comm, "disabled", False):
         # Both communicators silently disable themselves when the library is missing or the

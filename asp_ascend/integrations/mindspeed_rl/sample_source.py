@@ -13,7 +13,7 @@ import time
 from collections import defaultdict
 from typing import Any, Callable, Optional, Protocol, Sequence
 
-from ...errors import AspError
+from ...errors import AspError, ConfigError
 from ...scheduler.admission import AdmissionController, Dispatcher, Job
 from .async_loop import LoopSettings, SampleGroup
 
@@ -142,6 +142,10 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
     from .rollout_groups import create_instance_placement_groups, instance_actor_options
     from .weight_push import weight_push_fn
 
+    if not cfg.weight_sync.master_port:
+        raise ConfigError(["asp.weight_sync.master_port: 0 (pick a free port) works only for the asp runtime; the "
+                           "MindSpeed-RL push hosts one store per inference-TP rank from the trainer's ranks, so set a "
+                           "port range start that is free on the first trainer node, e.g. 29650"])
     platform = get_platform("npu", check=False)
     r, tp = cfg.rollout.num_instances, cfg.rollout.devices_per_instance
     pgs = create_instance_placement_groups(platform, r, tp)
