@@ -311,7 +311,7 @@ class Orchestrator:
         for r in joining:  # restarted instances that waited for this broadcast to catch up
             self.rejoining[r].update(ref=push["refs"].pop(r), version=v, await_sync=False)
         self.syncs.append({"version": v, "t_start": t_start, "refs": push["refs"], "send": push["send"],
-                           "ticket": push["ticket"], "t_end": t_start, "failed": None, "tries": 1})
+                           "ticket": push["ticket"], "t_end": t_start, "failed": None, "tries": 1, "synced": set()})
         steps = it.steps
         tok = sum(s["tokens"] for s in steps)
         diffs = [s["logprob_diff_max"] for s in steps if s.get("logprob_diff_max") is not None]
@@ -347,6 +347,7 @@ class Orchestrator:
                     s["failed"] = s["failed"] or exc
                     continue
                 self.adm.on_instance_synced(r, s["version"])
+                s["synced"].add(r)
                 s["t_end"] = max(s["t_end"], res["t_end"] - self.t0)
             if s["send"] is not None:
                 ready, _ = ray.wait([s["send"]], timeout=0)
@@ -358,8 +359,7 @@ class Orchestrator:
                     s["send"] = None
             if s["refs"] or s["send"] is not None:
                 return
-            if s["failed"] is not None:
-                self._retry_sync(s)
+            if s["failed"] is not None and self._retry_sync(s):
                 return
             self.syncs.pop(0)
             self._event("sync", t_start=s["t_start"], t_end=s["t_end"], version=s["version"])
@@ -367,19 +367,33 @@ class Orchestrator:
             if self.eval_every and s["version"] % self.eval_every == 0 and s["version"] < self.first_iter + self.n_iters:
                 self._start_eval(s["version"])
 
-    def _retry_sync(self, s: dict) -> None:
-        """A broadcast failed (a member died or its group broke): send the same version again
-        over a new group of the instances still alive. The trainer has not stepped since (no
-        optimizer step starts while a broadcast is in flight), so it still holds that version."""
+    def _retry_sync(self, s: dict) -> bool:
+        """A sync failed for some live instances (a member died mid-broadcast, its group broke).
+        Returns True if the version is sent again to them, over a new group; False if the sync
+        ends without them: they keep their older version (admission keeps their lag within k)
+        and catch up at the next sync.
+
+        (The object store still holds every published version.) A broadcast sent again needs
+        the trainer to hold exactly that version: no optimizer step starts
+        while a broadcast is in flight, but one may start once it failed. If one did, the
+        version is gone; only a lag bound of 0 then cannot go on (the trainer needs samples of
+        this version), which cannot happen: with k = 0 the trainer waits for them."""
+        missing = [r for r in range(len(self.instances)) if self.alive[r] and r not in s["synced"]]
+        if not missing:
+            return False
+        if self.wsync.broadcast and (s["version"] != self.adm.published or not self._trainer_holds_published()):
+            self.log.say(f"weight sync of version {s['version']} failed for instance(s) {missing} "
+                         f"({type(s['failed']).__name__}); the trainer has moved on, they catch up at the next sync")
+            return False
         if s["tries"] >= SYNC_TRIES:
             raise RuntimeError(f"weight sync of version {s['version']} failed {s['tries']} times "
                                f"(last error: {s['failed']!r}); resume from the last checkpoint with resume=true, "
                                "or set weight_sync.transport=object_store") from s["failed"]
-        members = [r for r in range(len(self.instances)) if self.alive[r]]
         self.log.say(f"weight sync of version {s['version']} failed ({type(s['failed']).__name__}); "
-                     f"retrying with instance(s) {members}")
+                     f"sending it again to instance(s) {missing}")
         self.wsync.regroup()
-        s.update(self.wsync.push(s["version"], s["ticket"], members), failed=None, tries=s["tries"] + 1)
+        s.update(self.wsync.push(s["version"], s["ticket"], missing), failed=None, tries=s["tries"] + 1)
+        return True
 
     def _check_not_stranded(self) -> None:
         """Broadcast + restarts: a restarted instance that could not be caught up at once waits

