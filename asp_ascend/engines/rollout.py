@@ -166,6 +166,10 @@ class RolloutEngine:
     def ready(self) -> int:
         return self.instance
 
+    def workers(self) -> list[dict]:
+        """The vLLM workers of this instance (one per tensor-parallel rank): rank and device."""
+        return self.collective_rpc("asp_worker_info")
+
     def shutdown(self) -> None:
         self._stop = True
         self._wake.set()

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 
 class WeightReloadExtension:
+    def asp_worker_info(self) -> dict:
+        """This worker's rank inside its instance and its device (one entry per tensor-parallel worker)."""
+        return {"rank": int(getattr(self, "rank", 0) or 0), "device": str(getattr(self, "device", "cpu"))}
+
     def asp_load_weights(self, blob: bytes) -> int:
         """Load a serialized state dict into the running model; returns the tensor count."""
         from ..platforms.transport import deserialize_state

@@ -167,6 +167,8 @@ def run_train(cfg) -> int:
         if cfg.train.warmup_sft_steps > 0 and resume is None:
             _warm_start(cfg, trainer, train, tok, tok_ids, logger)
         ray.get([i.ready.remote() for i in instances])
+        for r, w in enumerate(ray.get([i.workers.remote() for i in instances])):
+            logger.log_side("instances.jsonl", {"instance": r, "workers": w})
         wsync = _weight_sync(cfg, trainer, instances)
         # version 0 = the weights after the warm start (or the checkpoint's)
         first = wsync.start(v0, list(range(len(instances))))

@@ -36,10 +36,12 @@ def async_run(tmp_path_factory):
 def sync_run(tmp_path_factory):
     """The synchronous baseline on the same code path: fifo (shared queue), one instance; weights
     reach the instance by the bucketed broadcast (gloo on CPU) instead of the object store, and
-    the rollout samples from a top-p nucleus (the trainer must score the same distribution)."""
+    the rollout samples from a top-p nucleus (the trainer must score the same distribution); the
+    instance runs vLLM with tensor parallelism 2 (two CPU workers, each receiving the broadcast)."""
     if stack_missing():
         pytest.skip(stack_missing())
     return _run(tmp_path_factory.mktemp("sync_run"),
                 ["pipeline.mode=sync", "pipeline.lag_bound=1", "scheduler.policy=fifo", "train.epochs=1",
                  "rollout.num_instances=1", "rollout.num_cpus=1", "train.num_cpus=1", "train.eval_every=0",
-                 "weight_sync.transport=broadcast", "weight_sync.bucket_mb=1", "rollout.top_p=0.9"])
+                 "weight_sync.transport=broadcast", "weight_sync.bucket_mb=1", "rollout.top_p=0.9",
+                 "rollout.devices_per_instance=2"])

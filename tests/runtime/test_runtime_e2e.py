@@ -97,9 +97,9 @@ def test_instance_logprobs_match_trainer_after_weight_sync(async_run):
 
 def test_broadcast_weight_sync_and_top_p_match_trainer(sync_run):
     """The bucketed broadcast (several 1 MiB buckets, gloo) delivers exactly the trainer's weights
-    and the trainer scores the same top-p nucleus: in sync mode every sample is drawn by the
-    trainer's current version, so every iteration compares vLLM's behaviour log-probs with the
-    trainer's."""
+    to both tensor-parallel workers of the instance, and the trainer scores the same top-p
+    nucleus: in sync mode every sample is drawn by the trainer's current version, so every
+    iteration compares vLLM's behaviour log-probs with the trainer's."""
     out, cfg = sync_run
     assert cfg.weight_sync.transport == "broadcast" and cfg.rollout.top_p < 1
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -107,6 +107,9 @@ def test_broadcast_weight_sync_and_top_p_match_trainer(sync_run):
     assert None not in diffs and max(diffs) < 1e-3
     syncs = _timeline(out).events["sync"]
     assert [e["version"] for e in syncs] == list(range(1, len(rows) + 1))
+    # two tensor-parallel workers in the instance, both in the weight-sync group
+    inst = [json.loads(line) for line in (out / "instances.jsonl").read_text().splitlines()]
+    assert [sorted(w["rank"] for w in i["workers"]) for i in inst] == [[0, 1]]
 
 
 def test_summary_comes_from_the_shared_metric_functions(async_run):
