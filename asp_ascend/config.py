@@ -404,6 +404,12 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
     pos("train.devices", t.devices)
     pos("train.epochs", t.epochs)
     pos("pipeline.lag_bound", pl.lag_bound, 0)
+    pos("weight_sync.bucket_mb", cfg.weight_sync.bucket_mb)
+    if not 0 <= cfg.weight_sync.master_port <= 65535:
+        p.append(f"weight_sync.master_port: {cfg.weight_sync.master_port} must be a TCP port (1-65535), or 0 to pick "
+                 "a free one")
+    if cfg.weight_sync.timeout_s <= 0:
+        p.append(f"weight_sync.timeout_s: {cfg.weight_sync.timeout_s} must be > 0 (seconds)")
     pos("lengths.max_response_length", cfg.lengths.max_response_length)
     pos("workload.num_prompts", cfg.workload.num_prompts)
     pos("workload.epochs", cfg.workload.epochs)

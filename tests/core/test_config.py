@@ -69,3 +69,16 @@ def test_describe_lists_every_key():
                 "train.epochs", "train.lr", "pipeline.mode", "pipeline.lag_bound", "scheduler.policy",
                 "scheduler.adaptive", "model.path", "platform", "seed"):
         assert key in keys
+
+
+def test_weight_sync_keys_checked(empty_yaml):
+    with pytest.raises(ConfigError) as ei:
+        load_config(empty_yaml, ["weight_sync.master_port=70000", "weight_sync.timeout_s=0",
+                                 "weight_sync.bucket_mb=0", "weight_sync.transport=nccl"])
+    msg = str(ei.value)
+    assert len(ei.value.problems) == 4, msg
+    assert "weight_sync.master_port: 70000 must be a TCP port" in msg
+    assert "weight_sync.timeout_s: 0.0 must be > 0" in msg
+    assert "weight_sync.bucket_mb: 0 must be >= 1" in msg
+    assert "weight_sync.transport" in msg
+    assert load_config(empty_yaml, []).weight_sync.master_port == 0  # a free port per group by default
