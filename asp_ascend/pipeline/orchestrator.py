@@ -373,11 +373,12 @@ class Orchestrator:
         ends without them: they keep their older version (admission keeps their lag within k)
         and catch up at the next sync.
 
-        (The object store still holds every published version.) A broadcast sent again needs
-        the trainer to hold exactly that version: no optimizer step starts
-        while a broadcast is in flight, but one may start once it failed. If one did, the
-        version is gone; only a lag bound of 0 then cannot go on (the trainer needs samples of
-        this version), which cannot happen: with k = 0 the trainer waits for them."""
+        The object store keeps every published version, so its tickets can always be sent
+        again. A broadcast sent again needs the trainer to hold exactly that version: no
+        optimizer step starts while a broadcast is in flight, but one may start once it has
+        failed, and then the version is gone. Skipping it is safe for k >= 1 (the missed
+        instances still admit work within the bound); with k = 0 the trainer cannot have
+        stepped, since it waits for samples drawn with this version."""
         missing = [r for r in range(len(self.instances)) if self.alive[r] and r not in s["synced"]]
         if not missing:
             return False
