@@ -31,7 +31,7 @@ from ..metrics import Timeline, TimelineWriter, summarize
 from ..scheduler.admission import Dispatcher, LagViolation
 from .logger import RunLogger
 from .sample_queue import SampleQueue
-from .weight_sync import WeightSync
+from .weight_sync import PendingSync, WeightSync
 from .watchdog import HangWatch
 
 
@@ -116,7 +116,7 @@ class Orchestrator:
         self.inflight = [0] * R
         self.iteration = self.first_iter          # the trainer's iteration (= its version)
         self.train_call = None                    # (ref, iteration, mini_batch, keys)
-        self.syncs: list[dict] = []               # pending weight syncs
+        self.syncs: list[PendingSync] = []        # weight syncs in flight, oldest first
         self.poll_refs: dict[int, Any] = {}
         self.submit_refs: list = []
         self.pending_rows: dict[int, dict] = {}   # iteration -> metrics row awaiting its sync
@@ -252,7 +252,7 @@ class Orchestrator:
     def _start_train_step(self) -> None:
         if self.train_call is not None or self.iteration >= self.first_iter + self.n_iters:
             return
-        if any(s["send"] is not None for s in self.syncs):
+        if any(s.send is not None for s in self.syncs):
             return  # a broadcast is in flight: the weights must stay those of its version until it lands
         it = self.iters.get(self.iteration)
         if it is None:  # adaptive: the next epoch is not planned yet
@@ -305,13 +305,12 @@ class Orchestrator:
         t_start = self.now()
         members = [r for r in range(len(self.instances)) if self.alive[r]]
         joining = [r for r, st in self.rejoining.items() if st.get("await_sync")]
-        push = self.wsync.start(v, members + joining)
-        self.last_ticket = (v, push["ticket"])
+        sync = self.wsync.start(v, members + joining, t_start)
+        self.last_ticket = (v, sync.ticket)
         self.adm.on_publish(v)
         for r in joining:  # restarted instances that waited for this broadcast to catch up
-            self.rejoining[r].update(ref=push["refs"].pop(r), version=v, await_sync=False)
-        self.syncs.append({"version": v, "t_start": t_start, "refs": push["refs"], "send": push["send"],
-                           "ticket": push["ticket"], "t_end": t_start, "failed": None, "tries": 1, "synced": set()})
+            self.rejoining[r].update(ref=sync.refs.pop(r), version=v, await_sync=False)
+        self.syncs.append(sync)
         steps = it.steps
         tok = sum(s["tokens"] for s in steps)
         diffs = [s["logprob_diff_max"] for s in steps if s.get("logprob_diff_max") is not None]
@@ -330,44 +329,19 @@ class Orchestrator:
         self.iteration = v
 
     def _finish_syncs(self) -> None:
-        ray = self.ray
         while self.syncs:
             s = self.syncs[0]
-            for r, ref in list(s["refs"].items()):
-                ready, _ = ray.wait([ref], timeout=0)
-                if not ready:
-                    continue
-                del s["refs"][r]
-                try:
-                    res = ray.get(ref)
-                except ray.exceptions.RayActorError as exc:
-                    self._instance_failed(r, exc)
-                    continue
-                except ray.exceptions.RayTaskError as exc:  # a broken broadcast group: retried below
-                    s["failed"] = s["failed"] or exc
-                    continue
-                self.adm.on_instance_synced(r, s["version"])
-                s["synced"].add(r)
-                s["t_end"] = max(s["t_end"], res["t_end"] - self.t0)
-            if s["send"] is not None:
-                ready, _ = ray.wait([s["send"]], timeout=0)
-                if ready:
-                    try:
-                        ray.get(s["send"])
-                    except ray.exceptions.RayError as exc:
-                        s["failed"] = s["failed"] or exc
-                    s["send"] = None
-            if s["refs"] or s["send"] is not None:
-                return
-            if s["failed"] is not None and self._retry_sync(s):
+            for r in s.poll(self.ray, self.t0, self._instance_failed):
+                self.adm.on_instance_synced(r, s.version)
+            if s.in_flight or (s.failed is not None and self._retry_sync(s)):
                 return
             self.syncs.pop(0)
-            self._event("sync", t_start=s["t_start"], t_end=s["t_end"], version=s["version"])
-            self._log_iteration(s["version"] - 1, s["t_end"])
-            if self.eval_every and s["version"] % self.eval_every == 0 and s["version"] < self.first_iter + self.n_iters:
-                self._start_eval(s["version"])
+            self._event("sync", t_start=s.t_start, t_end=s.t_end, version=s.version)
+            self._log_iteration(s.version - 1, s.t_end)
+            if self.eval_every and s.version % self.eval_every == 0 and s.version < self.first_iter + self.n_iters:
+                self._start_eval(s.version)
 
-    def _retry_sync(self, s: dict) -> bool:
+    def _retry_sync(self, s: PendingSync) -> bool:
         """A sync failed for some live instances (a member died mid-broadcast, its group broke).
         Returns True if the version is sent again to them, over a new group; False if the sync
         ends without them: they keep their older version (admission keeps their lag within k)
@@ -379,21 +353,22 @@ class Orchestrator:
         failed, and then the version is gone. Skipping it is safe for k >= 1 (the missed
         instances still admit work within the bound); with k = 0 the trainer cannot have
         stepped, since it waits for samples drawn with this version."""
-        missing = [r for r in range(len(self.instances)) if self.alive[r] and r not in s["synced"]]
+        missing = [r for r in range(len(self.instances)) if self.alive[r] and r not in s.synced]
         if not missing:
             return False
-        if self.wsync.broadcast and (s["version"] != self.adm.published or not self._trainer_holds_published()):
-            self.log.say(f"weight sync of version {s['version']} failed for instance(s) {missing} "
-                         f"({type(s['failed']).__name__}); the trainer has moved on, they catch up at the next sync")
+        if self.wsync.broadcast and (s.version != self.adm.published or not self._trainer_holds_published()):
+            self.log.say(f"weight sync of version {s.version} failed for instance(s) {missing} "
+                         f"({type(s.failed).__name__}); the trainer has moved on, they catch up at the next sync")
             return False
-        if s["tries"] >= SYNC_TRIES:
-            raise RuntimeError(f"weight sync of version {s['version']} failed {s['tries']} times "
-                               f"(last error: {s['failed']!r}); resume from the last checkpoint with resume=true, "
-                               "or set weight_sync.transport=object_store") from s["failed"]
-        self.log.say(f"weight sync of version {s['version']} failed ({type(s['failed']).__name__}); "
+        if s.tries >= SYNC_TRIES:
+            raise RuntimeError(f"weight sync of version {s.version} failed {s.tries} times "
+                               f"(last error: {s.failed!r}); resume from the last checkpoint with resume=true, "
+                               "or set weight_sync.transport=object_store") from s.failed
+        self.log.say(f"weight sync of version {s.version} failed ({type(s.failed).__name__}); "
                      f"sending it again to instance(s) {missing}")
         self.wsync.regroup()
-        s.update(self.wsync.push(s["version"], s["ticket"], missing), failed=None, tries=s["tries"] + 1)
+        s.failed, s.tries = None, s.tries + 1
+        self.wsync.push(s, missing)
         return True
 
     def _check_not_stranded(self) -> None:
@@ -426,9 +401,7 @@ class Orchestrator:
         if self.train_call is not None:
             refs.append(self.train_call[0])
         for s in self.syncs:
-            refs.extend(s["refs"].values())
-            if s["send"] is not None:
-                refs.append(s["send"])
+            refs.extend(s.waiting())
         if refs:
             self.ray.wait(refs, num_returns=1, timeout=self.poll_s)
 

@@ -172,8 +172,8 @@ def run_train(cfg) -> int:
         wsync = _weight_sync(cfg, trainer, instances)
         # version 0 = the weights after the warm start (or the checkpoint's)
         first = wsync.start(v0, list(range(len(instances))))
-        ray.get(list(first["refs"].values()) + ([first["send"]] if first["send"] is not None else []))
-        ticket = first["ticket"]
+        ray.get(first.waiting())
+        ticket = first.ticket
         logger.say(f"weights synced to the instances ({wsync.transport})")
         t = cfg.train
         logger.say(f"instances ready; training {plan['total_iterations']} iteration(s) of {t.global_batch_size} "

@@ -15,9 +15,58 @@ broadcast failed, the next sync builds a new one (a new *generation*: with
 """
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 PORTS = 50  # generations cycle through base_port .. base_port + PORTS - 1
+
+
+@dataclass
+class PendingSync:
+    """One published version on its way to the instances."""
+    version: int
+    ticket: Any                      # ObjectRef of the WeightTicket
+    refs: dict                       # instance -> update_weights ref, until it resolves
+    send: Any = None                 # the trainer's broadcast ref (broadcast only), until it resolves
+    t_start: float = 0.0
+    t_end: float = 0.0
+    failed: BaseException | None = None
+    tries: int = 1
+    synced: set = field(default_factory=set)   # instances that hold ``version``
+
+    @property
+    def in_flight(self) -> bool:
+        return bool(self.refs) or self.send is not None
+
+    def waiting(self) -> list:
+        return list(self.refs.values()) + ([self.send] if self.send is not None else [])
+
+    def poll(self, ray, t0: float, on_dead: Callable[[int, BaseException], None]) -> list[int]:
+        """Take the parts that finished; returns the instances that now hold ``version``. A dead
+        instance goes to ``on_dead``; any other error marks the sync ``failed``."""
+        newly = []
+        for r, ref in list(self.refs.items()):
+            if not ray.wait([ref], timeout=0)[0]:
+                continue
+            del self.refs[r]
+            try:
+                res = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                on_dead(r, exc)
+                continue
+            except ray.exceptions.RayTaskError as exc:  # e.g. a broken broadcast group
+                self.failed = self.failed or exc
+                continue
+            self.synced.add(r)
+            newly.append(r)
+            self.t_end = max(self.t_end, res["t_end"] - t0)
+        if self.send is not None and ray.wait([self.send], timeout=0)[0]:
+            try:
+                ray.get(self.send)
+            except ray.exceptions.RayError as exc:
+                self.failed = self.failed or exc
+            self.send = None
+        return newly
 
 
 class WeightSync:
@@ -55,23 +104,25 @@ class WeightSync:
         """The next push builds a new group even if the members are the same (after a failure)."""
         self.members = None
 
-    def start(self, version: int, members: list[int]) -> dict[str, Any]:
-        """Publish ``version`` and start pushing it to ``members``: ``{"ticket", "refs", "send"}``
-        (``refs``: instance -> update ref; ``send``: the trainer's broadcast ref, or None)."""
-        ticket = self.trainer.publish.remote(version, self.transport)
-        return {"ticket": ticket, **self.push(version, ticket, members)}
+    def start(self, version: int, members: list[int], t_start: float = 0.0) -> PendingSync:
+        """Publish ``version`` and start pushing it to ``members``."""
+        s = PendingSync(version, self.trainer.publish.remote(version, self.transport), {}, t_start=t_start,
+                        t_end=t_start)
+        self.push(s, members)
+        return s
 
-    def push(self, version: int, ticket, members: list[int]) -> dict[str, Any]:
-        """(Re)send a published ``version`` to ``members`` (a retry after a failed broadcast
-        reuses the ticket: the trainer still holds the weights of ``version``)."""
+    def push(self, s: PendingSync, members: list[int]) -> None:
+        """(Re)send ``s.version`` to ``members`` (a retry after a failed broadcast reuses the
+        ticket: the trainer still holds the weights of that version)."""
         if not self.broadcast:
-            return {"refs": {r: self.instances[r].update_weights.remote(ticket) for r in members}, "send": None}
+            s.refs.update({r: self.instances[r].update_weights.remote(s.ticket) for r in members})
+            return
         if not members:
-            return {"refs": {}, "send": None}
+            return
         group = self._group(list(members))
-        refs = {r: self.instances[r].update_weights.remote(ticket, {**group, "rank": 1 + j * self.tp})
-                for j, r in enumerate(members)}
-        return {"refs": refs, "send": self.trainer.send_weights.remote(version, group)}
+        s.refs.update({r: self.instances[r].update_weights.remote(s.ticket, {**group, "rank": 1 + j * self.tp})
+                       for j, r in enumerate(members)})
+        s.send = self.trainer.send_weights.remote(s.version, group)
 
     def catch_up_ticket(self, version: int):
         """An object-store ticket of ``version`` for one restarted instance (the trainer must
