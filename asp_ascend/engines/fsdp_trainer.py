@@ -29,10 +29,6 @@ parameters, mixed-precision policies (the model trains in ``model.dtype``).
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import socket
-import time
 from pathlib import Path
 
 from ..algos.grpo import token_logprobs
@@ -61,12 +57,7 @@ class FSDPTrainerRank(TrainerEngine):
     # ------------------------------------------------------------------ setup
     def endpoint(self) -> tuple[str, int]:
         """This node's IP and a free TCP port (rank 0: the group's rendezvous)."""
-        import ray
-
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return self.node_ip(), self.free_port()
 
     def connect(self, master_addr: str, master_port: int, timeout_s: float = 600.0) -> int:
         import datetime
@@ -207,7 +198,6 @@ class FSDPTrainerRank(TrainerEngine):
 
     def save_checkpoint(self, path: str, state: dict) -> str:
         """Every rank gathers; rank 0 writes the single trainer's layout into ``path``."""
-        import torch
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         full = dict(self._named_weights())
@@ -219,20 +209,7 @@ class FSDPTrainerRank(TrainerEngine):
         index = {n: i for i, n in enumerate(names)}
         osd = {"state": {index[n]: v for n, v in osd["state"].items()},
                "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]}
-        final = Path(path)
-        tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        self.model.save_pretrained(tmp, state_dict=full, safe_serialization=True)
-        self.tokenizer.save_pretrained(tmp)
-        torch.save(osd, tmp / "optimizer.pt")
-        torch.save(self._rng_state(), tmp / "rng.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({"schema_version": 1, "version": self.version,
-                                                             "devices": self.world, **state}))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        return str(final)
+        return self._write_checkpoint(path, full, osd, {"devices": self.world, **state})
 
     def load_checkpoint(self, path: str) -> int:
         """Optimizer (rank 0 reads the full state, the ranks take their shards), version, RNG."""

@@ -259,15 +259,21 @@ class TrainerEngine:
 
     def save_checkpoint(self, path: str, state: dict) -> str:
         """Model + tokenizer + optimizer + ``state`` into ``path`` (written aside, then renamed)."""
+        return self._write_checkpoint(path, None, self.opt.state_dict(), state)
+
+    def _write_checkpoint(self, path: str, model_state: dict | None, opt_state: dict, state: dict) -> str:
+        """The checkpoint folder (HF weights, tokenizer, ``optimizer.pt``, ``rng.pt``,
+        ``trainer_state.json``), written aside and renamed when complete. ``model_state``:
+        the full weights when the model itself holds only a shard (None: the model's own)."""
         import torch
 
         final = Path(path)
         tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
         if tmp.exists():
             shutil.rmtree(tmp)
-        self.model.save_pretrained(tmp, safe_serialization=True)
+        self.model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True)
         self.tokenizer.save_pretrained(tmp)
-        torch.save(self.opt.state_dict(), tmp / "optimizer.pt")
+        torch.save(opt_state, tmp / "optimizer.pt")
         torch.save(self._rng_state(), tmp / "rng.pt")
         (tmp / "trainer_state.json").write_text(json.dumps({"schema_version": 1, "version": self.version, **state}))
         if final.exists():
