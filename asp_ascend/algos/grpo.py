@@ -81,8 +81,12 @@ def policy_loss(logp, behav_logp, adv, mask, cfg: LossConfig, prox_logp=None, re
     return loss, stats
 
 
-def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, top_p: float = 1.0):
+def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, top_p: float = 1.0,
+                   **forward_kwargs):
     """Log-prob of each next token: [B, T-1] for targets input_ids[:, 1:].
+
+    ``forward_kwargs`` go to the model's forward (a packed row passes ``position_ids`` and no
+    attention mask; see engines/packing.py).
 
     The distribution the rollout engine sampled from: logits / temperature, then with
     ``top_p < 1`` restricted to the nucleus and renormalised (the rule vLLM applies before it
@@ -92,7 +96,7 @@ def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0, t
     """
     import torch
 
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, **forward_kwargs).logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
     target = input_ids[:, 1:, None]
