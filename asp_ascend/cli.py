@@ -35,6 +35,11 @@ def _parser() -> argparse.ArgumentParser:
     dp = sub.add_parser("doctor", help=COMMANDS["doctor"], description=COMMANDS["doctor"])
     dp.add_argument("--mindspeed-src", metavar="PATH",
                     help="statically check a MindSpeed-RL source tree for everything the adapter relies on")
+    dp.add_argument("--vllm-ascend-src", metavar="PATH",
+                    help="with --mindspeed-src: also check a vllm-ascend checkout (the instances' entry points)")
+    dp.add_argument("--vllm-src", metavar="PATH",
+                    help="with --mindspeed-src: check this vLLM tree instead of the installed vllm")
+    dp.add_argument("--verbose", action="store_true", help="list every check, not only mismatches and notes")
     dp.add_argument("--json", action="store_true", help="print machine-readable JSON")
     sub.add_parser("config", help=COMMANDS["config"], description=COMMANDS["config"])
     return p
@@ -63,9 +68,7 @@ def _dispatch(args) -> int | None:
             print(f"{key:38s} {default!r:24s} {help_}")
         return 0
     if args.command == "doctor":
-        from .platforms.doctor import run_doctor
-
-        return run_doctor(mindspeed_src=args.mindspeed_src, as_json=args.json)
+        return _doctor(args)
     if args.command == "report":
         from .report.run import run_report
 
@@ -102,6 +105,29 @@ def _dispatch(args) -> int | None:
 
         return run_train(cfg)
     raise AssertionError(args.command)
+
+
+def _doctor(args) -> int:
+    """The platform report, then the adapter contract checks asked for (their exit status wins)."""
+    if (args.vllm_ascend_src or args.vllm_src) and not args.mindspeed_src:
+        print("asp doctor: --vllm-ascend-src and --vllm-src go with --mindspeed-src PATH", file=sys.stderr)
+        return 2
+    if not args.mindspeed_src:
+        from .platforms.doctor import run_doctor
+
+        return run_doctor(as_json=args.json)
+    from .integrations.mindspeed_rl.checker import run_check
+    from .platforms.doctor import collect, render
+
+    status, text = run_check(args.mindspeed_src, args.vllm_ascend_src, args.vllm_src, as_json=args.json,
+                             verbose=args.verbose)
+    if args.json:
+        import json
+
+        print(json.dumps({**collect(), "mindspeed_check": json.loads(text)}, indent=2))
+    else:
+        print(render(collect()) + "\n\n" + text)
+    return status
 
 
 def _is_mindspeed_yaml(path: str) -> bool:

@@ -1,9 +1,9 @@
 """``asp doctor``: platform, versions, which backends are usable and why not.
 
 Versions come from installed distributions' metadata (no heavy imports); only the device
-checks import torch (and torch_npu on an Ascend node). ``--mindspeed-src PATH`` adds the
-static check of a MindSpeed-RL tree (asp_ascend/integrations/mindspeed_rl/checker.py).
-Exit status: 0, or 1 when the MindSpeed-RL check finds a mismatch.
+checks import torch (and torch_npu on an Ascend node). The static checks of adapter source
+trees (``asp doctor --mindspeed-src PATH``) live with the adapters
+(asp_ascend/integrations/mindspeed_rl/checker.py); the CLI runs them after this report.
 """
 from __future__ import annotations
 
@@ -114,18 +114,13 @@ def backends() -> dict[str, dict]:
     return out
 
 
-def collect(mindspeed_src: Optional[str] = None) -> dict:
+def collect() -> dict:
     from . import get_platform
 
-    report = {"schema_version": SCHEMA_VERSION, "python": sys.version.split()[0],
-              "platform": get_platform("auto").name,
-              "versions": {k: package_version(k) for k in PACKAGES}, "cann": cann_version(),
-              "backends": backends()}
-    if mindspeed_src:
-        from ..integrations.mindspeed_rl.checker import check_source, shipped_yamls
-
-        report["mindspeed_check"] = check_source(mindspeed_src, yaml_files=shipped_yamls())
-    return report
+    return {"schema_version": SCHEMA_VERSION, "python": sys.version.split()[0],
+            "platform": get_platform("auto").name,
+            "versions": {k: package_version(k) for k in PACKAGES}, "cann": cann_version(),
+            "backends": backends()}
 
 
 def render(report: dict) -> str:
@@ -138,18 +133,10 @@ def render(report: dict) -> str:
         state = "usable" if b["usable"] else "not usable"
         extra = f" ({b['device_count']} devices)" if b.get("device_count") is not None else ""
         lines.append(f"  {k:28s} {state}{extra}" + ("" if b["usable"] else f": {b['reason']}"))
-    chk = report.get("mindspeed_check")
-    if chk is not None:
-        bad = [f for f in chk["findings"] if not f["ok"]]
-        lines += ["", f"MindSpeed-RL source check: {chk['root']} (commit {chk['commit'] or 'unknown'})"]
-        lines += [f"  {f['line']}" for f in chk["findings"] if not f["ok"] or "kwargs" in (f.get("note") or "")]
-        lines.append(f"  {len(chk['findings']) - len(bad)}/{len(chk['findings'])} checks passed"
-                     + ("" if not bad else f"; {len(bad)} mismatch(es): the adapter needs updating for this tree"))
     return "\n".join(lines)
 
 
-def run_doctor(mindspeed_src: Optional[str] = None, as_json: bool = False) -> int:
-    report = collect(mindspeed_src)
+def run_doctor(as_json: bool = False) -> int:
+    report = collect()
     print(json.dumps(report, indent=2) if as_json else render(report))
-    chk = report.get("mindspeed_check")
-    return 0 if chk is None or chk["ok"] else 1
+    return 0

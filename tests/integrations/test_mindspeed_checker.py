@@ -1,74 +1,21 @@
-"""The static MindSpeed-RL checker: it finds what is there, reports what is not, and the contract is complete."""
+"""The MindSpeed-RL contract: complete with respect to the adapter's code, YAML keys checked, and (with
+ASP_MINDSPEED_SRC) satisfied by the real tree, which fails for each kind of planted mismatch."""
 from __future__ import annotations
 
 import ast
 import os
+import shutil
 from pathlib import Path
 
 import pytest
 
-from asp_ascend.integrations.mindspeed_rl.checker import SourceTree, check_requirement, check_source, check_yaml_keys
-from asp_ascend.integrations.mindspeed_rl.contract import REQUIREMENTS, Req
+from asp_ascend.integrations.apicheck import Call, SourceTree, installed_root
+from asp_ascend.integrations.mindspeed_rl.checker import all_expectations, check_trees, shipped_yamls, yaml_key_checks
+from asp_ascend.integrations.mindspeed_rl.contract import REQUIREMENTS
 
 PKG = Path(__file__).resolve().parents[2] / "asp_ascend" / "integrations" / "mindspeed_rl"
-
-
-@pytest.fixture
-def tree(tmp_path) -> SourceTree:
-    (tmp_path / "mindspeed_rl" / "base").mkdir(parents=True)
-    (tmp_path / "mindspeed_rl" / "__init__.py").write_text("")
-    (tmp_path / "mindspeed_rl" / "base" / "__init__.py").write_text("")
-    (tmp_path / "mindspeed_rl" / "base" / "core.py").write_text(
-        "class Base:\n"
-        "    def __init__(self):\n        self.inherited_attr = 1\n"
-        "    def inherited(self, a, b=2):\n        pass\n")
-    (tmp_path / "mindspeed_rl" / "mod.py").write_text(
-        "import ray\nfrom .base.core import Base\n"
-        "REGISTRY = {}\n"
-        "@ray.remote(num_cpus=1)\nclass Actor(Base):\n"
-        "    def __init__(self, x, **kwargs):\n        super().__init__()\n        self.x = x\n"
-        "    def run(self, blocking=False):\n        return REGISTRY.get('k')\n"
-        "class Plain:\n    key_a = 1\n    def __init__(self):\n        self.key_b = 2\n"
-        "def helper(a, *, b):\n    pass\n")
-    (tmp_path / "configs").mkdir()
-    (tmp_path / "configs" / "x.yaml").write_text("a: 1\n")
-    return SourceTree(tmp_path)
-
-
-@pytest.mark.parametrize("req, ok, text", [
-    (Req("class", "mindspeed_rl/mod.py", "Plain"), True, ""),
-    (Req("class", "mindspeed_rl/mod.py", "Missing"), False, "class not defined"),
-    (Req("ray_actor", "mindspeed_rl/mod.py", "Actor"), True, ""),
-    (Req("ray_actor", "mindspeed_rl/mod.py", "Plain"), False, "not decorated"),
-    (Req("method", "mindspeed_rl/mod.py", "Actor.run", ("blocking",)), True, ""),
-    (Req("method", "mindspeed_rl/mod.py", "Actor.run", ("blocking", "timeout")), False, "does not accept ['timeout']"),
-    (Req("method", "mindspeed_rl/mod.py", "Actor.inherited", ("a", "b")), True, ""),
-    (Req("method", "mindspeed_rl/mod.py", "Actor.gone"), False, "not found in ['Actor', 'Base']"),
-    (Req("method", "mindspeed_rl/mod.py", "Actor.__init__", ("x", "y")), True, ""),
-    (Req("attr", "mindspeed_rl/mod.py", "Actor.x"), True, ""),
-    (Req("attr", "mindspeed_rl/mod.py", "Actor.inherited_attr"), True, ""),
-    (Req("attr", "mindspeed_rl/mod.py", "Actor.nope"), False, "no self.nope"),
-    (Req("function", "mindspeed_rl/mod.py", "helper", ("a", "b")), True, ""),
-    (Req("function", "mindspeed_rl/mod.py", "helper", ("c",)), False, "does not accept"),
-    (Req("module_attr", "mindspeed_rl/mod.py", "REGISTRY"), True, ""),
-    (Req("module_attr", "mindspeed_rl/mod.py", "OTHER"), False, "no module-level"),
-    (Req("call", "mindspeed_rl/mod.py", "REGISTRY.get("), True, ""),
-    (Req("call", "mindspeed_rl/mod.py", "REGISTRY.pop("), False, "not found"),
-    (Req("config_keys", "mindspeed_rl/mod.py", "Plain", ("key_a", "key_b")), True, ""),
-    (Req("config_keys", "mindspeed_rl/mod.py", "Plain", ("key_a", "key_c")), False, "undeclared keys ['key_c']"),
-    (Req("file", "configs/x.yaml"), True, ""),
-    (Req("file", "configs/y.yaml"), False, "file not found"),
-    (Req("module", "mindspeed_rl/none.py"), False, "file not found"),
-])
-def test_each_kind_passes_and_fails(tree, req, ok, text):
-    f = check_requirement(tree, req)
-    assert f.ok is ok, f.line()
-    assert text in f.detail
-
-
-def test_kwargs_only_acceptance_is_noted(tree):
-    f = check_requirement(tree, Req("method", "mindspeed_rl/mod.py", "Actor.__init__", ("y",)))
-    assert f.ok and "only through **kwargs" in f.note
+SRC = os.environ.get("ASP_MINDSPEED_SRC")
+VA_SRC = os.environ.get("ASP_VLLM_ASCEND_SRC")
 
 
 def test_yaml_keys_are_checked_against_config_classes(tmp_path):
@@ -82,53 +29,149 @@ def test_yaml_keys_are_checked_against_config_classes(tmp_path):
     y = tmp_path / "run.yaml"
     y.write_text("megatron_training: {model: m, global_batch_size: 8}\nactor_config: {lr: 1.0}\n"
                  "rl_config: {n_samples_per_prompt: 4, no_such_key: 1}\ngenerate_config: {max_num_seqs: 8}\n")
-    findings = {f.req.name: f for f in check_yaml_keys(SourceTree(root), y)}
-    assert findings["megatron_training -> MegatronConfig"].ok and findings["generate_config -> GenerateConfig"].ok
-    assert not findings["rl_config -> RLConfig"].ok and "no_such_key" in findings["rl_config -> RLConfig"].detail
+    report = check_trees(root, expectations=yaml_key_checks(y))
+    by = {f.expectation.why: f for f in report.findings}
+    assert by["run.yaml: megatron_training"].ok and by["run.yaml: generate_config"].ok
+    assert not by["run.yaml: rl_config"].ok and "no_such_key" in by["run.yaml: rl_config"].detail
 
 
 def test_not_a_mindspeed_tree(tmp_path):
-    r = check_source(tmp_path)
-    assert not r["ok"] and "has no mindspeed_rl/ package" in r["findings"][0]["line"]
+    r = check_trees(tmp_path)
+    assert not r.ok and "has no mindspeed_rl/ package" in r.render("x")
 
 
-def _adapter_imports() -> set[tuple[str, str]]:
-    """(file path, name) of every from-import of mindspeed_rl / cli.train_grpo in the adapter."""
+def _foreign_imports(tree: ast.AST) -> dict[str, str]:
+    """local name -> module for every from-import of mindspeed_rl / cli in a file."""
+    out = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and \
+                node.module.split(".")[0] in ("mindspeed_rl", "cli"):
+            out.update({a.asname or a.name: node.module for a in node.names})
+    return out
+
+
+def _listed_names() -> set[tuple[str, str]]:
     out = set()
-    for py in PKG.glob("*.py"):
-        for node in ast.walk(ast.parse(py.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 and \
-                    node.module.split(".")[0] in ("mindspeed_rl", "cli"):
-                path = node.module.replace(".", "/") + ".py"
-                out.update((path, a.name) for a in node.names)
+    for e in all_expectations():
+        ref = e.target if isinstance(e, Call) else e.ref
+        if ref.tree == "mindspeed":
+            out.add((ref.path, ref.name.split(".")[0]))
     return out
 
 
 def test_contract_lists_every_mindspeed_name_the_adapter_imports():
-    listed = {(r.path, r.name) for r in REQUIREMENTS if r.kind in ("class", "ray_actor", "function", "module_attr",
-                                                                     "config_keys")}
-    paths = {r.path for r in REQUIREMENTS}
-    imports = _adapter_imports()
-    assert imports, "the adapter imports nothing from mindspeed_rl?"
-    # `from pkg import module` counts when the contract checks that module's file
-    missing = {(p, n) for p, n in imports if (p, n) not in listed and f"{p[:-3]}/{n}.py" not in paths}
-    assert not missing, f"add to contract.REQUIREMENTS: {sorted(missing)}"
+    listed, paths = _listed_names(), {p for p, _ in _listed_names()}
+    missing = set()
+    for py in PKG.glob("*.py"):
+        for name, module in _foreign_imports(ast.parse(py.read_text())).items():
+            path = module.replace(".", "/") + ".py"
+            if (path, name) not in listed and f"{path[:-3]}/{name}.py" not in paths:
+                missing.add((py.name, module, name))
+    assert not missing, f"add to the contract: {sorted(missing)}"
+
+
+def test_contract_has_a_call_check_for_every_direct_call_of_an_imported_name():
+    """Each call of a name imported from MindSpeed-RL in the adapter is bound against the real signature."""
+    sites = {(e.site.path.rsplit("/", 1)[-1], e.site.callee) for e in all_expectations()
+             if isinstance(e, Call) and e.site is not None}
+    missing = set()
+    for py in PKG.glob("*.py"):
+        tree = ast.parse(py.read_text())
+        names = _foreign_imports(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names \
+                    and node.func.id not in ("gpt_model_provider", "initialize_megatron", "get_megatron_module"):
+                if (py.name, node.func.id) not in sites:
+                    missing.add((py.name, node.func.id, node.lineno))
+    assert not missing, f"add Call expectations with a Site for: {sorted(missing)}"
 
 
 def test_contract_lists_every_worker_group_method_the_protocols_use():
     from asp_ascend.integrations.mindspeed_rl.async_loop import ActorGroup, RefGroup
 
-    listed = {r.name for r in REQUIREMENTS if r.kind == "method" and r.name.startswith("RayActorGroup.")}
+    listed = {e.target.name for e in REQUIREMENTS if isinstance(e, Call) and e.target.name.startswith("RayActorGroup.")}
     for proto in (ActorGroup, RefGroup):
         for m in [n for n in vars(proto) if not n.startswith("_") and callable(getattr(proto, n))]:
             assert f"RayActorGroup.{m}" in listed, m
 
 
-@pytest.mark.skipif(not os.environ.get("ASP_MINDSPEED_SRC"), reason="set ASP_MINDSPEED_SRC to a MindSpeed-RL checkout")
-def test_real_mindspeed_tree_satisfies_the_contract():
-    from asp_ascend.integrations.mindspeed_rl.checker import shipped_yamls
+def test_every_site_in_the_contract_exists_in_our_code():
+    from asp_ascend.integrations.apicheck import ours_root
 
-    r = check_source(os.environ["ASP_MINDSPEED_SRC"], yaml_files=shipped_yamls())
-    bad = [f["line"] for f in r["findings"] if not f["ok"]]
-    assert r["ok"], "\n".join(bad)
-    assert len(r["findings"]) >= len(REQUIREMENTS)
+    tree = SourceTree(ours_root())
+    for e in all_expectations():
+        if isinstance(e, Call) and e.site is not None:
+            assert tree.find_scope(e.site.path, e.site.function) is not None, e.site
+
+
+needs_src = pytest.mark.skipif(not SRC, reason="set ASP_MINDSPEED_SRC to a MindSpeed-RL checkout")
+
+
+@needs_src
+def test_real_mindspeed_tree_satisfies_the_contract():
+    r = check_trees(SRC, VA_SRC, yaml_files=shipped_yamls())
+    assert r.ok, r.render("real tree")
+    assert len(r.checked) >= len(REQUIREMENTS)
+
+
+T = "mindspeed_rl/trainer/grpo_trainer_hybrid.py"
+PLANTS = {   # kind of mismatch: (file, old, new, expectations that must fail as (kind, where suffix))
+    "positional order": (T, "actor_worker: RayActorGroup,\n            ref_worker: RayActorGroup,",
+                         "ref_worker: RayActorGroup,\n            actor_worker: RayActorGroup,",
+                         {("call", "grpo_trainer_hybrid.py::RayGRPOTrainer")}),
+    "new required argument": ("cli/train_grpo.py", "def parse_training_config(config: Dict[str, Any])",
+                              "def parse_training_config(config: Dict[str, Any], stage)",
+                              {("call", "train_grpo.py::parse_training_config")}),
+    "keyword renamed": ("mindspeed_rl/trainer/utils/transfer_dock.py",
+                        "        addition_columns: Union[List[str], None] = None,\n        addition_consumers",
+                        "        extra_columns: Union[List[str], None] = None,\n        addition_consumers",
+                        {("call", "transfer_dock.py::GRPOTransferDock")}),
+    "config key meaning": ("mindspeed_rl/config_cls/rl_config.py",
+                           "config_dict.get('mini_batch_size', 1) * self.n_samples_per_prompt",
+                           "config_dict.get('mini_batch_size', 1)",
+                           {("pattern", "rl_config.py::RLConfig.__init__")}),
+    "precondition order": ("mindspeed_rl/models/rollout/vllm_engine.py",
+                           "        if load_format == \"megatron\":\n            update_megatron_weight_loader()\n",
+                           "", {("order", "vllm_engine.py::VLLMInferEngine.__init__")}),
+    "wait removed": ("mindspeed_rl/trainer/utils/transfer_dock.py",
+                     "            self._wait_for_data(single_column, indexes)\n", "",
+                     {("reaches", "transfer_dock.py::GRPOTransferDock.get_experience")}),
+}
+
+
+@needs_src
+@pytest.mark.parametrize("plant", list(PLANTS), ids=list(PLANTS))
+def test_each_kind_of_mismatch_planted_in_the_real_tree_is_reported(tmp_path, plant):
+    rel, old, new, expected = PLANTS[plant]
+    copy = tmp_path / "ms"
+    shutil.copytree(SRC, copy, ignore=shutil.ignore_patterns(".git", "docs", "tests"))
+    text = (copy / rel).read_text()
+    assert text.count(old) == 1, f"the plant for {plant!r} no longer applies to this tree"
+    (copy / rel).write_text(text.replace(old, new))
+    r = check_trees(copy, VA_SRC, yaml_files=shipped_yamls())
+    got = {(f.kind, f.where.rsplit("/", 1)[-1]) for f in r.failures()}
+    assert got == expected, r.render(plant)
+
+
+@pytest.mark.skipif(installed_root("vllm") is None, reason="vllm is not installed")
+def test_a_keyword_vllm_no_longer_consumes_behind_llm_kwargs_is_reported(tmp_path):
+    """LLM(**kwargs) hands keywords to EngineArgs (a dataclass): rename one of its fields in a copy of
+    the installed vLLM and the instance's LLM(...) call fails on exactly that keyword."""
+    from asp_ascend.integrations.apicheck import Checker, ours_root
+    from asp_ascend.integrations.mindspeed_rl.contract_vllm import VLLM_REQUIREMENTS
+
+    src = installed_root("vllm") / "vllm"
+    copy = tmp_path / "site" / "vllm"
+    shutil.copytree(src, copy, ignore=lambda d, names: [n for n in names if not n.endswith(".py")
+                                                        and not (Path(d) / n).is_dir()])
+    args = copy / "engine" / "arg_utils.py"
+    text = args.read_text()
+    old = "    worker_extension_cls: str = "
+    assert text.count(old) == 1
+    args.write_text(text.replace(old, "    worker_extension_class: str = "))
+    clean = Checker({"vllm": src.parent, "ours": ours_root()}).run(VLLM_REQUIREMENTS)
+    planted = Checker({"vllm": copy.parent, "ours": ours_root()}).run(VLLM_REQUIREMENTS)
+    assert not clean.failures(), clean.render("installed vllm")
+    bad = planted.failures()
+    assert [(f.kind, f.where.rsplit("/", 1)[-1]) for f in bad] == [("call", "llm.py::LLM")], planted.render("x")
+    assert "keyword 'worker_extension_cls'" in bad[0].detail and "EngineArgs" in bad[0].detail

@@ -1,4 +1,4 @@
-"""asp doctor: versions, backends with reasons, JSON, and the MindSpeed-RL source check."""
+"""asp doctor: versions, backends with reasons, JSON, and the adapter contract check from the CLI."""
 from __future__ import annotations
 
 import json
@@ -31,3 +31,11 @@ def test_cli_json_and_text(capsys):
 def test_bad_mindspeed_src_fails_with_a_pointer(tmp_path, capsys):
     assert main(["doctor", "--mindspeed-src", str(tmp_path)]) == 1
     assert "has no mindspeed_rl/ package" in capsys.readouterr().out
+    assert main(["doctor", "--json", "--mindspeed-src", str(tmp_path)]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert data["mindspeed_check"]["ok"] is False and "backends" in data
+
+
+def test_vllm_ascend_src_needs_mindspeed_src(capsys):
+    assert main(["doctor", "--vllm-ascend-src", "/nowhere"]) == 2
+    assert "go with --mindspeed-src" in capsys.readouterr().err

@@ -213,8 +213,9 @@ def _train(msrl: dict, cfg_dict: dict, schedule_path: str, root: str) -> None:
                                                     trainer_dp=trainer_dp(msrl))
     from .trainer import make_async_grpo_trainer_class
 
-    make_async_grpo_trainer_class()(actor, actor, reward_list, asp_samples=source, asp_publish=publish, asp_settings=settings,
-                **common).fit()
+    AsyncGRPOTrainer = make_async_grpo_trainer_class()
+    AsyncGRPOTrainer(actor, actor, reward_list, asp_samples=source, asp_publish=publish, asp_settings=settings,
+                     **common).fit()
 
 
 def check_schedule_covers(remaining: int, train_iters: int, done: int) -> None:
