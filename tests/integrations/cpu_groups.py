@@ -5,6 +5,10 @@ RL problem: the reward of a sample is the fraction of its tokens equal to the pr
 label, GRPO has to find it. Rollout instances hold their own copy of the weights and are
 fed through the shared admission state machine (asp_ascend.scheduler.admission), so stale
 samples really come from older weights.
+
+Where it matters they behave like MindSpeed-RL's: they exchange rows through a TransferDock
+(:mod:`td_standin`) whose worker writes land late, and the actor group shards the update's rows
+by data-parallel rank as MindSpeed-RL's does with ``guarantee_order``.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import torch
 from asp_ascend.integrations.mindspeed_rl.async_loop import SampleGroup
 from asp_ascend.platforms.transport import InProcessTransport
 from asp_ascend.scheduler.admission import AdmissionController, Dispatcher, Job
+from td_standin import TransferDock, unpad
 
 
 class TablePolicy(torch.nn.Module):
@@ -27,39 +32,28 @@ class TablePolicy(torch.nn.Module):
         return torch.log_softmax(self.table[int(prompt[0])], dim=-1)[response]
 
 
-class ColumnStore:
-    """ExperienceStore: a column dict of per-row tensors (what MindSpeed-RL's TransferDock keeps)."""
+def _read(dock: TransferDock, consumer: str, columns, indexes) -> dict[str, list]:
+    """A worker's read: through the dock's waiting API, as MindSpeed-RL's dispatch_transfer_dock_data."""
+    batch, _ = dock.get_experience(consumer, list(columns), indexes=list(indexes), get_n_samples=False)
+    return unpad(batch)
 
-    def __init__(self):
-        self.cols: dict[str, dict[int, torch.Tensor]] = {}
-        self.clears = 0
 
-    def put_experience(self, data_dict, indexes, is_prompt=False):
-        for k, vals in data_dict.items():
-            if len(vals) != len(indexes):
-                raise ValueError(f"column {k}: {len(vals)} values for {len(indexes)} rows")
-            col = self.cols.setdefault(k, {})
-            for i, v in zip(indexes, vals):
-                col[i] = v
-
-    def read_columns(self, columns, indexes):
-        return {c: [self.cols[c][i] for i in indexes] for c in columns}
-
-    def clear_main(self):
-        self.cols = {}
-        self.clears += 1
-
-    @property
-    def indexes(self):
-        return sorted(self.cols["responses"])
+def rank_rows(num_rows: int, dp: int, d: int) -> list[int]:
+    """Rows data-parallel rank d trains with guarantee_order: [d*E, (d+1)*E) (get_current_dp_range_indexes)."""
+    e = num_rows // dp
+    return list(range(d * e, (d + 1) * e))
 
 
 class CpuActorGroup:
-    """ActorGroup: old log-probs and PPO-clip updates, one optimizer step per mini-batch."""
+    """ActorGroup with MindSpeed-RL's data-parallel semantics: rank d trains rows [d*E, (d+1)*E) in
+    consecutive mini-batches of mb*n/dp rows, and optimizer step m is the union of every rank's m-th
+    piece (one optimizer step over the gradients of all ranks). Results go to the dock unwaited."""
 
-    def __init__(self, store: ColumnStore, vocab: int, rows_per_mini_batch: int, lr: float, clip: float = 0.2,
-                 clock=time.monotonic):
-        self.store, self.mb_rows, self.clip, self.clock = store, rows_per_mini_batch, clip, clock
+    def __init__(self, dock: TransferDock, vocab: int, group_size: int, mini_batch_prompts: int, lr: float,
+                 dp: int = 1, clip: float = 0.2, with_ref: bool = True, clock=time.monotonic):
+        self.dock, self.n, self.mb, self.dp, self.clip, self.clock = dock, group_size, mini_batch_prompts, dp, clip, clock
+        # MindSpeed-RL's actor_train consumer reads ref_log_prob too (the KL term): it waits for the ref's write
+        self.columns = ["prompts", "responses", "advantages", "old_log_prob"] + (["ref_log_prob"] if with_ref else [])
         self.policy = TablePolicy(vocab)
         self.opt = torch.optim.SGD(self.policy.parameters(), lr=lr)
         self.log_prob_calls = 0
@@ -67,75 +61,79 @@ class CpuActorGroup:
 
     def compute_log_prob(self, blocking=False):
         self.log_prob_calls += 1
-        idx = self.store.indexes
-        cols = self.store.read_columns(["prompts", "responses"], idx)
-        with torch.no_grad():
-            old = [self.policy.log_probs(p, r) for p, r in zip(cols["prompts"], cols["responses"])]
-        self.store.put_experience({"old_log_prob": old}, idx)
+        for d in range(self.dp):
+            idx = rank_rows(self.dock.max_len, self.dp, d)
+            cols = _read(self.dock, "actor_log_prob", ["prompts", "responses"], idx)
+            with torch.no_grad():
+                old = [self.policy.log_probs(p, r) for p, r in zip(cols["prompts"], cols["responses"])]
+            self.dock.put_unwaited({"old_log_prob": old}, idx)
 
     def update(self, kl_ctrl, skip_actor_log_prob):
         if skip_actor_log_prob:
             raise AssertionError("the async loop must never skip the old log-prob")
         self.updates += 1
-        idx = self.store.indexes
-        cols = self.store.read_columns(["prompts", "responses", "advantages", "old_log_prob"], idx)
+        per = self.mb * self.n // self.dp
+        ranks = [rank_rows(self.dock.max_len, self.dp, d) for d in range(self.dp)]
         steps = []
-        for m, lo in enumerate(range(0, len(idx), self.mb_rows)):
+        for m in range(len(ranks[0]) // per):
             t0 = self.clock()
-            rows = range(lo, lo + self.mb_rows)
+            rows = [r for d in range(self.dp) for r in ranks[d][m * per:(m + 1) * per]]
+            cols = _read(self.dock, "actor_train", self.columns, rows)
             terms, tokens, longest = [], 0, 0
-            for r in rows:
-                lp = self.policy.log_probs(cols["prompts"][r], cols["responses"][r])
-                ratio = torch.exp(lp - cols["old_log_prob"][r])
-                adv = cols["advantages"][r]
+            for k in range(len(rows)):
+                p, resp = cols["prompts"][k], cols["responses"][k]
+                lp = self.policy.log_probs(p, resp)
+                ratio = torch.exp(lp - cols["old_log_prob"][k])
+                adv = cols["advantages"][k]
                 terms.append(torch.max(-adv * ratio, -adv * ratio.clamp(1 - self.clip, 1 + self.clip)))
-                tokens += len(cols["prompts"][r]) + len(cols["responses"][r])
-                longest = max(longest, len(cols["prompts"][r]) + len(cols["responses"][r]))
+                tokens += len(p) + len(resp)
+                longest = max(longest, len(p) + len(resp))
             loss = torch.cat(terms).mean()
             self.opt.zero_grad()
             loss.backward()
             self.opt.step()
-            steps.append({"t_start": t0, "t_end": self.clock(), "mini_batch": m, "rows": (lo, lo + self.mb_rows),
-                          "tokens": tokens, "padded_tokens": longest * self.mb_rows - tokens})
+            steps.append({"t_start": t0, "t_end": self.clock(), "mini_batch": m, "rows": rows,
+                          "tokens": tokens, "padded_tokens": longest * len(rows) - tokens})
         return steps
 
     def wait_all_ref_objs_run_over(self):
-        pass
+        pass   # the worker calls have returned; their dock writes may still be in flight
 
     def named_weights(self):
         return list(self.policy.state_dict().items())
 
 
 class CpuRefGroup:
-    def __init__(self, store: ColumnStore, vocab: int):
-        self.store, self.policy, self.calls = store, TablePolicy(vocab), 0
+    def __init__(self, dock: TransferDock, vocab: int):
+        self.dock, self.policy, self.calls = dock, TablePolicy(vocab), 0
 
     def compute_ref_log_prob(self, blocking=False):
         self.calls += 1
-        idx = self.store.indexes
-        cols = self.store.read_columns(["prompts", "responses"], idx)
+        idx = list(range(self.dock.max_len))
+        cols = _read(self.dock, "ref_log_prob", ["prompts", "responses"], idx)
         with torch.no_grad():
             ref = [self.policy.log_probs(p, r) for p, r in zip(cols["prompts"], cols["responses"])]
-        self.store.put_experience({"ref_log_prob": ref}, idx)
+        self.dock.put_unwaited({"ref_log_prob": ref}, idx)
 
     def wait_all_ref_objs_run_over(self):
         pass
 
 
-def rule_reward(store: ColumnStore):
-    idx = store.indexes
-    cols = store.read_columns(["responses", "labels"], idx)
+def rule_reward(dock: TransferDock):
+    idx = list(range(dock.max_len))
+    cols = _read(dock, "rule_reward", ["responses", "labels"], idx)
     scores = [torch.tensor([float((r == int(lab)).float().mean())]) for r, lab in zip(cols["responses"], cols["labels"])]
-    store.put_experience({"rm_scores": scores}, idx)
+    dock.put_unwaited({"rm_scores": scores}, idx)
 
 
-def group_norm_advantage(store: ColumnStore, n: int):
-    idx = store.indexes
-    cols = store.read_columns(["rm_scores", "response_length"], idx)
+def group_norm_advantage(dock: TransferDock, n: int):
+    """MindSpeed-RL's compute_advantage: group-normalised scores, written without waiting."""
+    idx = list(range(dock.max_len))
+    cols = _read(dock, "compute_advantage", ["rm_scores", "response_length"], idx)
     scores = torch.cat(cols["rm_scores"]).reshape(-1, n)
     norm = (scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-6)
     adv = [torch.full((int(L),), float(a)) for L, a in zip(torch.cat(cols["response_length"]), norm.reshape(-1))]
-    store.put_experience({"advantages": adv}, idx)
+    dock.put_unwaited({"advantages": adv}, idx)
 
 
 class CpuRolloutPool:
@@ -178,7 +176,7 @@ class CpuRolloutPool:
         self.generated += 1
         return SampleGroup(epoch=job.epoch, prompt_id=job.prompt_id, iteration=job.iteration,
                            mini_batch=job.mini_batch, instance=inst, admission_version=version, prompt=prompt,
-                           responses=resps, rollout_log_probs=lps, extras={"labels": label},
+                           responses=resps, rollout_log_probs=lps, extras={"labels": [label]},
                            t_admit=t_admit, t_finish=self.clock())
 
     def pump(self) -> bool:

@@ -13,8 +13,9 @@ from asp_ascend.integrations.mindspeed_rl.async_loop import (  # noqa: E402
 from asp_ascend.metrics.timeline import Timeline  # noqa: E402
 from asp_ascend.scheduler.admission import LagViolation  # noqa: E402
 
-from cpu_groups import (  # noqa: E402
-    ColumnStore, CpuActorGroup, CpuRefGroup, CpuRolloutPool, group_norm_advantage, rule_reward)
+from asp_ascend.integrations.mindspeed_rl.trainer import ROLLOUT_LOG_PROB, TransferDockStore  # noqa: E402
+from cpu_groups import CpuActorGroup, CpuRefGroup, CpuRolloutPool, group_norm_advantage, rule_reward  # noqa: E402
+from td_standin import DataStrategy, TransferDock, resolve, unpad  # noqa: E402
 
 VOCAB, N, GBS, MB, R = 6, 4, 8, 4, 2
 
@@ -32,33 +33,53 @@ def make_schedule(num_prompts=32, epochs=3, seed=0) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def build(lag_bound=1, off_policy="decoupled_ppo", lr=2.0, with_ref=True, timeline=None):
+def build(lag_bound=1, off_policy="decoupled_ppo", lr=2.0, with_ref=True, timeline=None, dp=1):
+    """The loop over the CPU stand-ins: a TransferDock whose worker writes land late, read through the
+    adapter's own TransferDockStore; an actor group that shards rows by data-parallel rank."""
     sched = make_schedule()
     iterations = int(sched.iteration.max()) + 1
-    store = ColumnStore()
-    actor = CpuActorGroup(store, VOCAB, rows_per_mini_batch=MB * N, lr=lr)
-    ref = CpuRefGroup(store, VOCAB) if with_ref else None
+    dock = TransferDock(GBS, N, addition_columns=["labels", ROLLOUT_LOG_PROB])
+    store = TransferDockStore(DataStrategy(dock), unpad, get=resolve)
+    actor = CpuActorGroup(dock, VOCAB, N, MB, lr=lr, dp=dp, with_ref=with_ref)
+    ref = CpuRefGroup(dock, VOCAB) if with_ref else None
     pool = CpuRolloutPool(sched, R, N, lag_bound, VOCAB, capacity_groups=GBS * (lag_bound + 1))
     history = []
     ports = LoopPorts(actor=actor, store=store, samples=pool, ref=ref,
-                      compute_rewards=lambda: rule_reward(store),
-                      compute_advantage=lambda: group_norm_advantage(store, N),
+                      compute_rewards=lambda: rule_reward(dock),
+                      compute_advantage=lambda: group_norm_advantage(dock, N),
                       publish_weights=lambda v: pool.publish(v, actor.named_weights()),
                       on_iteration=history.append, timeline=timeline)
     settings = LoopSettings(global_batch_size=GBS, group_size=N, lag_bound=lag_bound, iterations=iterations,
-                            off_policy=off_policy, dataset_additional_keys=("labels",))
-    return AsyncGRPOLoop(ports, settings), actor, ref, pool, store, sched, history
+                            off_policy=off_policy, dataset_additional_keys=("labels",), mini_batch_size=MB,
+                            trainer_dp=dp)
+    return AsyncGRPOLoop(ports, settings), actor, ref, pool, dock, sched, history
 
 
 def test_cpu_groups_satisfy_the_protocols():
-    loop, actor, ref, pool, store, _, _ = build()
+    loop, actor, ref, pool, dock, _, _ = build()
     assert isinstance(actor, ActorGroup) and isinstance(ref, RefGroup)
-    assert isinstance(store, ExperienceStore) and isinstance(pool, SampleSource)
+    assert isinstance(loop.p.store, ExperienceStore) and isinstance(pool, SampleSource)
 
 
-def test_async_loop_trains_every_prompt_once_within_the_lag_bound_and_learns():
+def test_worker_writes_land_late_and_the_store_reads_wait_for_them():
+    """MindSpeed-RL's workers write old_log_prob/advantages without waiting: a snapshot taken after the
+    worker call returned still has None rows; the adapter's store reads through the dock's wait."""
+    loop, actor, ref, pool, dock, sched, _ = build()
+    groups = pool.get_groups(0, GBS)
+    rows, idx = build_rows(groups, N, ("labels",))
+    loop.p.store.put_experience(rows, idx)
+    actor.compute_log_prob(blocking=True)
+    assert all(v is None for v in dock.get_experience_data()["old_log_prob"])
+    got = loop.p.store.read_columns(["old_log_prob", ROLLOUT_LOG_PROB], idx)
+    assert all(isinstance(t, torch.Tensor) and len(t) == len(r) for t, r in zip(got["old_log_prob"], rows["responses"]))
+    assert all(torch.equal(a, b) for a, b in zip(got[ROLLOUT_LOG_PROB], rows[ROLLOUT_LOG_PROB]))
+    assert not dock.pending
+
+
+@pytest.mark.parametrize("dp", [1, 2, 4])
+def test_async_loop_trains_every_prompt_once_within_the_lag_bound_and_learns(dp):
     tl = Timeline()
-    loop, actor, ref, pool, store, sched, history = build(lag_bound=1, timeline=tl)
+    loop, actor, ref, pool, store, sched, history = build(lag_bound=1, timeline=tl, dp=dp)
     loop.run()
     iterations = int(sched.iteration.max()) + 1
     assert [h["iteration"] for h in history] == list(range(iterations))
@@ -66,7 +87,7 @@ def test_async_loop_trains_every_prompt_once_within_the_lag_bound_and_learns():
     # every instance holds the last version; old log-probs recomputed every iteration, never skipped
     assert pool.adm.instance_version == [iterations] * R
     assert actor.log_prob_calls == iterations and actor.updates == iterations and ref.calls == iterations
-    assert store.clears == iterations
+    assert store.clears == iterations and not store.pending
     # each scheduled (epoch, prompt) trained exactly once, in its own iteration, all G samples
     steps = tl.events["step"]
     trained = [(s["iteration"], e, p, k) for s in steps for e, p, k in s["samples"]]
@@ -74,6 +95,12 @@ def test_async_loop_trains_every_prompt_once_within_the_lag_bound_and_learns():
     expected = {(int(r.iteration), int(r.epoch), r.prompt_id) for r in sched.itertuples()}
     assert {(i, e, p) for i, e, p, _ in trained} == expected
     assert len(steps) == iterations * (GBS // MB)        # one optimizer step per mini-batch
+    # ... and with the rows sharded over dp ranks, step m trains exactly the schedule's mini-batch m
+    planned = {(int(r.iteration), int(r.mini_batch)): set() for r in sched.itertuples()}
+    for r in sched.itertuples():
+        planned[(int(r.iteration), int(r.mini_batch))].add((int(r.epoch), r.prompt_id))
+    for s in steps:
+        assert {(e, p) for e, p, _ in s["samples"]} == planned[(s["iteration"], s["mini_batch"])]
     # the lag bound holds and async really ran ahead (k = 1 -> some samples one version old)
     lags = [r["iteration"] - r["admission_version"] for r in tl.events["request"]]
     assert max(lags) == 1 and min(lags) == 0

@@ -78,7 +78,9 @@ def test_rows_advantages_and_reweighting_through_the_real_transfer_dock(msrl):
                                   rewards=[float((j * n + s) % 5) for s in range(n)]))
     td = td_mod.GRPOTransferDock.options(num_cpus=0).remote(
         prompts_num=gbs, n_samples_per_prompt=n, metrics=metric_cls(), addition_columns=["labels", ROLLOUT_LOG_PROB])
-    store = TransferDockStore(_MainDock(td))
+    from mindspeed_rl.utils.pad_process import remove_padding_tensor_dict_to_dict
+
+    store = TransferDockStore(_MainDock(td), remove_padding_tensor_dict_to_dict)
     rows, idx = build_rows(groups, n, ("labels",))
     store.put_experience(rows, idx)
     # MindSpeed-RL's own group-norm advantages, over our rows
@@ -93,10 +95,12 @@ def test_rows_advantages_and_reweighting_through_the_real_transfer_dock(msrl):
         L = int(rl.reshape(-1)[0])
         assert torch.allclose(adv.reshape(-1)[:L].double(), expect[r].expand(L), atol=1e-5), f"row {r}"
         assert torch.equal(cols[ROLLOUT_LOG_PROB][r], rows[ROLLOUT_LOG_PROB][r])
-    # old log-probs as compute_log_prob would write them, then the off-policy reweighting
+    # old log-probs as compute_log_prob writes them: fire-and-forget (collect_transfer_dock_data without
+    # sync), then the off-policy reweighting, whose read waits in the dock until they have landed
     old = [lp + 0.1 * (k % 3) for k, lp in enumerate(rows[ROLLOUT_LOG_PROB])]
-    store.put_experience({"old_log_prob": old}, idx)
+    in_flight = td.put_experience.remote(data_dict={"old_log_prob": old}, indexes=idx)
     stats = reweight_advantages(store, idx, "decoupled_ppo", 2.0)
+    ray.get(in_flight)
     assert stats["is_weight_max"] > 1.0
     # what the update (consumer actor_train) reads: the reweighted advantages
     batch, got_idx = ray.get(td.get_experience.remote("actor_train", ["advantages", "response_length"],

@@ -67,7 +67,8 @@ class ActorGroup(Protocol):
     def compute_log_prob(self, blocking: bool = False) -> Any: ...
     def update(self, kl_ctrl: Any, skip_actor_log_prob: bool) -> Any:
         """Optimizer steps over the stored rows. May return one dict per optimizer step:
-        t_start, t_end (the loop's clock), mini_batch, rows (start, end), tokens, padded_tokens."""
+        t_start, t_end (the loop's clock), mini_batch, rows (a (start, end) range or the list of row
+        indexes the step trained, over all data-parallel ranks), tokens, padded_tokens."""
     def wait_all_ref_objs_run_over(self) -> Any: ...
 
 
@@ -302,10 +303,10 @@ class AsyncGRPOLoop:
                        prompt_length=len(g.prompt), response_length=len(resp))
         if isinstance(steps, list) and steps and all(isinstance(st, dict) for st in steps):  # per-step report
             for st in steps:
-                lo, hi = st["rows"]
+                rows = range(*st["rows"]) if isinstance(st["rows"], tuple) else sorted(st["rows"])
                 tl.add("step", t_start=st["t_start"] - self.t0, t_end=st["t_end"] - self.t0, iteration=i,
                        mini_batch=st["mini_batch"], version=i,
-                       samples=[[groups[r // n].epoch, groups[r // n].prompt_id, r % n] for r in range(lo, hi)],
+                       samples=[[groups[r // n].epoch, groups[r // n].prompt_id, r % n] for r in rows],
                        tokens=st["tokens"], padded_tokens=st["padded_tokens"])
         else:  # one event for the whole update (MindSpeed-RL does not report per-step times)
             tokens = sum(len(g.prompt) * n + sum(len(r) for r in g.responses) for g in groups)

@@ -30,19 +30,41 @@ _CACHE: dict[str, Any] = {}
 
 
 class TransferDockStore:
-    """:class:`.async_loop.ExperienceStore` over MindSpeed-RL's DataStrategy (strategy ``td``)."""
+    """:class:`.async_loop.ExperienceStore` over MindSpeed-RL's DataStrategy (strategy ``td``).
 
-    def __init__(self, data_strategy):
-        self.ds = data_strategy
+    Reads go through the dock's waiting API: ``get_experience(consumer, columns, indexes=...)``
+    blocks until every requested row of every column has been written. MindSpeed-RL's workers
+    write ``old_log_prob`` and ``advantages`` fire-and-forget (``collect_transfer_dock_data``,
+    ``compute_advantage``), so a worker-group call can return before its rows land; a snapshot
+    (``get_experience_data``) would then hold ``None`` rows. The reads use the dock's own
+    ``trainer`` consumer, which nothing else in the GRPO flow reads; ``clear`` resets it.
+    Writes (``DataStrategy.put_main``) wait for the dock to apply them.
+
+    ``get`` resolves a remote call (``ray.get``); ``unpad`` turns the dock's padded batch back into
+    per-row tensors (MindSpeed-RL's ``remove_padding_tensor_dict_to_dict``).
+    """
+
+    CONSUMER = "trainer"
+
+    def __init__(self, data_strategy, unpad: Callable[[Any], dict], get: Optional[Callable[[Any], Any]] = None):
+        self.ds, self.unpad = data_strategy, unpad
+        if get is None:
+            import ray
+
+            get = ray.get
+        self.get = get
 
     def put_experience(self, data_dict, indexes, is_prompt=False):
         self.ds.put_experience(data_dict, indexes, is_prompt=is_prompt)
 
     def read_columns(self, columns, indexes):
-        import ray
-
-        data = ray.get(self.ds.td.get_experience_data.remote())
-        return {c: [data[c][i] for i in indexes] for c in columns}
+        want = list(indexes)
+        batch, got = self.get(self.ds.td.get_experience.remote(self.CONSUMER, list(columns), indexes=want,
+                                                               get_n_samples=False))
+        if list(got) != want:
+            raise RuntimeError(f"TransferDock returned rows {list(got)[:8]}... for a read of rows {want[:8]}...")
+        rows = self.unpad(batch)
+        return {c: list(rows[c]) for c in columns}
 
     def clear_main(self):
         self.ds.clear_main()
@@ -196,8 +218,11 @@ def make_async_grpo_trainer_class():
             start = self.actor_worker.get_iteration()
             s = self.asp_settings
             settings = LoopSettings(**{**s.__dict__, "start_iteration": start, "iterations": self.train_iters})
+            from mindspeed_rl.utils.pad_process import remove_padding_tensor_dict_to_dict
+
+            store = TransferDockStore(self.data_strategy, remove_padding_tensor_dict_to_dict)
             ports = LoopPorts(
-                actor=self.actor_worker, ref=self.ref_worker, store=TransferDockStore(self.data_strategy),
+                actor=self.actor_worker, ref=self.ref_worker, store=store,
                 samples=self.asp_samples, kl_ctrl=self.kl_ctrl, timeline=self.asp_timeline,
                 compute_rewards=self._asp_rewards,
                 compute_advantage=lambda: self.compute_advantage(blocking=True, guarantee_order=self.guarantee_order),
