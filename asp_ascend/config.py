@@ -110,6 +110,9 @@ class CostConfig:
     publish_s: Optional[float] = _f(None, "trainer's share of a weight sync, s (null: the whole sync; --calibrate fits it)")
     step_latency_s: float = _f(0.0, "runtime overhead: an optimizer step starts this long after its data and the trainer are ready, s")
     admit_latency_s: float = _f(0.0, "runtime overhead: an instance admits work of a new version this long after its sync, s")
+    spec_acceptance: float = _f(0.5, "speculative decoding: probability that a draft token is accepted")
+    spec_draft_s: float = _f(5.0e-4, "speculative decoding: s per decode step to propose the drafts, fixed part")
+    spec_draft_per_seq: float = _f(1.0e-5, "speculative decoding: s per decode step per sequence to propose its drafts")
 
 
 @dataclass
@@ -127,6 +130,20 @@ class RolloutConfig:
     num_cpus: float = _f(1.0, "Ray CPUs reserved per instance when not pinned (pinned: one per listed core)")
     max_restarts: int = _f(0, "Ray restarts of a dead or hung rollout instance; a restarted instance receives "
                               "the newest published weights before it is given work")
+    tail_concurrency: str = _f("auto", "asp: an instance running a group that will set its iteration's floor caps its "
+                               "other admissions so that group decodes faster: auto (the planner sizes the room from "
+                               "the cost model) | off | N (at most N sequences on such an instance)", yaml_bool=True)
+    speculative: str = _f("none", "speculative decoding, vLLM's methods (rejection sampling keeps the sampling "
+                          "distribution exact)", choices=("none", "ngram", "eagle", "eagle3", "medusa", "mlp_speculator",
+                                                          "draft_model", "mtp"))
+    num_speculative_tokens: int = _f(4, "draft tokens proposed per decode step (speculative decoding)")
+    speculative_max_batch: str = _f("auto", "speculative decoding runs while an instance holds at most this many "
+                                    "sequences (vLLM's disable_by_batch_size): auto (the break-even batch of the cost "
+                                    "model: it pays at small batch, costs compute at large batch) | always | N")
+    partial_rollout: bool = _f(False, "bounded off-policy carry-over (DESIGN 9 e): an iteration waiting only on groups "
+                               "predicted to finish past its budget defers them to a later iteration and trains the "
+                               "same number of finished groups of the next one instead")
+    max_split: int = _f(1, "S: a deferred group is trained at most S iterations after its planned one (lag <= k + S)")
 
 
 @dataclass
@@ -168,8 +185,12 @@ class SchedulerConfig:
     policy: str = _f("asp", "dispatch policy", choices=("asp", "fifo", "random", "sorted", "balanced"))
     adaptive: bool = _f(False, "re-plan each epoch from the lengths observed so far")
     length_stat: str = _f("mean", "group statistic the planner balances on", choices=("mean", "max"))
-    steal: bool = _f(False, "asp/balanced: an instance with nothing admissible of its own takes the next job of the "
-                     "instance with the most queued work (corrects mispredicted lengths at run time)")
+    dispatch: str = _f("static", "per-instance schedules (asp, balanced): guided = an instance that can admit takes its "
+                       "own highest-priority admissible group, else the highest-priority admissible group not yet "
+                       "started of the instance with the most (re-estimated) remaining work; static = only its own",
+                       choices=("guided", "static"))
+    reestimate: bool = _f(True, "re-estimate a running group's remaining length from its finished siblings and its "
+                          "tokens so far (feeds guided dispatch and tail-aware concurrency)")
 
 
 @dataclass
@@ -328,6 +349,8 @@ def _build(cls, raw: Any, prefix: str, problems: list[str]):
         if dataclasses.is_dataclass(tp):
             kwargs[name] = _build(tp, val, key + ".", problems)
             continue
+        if isinstance(val, bool) and f.metadata.get("yaml_bool"):
+            val = "on" if val else "off"      # YAML 1.1 reads a bare off/on as a boolean
         ok, conv = _coerce(tp, val)
         if not ok:
             problems.append(f"{key}: {val!r} is not a valid {_type_name(_strip_optional(tp))}")
@@ -439,6 +462,7 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
                      ("cost.decode_c", cfg.cost.decode_c), ("cost.train_per_token", cfg.cost.train_per_token)):
         if val < 0:
             p.append(f"{key}: {val} must be >= 0")
+    _validate_tail_keys(cfg, p)
     s = cfg.sim
     pos("sim.total_devices", s.total_devices)
     pos("sim.infer_tp", s.infer_tp)
@@ -451,6 +475,52 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
             if val and not Path(val).exists():
                 p.append(f"{key}: {val} does not exist; fix the path or remove the key")
     return p
+
+
+def _count_or(value, words: tuple[str, ...], what: str) -> int | str:
+    if isinstance(value, str) and value.strip().lower() in words:
+        return value.strip().lower()
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = None
+    if n is None or n < 1 or str(n) != str(value).strip():
+        raise ValueError(f"must be {' or '.join(words)} or a positive number of {what}, got {value!r}")
+    return n
+
+
+def parse_tail_concurrency(value) -> int | str:
+    """``rollout.tail_concurrency``: ``"auto"``, ``"off"`` or a positive int (raises ValueError)."""
+    return _count_or(value, ("auto", "off"), "sequences")
+
+
+def parse_speculative_max_batch(value) -> int | str:
+    """``rollout.speculative_max_batch``: ``"auto"``, ``"always"`` or a positive int (raises ValueError)."""
+    return _count_or(value, ("auto", "always"), "sequences")
+
+
+def _validate_tail_keys(cfg: Config, p: list[str]) -> None:
+    """The tail mechanisms' keys (DESIGN 9)."""
+    r, c = cfg.rollout, cfg.cost
+    for key, val, parse in (("rollout.tail_concurrency", r.tail_concurrency, parse_tail_concurrency),
+                            ("rollout.speculative_max_batch", r.speculative_max_batch, parse_speculative_max_batch)):
+        try:
+            parse(val)
+        except ValueError as exc:
+            p.append(f"{key}: {exc}")
+    if r.speculative != "none" and r.num_speculative_tokens < 1:
+        p.append(f"rollout.num_speculative_tokens: {r.num_speculative_tokens} must be >= 1 with "
+                 f"rollout.speculative={r.speculative}")
+    if not 0.0 <= c.spec_acceptance < 1.0:
+        p.append(f"cost.spec_acceptance: {c.spec_acceptance} must be in [0, 1)")
+    for key, val in (("cost.spec_draft_s", c.spec_draft_s), ("cost.spec_draft_per_seq", c.spec_draft_per_seq)):
+        if val < 0:
+            p.append(f"{key}: {val} must be >= 0")
+    if r.max_split < 1:
+        p.append(f"rollout.max_split: {r.max_split} must be >= 1 (iterations a deferred group may move)")
+    if r.partial_rollout and cfg.pipeline.mode == "sync":
+        p.append("rollout.partial_rollout: needs pipeline.mode=async (a deferred group keeps generating across "
+                 "weight syncs); set it to false or use async")
 
 
 def to_dict(cfg: Config) -> dict:

@@ -206,5 +206,5 @@ def resume_plan(cfg, out: Path, k: int, start: int) -> dict:
     adm.on_publish(start)
     for r in range(R):  # every instance receives version `start` before the first dispatch
         adm.on_instance_synced(r, start)
-    dispatcher = Dispatcher(jobs, R, adm, shared=bool(report.get("shared_queue", False)), steal=cfg.scheduler.steal)
+    dispatcher = Dispatcher(jobs, R, adm, shared=bool(report.get("shared_queue", False)), dispatch=cfg.scheduler.dispatch)
     return {"dispatcher": dispatcher, "iterations": iters, "total_iterations": end - start, "replan": None}

@@ -246,7 +246,7 @@ def _plan(cfg, train, k: int, out: Path) -> dict:
             (j.epoch, j.prompt_id))
     R = cfg.rollout.num_instances
     dispatcher = Dispatcher(jobs, R, AdmissionController(k, R), shared=bool(report.get("shared_queue", False)),
-                            steal=cfg.scheduler.steal)
+                            dispatch=cfg.scheduler.dispatch)
     return {"dispatcher": dispatcher, "iterations": iters, "total_iterations": total,
             "replan": _replanner(cfg, train, k, out, sched) if adaptive else None}
 

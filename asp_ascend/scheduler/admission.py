@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Protocol
 
 
 @dataclass(frozen=True, order=True)
@@ -90,7 +90,7 @@ class _RankQueue:
         self.buckets: dict[int, list] = {}
         self.iters: list[int] = []  # sorted iterations with a non-empty bucket
         self.size = 0
-        self.work = 0.0  # sum of queued jobs' predicted lengths (stealing picks the largest)
+        self.work = 0.0  # sum of queued jobs' predicted lengths (guided dispatch: remaining work)
 
     def push(self, job: Job) -> None:
         b = self.buckets.get(job.iteration)
@@ -132,10 +132,19 @@ class _RankQueue:
         return self.size
 
 
+DISPATCH_MODES = ("static", "guided")
+
+
+class RemainingWork(Protocol):
+    """What guided dispatch asks about a running group (e.g. :class:`~.reestimate.GroupEstimator`)."""
+
+    def remaining(self, key) -> float: ...
+
+
 class Dispatcher:
     """Hands each instance its next admissible job, by the schedule.
 
-    ``shared=False``: every job is bound to ``job.instance`` (asp, balanced).
+    ``shared=False``: every job is planned for ``job.instance`` (asp, balanced).
     ``shared=True``: instances pull from one queue (fifo, random, sorted: a plain
     dataloader with least-loaded routing).
 
@@ -146,23 +155,39 @@ class Dispatcher:
     Failed instances' unfinished jobs are moved to survivors (``on_instance_failed``),
     each exactly once; a job is finished exactly once (``on_finish``).
 
-    ``steal=True`` (per-instance mode): an instance with nothing admissible of its own
-    takes the next admissible job of the instance with the most queued predicted work, the
-    job that instance would have started next. The schedule's placement becomes a plan
-    that corrects itself when lengths are mispredicted; the lag rule is unchanged (the
-    thief's own version decides admissibility).
+    ``dispatch`` (per-instance mode; DESIGN 9 a):
+
+    - ``static``: an instance runs exactly the jobs planned for it.
+    - ``guided``: the plan fixes membership, mini-batches and priority; an instance that can
+      admit takes its own highest-priority admissible job, else (``next_for(r, steal=True)``)
+      the highest-priority admissible job not yet started of the instance with the most
+      remaining work: its queued jobs' predicted lengths plus, with a ``remaining``
+      estimator (:class:`~.reestimate.GroupEstimator`), the re-estimated remaining tokens
+      of its running groups. Running groups never move. The thief's own version decides
+      admissibility, so the lag rule is unchanged.
+
+    Callers that serve several instances at once should let every instance take its own
+    jobs first (``steal=False``) and only then steal: a job taken from an instance that was
+    about to start it helps no one, and an instance the plan keeps light on purpose (the
+    host of a long tail) must not fill up with others' work; tail-aware concurrency caps
+    such an instance's room, so it does not ask.
     """
 
     def __init__(self, jobs: Iterable[Job], num_instances: int, admission: AdmissionController,
-                 shared: bool = False, steal: bool = False):
+                 shared: bool = False, dispatch: str = "static", remaining: RemainingWork | None = None):
+        if dispatch not in DISPATCH_MODES:
+            raise ValueError(f"dispatch must be one of {', '.join(DISPATCH_MODES)}, got {dispatch!r}")
         self.adm = admission
         self.shared = shared
-        self.steal = steal and not shared
+        self.guided = dispatch == "guided" and not shared
+        self.estimator = remaining
         self.stolen = 0
+        self.steals: list[tuple[Job, int, int]] = []   # (job, from instance, to instance), in order
         self.alive = [True] * num_instances
         self.queues: list[_RankQueue] = [_RankQueue() for _ in range(1 if shared else num_instances)]
         # keyed by (epoch, prompt_id): a prompt recurs once per epoch
         self.running: dict[tuple[int, str], tuple[int, Job]] = {}  # -> (instance, job)
+        self.running_on: list[set] = [set() for _ in range(num_instances)]
         self.finished: set[tuple[int, str]] = set()
         self.total = 0
         self.add(jobs)
@@ -194,25 +219,32 @@ class Dispatcher:
     def _limit(self, instance: int) -> int:
         return self.adm.instance_version[instance] + self.adm.k
 
-    def peek(self, instance: int) -> Job | None:
+    def peek(self, instance: int, steal: bool = True) -> Job | None:
         """The job ``instance`` would take next, or None (queue empty or lag-blocked)."""
-        return self._pick(instance)[0]
+        return self._pick(instance, steal)[0]
 
-    def _pick(self, instance: int) -> tuple[Job | None, _RankQueue | None]:
+    def _pick(self, instance: int, steal: bool = True) -> tuple[Job | None, int | None]:
         if not self.alive[instance]:
             return None, None
-        own = self._queue(instance)
+        own = 0 if self.shared else instance
         limit = self._limit(instance)
-        job = own.best(limit)
-        if job is not None or not self.steal:
+        job = self.queues[own].best(limit)
+        if job is not None or not (self.guided and steal):
             return job, own
-        victims = sorted((i for i, q in enumerate(self.queues) if i != instance and self.alive[i] and len(q)),
-                         key=lambda i: -self.queues[i].work)
-        for v in victims:
+        for v in sorted((i for i, q in enumerate(self.queues) if i != instance and self.alive[i] and len(q)),
+                        key=lambda i: (-self.remaining_work(i), i)):
             job = self.queues[v].best(limit)
             if job is not None:
-                return job, self.queues[v]
+                return job, v
         return None, None
+
+    def remaining_work(self, instance: int) -> float:
+        """Tokens per sample left on ``instance``: its queued jobs' predictions plus, with an
+        estimator, its running groups' re-estimated remaining lengths."""
+        work = self._queue(instance).work
+        if self.estimator is not None:
+            work += sum(self.estimator.remaining(key) for key in self.running_on[instance])
+        return work
 
     def blocked_by_lag(self, instance: int) -> bool:
         """True if ``instance`` has queued work but none of it is admissible yet."""
@@ -230,16 +262,20 @@ class Dispatcher:
         return len(self.finished) == self.total
 
     # state updates ---------------------------------------------------------------
-    def next_for(self, instance: int) -> tuple[Job, int] | None:
-        """Pop the next admissible job for ``instance``: (job, admission_version) or None."""
-        job, queue = self._pick(instance)
+    def next_for(self, instance: int, steal: bool = True) -> tuple[Job, int] | None:
+        """Pop the next admissible job for ``instance``: (job, admission_version) or None.
+        ``steal=False``: only the instance's own jobs (guided dispatch's first pass)."""
+        job, q = self._pick(instance, steal)
         if job is None:
             return None
-        queue.pop(job)
-        if queue is not self._queue(instance):
+        self.queues[q].pop(job)
+        if not self.shared and q != instance:
             self.stolen += 1
+            self.steals.append((job, q, instance))
         version = self.adm.on_admit(instance, job.iteration)
-        self.running[(job.epoch, job.prompt_id)] = (instance, job)
+        key = (job.epoch, job.prompt_id)
+        self.running[key] = (instance, job)
+        self.running_on[instance].add(key)
         return job, version
 
     def on_finish(self, prompt_id: str, epoch: int = 0) -> Job:
@@ -247,6 +283,7 @@ class Dispatcher:
         if key in self.finished:
             raise ValueError(f"prompt {prompt_id} of epoch {epoch} finished twice")
         instance, job = self.running.pop(key)
+        self.running_on[instance].discard(key)
         self.finished.add(key)
         return job
 
@@ -261,6 +298,7 @@ class Dispatcher:
         moved = [job for key, (inst, job) in list(self.running.items()) if inst == instance]
         for job in moved:
             del self.running[(job.epoch, job.prompt_id)]
+        self.running_on[instance].clear()
         if not self.shared:
             moved.extend(self.queues[instance].drain())
         survivors = [i for i, a in enumerate(self.alive) if a]
@@ -282,3 +320,5 @@ class Dispatcher:
                 self.queues.append(_RankQueue())
             while instance >= len(self.alive):
                 self.alive.append(True)
+        while instance >= len(self.running_on):
+            self.running_on.append(set())

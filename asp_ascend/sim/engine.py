@@ -47,7 +47,7 @@ from ..scheduler.admission import AdmissionController, Dispatcher, Job
 from ..scheduler.cost import CostModel
 
 # event kinds, in processing priority at equal times
-_PUBLISH, _TRAIN, _VERSION, _SLOT, _INST = 0, 1, 2, 3, 4
+_PUBLISH, _TRAIN, _VERSION, _SLOT, _INST, _STEAL = 0, 1, 2, 3, 4, 5
 
 
 @dataclass
@@ -154,7 +154,7 @@ class Engine:
     def __init__(self, jobs: SimJobs, *, num_instances: int, cost: CostModel, max_num_seqs: int,
                  kv_capacity: int, trainer: TrainerSpec, lag_bound: int, shared_queue: bool,
                  stream_train: bool = True, barrier: bool = False, sync_pause: bool = True,
-                 record_samples: bool = True, steal: bool = False, group_slots: bool = False):
+                 record_samples: bool = True, dispatch: str = "static", group_slots: bool = False):
         self.jobs = jobs
         self.R = int(num_instances)
         self.cm = cost
@@ -167,7 +167,7 @@ class Engine:
         self.barrier = barrier
         self.sync_pause = sync_pause and not barrier
         self.record_samples = record_samples
-        self.steal = steal
+        self.dispatch = dispatch
         # group_slots: an instance holds at most max_num_seqs // G prompt groups, and a group keeps
         # its slot until its last sample finishes (the runtime's dispatcher); default: a new group
         # whenever running + waiting sequences < max_num_seqs (vLLM's own queue)
@@ -220,7 +220,7 @@ class Engine:
                     for i, d, p, e, ins, m, pl in zip(job_it, jobs.dispatch_rank.tolist(), pids, eps,
                                                       jobs.instance.tolist(), jobs.mini_batch.tolist(), pred)]
         job_of = {(j.epoch, j.prompt_id): x for x, j in enumerate(job_objs)}
-        disp = Dispatcher(job_objs, R, adm, shared=self.shared, steal=self.steal)
+        disp = Dispatcher(job_objs, R, adm, shared=self.shared, dispatch=self.dispatch)
         self.dispatcher = disp
 
         # ---- sequences (seq s = job * G + sample)
@@ -320,16 +320,16 @@ class Engine:
             waiting[r].appendleft(s)
             preemptions[r] += 1
 
-        def fill(r):
+        def fill(r, steal=True):
             """Take jobs from the dispatcher and admit waiting sequences (at boundary T[r])."""
             w = waiting[r]
             t = T[r]
             while has_room(r):
                 if self.barrier:
-                    head = disp.peek(r)
+                    head = disp.peek(r, steal)
                     if head is None or head.iteration > released[0]:
                         break
-                got = disp.next_for(r)
+                got = disp.next_for(r, steal)
                 if got is None:
                     break
                 job, ver = got
@@ -431,16 +431,18 @@ class Engine:
             ev_time[r] = None
 
         def wake(t):
-            """Admissible work may have appeared: let instances with room take it."""
-            for r in sorted(range(R), key=lambda x: n[x] + len(waiting[x])):
-                if paused[r] or not has_room(r):
-                    continue
-                head = disp.peek(r)
-                if head is None or (self.barrier and head.iteration > released[0]):
-                    continue
-                advance(r, t)
-                fill(r)
-                schedule(r)
+            """Admissible work may have appeared: let instances with room take it, their own
+            jobs first, then (guided dispatch) others' jobs not yet started."""
+            for steal in (False, True):
+                for r in sorted(range(R), key=lambda x: n[x] + len(waiting[x])):
+                    if paused[r] or not has_room(r):
+                        continue
+                    head = disp.peek(r, steal)
+                    if head is None or (self.barrier and head.iteration > released[0]):
+                        continue
+                    advance(r, t)
+                    fill(r, steal)
+                    schedule(r)
 
         def pause_all(t, dur, version):
             for r in range(R):
@@ -579,8 +581,9 @@ class Engine:
                     ev_time[x] = None
                     version_arrives(x, resume_version[x], t)
                     T[x] = t
-                    fill(x)
+                    fill(x, steal=False)
                     schedule(x)
+                    push(t, _STEAL, -1)     # others' jobs only once every instance took its own
                     # newly admissible work may now fit on the other (already resumed) instances
                     continue
                 at_event(x)
@@ -590,6 +593,8 @@ class Engine:
                 on_train_end(x, t)
             elif kind == _VERSION:
                 adm.on_instance_synced(x, tok)
+                wake(t)
+            elif kind == _STEAL:
                 wake(t)
             elif kind == _SLOT:
                 held[x] -= 1

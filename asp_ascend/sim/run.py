@@ -149,7 +149,7 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
                  kv_capacity=costs.kv_capacity, trainer=tr, lag_bound=spec.lag_bound,
                  shared_queue=_shared(spec.dispatch), stream_train=spec.stream_train, barrier=spec.barrier,
                  sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples,
-                 steal=cfg.scheduler.steal)
+                 dispatch=cfg.scheduler.dispatch)
     tl = eng.run()
     mbt = minibatch_tokens(jobs, tr.micro_batch_size, tr.micro_batching)
     lb = lower_bounds(jobs, mbt, tr.train_per_token, tr.train_per_step, costs.instance, spec.num_instances,

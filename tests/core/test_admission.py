@@ -108,18 +108,60 @@ def test_finish_twice_is_an_error():
         d.on_finish("a")
 
 
-def test_steal_takes_the_most_loaded_instances_next_job():
+def test_guided_takes_the_most_loaded_instances_next_job():
     adm = AdmissionController(1, 3)
     jobs = [Job(0, 0, "a", instance=0, predicted_length=100), Job(0, 1, "b", instance=0, predicted_length=50),
             Job(0, 2, "c", instance=1, predicted_length=10), Job(1, 3, "d", instance=1, predicted_length=900)]
-    d = Dispatcher(jobs, 3, adm, steal=True)
-    # instance 2 has no jobs: it steals from instance 1 (most queued work) its next admissible job
+    d = Dispatcher(jobs, 3, adm, dispatch="guided")
+    # instance 2 has no jobs: own jobs only -> nothing
+    assert d.next_for(2, steal=False) is None and d.peek(2, steal=False) is None
+    # it takes from instance 1 (most queued work: 910 against 150) its highest-priority admissible job
     job, v = d.next_for(2)
-    assert job.prompt_id == "c" and d.stolen == 1
+    assert job.prompt_id == "c" and d.stolen == 1 and d.steals[-1][1:] == (1, 2)
     job, v = d.next_for(2)
     assert job.prompt_id == "d"  # iteration 1 is admissible at version 0 with k = 1
     assert [d.next_for(0)[0].prompt_id, d.next_for(0)[0].prompt_id] == ["a", "b"]
     assert d.next_for(1) is None and d.next_for(2) is None
-    # without stealing, an instance only ever takes its own jobs
+    # static: an instance only ever takes its own jobs
     d2 = Dispatcher(jobs, 3, AdmissionController(1, 3))
     assert d2.next_for(2) is None
+    with pytest.raises(ValueError):
+        Dispatcher(jobs, 3, AdmissionController(1, 3), dispatch="greedy")
+
+
+def test_guided_prefers_own_work_and_respects_the_thiefs_version():
+    adm = AdmissionController(0, 2)
+    jobs = [Job(0, 0, "a", instance=0, predicted_length=5), Job(0, 1, "b", instance=1, predicted_length=500),
+            Job(1, 2, "c", instance=1, predicted_length=500)]
+    d = Dispatcher(jobs, 2, adm, dispatch="guided")
+    assert d.next_for(0)[0].prompt_id == "a"          # own first, though instance 1 has more work
+    assert d.next_for(0)[0].prompt_id == "b"          # then the other's admissible job
+    assert d.next_for(0) is None                      # "c" (iteration 1) is not admissible at v0 with k = 0
+    assert d.blocked_by_lag(1) and not d.blocked_by_lag(0)
+
+
+class _Remaining:
+    def __init__(self, left):
+        self.left = left
+
+    def remaining(self, key):
+        return self.left[key]
+
+
+def test_a_misprediction_guided_dispatch_must_correct():
+    """Both instances were planned 2 x 100 tokens; instance 0's running group turns out to
+    have 5,000 tokens left (re-estimated), instance 1's 10. Instance 2 has no plan of its own:
+    it takes instance 0's next group, the one that would wait longest there."""
+    adm = AdmissionController(1, 3)
+    jobs = [Job(0, 0, "x0", instance=0, predicted_length=100), Job(0, 1, "x1", instance=0, predicted_length=100),
+            Job(0, 2, "y0", instance=1, predicted_length=100), Job(0, 3, "y1", instance=1, predicted_length=100)]
+    est = _Remaining({(0, "x0"): 5000.0, (0, "y0"): 10.0})
+    d = Dispatcher(jobs, 3, adm, dispatch="guided", remaining=est)
+    assert d.next_for(0, steal=False)[0].prompt_id == "x0"
+    assert d.next_for(1, steal=False)[0].prompt_id == "y0"
+    assert d.remaining_work(0) == 5100 and d.remaining_work(1) == 110
+    job, _ = d.next_for(2)
+    assert job.prompt_id == "x1"
+    # running groups never move: nothing of instance 0 is left to take
+    assert d.next_for(2)[0].prompt_id == "y1" and d.next_for(2) is None
+    assert d.running[(0, "x0")][0] == 0

@@ -17,7 +17,7 @@ def scenarios(draw):
     n_iter = draw(st.integers(1, 5))
     per_iter = draw(st.integers(1, 6))
     shared = draw(st.booleans())
-    steal = draw(st.booleans())
+    guided = draw(st.booleans())
     jobs = []
     rank = 0
     for it in range(n_iter):
@@ -27,15 +27,15 @@ def scenarios(draw):
             rank += 1
     ops = draw(st.lists(st.tuples(st.sampled_from(["finish", "fail", "restart", "train"]),
                                   st.integers(0, 1000)), min_size=1, max_size=200))
-    return R, k, n_iter, per_iter, shared, steal, jobs, ops
+    return R, k, n_iter, per_iter, shared, guided, jobs, ops
 
 
 @settings(max_examples=300, deadline=None, derandomize=True)
 @given(scenarios())
 def test_nothing_lost_duplicated_or_too_stale(sc):
-    R, k, n_iter, per_iter, shared, steal, jobs, ops = sc
+    R, k, n_iter, per_iter, shared, guided, jobs, ops = sc
     adm = AdmissionController(k, R)
-    d = Dispatcher(jobs, R, adm, shared=shared, steal=steal)
+    d = Dispatcher(jobs, R, adm, shared=shared, dispatch="guided" if guided else "static")
     alive = [True] * R
     running: list[tuple[int, Job, int]] = []  # (instance, job, admission version)
     completed: dict[int, list[tuple[str, int]]] = {}
@@ -44,10 +44,11 @@ def test_nothing_lost_duplicated_or_too_stale(sc):
     trained = 0
 
     def fill():
-        for inst in range(R):
-            if alive[inst]:
-                while (nxt := d.next_for(inst)) is not None:
-                    running.append((inst, nxt[0], nxt[1]))
+        for steal in (False, True):          # own jobs first, then (guided) others' not yet started
+            for inst in range(R):
+                if alive[inst]:
+                    while (nxt := d.next_for(inst, steal)) is not None:
+                        running.append((inst, nxt[0], nxt[1]))
 
     def train_ready():
         nonlocal trained

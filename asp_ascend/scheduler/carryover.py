@@ -1,0 +1,126 @@
+"""Partial rollout with carry-over (DESIGN 9 e): who is trained in which iteration.
+
+Opt-in (``rollout.partial_rollout: true``, ``rollout.max_split: S``), bounded off-policy.
+When iteration i waits only on groups predicted to finish past a budget, those groups are
+*deferred* to iteration i + 1, and iteration i instead takes the same number of already
+finished groups of iteration i + 1, earliest finished first (a *swap*: each takes the
+other's mini-batch slot). So every iteration still trains its full batch, in as many
+optimizer steps of the same sizes, and every group is trained exactly once. A deferred group
+keeps generating (its later tokens come from newer weights); it may be deferred again while
+it stays within S iterations of its planned one, so its lag is at most ``k + S``.
+
+:class:`CarryOver` holds the current membership and answers ``defer(i, late)`` with the
+swaps it made. The caller decides what is late (re-estimated remaining time past its
+budget) and when to ask (the trainer is ready for a mini-batch of i that is not generated);
+nothing here knows about time, threads, Ray or vLLM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable, Iterable
+
+
+@dataclass(frozen=True)
+class Swap:
+    """``deferred`` leaves (``iteration``, ``mini_batch``) for ``to_iteration``; ``swapped_in``
+    (a finished group of ``to_iteration``) takes its place and vice versa."""
+    deferred: Hashable
+    swapped_in: Hashable
+    iteration: int
+    mini_batch: int
+    to_iteration: int
+    to_mini_batch: int
+
+
+class CarryOver:
+    """Iteration membership under deferral and swap; exactly-once and the lag bound kept.
+
+    ``slots``: (key, planned iteration, mini-batch) of every group, in the order the
+    trainer reads a mini-batch. ``max_split`` = S.
+    """
+
+    def __init__(self, slots: Iterable[tuple[Hashable, int, int]], max_split: int):
+        if max_split < 1:
+            raise ValueError(f"max_split must be >= 1, got {max_split}")
+        self.S = int(max_split)
+        self.planned: dict[Hashable, int] = {}
+        self.where: dict[Hashable, tuple[int, int]] = {}            # key -> (iteration, mini-batch)
+        self.members: dict[tuple[int, int], list[Hashable]] = {}    # (iteration, mini-batch) -> keys
+        for key, it, mb in slots:
+            if key in self.planned:
+                raise ValueError(f"group {key!r} appears twice")
+            self.planned[key] = int(it)
+            self.where[key] = (int(it), int(mb))
+            self.members.setdefault((int(it), int(mb)), []).append(key)
+        self.finished: dict[Hashable, int] = {}        # key -> finish order
+        self.trained: set[Hashable] = set()
+        self.swaps: list[Swap] = []
+
+    # state updates -----------------------------------------------------------------
+    def on_finish(self, key: Hashable) -> None:
+        if key in self.finished:
+            raise ValueError(f"group {key!r} finished twice")
+        if key not in self.where:
+            raise KeyError(f"unknown group {key!r}")
+        self.finished[key] = len(self.finished)
+
+    def on_trained(self, iteration: int, mini_batch: int) -> list[Hashable]:
+        """The trainer took mini-batch (iteration, mini_batch): its members, each exactly once."""
+        keys = self.members.get((iteration, mini_batch), [])
+        for key in keys:
+            if key in self.trained:
+                raise ValueError(f"group {key!r} trained twice")
+            if key not in self.finished:
+                raise ValueError(f"group {key!r} trained before it finished")
+            self.trained.add(key)
+        return list(keys)
+
+    # decisions ---------------------------------------------------------------------
+    def iteration_of(self, key: Hashable) -> int:
+        return self.where[key][0]
+
+    def mini_batch_of(self, key: Hashable) -> tuple[int, int]:
+        return self.where[key]
+
+    def ready(self, iteration: int, mini_batch: int) -> bool:
+        return all(k in self.finished for k in self.members.get((iteration, mini_batch), []))
+
+    def unfinished(self, iteration: int) -> list[Hashable]:
+        return [k for (it, _), keys in self.members.items() if it == iteration
+                for k in keys if k not in self.finished]
+
+    def defer(self, iteration: int, late: Iterable[Hashable]) -> list[Swap]:
+        """Defer the ``late`` groups of ``iteration`` to ``iteration + 1`` where the rules allow.
+
+        Nothing happens unless every unfinished group of the iteration is late (it waits only
+        on them). A group is deferred only within S iterations of its planned one, and only
+        against a finished, untrained group of ``iteration + 1`` (earliest finished first);
+        with fewer such groups than late ones, the first of ``late`` go (pass the latest first).
+        Returns the swaps made (also appended to ``self.swaps``).
+        """
+        late = [k for k in late if self.where.get(k, (None,))[0] == iteration and k not in self.finished]
+        waiting = self.unfinished(iteration)
+        if not late or set(late) != set(waiting):
+            return []
+        nxt = iteration + 1
+        movable = [k for k in late if nxt <= self.planned[k] + self.S]
+        donors = sorted((k for (it, _), keys in self.members.items() if it == nxt for k in keys
+                         if k in self.finished and k not in self.trained), key=self.finished.__getitem__)
+        out = []
+        for d, s in zip(movable, donors):
+            (i, m), (j, n) = self.where[d], self.where[s]
+            self._move(d, (j, n))
+            self._move(s, (i, m))
+            out.append(Swap(d, s, i, m, j, n))
+        self.swaps.extend(out)
+        return out
+
+    def _move(self, key: Hashable, slot: tuple[int, int]) -> None:
+        old = self.where[key]
+        self.members[old].remove(key)
+        self.members.setdefault(slot, []).append(key)
+        self.where[key] = slot
+
+    def lag_bound_of(self, key: Hashable, lag_bound: int) -> int:
+        """The largest lag this group can be trained with: k + (its iteration - planned)."""
+        return lag_bound + max(0, self.where[key][0] - self.planned[key])

@@ -1,0 +1,243 @@
+"""Online re-estimation of a prompt group's length (DESIGN 9 b): events in, estimates out.
+
+The planner knows one number per prompt, a predicted mean response length. Once a group
+runs, better evidence arrives: its siblings finish (the G samples of one prompt are the best
+length signal there is) and its unfinished samples grow past lengths that were likely.
+:class:`GroupEstimator` turns that evidence into two figures per running group, feeding
+guided dispatch (which instance has the most work left) and tail-aware concurrency
+(which group will set its iteration's floor):
+
+- ``mean(key)``: the group's expected sample length;
+- ``remaining(key)``: expected tokens until the group's last sample finishes.
+
+Model. A sample's log-length is normal around its group's log-location ``m``, with the
+within-group spread ``sigma``; before any sibling is seen, ``m`` is normal around the
+prediction with the prediction-error spread ``tau`` (centred so that the expected length
+is the prediction times the learnt ``bias`` factor). A finished sibling is an exact
+observation; an unfinished one with ``t`` tokens is a censored one (its length is above
+``t``), folded in by EM (its expected log-length given ``> log t``): a sample still short
+of what was likely says nothing, one far beyond it pulls ``m`` up. The posterior mean of
+``m`` and its variance give each unfinished sample's predictive distribution above its
+``t``; the group's remaining length is that of the expected largest of the ``n`` samples
+left (Blom's order-statistic quantile), capped at ``max_length``.
+
+``sigma``, ``tau`` and ``bias`` start from the given defaults and are learnt from every
+finished group (pooled within-group variance; the error of the group's observed mean
+against its prediction, less the sampling noise of a G-sample mean), shrunk towards the
+defaults by ``prior_groups`` pseudo-groups. So a workload whose lengths drift, or whose
+predictions are worse than assumed, corrects the estimates by itself.
+
+Nothing here knows about time, threads, Ray or vLLM: the simulator and the runtime call
+the same ``on_*`` updates and read the same estimates.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Hashable, Sequence
+
+_N = NormalDist()
+_EM_ITERS = 8
+
+
+def _sf(z: float) -> float:
+    """P(Z > z) for a standard normal, accurate in the far tail."""
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def _mills(z: float) -> float:
+    """phi(z) / P(Z > z), the inverse Mills ratio (expected excess of a normal above z)."""
+    sf = _sf(z)
+    if sf < 1e-300:
+        return z + 1.0 / max(z, 1e-9)
+    return math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi) / sf
+
+
+def lognormal_mean_above(m: float, s: float, x: float) -> float:
+    """E[L | L > x] for log L ~ N(m, s^2) (x > 0)."""
+    z = (math.log(x) - m) / s
+    num, den = _sf(z - s), _sf(z)
+    if den < 1e-300 or num < 1e-300:
+        return x * (1.0 + s / max(z, 1.0))     # far tail: the excess is about x * s / z
+    return math.exp(m + 0.5 * s * s) * num / den
+
+
+@dataclass
+class _Group:
+    predicted: float
+    finished: list = field(default_factory=list)     # exact lengths of finished samples
+    tokens: tuple = ()                               # tokens so far of each unfinished sample (last update)
+
+
+class _Pooled:
+    """Running mean and variance (Welford)."""
+
+    def __init__(self):
+        self.n, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        d = x - self.mean
+        self.mean += d / self.n
+        self.m2 += d * (x - self.mean)
+
+
+class GroupEstimator:
+    """Re-estimates running groups' lengths from their siblings and their tokens so far.
+
+    Keys are whatever identifies a group (the runtime and the simulator use
+    ``(epoch, prompt_id)``). ``spread`` = within-group log-std, ``prior_spread`` = log-std of
+    the prediction error, both defaults that finished groups refine (``learn``).
+    """
+
+    def __init__(self, group_size: int, *, max_length: float | None = None, spread: float = 0.3,
+                 prior_spread: float = 0.5, learn: bool = True, prior_groups: int = 8):
+        if group_size < 1:
+            raise ValueError(f"group_size must be >= 1, got {group_size}")
+        if spread <= 0 or prior_spread <= 0:
+            raise ValueError(f"spread and prior_spread must be > 0, got {spread}, {prior_spread}")
+        self.G = int(group_size)
+        self.max_length = None if max_length is None else float(max_length)
+        self.sigma0, self.tau0 = float(spread), float(prior_spread)
+        self.learn = learn
+        self.n0 = int(prior_groups)
+        self.groups: dict[Hashable, _Group] = {}
+        self._within = [0, 0.0]       # pooled within-group: degrees of freedom, sum of squares
+        self._err = _Pooled()         # log(observed group mean / prediction)
+
+    # learnt parameters ------------------------------------------------------------
+    @property
+    def sigma(self) -> float:
+        dof, ss = self._within
+        w0 = self.n0 * max(1, self.G - 1)
+        return math.sqrt((w0 * self.sigma0 ** 2 + ss) / (w0 + dof))
+
+    @property
+    def bias(self) -> float:
+        e = self._err
+        return e.n * e.mean / (self.n0 + e.n)
+
+    @property
+    def tau(self) -> float:
+        e = self._err
+        if e.n < 2:
+            return self.tau0
+        var = max(e.m2 / (e.n - 1) - self.sigma ** 2 / self.G, 0.01)
+        return math.sqrt((self.n0 * self.tau0 ** 2 + (e.n - 1) * var) / (self.n0 + e.n - 1))
+
+    # state updates ------------------------------------------------------------------
+    def on_admit(self, key: Hashable, predicted_length: float) -> None:
+        if key in self.groups:
+            raise ValueError(f"group {key!r} admitted twice")
+        self.groups[key] = _Group(max(1.0, float(predicted_length)))
+
+    def on_progress(self, key: Hashable, tokens: Sequence[int]) -> None:
+        """Tokens generated so far by each unfinished sample of the group."""
+        g = self.groups[key]
+        left = self.G - len(g.finished)
+        if len(tokens) > left:
+            raise ValueError(f"group {key!r}: {len(tokens)} unfinished samples reported, {left} left")
+        g.tokens = tuple(int(t) for t in tokens)
+
+    def on_sample_finish(self, key: Hashable, length: int) -> None:
+        g = self.groups[key]
+        if len(g.finished) >= self.G:
+            raise ValueError(f"group {key!r}: more than {self.G} samples finished")
+        g.finished.append(max(1, int(length)))
+        if len(g.tokens) > self.G - len(g.finished):
+            # it leaves the unfinished list (as the longest so far: siblings start together)
+            g.tokens = tuple(sorted(g.tokens)[:-1])
+
+    def on_group_finish(self, key: Hashable) -> None:
+        """The group is done: forget it, and learn the spread and the prediction error from it."""
+        g = self.groups.pop(key)
+        if not self.learn or len(g.finished) < 2:
+            return
+        logs = [math.log(x) for x in g.finished]
+        mu = sum(logs) / len(logs)
+        self._within[0] += len(logs) - 1
+        self._within[1] += sum((x - mu) ** 2 for x in logs)
+        self._err.add(math.log(sum(g.finished) / len(g.finished)) - math.log(g.predicted))
+
+    # decisions ------------------------------------------------------------------------
+    def predict(self, predicted_length: float) -> float:
+        """Expected sample length of a group not yet started (the prediction, bias-corrected)."""
+        return self._cap(max(1.0, float(predicted_length)) * math.exp(self.bias))
+
+    def _posterior(self, g: _Group) -> tuple[float, float]:
+        """Posterior mean and variance of the group's log-location."""
+        s2, t2 = self.sigma ** 2, self.tau ** 2
+        m0 = math.log(g.predicted) + self.bias - 0.5 * (s2 + t2)   # prior predictive mean = pred
+        fin = [math.log(x) for x in g.finished]
+        cens = [math.log(t) for t in g.tokens if t >= 1]
+        prec = 1.0 / t2 + (len(fin) + len(cens)) / s2
+        m = (m0 / t2 + sum(fin) / s2) / (1.0 / t2 + len(fin) / s2)
+        if cens:
+            s = math.sqrt(s2)
+            for _ in range(_EM_ITERS):
+                pseudo = sum(m + s * _mills((c - m) / s) for c in cens)
+                m = (m0 / t2 + (sum(fin) + pseudo) / s2) / prec
+        return m, 1.0 / (1.0 / t2 + len(fin) / s2)
+
+    def mean(self, key: Hashable) -> float:
+        """Expected sample length of the group (finished siblings and tokens so far included)."""
+        g = self.groups[key]
+        m, v = self._posterior(g)
+        return self._cap(math.exp(m + 0.5 * (self.sigma ** 2 + v)))
+
+    def remaining(self, key: Hashable) -> float:
+        """Expected tokens until the group's last unfinished sample finishes (0 if none is left)."""
+        g = self.groups[key]
+        n = self.G - len(g.finished)
+        if n <= 0:
+            return 0.0
+        m, v = self._posterior(g)
+        s = self.sigma
+        tokens = list(g.tokens) + [0] * (n - len(g.tokens))
+        out = 0.0
+        for t in tokens:
+            # the expected largest of n (Blom's quantile (n - 3/8) / (n + 1/4) of this sample's
+            # distribution above t; the conditional mean when one is left); the uncertainty of
+            # the group's location scales it by exp(v / 2)
+            if n == 1:
+                end = lognormal_mean_above(m, s, max(t, 1.0))
+            else:
+                p_above_t = _sf((math.log(t) - m) / s) if t >= 1 else 1.0
+                q = min(max(1.0 - p_above_t * (1.0 - (n - 0.375) / (n + 0.25)), 1e-12), 1.0 - 1e-12)
+                end = max(math.exp(m + s * _N.inv_cdf(q)), float(t))
+            rem = end * math.exp(0.5 * v) - t
+            if self.max_length is not None:
+                rem = min(rem, self.max_length - t)
+            out = max(out, rem)
+        return max(out, 0.0)
+
+    def _cap(self, x: float) -> float:
+        return x if self.max_length is None else min(x, self.max_length)
+
+
+def within_group_spread(prompt_ids, epochs, lengths, default: float = 0.3) -> float:
+    """Pooled log-std of sample lengths within a (prompt, epoch) group of a length history
+    (``default`` when the history has no group of two samples or more)."""
+    import numpy as np
+    import pandas as pd
+
+    df = pd.DataFrame({"p": np.asarray(prompt_ids), "e": np.asarray(epochs),
+                       "x": np.log(np.maximum(np.asarray(lengths, dtype=float), 1.0))})
+    g = df.groupby(["p", "e"], sort=False)["x"]
+    n = g.transform("size").to_numpy()
+    dev = (df["x"] - g.transform("mean")).to_numpy()
+    dof = float((g.size() - 1).clip(lower=0).sum())
+    if dof < 1:
+        return default
+    return float(np.sqrt((dev[n > 1] ** 2).sum() / dof))
+
+
+def group_max_factor(spread: float, group_size: int) -> float:
+    """E[largest of G mean-one lognormal(0, spread) samples] (Blom's approximation): the
+    expected longest sample of a group over its mean."""
+    if spread <= 0 or group_size <= 1:
+        return 1.0
+    G = group_size
+    z = _N.inv_cdf((G - 0.375) / (G + 0.25))
+    return math.exp(spread * z - 0.5 * spread * spread)

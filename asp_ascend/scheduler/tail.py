@@ -1,0 +1,222 @@
+"""Tail-aware concurrency (DESIGN 9 c): which groups set their iteration's floor, how much
+room their instances get.
+
+With lag bound k, iteration i cannot end before its longest group, admitted no earlier than
+version i - k, has finished: that group's latency is spread over at most k + 1 iterations.
+Its latency depends on what else its instance runs: a decode step costs
+``a + b * sum(context) + c * n`` for all ``n`` sequences together, so a group sharing a full
+instance decodes several times slower than alone. Capping the instance's other admissions
+while such a group runs makes it faster, at the price of that instance's throughput.
+
+:class:`TailModel` decides, per iteration, from the plan's predicted loads:
+
+- the iteration's period without tails, ``P_i = max(work_i / R, train_i)`` (its decode work
+  at full concurrency spread over R instances, or the trainer's time, sync included);
+- the best period its longest group allows: that group's room ``n`` (sequences, a multiple
+  of G from G up to ``max_num_seqs``) minimises
+  ``max((work_i + lost_i(n)) / R, train_i, latency(n) / (k + 1))``, where ``lost_i(n)`` is
+  the capacity the iteration's tail hosts give up (``latency(n) * (1 - thr(n) / thr(S))``
+  each, spread over the k + 1 iterations a tail spans). So a lone tail among many
+  instances is isolated almost completely, while many tails on few instances keep most of
+  their room. ``k + 1`` such periods are the iteration's *target* latency;
+- a group is a *tail* if its latency on a full instance misses the target; its room is the
+  largest with which it still meets the target (G when none does).
+
+:class:`TailGovernor` is the run-time state: rooms of the groups running on each instance,
+and the resulting cap (``rollout.tail_concurrency``: ``auto`` = the planned rooms, ``off`` =
+no cap, ``N`` = N sequences on any instance running a tail). The simulator and the runtime
+call the same ``on_*`` updates; nothing here knows about time, threads, Ray or vLLM.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Hashable
+
+import numpy as np
+
+from ..config import parse_tail_concurrency
+from .cost import CostModel
+
+
+@dataclass(frozen=True)
+class IterationLoads:
+    """Per-iteration figures of a plan (arrays indexed by iteration - first)."""
+    work: np.ndarray       # decode work at full concurrency, instance-seconds
+    train: np.ndarray      # trainer seconds incl. the weight sync
+    context: np.ndarray    # mean context tokens of a running sequence
+    tails: np.ndarray      # groups that miss the iteration's target on a full instance
+    first: int = 0         # iteration number of index 0
+    longest: np.ndarray | None = None         # the iteration's longest group: expected longest sample
+    longest_prompt: np.ndarray | None = None  # and its prompt length
+
+
+class TailModel:
+    """Tail detection and room sizing from a cost model and a plan's per-iteration loads."""
+
+    def __init__(self, cost: CostModel, *, group_size: int, max_num_seqs: int, lag_bound: int,
+                 num_instances: int, loads: IterationLoads | None = None, speculation=None):
+        self.cm = cost
+        self.spec = speculation          # a speculative.Speculation, or None
+        self.G, self.S, self.k, self.R = int(group_size), int(max_num_seqs), int(lag_bound), int(num_instances)
+        self.loads = loads
+        self._targets: dict[int, float] = {}
+        self.rooms = np.arange(self.G, max(self.S, self.G) + 1, self.G, dtype=float)
+
+    # latency and throughput --------------------------------------------------------------
+    def latency(self, length, prompt_length, n, context):
+        """Seconds a group of G samples of ``length`` tokens takes on an instance holding
+        ``n`` sequences in all (the other ``n - G`` with ``context`` tokens each)."""
+        G = self.G
+        L = np.asarray(length, dtype=float)
+        p = np.asarray(prompt_length, dtype=float)
+        n = np.asarray(n, dtype=float)
+        a, b, c = self._coefficients(n)
+        step = a + b * (G * (p + L / 2.0) + np.maximum(n - G, 0.0) * context) + c * n
+        return self.cm.prefill_per_token * p * G + L * step
+
+    def _coefficients(self, n):
+        """Decode coefficients per token at ``n`` running sequences (speculating where it is on)."""
+        cm = self.cm
+        if self.spec is None:
+            return cm.decode_a, cm.decode_b, cm.decode_c
+        a1, b1, c1 = self.spec.coefficients(cm)
+        on = (n <= self.spec.max_batch) if self.spec.max_batch > 0 else np.ones_like(n, dtype=bool)
+        return np.where(on, a1, cm.decode_a), np.where(on, b1, cm.decode_b), np.where(on, c1, cm.decode_c)
+
+    def throughput(self, n, context):
+        """Tokens per second of an instance holding ``n`` sequences of ``context`` tokens."""
+        n = np.asarray(n, dtype=float)
+        a, b, c = self._coefficients(n)
+        return n / (a + b * n * context + c * n)
+
+    # decisions ------------------------------------------------------------------------
+    def period(self, i: int) -> float:
+        """Iteration ``i``'s predicted period without tails: max(work / R, trainer time)."""
+        x = i - self.loads.first
+        return float(max(self.loads.work[x] / self.R, self.loads.train[x]))
+
+    def best_period(self, i: int, length: float, prompt_length: float, tails: float) -> tuple[float, int]:
+        """(period, room) minimising iteration ``i``'s period when its floor-setting group
+        (``length``) gets ``room`` and ``tails`` groups in all are capped like it."""
+        x = i - self.loads.first
+        ctx = float(self.loads.context[x])
+        n = self.rooms
+        lat = self.latency(length, prompt_length, n, ctx)
+        share = 1.0 - self.throughput(n, ctx) / float(self.throughput(self.S, ctx))
+        lost = max(1.0, tails) * lat * share / (self.k + 1)
+        per = np.maximum.reduce([(self.loads.work[x] + lost) / self.R, np.full_like(n, self.loads.train[x]),
+                                 lat / (self.k + 1)])
+        b = int(np.argmin(per))
+        return float(per[b]), int(n[b])
+
+    def target(self, i: int) -> float:
+        """Latency within which a group of iteration ``i`` must finish not to set its floor:
+        k + 1 periods of the best the iteration's longest group allows."""
+        if i not in self._targets:
+            x = i - self.loads.first
+            per, _ = self.best_period(i, float(self.loads.longest[x]), float(self.loads.longest_prompt[x]),
+                                      float(self.loads.tails[x]))
+            self._targets[i] = (self.k + 1) * per
+        return self._targets[i]
+
+    def is_tail(self, i: int, length: float, prompt_length: float) -> bool:
+        x = i - self.loads.first
+        lat = float(self.latency(length, prompt_length, self.S, self.loads.context[x]))
+        return lat > self.target(i) * (1.0 + 1e-9)
+
+    def room(self, i: int, length: float, prompt_length: float) -> int:
+        """Sequences the instance of a group of iteration ``i`` (expected longest sample
+        ``length``) may hold while it runs: the most with which the group still finishes within
+        the iteration's target (``max_num_seqs``: no tail; G: it needs its instance alone)."""
+        if self.loads is None:
+            return self.S
+        x = i - self.loads.first
+        lat = self.latency(length, prompt_length, self.rooms, float(self.loads.context[x]))
+        ok = np.flatnonzero(lat <= self.target(i) * (1.0 + 1e-9))
+        return int(self.rooms[ok[-1]]) if ok.size else self.G
+
+
+def iteration_loads(iteration, prompt_length, length, work, train, *, tail_model: TailModel) -> IterationLoads:
+    """Per-iteration loads of a plan: ``work`` = each group's decode work at full
+    concurrency (instance-seconds), ``train`` = each iteration's trainer time (indexed by
+    iteration - first), ``length`` = each group's expected longest sample."""
+    it = np.asarray(iteration, dtype=np.int64)
+    first = int(it.min())
+    x = it - first
+    n_it = int(x.max()) + 1
+    W = np.bincount(x, weights=work, minlength=n_it)
+    p = np.asarray(prompt_length, dtype=float)
+    L = np.asarray(length, dtype=float)
+    ctx = np.bincount(x, weights=p + L / 2.0, minlength=n_it) / np.maximum(np.bincount(x, minlength=n_it), 1)
+    top = np.full(n_it, -1, dtype=np.int64)
+    order = np.lexsort((L, x))                    # by iteration, longest last
+    top[x[order]] = order
+    tm = tail_model
+    lat = tm.latency(L, p, tm.S, ctx[x])
+    per = np.maximum(W / tm.R, np.asarray(train, dtype=float))
+    tails = np.bincount(x, weights=(lat > (tm.k + 1) * per[x]).astype(float), minlength=n_it)
+    loads = IterationLoads(W, np.asarray(train, dtype=float), ctx, tails, first, L[top], p[top])
+    # the tails are the groups that miss the target the longest group allows (counted again)
+    model = TailModel(tm.cm, group_size=tm.G, max_num_seqs=tm.S, lag_bound=tm.k, num_instances=tm.R,
+                      loads=loads, speculation=tm.spec)
+    target = np.array([model.target(i + first) for i in range(n_it)])
+    tails = np.bincount(x, weights=(lat > target[x] * (1.0 + 1e-9)).astype(float), minlength=n_it)
+    return IterationLoads(W, loads.train, ctx, tails, first, loads.longest, loads.longest_prompt)
+
+
+class TailGovernor:
+    """Run-time caps: an instance running a tail group holds at most that group's room."""
+
+    def __init__(self, max_num_seqs: int, mode="auto"):
+        self.S = int(max_num_seqs)
+        self.mode = parse_tail_concurrency(mode)
+        self.room: dict[Hashable, int] = {}           # running tail groups -> room
+        self.where: dict[Hashable, int] = {}          # -> instance
+        self.caps: dict[int, dict[Hashable, int]] = {}
+
+    def _effective(self, room: int) -> int:
+        if self.mode == "off" or room <= 0 or room >= self.S:     # room 0: no tail
+            return self.S
+        return min(self.S, self.mode) if isinstance(self.mode, int) else room
+
+    # state updates ---------------------------------------------------------------------
+    def on_admit(self, instance: int, key: Hashable, room: int) -> None:
+        self.where[key] = instance
+        self.on_update(key, room)
+
+    def on_update(self, key: Hashable, room: int) -> None:
+        """The group's room changed (re-estimation made it a tail, or no longer one)."""
+        r = self.where[key]
+        eff = self._effective(int(room))
+        caps = self.caps.setdefault(r, {})
+        if eff < self.S:
+            caps[key] = eff
+        else:
+            caps.pop(key, None)
+
+    def on_finish(self, key: Hashable) -> None:
+        r = self.where.pop(key, None)
+        if r is not None:
+            self.caps.get(r, {}).pop(key, None)
+
+    def on_instance_failed(self, instance: int) -> None:
+        for key in list(self.caps.pop(instance, {})):
+            self.where.pop(key, None)
+        for key in [k for k, r in self.where.items() if r == instance]:
+            del self.where[key]
+
+    # decisions -------------------------------------------------------------------------
+    def cap(self, instance: int) -> int:
+        """Sequences ``instance`` may hold now (``max_num_seqs`` when it runs no tail)."""
+        caps = self.caps.get(instance)
+        return min(caps.values()) if caps else self.S
+
+    def admits(self, instance: int, held: int, room: int = 0) -> bool:
+        """May ``instance``, holding ``held`` sequences, admit a group with ``room`` (0: no
+        tail)? A tail itself needs only a free slot; any other group also stays under the cap."""
+        if held >= self.S:
+            return False
+        return self._effective(int(room)) < self.S or held < self.cap(instance)
+
+    def tail_hosts(self) -> list[int]:
+        return sorted(r for r, c in self.caps.items() if c)

@@ -1,0 +1,110 @@
+"""Online re-estimation of a group's length (scheduler/reestimate.py)."""
+import math
+
+import numpy as np
+import pytest
+
+from asp_ascend.scheduler.reestimate import GroupEstimator, group_max_factor, lognormal_mean_above, within_group_spread
+
+
+def test_without_evidence_the_estimate_is_the_prediction():
+    e = GroupEstimator(1, learn=False)
+    e.on_admit("g", 800)
+    # one sample, nothing seen: expected length and expected remaining are the prediction
+    assert e.mean("g") == pytest.approx(800, rel=1e-9)
+    assert e.remaining("g") == pytest.approx(800, rel=1e-6)
+    assert e.predict(800) == pytest.approx(800)
+
+
+def test_lognormal_mean_above_matches_monte_carlo():
+    rng = np.random.default_rng(0)
+    x = np.exp(rng.normal(6.0, 0.5, 2_000_000))
+    for t in (100.0, 400.0, 1500.0):
+        assert lognormal_mean_above(6.0, 0.5, t) == pytest.approx(x[x > t].mean(), rel=5e-3)
+
+
+def test_finished_siblings_move_the_estimate_toward_them():
+    e = GroupEstimator(8, learn=False)
+    for key in ("long", "short", "none"):
+        e.on_admit(key, 1000)
+    for _ in range(4):
+        e.on_sample_finish("long", 4000)
+        e.on_sample_finish("short", 250)
+    assert e.mean("short") < 1000 < e.mean("long")
+    # four siblings outweigh the prior: the estimate is closer to them than to the prediction
+    assert abs(math.log(e.mean("long") / 4000)) < abs(math.log(e.mean("long") / 1000))
+    assert e.remaining("short") < e.remaining("none") < e.remaining("long")
+
+
+def test_a_misprediction_is_corrected_by_the_tokens_so_far():
+    """A group predicted at 500 tokens whose samples all passed 3000: the estimate follows the
+    evidence (each unfinished sample is known to be longer than 3000)."""
+    e = GroupEstimator(8, max_length=16384, learn=False)
+    e.on_admit("g", 500)
+    e.on_progress("g", [100] * 8)
+    early = e.mean("g")
+    e.on_progress("g", [3000] * 8)
+    assert e.mean("g") > 3000 > early
+    assert 0 < e.remaining("g") <= 16384 - 3000
+    # nothing left past the cap: at the cap minus one token, at most one token remains
+    e.on_progress("g", [16383] * 8)
+    assert e.remaining("g") <= 1.0
+
+
+def test_remaining_shrinks_as_siblings_finish_and_is_zero_when_done():
+    e = GroupEstimator(4, learn=False)
+    e.on_admit("g", 1000)
+    before = e.remaining("g")
+    e.on_progress("g", [900] * 4)
+    for L in (950, 1000, 1050):
+        e.on_sample_finish("g", L)
+    e.on_progress("g", [1060])
+    assert 0 < e.remaining("g") < before
+    e.on_sample_finish("g", 1100)
+    assert e.remaining("g") == 0.0
+    with pytest.raises(ValueError):
+        e.on_sample_finish("g", 10)
+    e.on_group_finish("g")
+    with pytest.raises(KeyError):
+        e.mean("g")
+
+
+def test_learns_bias_and_spread_from_finished_groups():
+    """Lengths are twice the predictions with a within-group spread of 0.5: the estimator
+    learns both from finished groups (its defaults say 1x and 0.3)."""
+    rng = np.random.default_rng(1)
+    e = GroupEstimator(8, spread=0.3, prior_spread=0.5)
+    for g in range(400):
+        pred = float(rng.lognormal(6.5, 0.8))
+        e.on_admit(g, pred)
+        for L in 2 * pred * rng.lognormal(-0.125, 0.5, 8):
+            e.on_sample_finish(g, int(L))
+        e.on_group_finish(g)
+    assert e.predict(1000) == pytest.approx(2000, rel=0.1)
+    assert e.sigma == pytest.approx(0.5, rel=0.1)
+    assert e.tau < 0.2          # predictions were exact up to the factor 2
+
+
+def test_bad_events_are_errors():
+    e = GroupEstimator(2)
+    e.on_admit("g", 10)
+    with pytest.raises(ValueError):
+        e.on_admit("g", 10)
+    with pytest.raises(ValueError):
+        e.on_progress("g", [1, 2, 3])
+    with pytest.raises(ValueError):
+        GroupEstimator(0)
+
+
+def test_spread_from_a_history_and_the_group_max_factor():
+    rng = np.random.default_rng(2)
+    n, G = 3000, 8
+    means = rng.lognormal(6, 1, n)
+    L = means[:, None] * rng.lognormal(0, 0.3, (n, G))
+    spread = within_group_spread(np.repeat(np.arange(n), G), np.zeros(n * G), L.reshape(-1))
+    assert spread == pytest.approx(0.3, rel=0.03)
+    # Blom's approximation of E[max of 8 mean-one lognormal(0, 0.3)] against Monte Carlo
+    z = rng.standard_normal((200_000, G))
+    mc = np.exp(0.3 * z - 0.045).max(axis=1).mean()
+    assert group_max_factor(0.3, G) == pytest.approx(mc, rel=0.02)
+    assert group_max_factor(0.0, G) == 1.0 and group_max_factor(0.3, 1) == 1.0
