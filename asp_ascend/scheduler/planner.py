@@ -189,11 +189,97 @@ def tail_aware_load(work: np.ndarray, solo_latency: np.ndarray) -> np.ndarray:
     return np.maximum(work, TAIL_WEIGHT * solo_latency)
 
 
+def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_iter, tail, group_max_factor,
+              speculation=None, max_len=None):
+    """(iteration, mini_batch, instance, dispatch_order, room) of the ASP schedule."""
+    n = pred.shape[0]
+    by_len = _desc_order(pred, rng)
+    len_rank = _rank_of(by_len)
+    iteration = _stratified_iterations(by_len, work, B, rng)
+    counts = np.bincount(iteration, minlength=n_iter)
+    n_mb = -(-counts // m)
+    mini_batch = _mini_batches(iteration, pred + plen, counts, m, rng)
+    room = np.zeros(n, dtype=np.int64)
+    lat = cost.group_latency(plen, pred, G)
+    if tail == "off":
+        is_tail = np.zeros(n, dtype=bool)
+        # a group holds its instance for at least part of its own latency: balancing on
+        # max(work, latency / 2) gives the hosts of long-tail groups less other work
+        eff = tail_aware_load(work, lat)
+    else:
+        is_tail, room, eff = _tail_rooms(iteration, pred, plen, work, n_mb, G=G, S=S, k=k, R=R, cost=cost,
+                                         tail=tail, group_max_factor=group_max_factor, speculation=speculation,
+                                         max_len=max_len)
+    instance = _lpt(iteration, _rank_of(_desc_order(eff, rng)), eff, R, n_iter, carry=True)
+    # dispatch: a group whose generation spans several iterations' worth of an instance's
+    # work (and every tail) is pulled forward by up to k windows (it still waits for its own
+    # admission version): long tails start as early as the lag bound allows. Within a
+    # window, longest first.
+    shift = np.zeros(n, dtype=np.int64)
+    period = work.sum() / (R * n_iter)
+    if k > 0 and n_iter > 1:
+        shift = np.minimum(k, np.floor(lat / max(period, 1e-12) + 0.5)).astype(np.int64)
+        shift[is_tail] = k
+        shift = np.minimum(shift, iteration)
+    window = iteration - shift
+    return iteration, mini_batch, instance, np.argsort(window * n + len_rank), room
+
+
+def _tail_rooms(iteration, pred, plen, work, n_mb, *, G, S, k, R, cost: CostModel, tail, group_max_factor,
+                speculation=None, max_len=None):
+    """(is_tail, room, placement load) per group (scheduler/tail.py decides)."""
+    from .tail import TailModel, iteration_loads
+
+    L = np.minimum(pred * group_max_factor, np.inf if max_len is None else max_len)
+    tokens = np.bincount(iteration, weights=G * (plen + pred), minlength=n_mb.size)
+    train = cost.train_time(tokens, n_mb) + cost.sync_s
+    tm = TailModel(cost, group_size=G, max_num_seqs=S, lag_bound=k, num_instances=R, speculation=speculation)
+    tm = TailModel(cost, group_size=G, max_num_seqs=S, lag_bound=k, num_instances=R, speculation=speculation,
+                   loads=iteration_loads(iteration, plen, L, work, train, tail_model=tm))
+    ctx = tm.loads.context[iteration]
+    target = np.array([tm.target(i) for i in range(n_mb.size)])[iteration]
+    is_tail = tm.latency(L, plen, S, ctx) > target * (1.0 + 1e-9)
+    room = np.zeros(iteration.shape[0], dtype=np.int64)
+    eff = work.copy()
+    for g in np.flatnonzero(is_tail):
+        n = tm.room(int(iteration[g]), float(L[g]), float(plen[g])) if tail == "auto" else min(int(tail), S)
+        room[g] = n if n < S else 0
+        # the capacity its instance gives up while it runs, this window's share of it
+        lat = float(tm.latency(L[g], plen[g], n, ctx[g]))
+        lost = lat * (1.0 - float(tm.throughput(n, ctx[g]) / tm.throughput(S, ctx[g])))
+        eff[g] += lost / (k + 1)
+    return is_tail, room, eff
+
+
+def _mini_batches(iteration, seq_len, counts, m, rng) -> np.ndarray:
+    """Mini-batch of each group: by predicted sequence length (prompt + response: what a
+    padded micro-batch pays for), longest first inside the iteration; mini-batch 0 is the
+    shortest (the first expected to complete)."""
+    n = iteration.shape[0]
+    seq_rank = _rank_of(_desc_order(seq_len, rng))
+    desc = np.argsort(iteration * n + seq_rank)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    rank_desc = np.empty(n, dtype=np.int64)
+    rank_desc[desc] = np.arange(n) - np.repeat(starts, counts)
+    n_mb = -(-counts // m)
+    return n_mb[iteration] - 1 - rank_desc // m
+
 def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "asp", group_size: int = 8,
          global_batch_size: int = 64, mini_batch_size: int = 16, num_instances: int = 2, max_num_seqs: int = 64,
          lag_bound: int = 1, cost: CostModel | None = None, epoch: int = 0, iteration_offset: int = 0,
-         seed: int = 0) -> pd.DataFrame:
-    """One epoch's schedule (DESIGN 6 columns). Deterministic for ``seed`` and ``epoch``."""
+         seed: int = 0, tail="off", group_max_factor: float = 1.0, speculation=None,
+         max_response_length: float | None = None) -> pd.DataFrame:
+    """One epoch's schedule (DESIGN 6 columns plus ``room``). Deterministic for ``seed`` and ``epoch``.
+
+    ``tail`` (asp; ``rollout.tail_concurrency``): ``off``, ``auto`` or a number of sequences;
+    ``room`` is then, per group, the sequences its instance may hold while it runs (0: no cap).
+    ``cost`` also times the trainer (``train_time`` + ``sync_s``) for the tail decisions;
+    ``group_max_factor`` = expected longest sample of a group / its mean (capped at
+    ``max_response_length``); ``speculation`` (a
+    ``speculative.Speculation``) the instances' speculative decoding, if any."""
+    from ..config import parse_tail_concurrency
+
+    tail = parse_tail_concurrency(tail)
     if policy not in POLICIES:
         raise ValueError(f"unknown policy {policy!r}; valid: {', '.join(POLICIES)}")
     pred = np.asarray(predicted_length, dtype=np.float64)
@@ -210,37 +296,13 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
     sizes = iteration_sizes(n, B)
     n_iter = sizes.size
 
+    room = np.zeros(n, dtype=np.int64)
     if policy == "balanced":
         work_rank = _rank_of(_desc_order(work, rng))
     if policy == "asp":
-        by_len = _desc_order(pred, rng)
-        len_rank = _rank_of(by_len)
-        iteration = _stratified_iterations(by_len, work, B, rng)
-        # mini-batches: by predicted sequence length (prompt + response: what a padded
-        # micro-batch pays for), longest first inside the iteration; mini-batch 0 = shortest
-        seq_rank = _rank_of(_desc_order(pred + plen, rng))
-        desc = np.argsort(iteration * n + seq_rank)
-        rank_desc = np.empty(n, dtype=np.int64)
-        starts = np.concatenate([[0], np.cumsum(np.bincount(iteration, minlength=n_iter))[:-1]])
-        rank_desc[desc] = np.arange(n) - np.repeat(starts, np.bincount(iteration, minlength=n_iter))
-        n_mb = -(-np.bincount(iteration, minlength=n_iter) // m)
-        mini_batch = n_mb[iteration] - 1 - rank_desc // m
-        # a group holds its instance for at least part of its own latency: balancing on
-        # max(work, latency / 2) gives the hosts of long-tail groups less other work, so
-        # those groups decode at a lighter load and finish sooner
-        eff = tail_aware_load(work, cost.group_latency(plen, pred, G))
-        instance = _lpt(iteration, _rank_of(_desc_order(eff, rng)), eff, R, n_iter, carry=True)
-        # dispatch: a group whose generation spans several iterations' worth of an
-        # instance's work is pulled forward by up to k windows (it still waits for its
-        # own admission version): long tails start as early as the lag bound allows.
-        # Within a window, longest first.
-        window = iteration
-        if lag_bound > 0 and n_iter > 1:
-            period = work.sum() / (R * n_iter)
-            lat = cost.group_latency(plen, pred, G)
-            shift = np.minimum(lag_bound, np.floor(lat / max(period, 1e-12) + 0.5)).astype(np.int64)
-            window = np.maximum(iteration - shift, 0)
-        dispatch_order = np.argsort(window * n + len_rank)
+        iteration, mini_batch, instance, dispatch_order, room = _plan_asp(
+            pred, plen, work, B=B, m=m, R=R, G=G, S=max_num_seqs, k=lag_bound, cost=cost, rng=rng, n_iter=n_iter,
+            tail=tail, group_max_factor=group_max_factor, speculation=speculation, max_len=max_response_length)
     else:
         if policy == "fifo" or policy == "balanced":
             order = np.arange(n)
@@ -265,4 +327,5 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
         "instance": instance.astype(np.int64),
         "dispatch_rank": dispatch_rank,
         "predicted_length": pred.astype(np.float32),
+        "room": room.astype(np.int64),
     })

@@ -9,7 +9,7 @@ import pytest
 
 from asp_ascend.cli import main
 
-COLUMNS = ["epoch", "prompt_id", "iteration", "mini_batch", "instance", "dispatch_rank", "predicted_length"]
+COLUMNS = ["epoch", "prompt_id", "iteration", "mini_batch", "instance", "dispatch_rank", "predicted_length", "room"]
 REPORT_KEYS = {"iteration_time_mean", "padding_bubble", "skew_bubble", "sorting_bubble", "lower_bound_ratio"}
 
 

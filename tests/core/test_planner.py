@@ -8,7 +8,7 @@ from asp_ascend.scheduler.cost import CostModel
 from asp_ascend.scheduler.estimate import dispatch_windows, estimate
 from asp_ascend.scheduler.planner import POLICIES, plan
 
-COLUMNS = ["epoch", "prompt_id", "iteration", "mini_batch", "instance", "dispatch_rank", "predicted_length"]
+COLUMNS = ["epoch", "prompt_id", "iteration", "mini_batch", "instance", "dispatch_rank", "predicted_length", "room"]
 
 
 def heavy_tail(n, seed=0):
@@ -182,3 +182,39 @@ def test_estimate_sync_is_serial_and_lag_helps():
     for e in (e0, e1, e3):
         assert e["lower_bound_ratio"] >= 1.0 - 1e-9
         assert 0 <= e["skew_bubble"] <= 1 and 0 <= e["padding_bubble"] <= 1 and 0 <= e["sorting_bubble"] <= 1
+
+
+def test_tail_rooms_isolate_the_long_groups_and_start_them_early():
+    """A few very long groups among short ones, many instances, a light trainer: the long ones
+    would set their iterations' floor on a full instance, so they get a small room, start as
+    early as the lag bound allows, and their hosts get less other work. tail=off: no room."""
+    rng = np.random.default_rng(3)
+    n, B, R = 2048, 128, 16
+    pred = rng.lognormal(5.5, 0.4, n)
+    long = rng.choice(n, 16, replace=False)
+    pred[long] = 8000.0
+    plen = np.full(n, 100.0)
+    cost = CostModel(train_per_token=1e-7, logprob_per_token=0.0, train_per_step=0.01, sync_s=0.1)
+    kw = dict(policy="asp", global_batch_size=B, mini_batch_size=32, num_instances=R, max_num_seqs=256,
+              lag_bound=1, cost=cost, seed=0)
+    off = plan(np.arange(n).astype(str), pred, plen, tail="off", **kw)
+    auto = plan(np.arange(n).astype(str), pred, plen, tail="auto", **kw)
+    assert (off["room"] == 0).all()
+    capped = auto["room"] > 0
+    assert set(np.flatnonzero(capped)) == set(long)
+    assert (auto.loc[capped, "room"] < 256).all() and (auto.loc[capped, "room"] % 8 == 0).all()
+    # each long group is admitted before every other group of its iteration
+    first_other = auto[~capped].groupby("iteration")["dispatch_rank"].min()
+    for _, row in auto[capped].iterrows():
+        assert row["dispatch_rank"] < first_other[row["iteration"]]
+    # its host carries less work of that iteration than the others
+    w = CostModel().work(plen, pred, 256)
+    per = auto.assign(w=w).groupby(["iteration", "instance"])["w"].sum()
+    for _, row in auto[capped].iterrows():
+        it = per.loc[row["iteration"]]
+        assert it.loc[row["instance"]] - w[int(row["prompt_id"])] <= it.median()
+    # iteration membership and mini-batches are the same: only placement and order change
+    pd.testing.assert_series_equal(off["iteration"], auto["iteration"])
+    pd.testing.assert_series_equal(off["mini_batch"], auto["mini_batch"])
+    fixed = plan(np.arange(n).astype(str), pred, plen, tail=48, **kw)
+    assert set(fixed.loc[fixed["room"] > 0, "room"]) == {48}
