@@ -244,6 +244,16 @@ class MindSpeedConfig:
 
 
 @dataclass
+class VerlConfig:
+    """verl adapter (docs/verl.md): how the schedule drives verl's trainers."""
+    mode: str = _f("sync", "verl trainer the schedule drives: sync (RayPPOTrainer), one_step_off (OneStepOffRayTrainer), "
+                   "fully_async (FullyAsyncRollouter feed + admission)", choices=("sync", "one_step_off", "fully_async"))
+    batch_layout: str = _f("mini_batch", "row order of a verl batch: mini_batch (verl's update steps are the schedule's "
+                           "mini-batches) | dispatch (the schedule's start order)", choices=("mini_batch", "dispatch"))
+    record_lengths: bool = _f(True, "write the rollout's response lengths (output_dir/lengths/, DESIGN 6) every step")
+
+
+@dataclass
 class LoggingConfig:
     tensorboard: bool = _f(True, "write TensorBoard events")
     wandb_project: Optional[str] = _f(None, "log to Weights & Biases when set")
@@ -270,6 +280,7 @@ class Config:
     logging: LoggingConfig = _sub(LoggingConfig, "logging")
     weight_sync: WeightSyncConfig = _sub(WeightSyncConfig, "trainer -> rollout weight sync")
     mindspeed: MindSpeedConfig = _sub(MindSpeedConfig, "MindSpeed-RL adapter (Ascend)")
+    verl: VerlConfig = _sub(VerlConfig, "verl adapter")
 
 
 # --------------------------------------------------------------------------- loading

@@ -1,0 +1,139 @@
+"""Length history from verl's own rollout output, in DESIGN 6's format.
+
+Every training batch verl hands to ``_update_actor`` carries the rollout's tensors:
+``responses`` (B*n x response width) and ``attention_mask`` (prompt and response, left/right
+padded), rows repeated ``rollout.n`` times interleaved, and per row ``extra_info`` (the reward
+key verl keeps on the batch). :class:`IndexedDataset` puts the prompt's dataset position into
+``extra_info["asp_prompt_id"]``, so each row's prompt is known whatever verl reorders.
+
+:class:`LengthRecorder` writes one parquet part per training step
+(``<dir>/step_<global_step>.parquet``, atomic) and :meth:`LengthRecorder.consolidate` joins
+them into ``length_history.parquet`` (columns ``prompt_id, response_length, epoch, sample,
+prompt_length, step``), the file ``asp schedule`` / ``asp simulate`` read as ``lengths.path``.
+On resume, parts of steps after the checkpoint (a crashed run's future) are removed.
+No torch import: tensors are read through ``.sum(-1).tolist()``.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+
+from ...errors import DataError
+
+PROMPT_ID_KEY = "asp_prompt_id"
+_PART = re.compile(r"^step_(\d+)\.parquet$")
+
+
+class IndexedDataset:
+    """A verl dataset whose items carry their position in ``extra_info["asp_prompt_id"]``.
+
+    Composition over verl's ``RLHFDataset`` (or any map-style dataset of dict items): length,
+    items and every other attribute are the wrapped dataset's.
+    """
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> dict:
+        item = self.dataset[index]
+        extra = dict(item.get("extra_info") or {})
+        extra[PROMPT_ID_KEY] = int(index)
+        item["extra_info"] = extra
+        return item
+
+    def __getattr__(self, name: str) -> Any:  # collate_fn, tokenizer, ... of the wrapped dataset
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+
+def batch_lengths(tensors, non_tensors: dict, group_size: int) -> pd.DataFrame:
+    """Rows ``prompt_id, response_length, prompt_length, sample`` of one verl batch.
+
+    ``tensors``: mapping with ``responses`` and ``attention_mask`` (verl's ``batch.batch``);
+    ``non_tensors``: verl's ``batch.non_tensor_batch`` (needs ``extra_info`` with
+    ``asp_prompt_id``). ``sample`` numbers a prompt's rows 0..n-1 in batch order.
+    """
+    for key in ("responses", "attention_mask"):
+        if key not in tensors.keys():
+            raise DataError(f"verl batch has no {key!r} tensor (has {sorted(tensors.keys())}); the length "
+                            f"history needs the rollout's output")
+    width = int(tensors["responses"].shape[-1])
+    mask = tensors["attention_mask"]
+    total = np.asarray(mask.sum(-1).tolist(), dtype=np.int64)
+    resp = np.asarray(mask[:, -width:].sum(-1).tolist(), dtype=np.int64)
+    extra = non_tensors.get("extra_info")
+    if extra is None:
+        raise DataError("verl batch has no extra_info; wrap the train dataset in IndexedDataset (the ASP "
+                        "trainer does) so each row names its prompt")
+    try:
+        ids = [str(int(e[PROMPT_ID_KEY])) for e in extra]
+    except (KeyError, TypeError):
+        raise DataError(f"verl batch rows lack extra_info[{PROMPT_ID_KEY!r}]; wrap the train dataset in "
+                        f"IndexedDataset") from None
+    df = pd.DataFrame({"prompt_id": ids, "response_length": resp, "prompt_length": (total - resp).astype(float)})
+    df["sample"] = df.groupby("prompt_id").cumcount().astype(np.int64)
+    if group_size and (df["sample"].max() + 1) > group_size:
+        raise DataError(f"verl batch has {int(df['sample'].max()) + 1} rows of one prompt, rollout.n is {group_size}")
+    return df
+
+
+class LengthRecorder:
+    """Writes the length history of a verl run under ``directory``."""
+
+    def __init__(self, directory: str | Path, group_size: int):
+        self.dir = Path(directory)
+        self.group_size = int(group_size)
+
+    def record(self, global_step: int, epoch: int, tensors, non_tensors: dict) -> Path:
+        from ...io import write_parquet_atomic
+
+        df = batch_lengths(tensors, non_tensors, self.group_size)
+        df.insert(2, "epoch", np.int64(epoch))
+        df["step"] = np.int64(global_step)
+        path = self.dir / f"step_{int(global_step):08d}.parquet"
+        write_parquet_atomic(path, df)
+        return path
+
+    def parts(self) -> list[tuple[int, Path]]:
+        if not self.dir.is_dir():
+            return []
+        out = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := _PART.match(p.name))]
+        return sorted(out)
+
+    def truncate_after(self, global_step: int) -> int:
+        """Remove parts of steps after ``global_step`` (resuming from that checkpoint); returns how many."""
+        gone = 0
+        for step, p in self.parts():
+            if step > global_step:
+                p.unlink()
+                gone += 1
+        return gone
+
+    def history(self, before_epoch: Optional[int] = None) -> Optional[pd.DataFrame]:
+        frames = [pd.read_parquet(p) for _, p in self.parts()]
+        if not frames:
+            return None
+        df = pd.concat(frames, ignore_index=True)
+        if before_epoch is not None:
+            df = df[df["epoch"] < before_epoch].reset_index(drop=True)
+        return df if len(df) else None
+
+    def consolidate(self, path: str | Path | None = None) -> Optional[Path]:
+        """Write every part into one DESIGN 6 table (default ``<dir>/../length_history.parquet``)."""
+        from ...io import write_parquet_atomic
+
+        df = self.history()
+        if df is None:
+            return None
+        out = Path(path) if path else self.dir.parent / "length_history.parquet"
+        write_parquet_atomic(out, df.sort_values(["step", "prompt_id", "sample"], kind="stable"))
+        return out
+

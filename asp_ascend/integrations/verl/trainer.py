@@ -1,0 +1,77 @@
+"""verl trainers with the ASP schedule: four hooks on verl's own ``RayPPOTrainer`` methods.
+
+:func:`asp_trainer_class` subclasses a trainer class that has ``RayPPOTrainer``'s methods
+(``RayPPOTrainer``; ``OneStepOffRayTrainer`` for one-step-off) and overrides, each calling
+verl's method:
+
+- ``_create_dataloader``: wraps the train dataset in :class:`.lengths.IndexedDataset` and
+  passes the schedule's :class:`.sampler.AspSampler` as ``train_sampler`` (verl's
+  ``StatefulDataLoader`` is built unchanged around it);
+- ``init_workers``: tells the sampler the actor's data-parallel size
+  (``_get_dp_size(actor_rollout_wg, "actor")``), which fixes the mini-batch layout;
+- ``_load_checkpoint``: aligns the sampler with the resumed ``global_steps`` (verl skips
+  ``data.pt`` at an epoch boundary) and drops length records of steps after the checkpoint;
+- ``_update_actor``: records the batch's response lengths (DESIGN 6) before verl's update.
+
+verl is imported only when a class is made.
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from . import require_verl
+
+
+def asp_trainer_class(base: Optional[type] = None) -> type:
+    """``base`` (default verl's ``RayPPOTrainer``) with the ASP hooks; construct it with verl's
+    arguments plus ``asp=VerlSchedule``."""
+    if base is None:
+        require_verl("the ASP trainer")
+        from verl.trainer.ppo.ray_trainer import RayPPOTrainer as base  # noqa: N813
+
+    class AspTrainer(base):  # type: ignore[misc, valid-type]
+        """verl's trainer fed by the ASP schedule (asp_ascend.integrations.verl.trainer)."""
+
+        def __init__(self, *args: Any, asp, **kwargs: Any):
+            self.asp = asp
+            self.asp_sampler = None
+            super().__init__(*args, **kwargs)
+
+        def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler=None):
+            from .lengths import IndexedDataset
+
+            if train_dataset is None:
+                from ...errors import ConfigError
+
+                raise ConfigError(["the ASP trainer needs the train dataset passed in (train_dataset=...); "
+                                   "the asp entry (python -m asp_ascend.integrations.verl.main_ppo) does this"])
+            dataset = train_dataset if isinstance(train_dataset, IndexedDataset) else IndexedDataset(train_dataset)
+            self.asp_sampler = self.asp.sampler(len(dataset))
+            return super()._create_dataloader(dataset, val_dataset, collate_fn, self.asp_sampler)
+
+        def init_workers(self):
+            out = super().init_workers()
+            self.asp_sampler.set_trainer_dp(self._get_dp_size(self.actor_rollout_wg, "actor"))
+            return out
+
+        def _load_checkpoint(self):
+            out = super()._load_checkpoint()
+            steps = getattr(self, "global_steps", 0) or 0
+            self.asp_sampler.resume_at(steps, len(self.train_dataloader))
+            self.asp.recorder.truncate_after(steps)
+            return out
+
+        def _update_actor(self, batch):
+            if self.asp.cfg.verl.record_lengths:
+                self.asp_record(batch)
+            return super()._update_actor(batch)
+
+        def asp_record(self, batch) -> None:
+            """Write the response lengths of the step's batch; at an epoch's end, the whole history."""
+            per_epoch = len(self.train_dataloader)
+            step = int(self.global_steps)
+            self.asp.recorder.record(step, (step - 1) // per_epoch, batch.batch, batch.non_tensor_batch)
+            if step % per_epoch == 0:
+                self.asp.recorder.consolidate()
+
+    return AspTrainer

@@ -1,0 +1,138 @@
+"""verl's real RayPPOTrainer on CPU with the ASP sampler: dataloader, batches, resume through
+verl's checkpoint path (``_save_checkpoint`` / ``_load_checkpoint``), length history."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from verl_fixtures import base_overrides, compose, make_trainer, needs_verl, tokenizer, train_dataset
+
+pytestmark = needs_verl
+
+
+def _asp(tmp_path, overrides, asp_overrides=()):
+    from omegaconf import OmegaConf
+
+    from asp_ascend.integrations.verl.config_bridge import translate
+    from asp_ascend.integrations.verl.plan import VerlSchedule, prompt_set_from_dataset
+
+    cfg_verl = compose(overrides)
+    raw = OmegaConf.to_container(cfg_verl, resolve=True)
+    cfg, _ = translate(raw, list(asp_overrides))
+    tok = tokenizer()
+    prompts = prompt_set_from_dataset(train_dataset(cfg_verl, tok))
+    return cfg_verl, VerlSchedule(cfg, prompts), tok
+
+
+def _ids(batch) -> list[int]:
+    return [int(e["asp_prompt_id"]) for e in batch["extra_info"]]
+
+
+def _run(tr, start_step: int, stop_after: int | None = None) -> list[list[int]]:
+    """verl's fit loop over the dataloader (epochs from global_steps), saving a checkpoint after
+    step ``stop_after`` and stopping there, as a crash after a save would."""
+    out = []
+    steps = len(tr.train_dataloader)
+    tr.global_steps = start_step + 1
+    for _epoch in range(start_step // steps, tr.config.trainer.total_epochs):
+        for batch in tr.train_dataloader:
+            out.append(_ids(batch))
+            if tr.global_steps == stop_after:
+                tr._save_checkpoint()
+                return out
+            tr.global_steps += 1
+    return out
+
+
+def test_batches_are_the_schedule_iterations_laid_out_as_its_mini_batches(tmp_path):
+    from asp_ascend.integrations.verl.layout import update_steps
+
+    cfg_verl, asp, tok = _asp(tmp_path, base_overrides(tmp_path))
+    tr = make_trainer(cfg_verl, asp, tok)
+    tr.asp_sampler.set_trainer_dp(2)  # what init_workers sets from the actor group (2 ranks here)
+    assert len(tr.train_dataloader) == 5
+    batches = _run(tr, 0)
+    assert len(batches) == 10
+    sched = asp.frame
+    for k, ids in enumerate(batches):
+        epoch, it = divmod(k, 5)
+        rows = sched[(sched.epoch == epoch) & (sched.iteration == sched[sched.epoch == epoch].iteration.min() + it)]
+        assert sorted(ids) == sorted(rows.prompt_id.astype(int))
+        steps = update_steps(ids, 4, 2)
+        planned = [sorted(g.prompt_id.astype(int)) for _, g in rows.groupby("mini_batch")]
+        assert [sorted(s) for s in steps] == planned
+        # the mini-batches are length-homogeneous: predicted lengths do not interleave
+        means = [rows[rows.prompt_id.astype(int).isin(s)].predicted_length.to_numpy() for s in steps]
+        assert means[0].max() <= means[1].min() or means[1].max() <= means[0].min()
+
+
+@pytest.mark.parametrize("stop", [3, 5, 7])
+def test_resume_through_verls_checkpoint_continues_where_an_uninterrupted_run_would(tmp_path, stop):
+    ov = base_overrides(tmp_path)
+    cfg_verl, asp, tok = _asp(tmp_path, ov)
+    reference = _run(make_trainer(cfg_verl, asp, tok), 0)
+
+    ck = tmp_path / "run2"
+    ck.mkdir()
+    ov2 = [o if not o.startswith("trainer.default_local_dir") else f"trainer.default_local_dir={ck}" for o in ov]
+    cfg_verl, asp, tok = _asp(tmp_path, ov2)
+    first = make_trainer(cfg_verl, asp, tok)
+    head = _run(first, 0, stop_after=stop)
+    assert (ck / f"global_step_{stop}" / "data.pt").is_file()
+
+    cfg_verl, asp2, tok = _asp(tmp_path, ov2 + ["trainer.resume_mode=auto"])
+    second = make_trainer(cfg_verl, asp2, tok)
+    second._load_checkpoint()                       # verl's own: global_steps, actor, data.pt
+    assert second.global_steps == stop and second.actor_rollout_wg.loaded == [str(stop)]
+    tail = _run(second, stop)
+    assert head + tail == reference
+
+
+def test_resume_with_dataloader_workers(tmp_path):
+    ov = base_overrides(tmp_path, workers=2)
+    cfg_verl, asp, tok = _asp(tmp_path, ov)
+    reference = _run(make_trainer(cfg_verl, asp, tok), 0)
+    head = _run(make_trainer(cfg_verl, asp, tok), 0, stop_after=4)
+    cfg_verl, asp, tok = _asp(tmp_path, ov + ["trainer.resume_mode=auto"])
+    second = make_trainer(cfg_verl, asp, tok)
+    second._load_checkpoint()
+    assert head + _run(second, 4) == reference
+
+
+def test_length_history_from_verl_batches_feeds_the_adaptive_replan(tmp_path):
+    import torch
+    from verl import DataProto
+
+    from asp_ascend.lengths.history import load_history
+
+    ov = base_overrides(tmp_path)
+    cfg_verl, asp, tok = _asp(tmp_path, ov, ["scheduler.adaptive=true"])
+    assert sorted(asp.frame.epoch.unique()) == [0]          # epoch 1 is planned from observed lengths
+    tr = make_trainer(cfg_verl, asp, tok)
+    width, n = 6, 2
+    tr.global_steps = 1
+    for epoch in range(2):
+        for batch_dict in tr.train_dataloader:
+            batch = DataProto.from_single_dict(batch_dict)
+            ids = _ids(batch_dict)
+            rows = batch.repeat(repeat_times=n, interleave=True)
+            # the rollout's output as verl lays it out: left-padded prompt, right-padded response
+            resp_len = torch.tensor([(pid * 3 + s) % width + 1 for pid in ids for s in range(n)])
+            mask = torch.zeros(len(rows), 4 + width, dtype=torch.long)
+            mask[:, 2:4] = 1
+            for r, L in enumerate(resp_len.tolist()):
+                mask[r, 4:4 + L] = 1
+            out = DataProto.from_single_dict({"responses": torch.zeros(len(rows), width, dtype=torch.long),
+                                              "attention_mask": mask})
+            rows = rows.union(out)
+            tr.asp_record(rows)
+            tr.global_steps += 1
+    hist = load_history(tmp_path / "ckpt" / "asp" / "length_history.parquet")
+    assert len(hist) == 2 * 40 * n and set(hist.epoch) == {0, 1}
+    h0 = hist[hist.epoch == 0]
+    assert all(h0.response_length == (h0.prompt_id.astype(int) * 3 + h0["sample"]) % width + 1)
+    assert (hist.prompt_length == 2).all()
+    assert sorted(asp.frame.epoch.unique()) == [0, 1]      # re-planned when epoch 1 started
+    e1 = asp.frame[asp.frame.epoch == 1].set_index("prompt_id").predicted_length
+    want = h0.groupby("prompt_id").response_length.mean()
+    assert np.allclose(e1.loc[want.index], want)
