@@ -89,3 +89,36 @@ def test_fully_async_iteration_is_prompts_per_parameter_version_and_staleness_co
     cfg, _ = translate(raw)
     assert cfg.train.global_batch_size == 8 * 2 * 3 and cfg.rollout.num_instances == 2
     assert cfg.pipeline.mode == "async" and cfg.pipeline.lag_bound == 1
+
+
+@pytest.mark.verl
+@pytest.mark.skipif(not HAVE_VERL, reason=SKIP_REASON)
+def test_entry_dry_run_composes_translates_and_plans(tmp_path):
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from asp_ascend.engines.tiny_model import build_tiny_model
+    from verl_fixtures import WORDS
+
+    model = build_tiny_model(["<pad>", "<eos>", "<unk>"] + WORDS, tmp_path / "model", hidden_size=32, num_layers=1)
+    tc = model / "tokenizer_config.json"
+    import json
+
+    meta = json.loads(tc.read_text())
+    meta["chat_template"] = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    tc.write_text(json.dumps(meta))
+    ov = [o for o in base_overrides(tmp_path) if not o.startswith(("trainer.balance_batch", "trainer.use_v1"))]
+    r = subprocess.run([sys.executable, "-m", "asp_ascend.integrations.verl.main_ppo", *ov,
+                        f"actor_rollout_ref.model.path={model}", "+asp.dry_run=true"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**__import__("os").environ, "PYTHONPATH": str(ASP_CONFIG.parents[3])})
+    assert r.returncode == 0, r.stderr[-3000:]
+    sched = pd.read_parquet(tmp_path / "ckpt" / "asp" / "schedule.parquet")
+    assert sorted(sched.epoch.unique()) == [0] and len(sched) == 40      # adaptive: epoch 1 planned at run time
+    r = subprocess.run([sys.executable, "-m", "asp_ascend.integrations.verl.main_ppo", *ov,
+                        f"actor_rollout_ref.model.path={model}", "+asp.dry_run=true", "trainer.balance_batch=true"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**__import__("os").environ, "PYTHONPATH": str(ASP_CONFIG.parents[3])})
+    assert r.returncode == 2 and "trainer.balance_batch" in r.stderr
