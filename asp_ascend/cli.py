@@ -35,6 +35,8 @@ def _parser() -> argparse.ArgumentParser:
     dp = sub.add_parser("doctor", help=COMMANDS["doctor"], description=COMMANDS["doctor"])
     dp.add_argument("--mindspeed-src", metavar="PATH",
                     help="statically check a MindSpeed-RL source tree for everything the adapter relies on")
+    dp.add_argument("--verl", action="store_true",
+                    help="check the installed verl for every class, method, signature and config key the verl adapter uses")
     dp.add_argument("--vllm-ascend-src", metavar="PATH",
                     help="with --mindspeed-src: also check a vllm-ascend checkout (the instances' entry points)")
     dp.add_argument("--vllm-src", metavar="PATH",
@@ -112,6 +114,18 @@ def _doctor(args) -> int:
     if (args.vllm_ascend_src or args.vllm_src) and not args.mindspeed_src:
         print("asp doctor: --vllm-ascend-src and --vllm-src go with --mindspeed-src PATH", file=sys.stderr)
         return 2
+    if args.verl:
+        from .integrations.verl.contract import run_check as run_verl_check
+        from .platforms.doctor import collect, render
+
+        status, text = run_verl_check(as_json=args.json, verbose=args.verbose)
+        if args.json:
+            import json
+
+            print(json.dumps({**collect(), "verl_check": json.loads(text)}, indent=2))
+        else:
+            print(render(collect()) + "\n\n" + text)
+        return status
     if not args.mindspeed_src:
         from .platforms.doctor import run_doctor
 

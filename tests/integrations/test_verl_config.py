@@ -122,3 +122,21 @@ def test_entry_dry_run_composes_translates_and_plans(tmp_path):
                        capture_output=True, text=True, timeout=300, cwd=tmp_path,
                        env={**__import__("os").environ, "PYTHONPATH": str(ASP_CONFIG.parents[3])})
     assert r.returncode == 2 and "trainer.balance_batch" in r.stderr
+
+
+@pytest.mark.verl
+@pytest.mark.skipif(not HAVE_VERL, reason=SKIP_REASON)
+@pytest.mark.parametrize("name", ["grpo_qwen25_7b_asp_npu", "grpo_qwen25_7b_asp_cuda"])
+def test_shipped_verl_configs_compose_and_translate(name):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from asp_ascend.integrations.verl.config_bridge import translate
+
+    configs = Path(__file__).resolve().parents[2] / "configs" / "verl"
+    with initialize_config_dir(config_dir=str(configs), version_base=None):
+        cfg = hydra_compose(config_name=name, overrides=[f"hydra.searchpath=[pkg://verl.trainer.config,file://{ASP_CONFIG}]"])
+    ours, _ = translate(OmegaConf.to_container(cfg, resolve=True))
+    assert ours.train.global_batch_size == 256 and ours.train.group_size == 8 and ours.scheduler.adaptive
+    assert ours.platform == name.rsplit("_", 1)[1] and ours.rollout.num_instances == cfg.trainer.nnodes * 8 // 2

@@ -1,0 +1,139 @@
+"""Everything the verl adapter relies on in verl, as data, checked by ``asp doctor --verl``.
+
+Checked statically by the shared checker (:mod:`asp_ascend.integrations.apicheck`) against the
+installed verl package (never imported), plus the config keys :mod:`.config_bridge` and the
+``asp`` group read, against verl's flattened reference config
+(``verl/trainer/config/_generated_ppo_trainer.yaml``; the fully async group against its own YAML).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+from ..apicheck import Checker, Exists, Finding, Params, Ref, Report, installed_root, ours_root
+from ..apicheck.expect import ConfigKeys
+from .config_bridge import TRANSLATION
+
+RT = "verl/trainer/ppo/ray_trainer.py"
+UT = "verl/trainer/ppo/utils.py"
+V0 = "verl/trainer/main_ppo_v0.py"
+MAIN = "verl/trainer/main_ppo.py"
+DS = "verl/utils/dataset/rl_dataset.py"
+EW = "verl/workers/engine_workers.py"
+TU = "verl/utils/tensordict_utils.py"
+OSO = "verl/experimental/one_step_off_policy/ray_trainer.py"
+FA = "verl/experimental/fully_async_policy/fully_async_rollouter.py"
+MQ = "verl/experimental/fully_async_policy/message_queue.py"
+ROUTER = "verl/workers/rollout/router.py"
+PROTO = "verl/protocol.py"
+GEN_YAML = "verl/trainer/config/_generated_ppo_trainer.yaml"
+FA_YAML = "verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml"
+
+
+def V(path: str, name: str = "") -> Ref:
+    return Ref("verl", path, name)
+
+
+EXPECTATIONS = (
+    Params(V(RT, "RayPPOTrainer.__init__"), ("config", "tokenizer", "role_worker_mapping",
+                                             "resource_pool_manager", "ray_worker_group_cls", "processor",
+                                             "train_dataset", "val_dataset", "collate_fn", "train_sampler"),
+           why="AspTrainer passes train_dataset/collate_fn and (through _create_dataloader) train_sampler"),
+    Params(V(RT, "RayPPOTrainer._create_dataloader"), ("train_dataset", "val_dataset", "collate_fn",
+                                                       "train_sampler"), exact=True,
+           why="overridden: installs the AspSampler"),
+    Params(V(RT, "RayPPOTrainer.init_workers"), (), exact=True, why="overridden: reads the actor DP size"),
+    Params(V(RT, "RayPPOTrainer._get_dp_size"), ("worker_group", "role"), exact=True),
+    Params(V(RT, "RayPPOTrainer._load_checkpoint"), (), exact=True, why="overridden: aligns the sampler"),
+    Params(V(RT, "RayPPOTrainer._save_checkpoint"), (), exact=True, why="writes data.pt with the sampler state"),
+    Params(V(RT, "RayPPOTrainer._update_actor"), ("batch",), exact=True, why="overridden: records lengths"),
+    Exists(V(RT, "RayPPOTrainer._balance_batch"), "method", why="the reorder trainer.balance_batch=false turns off"),
+    Exists(V(RT, "RayPPOTrainer.fit"), "method"),
+    Exists(V(RT, "RayPPOTrainer.train_dataloader"), "attr"),
+    Exists(V(RT, "RayPPOTrainer.global_steps"), "attr"),
+    Exists(V(RT, "RayPPOTrainer.actor_rollout_wg"), "attr"),
+    Exists(V(RT, "ResourcePoolManager"), "class"),
+    Params(V(UT, "create_rl_dataset"), ("data_paths", "data_config", "tokenizer", "processor", "is_train",
+                                        "max_samples")),
+    Exists(V(UT, "Role"), "class"),
+    Exists(V(V0, "TaskRunner"), "ray_actor", why="AspTaskRunner subclasses its __ray_actor_class__"),
+    *(Exists(V(V0, f"TaskRunner.{m}"), "method", why="called by AspTaskRunner.run") for m in (
+        "add_actor_rollout_worker", "add_critic_worker", "add_reward_model_resource_pool",
+        "add_teacher_model_resource_pool", "add_ref_policy_worker", "init_resource_pool_mgr")),
+    Params(V(MAIN, "run_ppo"), ("config", "task_runner_class"), exact=True),
+    Exists(V(DS, "collate_fn"), "function"),
+    Exists(V(DS, "RLHFDataset.__getitem__"), "method", why="items carry raw_prompt and extra_info"),
+    Params(V(EW, "TrainingWorker.train_mini_batch"), ("data",),
+           why="where update mini-batches are cut (layout.py's account of verl's update)"),
+    Params(V(TU, "make_iterator"), ("tensordict", "mini_batch_size", "epochs", "seed", "dataloader_kwargs")),
+    Exists(V(PROTO, "DataProto.repeat"), "method", why="interleaved repeat keeps a prompt's samples adjacent"),
+    Exists(V(OSO, "OneStepOffRayTrainer"), "class", why="asp_trainer_class(OneStepOffRayTrainer) for one_step_off"),
+    Exists(V(OSO, "OneStepOffRayTrainer._create_dataloader"), "method"),
+    Exists(V(FA, "FullyAsyncRollouter"), "class", why="the fully async feed (not wired yet, docs/verl.md)"),
+    Exists(V(FA, "FullyAsyncRollouter._should_pause_generation"), "method"),
+    Exists(V(FA, "FullyAsyncRollouter.reset_staleness"), "method"),
+    Exists(V(MQ, "MessageQueue"), "class"),
+    Params(V(ROUTER, "GlobalRequestLoadBalancer.acquire_server"), ("request_id",)),
+)
+
+# verl config keys read by the bridge, the asp group and the resume path
+CONFIG_KEYS = (*TRANSLATION.values(), "data.seed", "data.gen_batch_size", "data.train_files", "data.val_files",
+               "data.dataloader_num_workers", "actor_rollout_ref.hybrid_engine", "actor_rollout_ref.actor.shuffle",
+               "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.kl_loss_coef",
+               "actor_rollout_ref.rollout.nnodes", "actor_rollout_ref.rollout.n_gpus_per_node",
+               "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.pipeline_model_parallel_size",
+               "trainer.balance_batch", "trainer.use_v1", "trainer.nnodes", "trainer.n_gpus_per_node",
+               "trainer.default_local_dir", "trainer.resume_mode", "trainer.device", "algorithm.filter_groups.enable")
+ASYNC_KEYS = ("async_training.staleness_threshold", "async_training.trigger_parameter_sync_step",
+              "async_training.require_batches", "async_training.partial_rollout")
+
+
+def _yaml_keys(path: Path) -> set[str]:
+    import yaml
+
+    def walk(node, prefix=""):
+        for k, v in (node or {}).items():
+            key = f"{prefix}{k}"
+            yield key
+            if isinstance(v, dict):
+                yield from walk(v, key + ".")
+
+    return set(walk(yaml.safe_load(path.read_text())))
+
+
+def config_findings(root: Path) -> list[Finding]:
+    out = []
+    for rel, keys in ((GEN_YAML, CONFIG_KEYS), (FA_YAML, ASYNC_KEYS)):
+        e = ConfigKeys(V(rel, "<yaml>"), tuple(keys), why="read by asp_ascend/integrations/verl/config_bridge.py")
+        p = root / rel
+        if not p.is_file():
+            out.append(Finding(e, False, "file not found"))
+            continue
+        missing = [k for k in keys if k not in _yaml_keys(p)]
+        out.append(Finding(e, not missing, f"keys not in verl's config: {missing}" if missing else f"{len(keys)} keys"))
+    return out
+
+
+def check_verl(root: Optional[Path] = None) -> Report:
+    import importlib.metadata as md
+
+    root = root or installed_root("verl")
+    if root is None:
+        report = Report(trees={"verl": {"missing": "verl is not installed here (pip install -e '.[verl]', docs/verl.md)"}})
+        report.findings.append(Finding(ConfigKeys(V("verl", ""), ()), False, "verl is not installed"))
+        return report
+    try:
+        version = f"installed verl {md.version('verl')}"
+    except md.PackageNotFoundError:
+        version = "verl (version unknown)"
+    report = Checker({"verl": root, "ours": ours_root()}, versions={"verl": version}).run(EXPECTATIONS)
+    report.findings.extend(config_findings(root))
+    return report
+
+
+def run_check(as_json: bool = False, verbose: bool = False) -> tuple[int, str]:
+    report = check_verl()
+    text = json.dumps(report.to_dict(), indent=2) if as_json else report.render(
+        "verl adapter contract (asp_ascend/integrations/verl/contract.py):", verbose=verbose)
+    return (0 if report.ok else 1), text
