@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..scheduler.planner import SHARED_QUEUE
 
 STATE_FILE = "run_state.json"
 REQUIRED = ("config.json", "model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json", STATE_FILE)
@@ -88,9 +89,10 @@ def run_state(history: list[dict], version: int, total_iterations: int) -> dict:
 def trained_history(history: list[dict], iterations: dict, version: int) -> list[dict]:
     """The length-history rows of prompts already trained (iterations < ``version``).
 
-    Groups of later iterations that finished before the checkpoint are generated again after a
-    resume; leaving them out keeps the history free of duplicates."""
-    later = {key for i, it in iterations.items() if i >= version for mb in it.mini_batches.values() for key in mb}
+    ``iterations``: an :class:`~asp_ascend.scheduler.execution.ExecutionPlan`'s (iteration ->
+    mini-batch -> keys). Groups of later iterations that finished before the checkpoint are
+    generated again after a resume; leaving them out keeps the history free of duplicates."""
+    later = {key for i, mbs in iterations.items() if i >= version for mb in mbs.values() for key in mb}
     return [h for h in history if (int(h["epoch"]), str(h["prompt_id"])) not in later]
 
 
@@ -169,19 +171,19 @@ def archive_run_files(out: Path, names, attempt: int) -> Path:
     return dest
 
 
-def resume_plan(cfg, out: Path, k: int, start: int) -> dict:
-    """The saved schedule from iteration ``start`` on: same dispatcher and bookkeeping as a fresh plan."""
+def resume_plan(cfg, settings, out: Path, start: int):
+    """The run's own schedule as an :class:`~asp_ascend.scheduler.execution.ExecutionPlan` from
+    iteration ``start`` on (every instance taken to hold version ``start``); the dispatch policy
+    is the one the schedule was planned with."""
+    import dataclasses
+
     import pandas as pd
 
-    from ..scheduler.admission import AdmissionController, Dispatcher
-    from .orchestrator import _Iter
-    from .run import _jobs
+    from ..scheduler.execution import ExecutionPlan
 
     out = Path(out)
     sched = pd.read_parquet(out / "schedule.parquet")
     report = json.loads((out / "schedule_report.json").read_text()) if (out / "schedule_report.json").is_file() else {}
-    first = int(sched["iteration"].min())
-    end = int(sched["iteration"].max()) + 1
     planned = int(sched["epoch"].max()) + 1
     if cfg.scheduler.adaptive and planned < cfg.train.epochs:
         raise ConfigError([f"resume: scheduler.adaptive=true and {out / 'schedule.parquet'} holds {planned} of "
@@ -191,20 +193,10 @@ def resume_plan(cfg, out: Path, k: int, start: int) -> dict:
     if int(sched["instance"].max()) >= R:
         raise ConfigError([f"resume: rollout.num_instances={R}, but the saved schedule places prompts on "
                            f"{int(sched['instance'].max()) + 1} instances; resume with the run's own instance count"])
-    if cfg.train.max_iterations:
-        end = min(end, first + cfg.train.max_iterations)
-    if start >= end:
+    if report.get("policy") in SHARED_QUEUE:
+        settings = dataclasses.replace(settings, policy=report["policy"])
+    plan = ExecutionPlan.from_schedule(sched, settings, start=start, max_iterations=cfg.train.max_iterations)
+    if plan.total_iterations <= 0:
         raise ConfigError([f"resume: the checkpoint at version {start} has already trained every iteration of "
-                           f"{out / 'schedule.parquet'} (up to iteration {end - 1}); nothing to resume"])
-    rest = sched[(sched["iteration"] >= start) & (sched["iteration"] < end)].reset_index(drop=True)
-    jobs = _jobs(rest)
-    iters: dict[int, _Iter] = {}
-    for j in jobs:
-        iters.setdefault(j.iteration, _Iter(mini_batches={})).mini_batches.setdefault(j.mini_batch, []).append(
-            (j.epoch, j.prompt_id))
-    adm = AdmissionController(k, R)
-    adm.on_publish(start)
-    for r in range(R):  # every instance receives version `start` before the first dispatch
-        adm.on_instance_synced(r, start)
-    dispatcher = Dispatcher(jobs, R, adm, shared=bool(report.get("shared_queue", False)), dispatch=cfg.scheduler.dispatch)
-    return {"dispatcher": dispatcher, "iterations": iters, "total_iterations": end - start, "replan": None}
+                           f"{out / 'schedule.parquet'} (up to iteration {plan.end - 1}); nothing to resume"])
+    return plan

@@ -1,9 +1,10 @@
 """The main loop: rollout instances -> sample queue -> trainer -> weight sync, on Ray.
 
 Invariants (DESIGN 2, 7):
-- Admission goes through the shared :class:`~asp_ascend.scheduler.admission.Dispatcher`:
-  a prompt of iteration i starts only on an instance holding version >= i - k, so every
-  trained sample has lag <= k (checked again when its group arrives).
+- Admission goes through the plan's :class:`~asp_ascend.scheduler.execution.Feeder` (the same
+  rule as the simulator's and the MindSpeed-RL source's): a prompt of iteration i starts only on
+  an instance holding version >= i - k, so every trained sample has lag <= k (checked again when
+  its group arrives).
 - Iteration i trains exactly the schedule's prompts with ``iteration == i``, as complete
   groups, one optimizer step per ``mini_batch``; every prompt of an epoch is trained once.
 - After the last optimizer step of iteration i the trainer publishes version i + 1 to every
@@ -28,7 +29,8 @@ import numpy as np
 
 from ..algos.grpo import group_advantages
 from ..metrics import Timeline, TimelineWriter, summarize
-from ..scheduler.admission import Dispatcher, LagViolation
+from ..scheduler.admission import LagViolation
+from ..scheduler.execution import ExecutionPlan
 from .logger import RunLogger
 from .sample_queue import SampleQueue
 from .weight_sync import PendingSync, WeightSync
@@ -56,9 +58,8 @@ class Prompts:
 
 
 @dataclass
-class _Iter:
-    """Bookkeeping of one iteration: its mini-batches and what the trainer reported."""
-    mini_batches: dict[int, list[tuple[int, str]]]
+class _Progress:
+    """What the trainer did in one iteration (its mini-batches are the plan's)."""
     done: set = field(default_factory=set)
     rewards: list = field(default_factory=list)
     resp_lens: list = field(default_factory=list)
@@ -67,34 +68,31 @@ class _Iter:
 
 
 class Orchestrator:
-    def __init__(self, *, instances: list, trainer, dispatcher: Dispatcher, iterations: dict[int, _Iter],
+    def __init__(self, *, instances: list, trainer, plan: ExecutionPlan,
                  prompts: Prompts, reward_fn: Callable, decode: Callable[[list[int]], str], sampling: Sampling,
-                 lag_bound: int, sync_mode: bool, queue_capacity: int, max_num_seqs: int,
                  timeline_path: Path, logger: RunLogger, t0: float, eval_prompts: Prompts | None = None,
                  eval_every: int = 0, checkpoint_every: int = 0, checkpoint_dir: Path | None = None,
-                 poll_s: float = 0.05, total_iterations: int | None = None, request_timeout_s: float = 0.0,
-                 max_restarts: int = 0, ticket=None, weight_sync=None,
-                 replan: Callable | None = None, epochs: int = 1):
+                 poll_s: float = 0.05, request_timeout_s: float = 0.0,
+                 max_restarts: int = 0, ticket=None, weight_sync=None, replan: Callable | None = None):
         self.instances = instances
         self.trainer = trainer
         self.wsync = weight_sync if weight_sync is not None else WeightSync(trainer, instances, "object_store", "cpu")
-        self.dispatcher = dispatcher
-        self.adm = dispatcher.adm
-        self.iters = iterations
-        self.n_iters = total_iterations or len(iterations)
-        self.first_iter = min(iterations) if iterations else 0
+        self.plan = plan
+        self.settings = plan.settings
+        self.feeder = plan.feeder()
+        self.dispatcher = plan.dispatcher
+        self.adm = plan.dispatcher.adm
+        self.progress: dict[int, _Progress] = {}
+        self.n_iters = plan.total_iterations
+        self.first_iter = plan.start
         # adaptive: epoch e + 1 is planned from the lengths observed so far once epoch e is dispatched
         self.replan = replan
-        self.epochs = epochs
         self.next_epoch = 1
         self.prompts = prompts
         self.reward_fn = reward_fn
         self.decode = decode
         self.sp = sampling
-        self.k = lag_bound
-        self.sync_mode = sync_mode
-        self.max_num_seqs = max_num_seqs
-        self.slots = max(1, max_num_seqs // sampling.group_size)  # groups in flight per instance
+        self.k = plan.settings.lag_bound
         self.t0 = t0
         self.log = logger
         self.eval_prompts = eval_prompts
@@ -105,15 +103,12 @@ class Orchestrator:
         self.watch = HangWatch(len(instances), request_timeout_s)  # hung instances count as failed
         # restarted instances (Ray actor restarts) rejoin once they hold the newest published weights
         self.restarts_left = [max_restarts] * len(instances)
-        self.last_ticket = (dispatcher.adm.published, ticket)   # (version, WeightTicket ref) last published
+        self.last_ticket = (self.adm.published, ticket)   # (version, WeightTicket ref) last published
         self.rejoining: dict[int, dict] = {}
 
         self.timeline = Timeline()
         self._writer = TimelineWriter(timeline_path)
-        self.queue = SampleQueue(queue_capacity, on_event=lambda **ev: self._event("queue", **ev))
-        R = len(instances)
-        self.alive = [True] * R
-        self.inflight = [0] * R
+        self.queue = SampleQueue(plan.settings.queue_capacity, on_event=lambda **ev: self._event("queue", **ev))
         self.iteration = self.first_iter          # the trainer's iteration (= its version)
         self.train_call = None                    # (ref, iteration, mini_batch, keys)
         self.syncs: list[PendingSync] = []        # weight syncs in flight, oldest first
@@ -192,9 +187,8 @@ class Orchestrator:
             self._on_eval(g)
             return
         epoch, pid = int(meta["epoch"]), meta["prompt_id"]
-        job = self.dispatcher.on_finish(pid, epoch)
+        job, _ = self.feeder.finished(epoch, pid)
         r = g["instance"]
-        self.inflight[r] -= 1
         v = int(g["admission_version"])
         if job.iteration - v > self.k:
             raise LagViolation(f"prompt {pid} of iteration {job.iteration} admitted at version {v}: lag above {self.k}")
@@ -214,54 +208,42 @@ class Orchestrator:
         self.queue.put((epoch, pid), g, self.now())
 
     def _plan_next_epoch(self) -> None:
-        end = self.first_iter + self.n_iters
-        offset = max(self.iters) + 1
-        if self.replan is None or self.next_epoch >= self.epochs or self.dispatcher.pending() or offset >= end:
+        offset = self.plan.next_unplanned
+        if (self.replan is None or self.next_epoch >= self.settings.epochs or self.dispatcher.pending()
+                or offset >= self.plan.end):
             return
-        jobs = [j for j in self.replan(self.next_epoch, list(self.history), offset) if j.iteration < end]
-        for j in jobs:
-            it = self.iters.setdefault(j.iteration, _Iter(mini_batches={}))
-            it.mini_batches.setdefault(j.mini_batch, []).append((j.epoch, j.prompt_id))
-        self.dispatcher.add(jobs)
+        self.plan.add_epoch(self.replan(self.next_epoch, list(self.history), offset))
         self.log.say(f"epoch {self.next_epoch} re-planned from {len(self.history)} observed lengths")
         self.next_epoch += 1
 
     def _dispatch(self) -> None:
         self._plan_next_epoch()
-        progress = True
-        while progress:
-            progress = False
-            order = sorted((r for r in range(len(self.instances)) if self.alive[r]), key=lambda r: self.inflight[r])
-            for r in order:
-                if self.inflight[r] >= self.slots:
-                    continue
-                job = self.dispatcher.peek(r)
-                if job is None or not self.queue.can_admit(force=job.iteration <= self.iteration):
-                    continue
-                job, _version = self.dispatcher.next_for(r)
-                self.queue.reserve()
-                self.watch.on_submit(r, self.now(), had_work=self.inflight[r] > 0)
-                self.inflight[r] += 1
-                seed = zlib.crc32(f"{self.sp.seed}:{job.epoch}:{job.prompt_id}".encode()) & 0x7FFFFFFF
-                self.submit_refs.append(self.instances[r].submit.remote(
-                    f"{job.epoch}:{job.prompt_id}", self.prompts.token_ids[job.prompt_id], self.sp.group_size,
-                    self.sp.max_tokens, self.sp.temperature, self.sp.top_p, seed, self.sp.stop_token_ids,
-                    {"epoch": job.epoch, "prompt_id": job.prompt_id}))
-                progress = True
+        # backpressure: the sample queue holds room for every admitted group (the trainer's
+        # current iteration is exempt)
+        gate = lambda job: self.queue.can_admit(force=job.iteration <= self.iteration)  # noqa: E731
+        for r, job, _version in self.feeder.fill(gate):
+            self.queue.reserve()
+            self.watch.on_submit(r, self.now(), had_work=self.feeder.inflight[r] > 1)
+            seed = zlib.crc32(f"{self.sp.seed}:{job.epoch}:{job.prompt_id}".encode()) & 0x7FFFFFFF
+            self.submit_refs.append(self.instances[r].submit.remote(
+                f"{job.epoch}:{job.prompt_id}", self.prompts.token_ids[job.prompt_id], self.sp.group_size,
+                self.sp.max_tokens, self.sp.temperature, self.sp.top_p, seed, self.sp.stop_token_ids,
+                {"epoch": job.epoch, "prompt_id": job.prompt_id}))
 
     def _start_train_step(self) -> None:
         if self.train_call is not None or self.iteration >= self.first_iter + self.n_iters:
             return
         if any(s.send is not None for s in self.syncs):
             return  # a broadcast is in flight: the weights must stay those of its version until it lands
-        it = self.iters.get(self.iteration)
-        if it is None:  # adaptive: the next epoch is not planned yet
+        mbs = self.plan.iterations.get(self.iteration)
+        if mbs is None:  # adaptive: the next epoch is not planned yet
             return
-        todo = [m for m in sorted(it.mini_batches) if m not in it.done]
-        if self.sync_mode and not all(k in self.queue for m in todo for k in it.mini_batches[m]):
+        it = self.progress.setdefault(self.iteration, _Progress())
+        todo = [m for m in sorted(mbs) if m not in it.done]
+        if self.settings.sync_mode and not all(k in self.queue for m in todo for k in mbs[m]):
             return  # sync baseline: generate the whole iteration, then train
         for m in todo:
-            keys = it.mini_batches[m]
+            keys = mbs[m]
             if all(k in self.queue for k in keys):
                 groups = self.queue.take(keys, self.now())
                 samples = []
@@ -276,7 +258,7 @@ class Orchestrator:
                         it.resp_lens.append(len(s["token_ids"]))
                         it.lags.append(lag)
                 if not it.done:
-                    self.trainer.begin_iteration.remote(self.iteration, len(it.mini_batches))
+                    self.trainer.begin_iteration.remote(self.iteration, len(mbs))
                 ref = self.trainer.train_step.remote(samples)
                 ids = [[g["epoch"], g["prompt_id"], s["sample"]] for g in groups for s in g["samples"]]
                 self.train_call = (ref, self.iteration, m, ids)
@@ -293,21 +275,21 @@ class Orchestrator:
         self.train_call = None
         self._event("step", t_start=st["t_start"] - self.t0, t_end=st["t_end"] - self.t0, iteration=i,
                     mini_batch=m, version=i, samples=ids, tokens=st["tokens"], padded_tokens=st["padded_tokens"])
-        it = self.iters[i]
+        it = self.progress[i]
         it.done.add(m)
         it.steps.append(st)
-        if len(it.done) == len(it.mini_batches):
+        if len(it.done) == len(self.plan.iterations[i]):
             self._end_iteration(i)
 
     def _end_iteration(self, i: int) -> None:
-        it = self.iters[i]
+        it = self.progress.pop(i)
         v = i + 1
         t_start = self.now()
-        members = [r for r in range(len(self.instances)) if self.alive[r]]
+        members = [r for r in range(len(self.instances)) if self.feeder.alive(r)]
         joining = [r for r, st in self.rejoining.items() if st.get("await_sync")]
         sync = self.wsync.start(v, members + joining, t_start)
         self.last_ticket = (v, sync.ticket)
-        self.adm.on_publish(v)
+        self.feeder.published(v)
         for r in joining:  # restarted instances that waited for this broadcast to catch up
             self.rejoining[r].update(ref=sync.refs.pop(r), version=v, await_sync=False)
         self.syncs.append(sync)
@@ -332,7 +314,7 @@ class Orchestrator:
         while self.syncs:
             s = self.syncs[0]
             for r in s.poll(self.ray, self.t0, self._instance_failed):
-                self.adm.on_instance_synced(r, s.version)
+                self.feeder.synced(r, s.version)
             if s.in_flight or (s.failed is not None and self._retry_sync(s)):
                 return
             self.syncs.pop(0)
@@ -353,7 +335,7 @@ class Orchestrator:
         failed, and then the version is gone. Skipping it is safe for k >= 1 (the missed
         instances still admit work within the bound); with k = 0 the trainer cannot have
         stepped, since it waits for samples drawn with this version."""
-        missing = [r for r in range(len(self.instances)) if self.alive[r] and r not in s.synced]
+        missing = [r for r in range(len(self.instances)) if self.feeder.alive(r) and r not in s.synced]
         if not missing:
             return False
         if self.wsync.broadcast and (s.version != self.adm.published or not self._trainer_holds_published()):
@@ -374,7 +356,7 @@ class Orchestrator:
     def _check_not_stranded(self) -> None:
         """Broadcast + restarts: a restarted instance that could not be caught up at once waits
         for the next broadcast; if no instance is alive to produce it, the run cannot go on."""
-        if any(self.alive) or not self.rejoining or self.syncs:
+        if any(map(self.feeder.alive, range(len(self.instances)))) or not self.rejoining or self.syncs:
             return
         if all(st.get("await_sync") for st in self.rejoining.values()):
             raise RuntimeError("every rollout instance failed in the middle of an iteration and the broadcast weight "
@@ -388,7 +370,7 @@ class Orchestrator:
         row["throughput"] = row["tokens"] / max(row["iteration_time_s"], 1e-9)
         row["queue_len"] = len(self.queue)
         row["t"] = t_sync_end
-        s = summarize(self.timeline, num_instances=len(self.instances), max_num_seqs=self.max_num_seqs,
+        s = summarize(self.timeline, num_instances=len(self.instances), max_num_seqs=self.settings.max_num_seqs,
                       lag_bound=self.k)
         for key in ("padding_bubble", "skew_bubble", "sorting_bubble", "queue_occupancy_cv"):
             row[key] = s[key]
@@ -415,7 +397,7 @@ class Orchestrator:
             self._submit_eval(version, pid, j)
 
     def _submit_eval(self, version: int, pid: str, j: int) -> None:
-        live = [r for r in range(len(self.instances)) if self.alive[r]]
+        live = [r for r in range(len(self.instances)) if self.feeder.alive(r)]
         r = live[j % len(live)]
         self.eval_where[(version, pid)] = r
         self.submit_refs.append(self.instances[r].submit.remote(
@@ -440,12 +422,10 @@ class Orchestrator:
 
     # ------------------------------------------------------------------ faults, checkpoints
     def _instance_failed(self, r: int, exc: BaseException) -> None:
-        if not self.alive[r]:
+        if not self.feeder.alive(r):
             return
-        self.alive[r] = False
-        moved = self.dispatcher.on_instance_failed(r)
-        self.queue.cancel(self.inflight[r])
-        self.inflight[r] = 0
+        moved, lost = self.feeder.failed(r)
+        self.queue.cancel(lost)
         self.poll_refs.pop(r, None)
         self._event("instance", t=self.now(), instance=r, state="down")
         lost = [key for key, where in self.eval_where.items() if where == r]
@@ -479,7 +459,7 @@ class Orchestrator:
                 st.update(ref=None, version=None, retry_at=self.now() + 2.0)
                 continue
             if st["version"] is not None:
-                self.adm.on_instance_synced(r, st["version"])
+                self.feeder.synced(r, st["version"])
             if st["version"] is None or st["version"] < self.adm.published:  # (newer) weights to send first
                 if not self.wsync.broadcast:
                     st["version"], ticket = self.last_ticket
@@ -491,9 +471,7 @@ class Orchestrator:
                     st.update(ref=None, await_sync=True)
                 continue
             del self.rejoining[r]
-            self.dispatcher.on_instance_restarted(r)
-            self.alive[r] = True
-            self.inflight[r] = 0
+            self.feeder.restarted(r)
             self.poll_refs[r] = self.instances[r].poll.remote(0.0)
             self._event("instance", t=self.now(), instance=r, state="up", version=st["version"])
             self.log.say(f"rollout instance {r} restarted; rejoined at version {st['version']}")
@@ -501,16 +479,16 @@ class Orchestrator:
     def _trainer_holds_published(self) -> bool:
         """No optimizer step of the current iteration started: the trainer's weights are
         exactly the newest published version."""
-        it = self.iters.get(self.adm.published)
+        it = self.progress.get(self.adm.published)
         return self.train_call is None and (it is None or not it.done)
 
     def _fail_hung_instances(self) -> None:
         """An instance with work and no progress for ``rollout.request_timeout_s`` is killed and
         handled as failed (pipeline/watchdog.py): its prompts go to the survivors."""
-        busy = [self.alive[r] and self.inflight[r] > 0 for r in range(len(self.instances))]
+        busy = [self.feeder.alive(r) and self.feeder.inflight[r] > 0 for r in range(len(self.instances))]
         for r in self.watch.hung(self.now(), busy):
             self.log.say(f"rollout instance {r}: no progress for {self.watch.timeout_s:g} s with "
-                         f"{self.inflight[r]} group(s) in flight; treating it as failed")
+                         f"{self.feeder.inflight[r]} group(s) in flight; treating it as failed")
             try:
                 self.ray.kill(self.instances[r], no_restart=self.restarts_left[r] <= 0)
             except Exception:  # noqa: BLE001 - already gone
@@ -521,7 +499,7 @@ class Orchestrator:
         """Weights, optimizer, RNG, version, schedule cursor and length history (pipeline/checkpoint.py)."""
         from . import checkpoint
 
-        state = checkpoint.run_state(checkpoint.trained_history(self.history, self.iters, version), version,
+        state = checkpoint.run_state(checkpoint.trained_history(self.history, self.plan.iterations, version), version,
                                      self.first_iter + self.n_iters)
         checkpoint.save(self.checkpoint_dir, version,
                         lambda tmp: self.ray.get(self.trainer.save_checkpoint.remote(str(tmp), {"iteration": version})),

@@ -103,6 +103,7 @@ def run_train(cfg) -> int:
     """Check inputs, plan, start actors, warm start, train, write the summary. Returns 0."""
     from ..data.datasets import prompts_from_config
     from ..data.rewards import get_reward_fn
+    from ..scheduler.execution import ExecutionSettings
 
     # -- everything that can fail on bad input, before Ray starts -----------------------
     check_backends()
@@ -111,9 +112,8 @@ def run_train(cfg) -> int:
         from .checkpoint import find_resume
 
         resume = find_resume(Path(cfg.output_dir))
-    k = 0 if cfg.pipeline.mode == "sync" else cfg.pipeline.lag_bound
-    if k < 0:
-        raise ConfigError([f"pipeline.lag_bound: {k} must be >= 0"])
+    settings = ExecutionSettings.from_config(cfg)  # k after the sync rule, slots, shared queue: once, here
+    k = settings.lag_bound
     train, ev = prompts_from_config(cfg)
     reward_fn = get_reward_fn(cfg.train.reward, train.source.startswith("builtin:"))
     cores = check_resources(cfg)
@@ -150,12 +150,12 @@ def run_train(cfg) -> int:
     if resume is not None:
         from .checkpoint import resume_plan
 
-        plan = resume_plan(cfg, out, k, resume.version)
+        plan, replan = resume_plan(cfg, settings, out, resume.version), None
         logger.say(f"resuming from {resume.path.name}: version {resume.version}, "
-                   f"{plan['total_iterations']} iteration(s) left")
+                   f"{plan.total_iterations} iteration(s) left")
     else:
-        plan = _plan(cfg, train, k, out)
-    logger.total = plan["total_iterations"]
+        plan, replan = _plan(cfg, settings, train, out)
+    logger.total = plan.total_iterations
 
     # -- actors, warm start, the loop ----------------------------------------------------
     import ray
@@ -176,28 +176,25 @@ def run_train(cfg) -> int:
         ticket = first.ticket
         logger.say(f"weights synced to the instances ({wsync.transport})")
         t = cfg.train
-        logger.say(f"instances ready; training {plan['total_iterations']} iteration(s) of {t.global_batch_size} "
+        logger.say(f"instances ready; training {plan.total_iterations} iteration(s) of {t.global_batch_size} "
                    f"prompts x {t.group_size} samples")
         from .orchestrator import Orchestrator, Prompts, Sampling
 
         orch = Orchestrator(
-            instances=instances, trainer=trainer, dispatcher=plan["dispatcher"], iterations=plan["iterations"],
+            instances=instances, trainer=trainer, plan=plan,
             prompts=Prompts(tok_ids, dict(zip(train.ids, train.answers))), reward_fn=reward_fn,
             decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
             sampling=Sampling(t.group_size, cfg.lengths.max_response_length, cfg.rollout.temperature,
                               cfg.rollout.top_p, [tok.eos_token_id], cfg.seed),
-            lag_bound=k, sync_mode=cfg.pipeline.mode == "sync",
-            queue_capacity=cfg.pipeline.queue_capacity or t.global_batch_size * (k + 1),
-            max_num_seqs=cfg.rollout.max_num_seqs, timeline_path=out / "timeline.jsonl", logger=logger, t0=t_start,
+            timeline_path=out / "timeline.jsonl", logger=logger, t0=t_start,
             eval_prompts=Prompts(ev_ids, dict(zip(ev.ids, ev.answers))) if ev_ids else None,
             eval_every=t.eval_every, checkpoint_every=t.checkpoint_every, checkpoint_dir=out / "checkpoints",
-            total_iterations=plan["total_iterations"], replan=plan["replan"], epochs=t.epochs,
-            request_timeout_s=cfg.rollout.request_timeout_s, max_restarts=cfg.rollout.max_restarts, ticket=ticket,
+            replan=replan, request_timeout_s=cfg.rollout.request_timeout_s, max_restarts=cfg.rollout.max_restarts, ticket=ticket,
             weight_sync=wsync)
         if resume is not None:
             orch.history = list(resume.history)  # the length history observed before the interruption
         orch.run()
-        final = orch.first_iter + plan["total_iterations"]
+        final = plan.end
         if not (t.checkpoint_every and final % t.checkpoint_every == 0):
             orch.save_checkpoint(final)
         summary = write_summary(cfg, orch, out, k)
@@ -220,43 +217,22 @@ def run_train(cfg) -> int:
     return 0
 
 
-def _plan(cfg, train, k: int, out: Path) -> dict:
-    """The schedule (all epochs, or epoch 0 when adaptive), the dispatcher and per-iteration bookkeeping."""
+def _plan(cfg, settings, train, out: Path):
+    """(the execution plan, the adaptive re-planner or None): the schedule of all epochs, or of
+    epoch 0 when adaptive (the later ones are planned during the run)."""
     from ..config import save_resolved
     from ..io import write_json_atomic, write_parquet_atomic
-    from ..scheduler.admission import AdmissionController, Dispatcher
+    from ..scheduler.execution import ExecutionPlan
     from ..scheduler.run import build_schedule
-    from .orchestrator import _Iter
 
-    adaptive = cfg.scheduler.adaptive and cfg.train.epochs > 1
-    plan_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=1)) if adaptive else cfg
+    plan_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=1)) if settings.adaptive else cfg
     sched, report = build_schedule(plan_cfg, train, None, compare=False)
-    total = int(sched["iteration"].nunique()) * (cfg.train.epochs if adaptive else 1)
     # schedule.parquet keeps the whole plan: a run stopped by train.max_iterations can be resumed
     write_parquet_atomic(out / "schedule.parquet", sched, {"policy": cfg.scheduler.policy})
-    if cfg.train.max_iterations:
-        total = min(total, cfg.train.max_iterations)
-        sched = sched[sched["iteration"] < sched["iteration"].min() + total].reset_index(drop=True)
+    plan = ExecutionPlan.from_schedule(sched, settings, max_iterations=cfg.train.max_iterations)
     write_json_atomic(out / "schedule_report.json", report)
     save_resolved(cfg, out)
-    jobs = _jobs(sched)
-    iters: dict[int, _Iter] = {}
-    for j in jobs:
-        iters.setdefault(j.iteration, _Iter(mini_batches={})).mini_batches.setdefault(j.mini_batch, []).append(
-            (j.epoch, j.prompt_id))
-    R = cfg.rollout.num_instances
-    dispatcher = Dispatcher(jobs, R, AdmissionController(k, R), shared=bool(report.get("shared_queue", False)),
-                            dispatch=cfg.scheduler.dispatch)
-    return {"dispatcher": dispatcher, "iterations": iters, "total_iterations": total,
-            "replan": _replanner(cfg, train, k, out, sched) if adaptive else None}
-
-
-def _jobs(sched):
-    from ..scheduler.admission import Job
-
-    return [Job(int(x.iteration), int(x.dispatch_rank), str(x.prompt_id), epoch=int(x.epoch), instance=int(x.instance),
-                mini_batch=int(x.mini_batch), predicted_length=float(x.predicted_length))
-            for x in sched.itertuples(index=False)]
+    return plan, (_replanner(cfg, train, settings.lag_bound, out, sched) if settings.adaptive else None)
 
 
 def _ray_init(cfg) -> bool:
@@ -368,6 +344,7 @@ def _replanner(cfg, train, k: int, out: Path, first):
     from ..io import write_parquet_atomic
     from ..scheduler.admission import Job
     from ..scheduler.cost import CostModel
+    from ..scheduler.execution import jobs_from_schedule
     from ..scheduler.planner import plan
     from ..scheduler.run import inputs_from_config
 
@@ -384,9 +361,7 @@ def _replanner(cfg, train, k: int, out: Path, first):
         frames.append(df)
         write_parquet_atomic(out / "schedule.parquet", pd.concat(frames, ignore_index=True),
                              {"policy": cfg.scheduler.policy, "adaptive": "true"})
-        return [Job(int(x.iteration), int(x.dispatch_rank), str(x.prompt_id), epoch=int(x.epoch),
-                    instance=int(x.instance), mini_batch=int(x.mini_batch), predicted_length=float(x.predicted_length))
-                for x in df.itertuples(index=False)]
+        return jobs_from_schedule(df)
 
     return replan
 

@@ -22,6 +22,7 @@ import pandas as pd
 from ..errors import ConfigError, DataError
 from .cost import CostModel
 from .estimate import estimate
+from .execution import lag_bound_of
 from .planner import POLICIES, SHARED_QUEUE, plan
 
 log = logging.getLogger(__name__)
@@ -114,15 +115,11 @@ def plan_epochs(cfg, inp: PlanInputs, policy: str | None = None, epochs: int | N
     for e in range(epochs or t.epochs):
         df = plan(inp.prompt_ids, inp.predicted, inp.prompt_lengths, policy=policy, group_size=t.group_size,
                   global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
-                  num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=_lag(cfg), cost=cost,
+                  num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=lag_bound_of(cfg), cost=cost,
                   epoch=e, iteration_offset=offset, seed=cfg.seed)
         offset = int(df["iteration"].max()) + 1
         frames.append(df)
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-
-
-def _lag(cfg) -> int:
-    return 0 if cfg.pipeline.mode == "sync" else cfg.pipeline.lag_bound
 
 
 def estimate_schedule(cfg, sched: pd.DataFrame, inp: PlanInputs, lengths: np.ndarray) -> dict:
@@ -133,7 +130,7 @@ def estimate_schedule(cfg, sched: pd.DataFrame, inp: PlanInputs, lengths: np.nda
     return estimate(sched["iteration"].to_numpy(), sched["instance"].to_numpy(), sched["mini_batch"].to_numpy(),
                     sched["epoch"].to_numpy() * (len(sched) + 1) + sched["dispatch_rank"].to_numpy(),
                     np.asarray(lengths)[pos], inp.prompt_lengths[pos], group_size=t.group_size,
-                    num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=_lag(cfg),
+                    num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=lag_bound_of(cfg),
                     micro_batch_size=t.micro_batch_size, cost=cost, group_max_factor=inp.group_max_factor,
                     kv_cache_tokens=r.kv_cache_tokens)
 
@@ -166,7 +163,7 @@ def build_schedule(cfg, prompts=None, history: pd.DataFrame | None = None, *, co
         "group_size": cfg.train.group_size,
         "global_batch_size": cfg.train.global_batch_size,
         "mini_batch_size": cfg.train.mini_batch_size,
-        "lag_bound": _lag(cfg),
+        "lag_bound": lag_bound_of(cfg),
         "source": inp.source,
         "predictor": cfg.lengths.predictor,
     }

@@ -404,6 +404,7 @@ def replay(tl: Timeline, fit: dict, *, max_num_seqs: int, lag_bound: int, sync_m
     runtime's admission rule (``group_slots``: at most ``max_num_seqs // G`` groups in flight per
     instance, a group holding its slot until its last sample finishes)."""
     from ..scheduler.cost import CostModel
+    from ..scheduler.execution import ExecutionSettings
     from .engine import Engine, TrainerSpec
 
     jobs = replay_jobs(tl)
@@ -415,8 +416,10 @@ def replay(tl: Timeline, fit: dict, *, max_num_seqs: int, lag_bound: int, sync_m
                      publish_s=fit.get("publish_s") if overheads else None,
                      step_latency_s=o("step_latency_s"), admit_latency_s=o("admit_latency_s"))
     R = num_instances or int(jobs.instance.max()) + 1
-    eng = Engine(jobs, num_instances=R, cost=cm, max_num_seqs=max_num_seqs, kv_capacity=kv_capacity, trainer=tr,
-                 lag_bound=0 if sync_mode else lag_bound, shared_queue=False, stream_train=not sync_mode,
+    # the run's own placement and admission order: per-instance queues
+    settings = ExecutionSettings(policy="asp", lag_bound=0 if sync_mode else lag_bound, sync_mode=sync_mode,
+                                 group_size=jobs.group_size, max_num_seqs=max_num_seqs, num_instances=R)
+    eng = Engine(jobs, settings, cost=cm, kv_capacity=kv_capacity, trainer=tr, stream_train=not sync_mode,
                  group_slots=group_slots)
     return eng.run()
 

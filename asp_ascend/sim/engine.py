@@ -43,8 +43,8 @@ import numpy as np
 import pandas as pd
 
 from ..metrics.timeline import KINDS, Timeline
-from ..scheduler.admission import AdmissionController, Dispatcher, Job
 from ..scheduler.cost import CostModel
+from ..scheduler.execution import ExecutionPlan, ExecutionSettings, jobs_from_columns
 
 # event kinds, in processing priority at equal times
 _PUBLISH, _TRAIN, _VERSION, _SLOT, _INST, _STEAL = 0, 1, 2, 3, 4, 5
@@ -151,32 +151,36 @@ def minibatch_tokens(jobs: SimJobs, micro_batch_size: int, mode: str) -> pd.Data
 class Engine:
     """One simulated run. Build, then :meth:`run` (returns a :class:`SimTimeline`)."""
 
-    def __init__(self, jobs: SimJobs, *, num_instances: int, cost: CostModel, max_num_seqs: int,
-                 kv_capacity: int, trainer: TrainerSpec, lag_bound: int, shared_queue: bool,
+    def __init__(self, jobs: SimJobs, settings: ExecutionSettings, *, cost: CostModel,
+                 kv_capacity: int, trainer: TrainerSpec,
                  stream_train: bool = True, barrier: bool = False, sync_pause: bool = True,
-                 record_samples: bool = True, dispatch: str = "static", group_slots: bool = False):
+                 record_samples: bool = True, group_slots: bool = False, trace: list | None = None):
         self.jobs = jobs
-        self.R = int(num_instances)
+        self.settings = settings   # instances, concurrency, k, shared queue, stealing
+        self.R = int(settings.num_instances)
         self.cm = cost
-        self.mns = int(max_num_seqs)
+        self.mns = int(settings.max_num_seqs)
         self.kv = int(kv_capacity)
         self.tr = trainer
-        self.k = int(lag_bound)
-        self.shared = shared_queue
+        self.k = int(settings.lag_bound)
         self.stream = stream_train
         self.barrier = barrier
         self.sync_pause = sync_pause and not barrier
         self.record_samples = record_samples
-        self.dispatch = dispatch
-        # group_slots: an instance holds at most max_num_seqs // G prompt groups, and a group keeps
-        # its slot until its last sample finishes (the runtime's dispatcher); default: a new group
-        # whenever running + waiting sequences < max_num_seqs (vLLM's own queue)
+        # group_slots: the runtime's admission rule (scheduler.execution.Feeder): an instance holds
+        # at most max_num_seqs // G prompt groups, a group keeps its slot until its last sample
+        # finishes, and instances admitting at the same moment take one job at a time, fewest groups
+        # first; default: a new group whenever running + waiting sequences < max_num_seqs (vLLM's own
+        # queue), each instance filling up in turn
         self.group_slots = group_slots
+        self.trace = trace         # a list: every admission and admission event (Feeder.trace)
         J, G = jobs.resp.shape
         self.J, self.G = J, G
         if J == 0:
             raise ValueError("nothing to simulate: the schedule has no prompts")
-        if not shared_queue and (jobs.instance.min() < 0 or jobs.instance.max() >= self.R):
+        if G != settings.group_size:
+            raise ValueError(f"the jobs have groups of {G} samples, the settings {settings.group_size}")
+        if not settings.shared_queue and (jobs.instance.min() < 0 or jobs.instance.max() >= self.R):
             raise ValueError(f"schedule places prompts on instances {jobs.instance.min()}..{jobs.instance.max()} "
                              f"but the simulated system has {self.R}")
 
@@ -209,18 +213,17 @@ class Engine:
             it_groups_left[i] += 1
         it_gen_left = list(it_groups_left)
 
-        # ---- admission state machine (shared with the runtime)
-        adm = AdmissionController(self.k, R)
+        # ---- the schedule as an execution plan; admission through its Feeder (shared with the runtime)
         pids = [str(p) for p in jobs.prompt_id.tolist()]
         eps = jobs.epoch.tolist()
         job_it = jobs.iteration.tolist()
-        pred = (jobs.predicted_length if jobs.predicted_length is not None
-                else np.zeros(J)).astype(float).tolist()
-        job_objs = [Job(int(i), int(d), p, epoch=int(e), instance=int(ins), mini_batch=int(m), predicted_length=pl)
-                    for i, d, p, e, ins, m, pl in zip(job_it, jobs.dispatch_rank.tolist(), pids, eps,
-                                                      jobs.instance.tolist(), jobs.mini_batch.tolist(), pred)]
+        job_objs = jobs_from_columns(job_it, jobs.dispatch_rank, pids, eps, jobs.instance, jobs.mini_batch,
+                                     jobs.predicted_length)
         job_of = {(j.epoch, j.prompt_id): x for x, j in enumerate(job_objs)}
-        disp = Dispatcher(job_objs, R, adm, shared=self.shared, dispatch=self.dispatch)
+        plan = ExecutionPlan(self.settings, job_objs)
+        disp = plan.dispatcher
+        adm = disp.adm
+        feeder = plan.feeder(self.trace)
         self.dispatcher = disp
 
         # ---- sequences (seq s = job * G + sample)
@@ -271,8 +274,8 @@ class Engine:
         st_rows = []
         sync_rows = []
         released = [0]             # barrier mode: highest iteration released for generation
-        gslots = max(1, mns // G)
-        held = [0] * R             # group_slots: groups admitted whose slot is not yet released
+        gslots = feeder.slots
+        held = feeder.inflight     # groups admitted whose slot is not yet released
         early_free = self.tr.publish_s is not None   # the trainer's own time per sync, not the sync's
         dirty = [False]            # a group finished: trainer/barrier must react (see react)
 
@@ -320,27 +323,27 @@ class Engine:
             waiting[r].appendleft(s)
             preemptions[r] += 1
 
+        def gate(job):
+            return job.iteration <= released[0]
+
+        def enqueue(r, job, ver):
+            """Job admitted on instance r (at its boundary T[r]): its sequences wait for a slot."""
+            w, t = waiting[r], T[r]
+            base = job_of[(job.epoch, job.prompt_id)] * G
+            for s in range(base, base + G):
+                w.append(s)
+                t_admit[s] = t
+                adm_ver[s] = ver
+                seq_inst[s] = r
+
         def fill(r, steal=True):
-            """Take jobs from the dispatcher and admit waiting sequences (at boundary T[r])."""
+            """Take jobs through the feeder and admit waiting sequences (at boundary T[r])."""
+            for job, ver in feeder.take(r, lambda: has_room(r), gate if self.barrier else None, steal):
+                enqueue(r, job, ver)
+            start_waiting(r)
+
+        def start_waiting(r):
             w = waiting[r]
-            t = T[r]
-            while has_room(r):
-                if self.barrier:
-                    head = disp.peek(r, steal)
-                    if head is None or head.iteration > released[0]:
-                        break
-                got = disp.next_for(r, steal)
-                if got is None:
-                    break
-                job, ver = got
-                held[r] += 1
-                j = job_of[(job.epoch, job.prompt_id)]
-                base = j * G
-                for s in range(base, base + G):
-                    w.append(s)
-                    t_admit[s] = t
-                    adm_ver[s] = ver
-                    seq_inst[s] = r
             if not w:
                 return
             newtok = 0
@@ -433,6 +436,8 @@ class Engine:
         def wake(t):
             """Admissible work may have appeared: let instances with room take it, their own
             jobs first, then (guided dispatch) others' jobs not yet started."""
+            if self.group_slots:
+                return wake_together(t)
             for steal in (False, True):
                 for r in sorted(range(R), key=lambda x: n[x] + len(waiting[x])):
                     if paused[r] or not has_room(r):
@@ -443,6 +448,19 @@ class Engine:
                     advance(r, t)
                     fill(r, steal)
                     schedule(r)
+
+        def wake_together(t):
+            """The runtime's rule: the instances that can admit now take one job at a time (Feeder.fill)."""
+            g = gate if self.barrier else None
+            ready = [r for r in feeder.order() if not paused[r] and has_room(r)
+                     and (head := disp.peek(r, True)) is not None and (g is None or g(head))]
+            for r in ready:
+                advance(r, t)
+            for r, job, ver in feeder.fill(g, room=lambda x: x in ready and not paused[x] and has_room(x)):
+                enqueue(r, job, ver)
+            for r in ready:
+                start_waiting(r)
+                schedule(r)
 
         def pause_all(t, dur, version):
             for r in range(R):
@@ -466,11 +484,10 @@ class Engine:
         def group_done(j, t):
             e, p = eps[j], pids[j]
             r = seq_inst[j * G]
-            if self.tr.admit_latency_s > 0:     # the runtime learns of the free slot this much later
+            late = self.tr.admit_latency_s > 0
+            if late:                            # the runtime learns of the free slot this much later
                 push(t + self.tr.admit_latency_s, _SLOT, r)
-            else:
-                held[r] -= 1
-            disp.on_finish(p, e)
+            feeder.finished(e, p, release=not late)
             qsize[0] += 1
             q_event(t, "put")
             x = job_mb[j]
@@ -533,7 +550,7 @@ class Engine:
                 push(t + self.tr.publish_s, _TRAIN, -(i + 1) - 2)
 
         def on_publish(v, t):
-            adm.on_publish(v)
+            feeder.published(v)
             if not early_free:
                 cur_it[0] = v
                 tr_busy[0] = False
@@ -550,7 +567,7 @@ class Engine:
             if self.tr.admit_latency_s > 0:
                 push(t + self.tr.admit_latency_s, _VERSION, r, v)
             else:
-                adm.on_instance_synced(r, v)
+                feeder.synced(r, v)
 
         def try_release(t):
             # generation of iteration i+1 starts once iteration i is generated and version i exists;
@@ -568,9 +585,12 @@ class Engine:
                     wake(t)
 
         # ---------------------------------------------------------- main loop
-        for r in range(R):
-            fill(r)
-            schedule(r)
+        if self.group_slots:
+            wake_together(0.0)
+        else:
+            for r in range(R):
+                fill(r)
+                schedule(r)
         while events:
             t, kind, _, x, tok = heapq.heappop(events)
             if kind == _INST:
@@ -592,12 +612,12 @@ class Engine:
             elif kind == _TRAIN:
                 on_train_end(x, t)
             elif kind == _VERSION:
-                adm.on_instance_synced(x, tok)
+                feeder.synced(x, tok)
                 wake(t)
             elif kind == _STEAL:
                 wake(t)
             elif kind == _SLOT:
-                held[x] -= 1
+                feeder.release(x)
                 if self.group_slots:
                     wake(t)
             else:

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..scheduler.execution import ExecutionSettings
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,12 @@ class SystemSpec:
     @property
     def devices(self) -> int:
         return self.train_devices if self.colocated else self.num_instances * self.tp + self.train_devices
+
+    def execution(self, group_size: int, dispatch: str = "static") -> ExecutionSettings:
+        """What the engine's admission needs: the dispatch policy's queue, k, instances, concurrency."""
+        return ExecutionSettings(policy=self.dispatch, lag_bound=self.lag_bound, sync_mode=not self.stream_train,
+                                 group_size=group_size, max_num_seqs=self.max_num_seqs,
+                                 num_instances=self.num_instances, dispatch=dispatch, adaptive=self.adaptive)
 
 
 POLICY_NAMES = ("sync_colocated", "single_instance", "one_step_off", "fully_async_fifo", "async_sorted",

@@ -145,11 +145,9 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     tr = TrainerSpec(costs.train_per_token, costs.train_per_step, costs.sync_s, cfg.train.micro_batch_size,
                      cfg.sim.micro_batching, costs.switch_s, publish_s=costs.publish_s,
                      step_latency_s=costs.step_latency_s, admit_latency_s=costs.admit_latency_s)
-    eng = Engine(jobs, num_instances=spec.num_instances, cost=costs.instance, max_num_seqs=spec.max_num_seqs,
-                 kv_capacity=costs.kv_capacity, trainer=tr, lag_bound=spec.lag_bound,
-                 shared_queue=_shared(spec.dispatch), stream_train=spec.stream_train, barrier=spec.barrier,
-                 sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples,
-                 dispatch=cfg.scheduler.dispatch)
+    eng = Engine(jobs, spec.execution(jobs.group_size, dispatch=cfg.scheduler.dispatch), cost=costs.instance,
+                 kv_capacity=costs.kv_capacity, trainer=tr, stream_train=spec.stream_train, barrier=spec.barrier,
+                 sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples)
     tl = eng.run()
     mbt = minibatch_tokens(jobs, tr.micro_batch_size, tr.micro_batching)
     lb = lower_bounds(jobs, mbt, tr.train_per_token, tr.train_per_step, costs.instance, spec.num_instances,
@@ -161,12 +159,6 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     summ["preemptions"] = int(sum(eng.preemptions))
     summ["stolen_groups"] = int(eng.dispatcher.stolen)
     return SimResult(name, spec, costs, tl, summ, int(sum(eng.preemptions)), time.perf_counter() - t0)
-
-
-def _shared(dispatch: str) -> bool:
-    from ..scheduler.planner import SHARED_QUEUE
-
-    return SHARED_QUEUE[dispatch]
 
 
 def _setup_entry(res: SimResult) -> dict:

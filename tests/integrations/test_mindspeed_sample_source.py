@@ -5,6 +5,7 @@ import pandas as pd
 import pytest
 
 from asp_ascend.integrations.mindspeed_rl.sample_source import DispatcherSource
+from asp_ascend.scheduler.execution import ExecutionPlan, ExecutionSettings
 
 
 class StepInstance:
@@ -40,13 +41,19 @@ def schedule(num=24, gbs=6, r=2):
     return pd.DataFrame(rows)
 
 
+def plan(k, group_size, slots, start=None, r=2, policy="asp"):
+    s = ExecutionSettings(policy=policy, lag_bound=k, group_size=group_size, max_num_seqs=slots * group_size,
+                          num_instances=r)
+    return ExecutionPlan.from_schedule(schedule(r=r), s, start=start)
+
+
 @pytest.mark.parametrize("k", [0, 1, 2])
 def test_feeds_by_schedule_within_the_lag_bound(k):
     sched, gbs, n = schedule(), 6, 3
     insts = [StepInstance(0), StepInstance(1)]
-    src = DispatcherSource(sched, insts, lambda pid: ([int(pid), 1], {"labels": int(pid)}), n, k,
-                           groups_in_flight=2, sampling={"max_tokens": 8, "temperature": 1.0, "top_p": 1.0,
-                                                         "seed": 0, "stop_token_ids": []}, poll_interval_s=0.0)
+    src = DispatcherSource(plan(k, n, 2), insts, lambda pid: ([int(pid), 1], {"labels": int(pid)}),
+                           sampling={"max_tokens": 8, "temperature": 1.0, "top_p": 1.0, "seed": 0,
+                                     "stop_token_ids": []}, poll_interval_s=0.0)
     seen = []
     for i in range(4):
         groups = src.get_groups(i, gbs)
@@ -65,9 +72,26 @@ def test_feeds_by_schedule_within_the_lag_bound(k):
 
 
 def test_resume_skips_done_iterations():
-    src = DispatcherSource(schedule(), [StepInstance(0), StepInstance(1)], lambda pid: ([1], {}), 2, 1,
-                           groups_in_flight=4, sampling={}, start_iteration=2, poll_interval_s=0.0)
-    assert src.disp.total == 12 and src.adm.instance_version == [2, 2]
+    src = DispatcherSource(plan(1, 2, 4, start=2), [StepInstance(0), StepInstance(1)], lambda pid: ([1], {}),
+                           sampling={}, poll_interval_s=0.0)
+    assert src.plan.dispatcher.total == 12 and src.plan.dispatcher.adm.instance_version == [2, 2]
+
+
+def test_shared_queue_and_guided_dispatch_reach_the_instances():
+    """fifo-style policies pull from one queue (any instance may run any prompt); with
+    guided dispatch an idle instance takes the busy one's next job."""
+    sampling = {"max_tokens": 8, "temperature": 1.0, "top_p": 1.0, "seed": 0, "stop_token_ids": []}
+    one_sided = schedule().assign(instance=0)                          # every prompt planned on instance 0
+
+    def source(policy, dispatch):
+        s = ExecutionSettings(policy=policy, lag_bound=1, group_size=2, max_num_seqs=4, num_instances=2,
+                              dispatch=dispatch)
+        return DispatcherSource(ExecutionPlan.from_schedule(one_sided, s), [StepInstance(0), StepInstance(1)],
+                                lambda pid: ([int(pid)], {}), sampling=sampling, poll_interval_s=0.0)
+
+    assert {g.instance for g in source("asp", "static").get_groups(0, 6)} == {0}
+    assert {g.instance for g in source("fifo", "static").get_groups(0, 6)} == {0, 1}    # one shared queue
+    assert {g.instance for g in source("asp", "guided").get_groups(0, 6)} == {0, 1}     # stealing
 
 
 def test_starved_source_times_out_with_state():
@@ -78,7 +102,7 @@ def test_starved_source_times_out_with_state():
             return {"groups": []}
 
     sampling = {"max_tokens": 8, "temperature": 1.0, "top_p": 1.0, "seed": 0, "stop_token_ids": []}
-    src = DispatcherSource(schedule(), [Dead(0), Dead(1)], lambda pid: ([1], {}), 2, 0, groups_in_flight=1,
+    src = DispatcherSource(plan(0, 2, 1), [Dead(0), Dead(1)], lambda pid: ([1], {}),
                            sampling=sampling, poll_interval_s=0.0, timeout_s=0.05)
     with pytest.raises(AspError, match="iteration 0: 0/6 groups"):
         src.get_groups(0, 6)

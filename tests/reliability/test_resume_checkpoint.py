@@ -12,6 +12,7 @@ import pytest
 from asp_ascend.config import load_config
 from asp_ascend.errors import ConfigError
 from asp_ascend.pipeline import checkpoint as ck
+from asp_ascend.scheduler.execution import ExecutionSettings
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "cpu_tiny_grpo.yaml"
@@ -100,9 +101,7 @@ def test_find_resume_errors_name_the_key(tmp_path):
 
 
 def test_trained_history_drops_groups_of_untrained_iterations():
-    from asp_ascend.pipeline.orchestrator import _Iter
-
-    iters = {2: _Iter(mini_batches={0: [(0, "c")]}), 3: _Iter(mini_batches={0: [(0, "d")]})}
+    iters = {2: {0: [(0, "c")]}, 3: {0: [(0, "d")]}}   # an ExecutionPlan's iterations
     hist = [{"epoch": 0, "prompt_id": p, "response_length": 1} for p in "abcd"]
     assert [h["prompt_id"] for h in ck.trained_history(hist, iters, 2)] == ["a", "b"]
     assert [h["prompt_id"] for h in ck.trained_history(hist, iters, 3)] == ["a", "b", "c"]
@@ -124,24 +123,28 @@ def test_resume_plan_continues_the_saved_schedule(tmp_path):
     sched.to_parquet(tmp_path / "schedule.parquet")
     (tmp_path / "schedule_report.json").write_text(json.dumps({"shared_queue": False}))
     cfg = load_config(CONFIG, ["rollout.num_instances=2", "pipeline.lag_bound=1"])
-    plan = ck.resume_plan(cfg, tmp_path, 1, 3)
-    assert plan["total_iterations"] == 5 and sorted(plan["iterations"]) == [3, 4, 5, 6, 7]
-    for i, it in plan["iterations"].items():
+
+    def resume(cfg, start):
+        return ck.resume_plan(cfg, ExecutionSettings.from_config(cfg), tmp_path, start)
+
+    plan = resume(cfg, 3)
+    assert plan.total_iterations == 5 and plan.start == 3 and sorted(plan.iterations) == [3, 4, 5, 6, 7]
+    for i, mbs in plan.iterations.items():
         want = sched[sched["iteration"] == i]
-        got = {(m, e, p) for m, keys in it.mini_batches.items() for e, p in keys}
+        got = {(m, e, p) for m, keys in mbs.items() for e, p in keys}
         assert got == set(zip(want["mini_batch"], want["epoch"], want["prompt_id"]))
-    d = plan["dispatcher"]
+    d = plan.dispatcher
     assert d.adm.published == 3 and d.adm.instance_version == [3, 3]
     assert d.pending() == 20
     job, v = d.next_for(0)
     assert job.iteration == 3 and v == 3
     # max_iterations counts from the start of the run; a finished run has nothing to resume
     cfg2 = load_config(CONFIG, ["rollout.num_instances=2", "train.max_iterations=5"])
-    assert ck.resume_plan(cfg2, tmp_path, 1, 3)["total_iterations"] == 2
+    assert resume(cfg2, 3).total_iterations == 2
     with pytest.raises(ConfigError, match="nothing to resume"):
-        ck.resume_plan(cfg2, tmp_path, 1, 5)
+        resume(cfg2, 5)
     with pytest.raises(ConfigError, match="rollout.num_instances=1"):
-        ck.resume_plan(load_config(CONFIG, ["rollout.num_instances=1"]), tmp_path, 1, 3)
+        resume(load_config(CONFIG, ["rollout.num_instances=1"]), 3)
 
 
 @pytest.mark.runtime

@@ -8,6 +8,7 @@ from asp_ascend.errors import DataError
 from asp_ascend.metrics.timeline import Timeline
 from asp_ascend.scheduler.cost import CostModel
 from asp_ascend.sim.calibrate import calibrate_run, fit_timeline
+from asp_ascend.scheduler.execution import ExecutionSettings
 from asp_ascend.sim.engine import Engine, SimJobs, TrainerSpec
 
 TRUE = CostModel(decode_a=0.02, decode_b=3.5e-8, decode_c=1e-4, prefill_per_token=8e-5)
@@ -22,8 +23,9 @@ def _run(cm, seed=0):
                    iteration=np.arange(J) // 32, mini_batch=(np.arange(J) % 32) // 8, instance=np.arange(J) % R,
                    dispatch_rank=np.arange(J), prompt_length=rng.integers(50, 500, J), resp=resp)
     tr = TrainerSpec(1e-4, 0.5, 0.7, 8, "padded")
-    return Engine(jobs, num_instances=R, cost=cm, max_num_seqs=32, kv_capacity=0, trainer=tr, lag_bound=1,
-                  shared_queue=True).run()
+    return Engine(jobs, ExecutionSettings(policy="fifo", num_instances=R, max_num_seqs=32,
+                                               lag_bound=1, group_size=jobs.group_size),
+                 cost=cm, kv_capacity=0, trainer=tr).run()
 
 
 def test_sim_calibrate_recovers_known_coefficients(tmp_path):
@@ -102,8 +104,9 @@ def _run_with(cm, *, mns=32, step_latency=0.0, admit_latency=0.0, publish=None, 
                    dispatch_rank=np.arange(J), prompt_length=rng.integers(50, 500, J), resp=resp)
     tr = TrainerSpec(train_per_token, 0.3, sync, 8, "padded", publish_s=publish, step_latency_s=step_latency,
                      admit_latency_s=admit_latency)
-    return Engine(jobs, num_instances=R, cost=cm, max_num_seqs=mns, kv_capacity=0, trainer=tr, lag_bound=1,
-                  shared_queue=False, group_slots=group_slots).run()
+    return Engine(jobs, ExecutionSettings(policy="asp", num_instances=R, max_num_seqs=mns,
+                                               lag_bound=1, group_size=jobs.group_size),
+                 cost=cm, kv_capacity=0, trainer=tr, group_slots=group_slots).run()
 
 
 def test_sim_calibrate_step_reconstruction_is_exact_on_a_simulated_run():

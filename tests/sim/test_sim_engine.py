@@ -10,6 +10,7 @@ import pytest
 from asp_ascend.metrics import summarize
 from asp_ascend.scheduler.cost import CostModel
 from asp_ascend.sim.bounds import lower_bounds
+from asp_ascend.scheduler.execution import ExecutionSettings
 from asp_ascend.sim.engine import Engine, SimJobs, TrainerSpec, minibatch_tokens
 
 
@@ -34,8 +35,9 @@ def test_sim_two_instances_hand_computed():
     # one sequence at a time, 1 s per decode step; trainer: 1 s per step, 0.5 s per sync.
     jobs = _jobs([2, 4, 1, 1], iteration=[0, 0, 1, 1], instance=[0, 1, 0, 1])
     tr = TrainerSpec(train_per_token=0.0, train_per_step=1.0, sync_s=0.5, micro_batch_size=8, micro_batching="packed")
-    eng = Engine(jobs, num_instances=2, cost=UNIT, max_num_seqs=1, kv_capacity=0, trainer=tr, lag_bound=1,
-                 shared_queue=False, sync_pause=False)
+    eng = Engine(jobs, ExecutionSettings(policy="asp", num_instances=2, max_num_seqs=1,
+                                               lag_bound=1, group_size=jobs.group_size),
+                 cost=UNIT, kv_capacity=0, trainer=tr, sync_pause=False)
     tl = eng.run()
     req = tl.frame("request").set_index("prompt_id")
     assert req.loc[["p0", "p1", "p2", "p3"], "t_finish"].tolist() == [2.0, 4.0, 3.0, 5.0]
@@ -65,8 +67,9 @@ def test_sim_padding_and_sync_hand_computed():
     # groups of 2 with lengths (1, 3) and (2, 2); micro-batches of 2 sequences, padded.
     jobs = _jobs([[1, 3], [2, 2]], iteration=[0, 1], instance=[0, 0], prompt_length=[1, 1])
     tr = TrainerSpec(train_per_token=0.5, train_per_step=0.0, sync_s=1.0, micro_batch_size=2, micro_batching="padded")
-    tl = Engine(jobs, num_instances=1, cost=UNIT, max_num_seqs=4, kv_capacity=0, trainer=tr, lag_bound=0,
-                shared_queue=True, stream_train=False, sync_pause=False).run()
+    tl = Engine(jobs, ExecutionSettings(policy="fifo", num_instances=1, max_num_seqs=4,
+                                               lag_bound=0, group_size=jobs.group_size),
+                 cost=UNIT, kv_capacity=0, trainer=tr, stream_train=False, sync_pause=False).run()
     st = tl.frame("step")
     # iteration 0: tokens (1+1)+(1+3)=6, padded to 2 x 4 = 8 slots -> 2 pad, 4 s of training
     assert st["tokens"].tolist() == [6, 6] and st["padded_tokens"].tolist() == [2, 0]
@@ -135,8 +138,9 @@ def test_sim_analytic_steps_match_token_by_token(kv):
                  prompt_length=rng.integers(5, 60, J))
     cm = CostModel(decode_a=0.01, decode_b=1e-5, decode_c=2e-3, prefill_per_token=1e-4)
     tr = TrainerSpec(1e-6, 0.0, 0.0, 4, "packed")
-    eng = Engine(jobs, num_instances=1, cost=cm, max_num_seqs=8, kv_capacity=kv, trainer=tr, lag_bound=100,
-                 shared_queue=True, sync_pause=False)
+    eng = Engine(jobs, ExecutionSettings(policy="fifo", num_instances=1, max_num_seqs=8,
+                                               lag_bound=100, group_size=jobs.group_size),
+                 cost=cm, kv_capacity=kv, trainer=tr, sync_pause=False)
     tl = eng.run()
     got = tl.frame("request")["t_finish"].to_numpy()
     want = reference_single_instance(jobs, cm, 8, kv)
@@ -149,8 +153,9 @@ def test_sim_lag_bound_blocks_admission():
     # k = 0 on two instances: nothing of iteration 1 starts before version 1 is published
     jobs = _jobs([3, 5, 2, 2], iteration=[0, 0, 1, 1], instance=[0, 1, 0, 1])
     tr = TrainerSpec(0.0, 1.0, 0.5, 8, "packed")
-    tl = Engine(jobs, num_instances=2, cost=UNIT, max_num_seqs=2, kv_capacity=0, trainer=tr, lag_bound=0,
-                shared_queue=False, sync_pause=True).run()
+    tl = Engine(jobs, ExecutionSettings(policy="asp", num_instances=2, max_num_seqs=2,
+                                               lag_bound=0, group_size=jobs.group_size),
+                 cost=UNIT, kv_capacity=0, trainer=tr, sync_pause=True).run()
     req = tl.frame("request")
     publish_1 = tl.frame("sync")["t_end"].iloc[0]
     assert (req.loc[req.iteration == 1, "t_admit"] >= publish_1).all()
@@ -168,8 +173,9 @@ def test_sim_engine_matches_reference_property(seed, G, mns, kv):
     jobs = _jobs(rng.integers(1, 60, (J, G)), iteration=np.arange(J) // 3, instance=np.zeros(J),
                  prompt_length=rng.integers(1, 40, J))
     cm = CostModel(decode_a=0.01, decode_b=1e-5, decode_c=2e-3, prefill_per_token=1e-4)
-    eng = Engine(jobs, num_instances=1, cost=cm, max_num_seqs=mns, kv_capacity=kv,
-                 trainer=TrainerSpec(1e-6, 0.0, 0.0, 4, "packed"), lag_bound=100, shared_queue=True,
+    eng = Engine(jobs, ExecutionSettings(policy="fifo", num_instances=1, max_num_seqs=mns,
+                                               lag_bound=100, group_size=jobs.group_size),
+                 cost=cm, kv_capacity=kv, trainer=TrainerSpec(1e-6, 0.0, 0.0, 4, "packed"),
                  sync_pause=False)
     got = eng.run().frame("request")["t_finish"].to_numpy()
     np.testing.assert_allclose(got, reference_single_instance(jobs, cm, mns, kv), rtol=1e-9, atol=1e-9)

@@ -2,9 +2,10 @@
 
 :class:`DispatcherSource` is the :class:`.async_loop.SampleSource` of the MindSpeed-RL path:
 it drives rollout instances (anything with the runtime's ``RolloutEngine`` methods
-``submit`` / ``poll``) through the shared admission state machine
-(:class:`asp_ascend.scheduler.admission.Dispatcher`), keeps each instance at most
-``groups_in_flight`` groups busy, and buffers finished groups per iteration.
+``submit`` / ``poll``) through an :class:`~asp_ascend.scheduler.execution.ExecutionPlan` and its
+:class:`~asp_ascend.scheduler.execution.Feeder`, the admission path of the simulator and the
+runtime (lag bound after the sync rule, ``max_num_seqs // G`` groups in flight per instance, the
+policy's shared queue, ``scheduler.dispatch``), and buffers finished groups per iteration.
 :func:`build_async_rollout` builds it on NPUs from the runtime's rollout actor.
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections import defaultdict
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from ...errors import AspError, ConfigError
-from ...scheduler.admission import AdmissionController, Dispatcher, Job
+from ...scheduler.execution import ExecutionPlan, ExecutionSettings
 from .async_loop import LoopSettings, SampleGroup
 
 
@@ -24,44 +25,35 @@ class InstanceHandle(Protocol):
     def poll(self) -> dict: ...
 
 
-def jobs_from_schedule(schedule) -> list[Job]:
-    return [Job(int(r.iteration), int(r.dispatch_rank), str(r.prompt_id), int(r.epoch), int(r.instance),
-                int(r.mini_batch), float(r.predicted_length)) for r in schedule.itertuples()]
-
-
 class DispatcherSource:
-    """SampleSource over live instances: schedule order, lag bound, bounded in-flight work."""
+    """SampleSource over live instances: schedule order, lag bound, bounded in-flight work.
 
-    def __init__(self, schedule, instances: Sequence[InstanceHandle], prompt_of: Callable[[str], tuple[list[int], dict]],
-                 group_size: int, lag_bound: int, groups_in_flight: int, sampling: dict,
-                 start_iteration: int = 0, poll_interval_s: float = 0.01, timeout_s: float = 3600.0,
-                 clock: Callable[[], float] = time.time):
+    ``plan``: the schedule from the resume position on (its settings carry k, G, the group
+    slots, the shared queue and guided dispatch); ``trace``: a list the feeder records every admission
+    and event in."""
+
+    def __init__(self, plan: ExecutionPlan, instances: Sequence[InstanceHandle],
+                 prompt_of: Callable[[str], tuple[list[int], dict]], sampling: dict,
+                 poll_interval_s: float = 0.01, timeout_s: float = 3600.0,
+                 clock: Callable[[], float] = time.time, trace: list | None = None):
         self.instances = list(instances)
-        self.n, self.cap, self.sampling = group_size, groups_in_flight, dict(sampling)
+        if len(self.instances) != plan.settings.num_instances:
+            raise ValueError(f"{len(self.instances)} instances for a plan over {plan.settings.num_instances}")
+        self.plan, self.n, self.sampling = plan, plan.settings.group_size, dict(sampling)
         self.prompt_of, self.poll_interval_s, self.timeout_s, self.clock = prompt_of, poll_interval_s, timeout_s, clock
-        self.adm = AdmissionController(lag_bound, len(self.instances))
-        # resume: the trainer holds version start_iteration; earlier iterations are done
-        jobs = [j for j in jobs_from_schedule(schedule) if j.iteration >= start_iteration]
-        if start_iteration:
-            self.adm.on_publish(start_iteration)
-            for i in range(len(self.instances)):
-                self.adm.on_instance_synced(i, start_iteration)
-        self.disp = Dispatcher(jobs, len(self.instances), self.adm)
-        self.inflight = [0] * len(self.instances)
+        self.feeder = plan.feeder(trace)
         self.ready: dict[int, list[SampleGroup]] = defaultdict(list)
 
+    @property
+    def inflight(self) -> list[int]:
+        return self.feeder.inflight
+
     def _fill(self) -> None:
-        for i, inst in enumerate(self.instances):
-            while self.inflight[i] < self.cap:
-                nxt = self.disp.next_for(i)
-                if nxt is None:
-                    break
-                job, version = nxt
-                prompt, extras = self.prompt_of(job.prompt_id)
-                meta = {"epoch": job.epoch, "prompt_id": job.prompt_id, "iteration": job.iteration,
-                        "mini_batch": job.mini_batch, "prompt": list(prompt), "extras": extras, "version": version}
-                inst.submit(f"{job.epoch}:{job.prompt_id}", list(prompt), self.n, meta=meta, **self.sampling)
-                self.inflight[i] += 1
+        for i, job, version in self.feeder.fill():
+            prompt, extras = self.prompt_of(job.prompt_id)
+            meta = {"epoch": job.epoch, "prompt_id": job.prompt_id, "iteration": job.iteration,
+                    "mini_batch": job.mini_batch, "prompt": list(prompt), "extras": extras, "version": version}
+            self.instances[i].submit(f"{job.epoch}:{job.prompt_id}", list(prompt), self.n, meta=meta, **self.sampling)
 
     def _poll(self) -> int:
         got = 0
@@ -77,8 +69,7 @@ class DispatcherSource:
                     t_admit=float(g["t_admit"]), t_finish=max(float(s["t_finish"]) for s in samples),
                     sample_t_first_token=[float(s.get("t_first_token") or g["t_admit"]) for s in samples],
                     sample_t_finish=[float(s["t_finish"]) for s in samples]))
-                self.disp.on_finish(m["prompt_id"], m["epoch"])
-                self.inflight[i] -= 1
+                self.feeder.finished(m["epoch"], m["prompt_id"])
                 got += 1
         return got
 
@@ -98,9 +89,9 @@ class DispatcherSource:
 
     def on_published(self, version: int) -> None:
         """Every instance now holds ``version`` (call after the weight push returned)."""
-        self.adm.on_publish(version)
+        self.feeder.published(version)
         for i in range(len(self.instances)):
-            self.adm.on_instance_synced(i, version)
+            self.feeder.synced(i, version)
         self._fill()
 
 
@@ -157,17 +148,17 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
             seed=cfg.seed + i, dtype="bfloat16", instance=i, worker_extension_cls=RECEIVER, platform="npu",
             tensor_parallel_size=tp))
     ray.get([a.ready.remote() for a in actors])
-    schedule = pd.read_parquet(schedule_path)
+    settings = ExecutionSettings.from_config(cfg)
+    plan = ExecutionPlan.from_schedule(pd.read_parquet(schedule_path), settings)
     fetch = train_ds.__getitem__
 
     def prompt_of(pid):
         item = fetch(int(pid))
         return [int(t) for t in item["input_ids"]], {k: item[k] for k in dataset_additional_keys}
 
-    n = cfg.train.group_size
+    n = settings.group_size
     source = DispatcherSource(
-        schedule, [_RayHandle(a) for a in actors], prompt_of, n, cfg.pipeline.lag_bound,
-        groups_in_flight=max(1, cfg.rollout.max_num_seqs // n),
+        plan, [_RayHandle(a) for a in actors], prompt_of,
         sampling={"max_tokens": cfg.lengths.max_response_length, "temperature": cfg.rollout.temperature,
                   "top_p": cfg.rollout.top_p, "seed": cfg.seed, "stop_token_ids": [int(tokenizer.eod)]})
 
@@ -187,7 +178,7 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
         source.on_published(version)
 
     settings = LoopSettings(global_batch_size=cfg.train.global_batch_size, group_size=n,
-                            lag_bound=cfg.pipeline.lag_bound, iterations=0, off_policy=cfg.train.off_policy,
+                            lag_bound=settings.lag_bound, iterations=0, off_policy=cfg.train.off_policy,
                             tis_cap=cfg.train.tis_cap, dataset_additional_keys=tuple(dataset_additional_keys),
                             mini_batch_size=cfg.train.mini_batch_size, trainer_dp=trainer_dp)
     return source, publish, settings

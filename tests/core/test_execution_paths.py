@@ -1,0 +1,197 @@
+"""One path from schedule to execution: the simulator, the runtime and the MindSpeed-RL source
+admit the same jobs in the same order on the same events.
+
+One schedule is run by the simulator under the runtime's admission rule (``group_slots``, no pause
+at weight syncs); its :class:`~asp_ascend.scheduler.execution.Feeder` traces every admission and
+every event that changes admission (a group finished, a version published or received). The
+events are then fed, block by block, to the runtime's orchestrator (instance handles that answer
+polls with the finished groups; a stand-in for Ray's ``wait``/``get``) and to the MindSpeed-RL
+``DispatcherSource`` (in-process instance handles). After each block each executor must submit
+exactly what the simulator admitted, in the same order. The trainer, which would empty the
+runtime's sample queue, is not part of this, so the queue's backpressure is set out of reach.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from asp_ascend.integrations.mindspeed_rl.sample_source import DispatcherSource
+from asp_ascend.pipeline.logger import RunLogger
+from asp_ascend.pipeline.orchestrator import Orchestrator, Prompts, Sampling
+from asp_ascend.scheduler.cost import CostModel
+from asp_ascend.scheduler.execution import ExecutionPlan, ExecutionSettings
+from asp_ascend.scheduler.planner import plan
+from asp_ascend.sim.engine import Engine, SimJobs, TrainerSpec
+
+G, R = 2, 2
+
+
+def schedule_and_lengths(policy: str, k: int, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    n = 24
+    truth = rng.integers(1, 40, (n, G))
+    predicted = truth.mean(axis=1) * rng.uniform(0.3, 3.0, n)     # mispredicted: stealing has work to do
+    ids = np.array([f"p{i}" for i in range(n)], dtype=object)
+    sched = plan(ids, predicted, np.full(n, 4.0), policy=policy, group_size=G, global_batch_size=6, mini_batch_size=3,
+                 num_instances=R, max_num_seqs=4, lag_bound=k, seed=seed)
+    rows = {p: i for i, p in enumerate(ids)}
+    resp = truth[[rows[p] for p in sched["prompt_id"]]]
+    return sched, resp
+
+
+def simulate(sched, resp, settings) -> list:
+    jobs = SimJobs(epoch=sched["epoch"].to_numpy(np.int64), prompt_id=sched["prompt_id"].to_numpy(object),
+                   iteration=sched["iteration"].to_numpy(np.int64), mini_batch=sched["mini_batch"].to_numpy(np.int64),
+                   instance=sched["instance"].to_numpy(np.int64),
+                   dispatch_rank=sched["dispatch_rank"].to_numpy(np.int64),
+                   prompt_length=np.full(len(sched), 4, np.int64), resp=np.asarray(resp, np.int64),
+                   predicted_length=sched["predicted_length"].to_numpy(float))
+    trace: list = []
+    cm = CostModel(decode_a=0.01, decode_b=1e-5, decode_c=1e-3, prefill_per_token=1e-4)
+    Engine(jobs, settings, cost=cm, kv_capacity=0, trainer=TrainerSpec(1e-3, 0.05, 0.02, 4, "packed"),
+           sync_pause=False, group_slots=True, trace=trace).run()
+    return trace
+
+
+def blocks(trace: list) -> list[tuple[list, list]]:
+    """The trace cut into (events, the admissions that followed them)."""
+    out: list = [([], [])]
+    for entry in trace:
+        if entry[0] == "admit":
+            out[-1][1].append(entry[1:4])
+        else:
+            if out[-1][1]:
+                out.append(([], []))
+            out[-1][0].append(entry)
+    return out
+
+
+def group(r: int, epoch: int, pid: str, version: int) -> dict:
+    return {"meta": {"epoch": epoch, "prompt_id": pid}, "instance": r, "admission_version": version, "t_admit": 0.0,
+            "samples": [{"sample": s, "token_ids": [1, 2], "logprobs": [-0.1, -0.1], "t_first_token": 0.0,
+                         "t_finish": 0.0, "version_first": version, "version_last": version} for s in range(G)]}
+
+
+class Ref:
+    def __init__(self, fn):
+        self.fn = fn
+
+
+class RayStandIn:
+    """Ray's ``wait``/``get`` over refs that are always ready."""
+    class exceptions:
+        RayActorError = type("RayActorError", (Exception,), {})
+
+    def wait(self, refs, num_returns=1, timeout=None):
+        return list(refs), []
+
+    def get(self, ref):
+        return ref.fn()
+
+
+class RuntimeInstance:
+    """A rollout actor handle: ``submit.remote`` is logged, ``poll.remote`` returns what finished."""
+
+    def __init__(self, r: int, submitted: list):
+        self.finished: list = []
+        outer = self
+
+        class _Submit:
+            @staticmethod
+            def remote(group_id, token_ids, n, max_tokens, temperature, top_p, seed, stop, meta):
+                submitted.append((r, meta["epoch"], meta["prompt_id"]))
+                return Ref(lambda: None)
+
+        class _Poll:
+            @staticmethod
+            def remote(timeout):
+                def answer():
+                    done, outer.finished = outer.finished, []
+                    return {"groups": done, "busy_s": 0.0}
+                return Ref(answer)
+
+        self.submit, self.poll = _Submit, _Poll
+
+
+class MindSpeedInstance:
+    def __init__(self, r: int, submitted: list):
+        self.r, self.submitted, self.finished = r, submitted, []
+
+    def submit(self, group_id, prompt_token_ids, n, meta=None, **sampling):
+        self.submitted.append((self.r, meta["epoch"], meta["prompt_id"]))
+
+    def poll(self):
+        done, self.finished = self.finished, []
+        return {"groups": [{**g, "meta": {**g["meta"], "iteration": 0, "mini_batch": 0, "prompt": [1], "extras": {},
+                                          "version": g["admission_version"]}} for g in done]}
+
+
+def replay_runtime(sched, settings, blks, versions, tmp_path) -> list[list]:
+    submitted: list = []
+    handles = [RuntimeInstance(r, submitted) for r in range(R)]
+    ids = sched["prompt_id"].tolist()
+    orch = Orchestrator(instances=handles, trainer=None, plan=ExecutionPlan.from_schedule(sched, settings),
+                        prompts=Prompts({p: [1, 2, 3, 4] for p in ids}, {p: None for p in ids}),
+                        reward_fn=lambda text, answer: 0.0, decode=lambda ids: "",
+                        sampling=Sampling(G, 8, 1.0, 1.0, [], 0), timeline_path=tmp_path / "timeline.jsonl",
+                        logger=RunLogger(tmp_path, tensorboard=False, wandb_project=None, progress=False,
+                                         total_iterations=0), t0=0.0, weight_sync=object())
+    orch.ray = RayStandIn()
+    for r in range(R):
+        orch.poll_refs[r] = handles[r].poll.remote(0.0)
+    got = []
+    for events, _ in blks:
+        for ev in events:
+            if ev[0] == "finish":
+                handles[ev[1]].finished.append(group(ev[1], ev[2], ev[3], versions[(ev[2], ev[3])]))
+            elif ev[0] == "publish":       # what the orchestrator does when a sync starts / an instance holds it
+                orch.feeder.published(ev[1])
+            elif ev[0] == "synced":
+                orch.feeder.synced(ev[1], ev[2])
+        orch._collect_rollouts()
+        n = len(submitted)
+        orch._dispatch()
+        got.append(submitted[n:])
+    return got
+
+
+def replay_mindspeed(sched, settings, blks, versions) -> list[list]:
+    submitted: list = []
+    insts = [MindSpeedInstance(r, submitted) for r in range(R)]
+    src = DispatcherSource(ExecutionPlan.from_schedule(sched, settings), insts, lambda pid: ([1, 2, 3, 4], {}),
+                           sampling={}, poll_interval_s=0.0)
+    got = []
+    for events, _ in blks:
+        published = [ev[1] for ev in events if ev[0] == "publish"]
+        for ev in events:
+            if ev[0] == "finish":
+                insts[ev[1]].finished.append(group(ev[1], ev[2], ev[3], versions[(ev[2], ev[3])]))
+        n = len(submitted)
+        src._poll()
+        if published:   # MindSpeed-RL pushes the weights to every instance at once
+            assert sorted(ev[1] for ev in events if ev[0] == "synced") == sorted(list(range(R)) * len(published))
+            for v in published:
+                src.on_published(v)
+        else:
+            src._fill()
+        got.append(submitted[n:])
+    return got
+
+
+@pytest.mark.parametrize("policy,dispatch,k", [("asp", "static", 1), ("fifo", "static", 1), ("asp", "guided", 1),
+                                               ("balanced", "guided", 2), ("sorted", "static", 0)])
+def test_simulator_runtime_and_mindspeed_admit_alike(policy, dispatch, k, tmp_path):
+    sched, resp = schedule_and_lengths(policy, k)
+    settings = ExecutionSettings(policy=policy, lag_bound=k, group_size=G, max_num_seqs=4, num_instances=R,
+                                 dispatch=dispatch, queue_capacity=10 ** 6)
+    trace = simulate(sched, resp, settings)
+    blks = blocks(trace)
+    versions = {(e[2], e[3]): e[4] for e in trace if e[0] == "admit"}
+    assert len(versions) == len(sched)                                  # every job admitted once
+    want = [admits for _, admits in blks]
+    assert sum(map(len, want)) == len(sched)
+    assert replay_runtime(sched, settings, blks, versions, tmp_path) == want
+    assert replay_mindspeed(sched, settings, blks, versions) == want
+    if dispatch == "guided":
+        assert any(r != inst for r, (e, p) in ((a[0], a[1:]) for a in sum(want, []))
+                   for inst in sched.loc[sched.prompt_id == p, "instance"])
