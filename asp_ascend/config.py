@@ -448,8 +448,7 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
     pos("workload.num_prompts", cfg.workload.num_prompts)
     pos("workload.epochs", cfg.workload.epochs)
     if t.mini_batch_size >= 1 and t.global_batch_size >= 1 and t.global_batch_size % t.mini_batch_size:
-        divisors = [d for d in range(1, t.global_batch_size + 1) if t.global_batch_size % d == 0]
-        near = min(divisors, key=lambda d: abs(d - t.mini_batch_size))
+        near = _nearest_divisor(t.global_batch_size, t.mini_batch_size)
         p.append(f"train.mini_batch_size: {t.mini_batch_size} does not divide train.global_batch_size="
                  f"{t.global_batch_size}; use a divisor such as {near}")
     if not 0.0 < cfg.lengths.ema_alpha <= 1.0:
@@ -486,6 +485,18 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
             if val and not Path(val).exists():
                 p.append(f"{key}: {val} does not exist; fix the path or remove the key")
     return p
+
+
+def _nearest_divisor(n: int, target: int) -> int:
+    """The divisor of ``n`` closest to ``target`` (O(sqrt n): a fuzzed batch size may be huge)."""
+    best, d = 1, 1
+    while d * d <= n:
+        if n % d == 0:
+            best = min((best, d, n // d), key=lambda x: (abs(x - target), x))
+        d += 1
+        if d > 10 ** 5:    # absurd sizes: a divisor below 100000 is a fine hint
+            break
+    return best
 
 
 def _count_or(value, words: tuple[str, ...], what: str) -> int | str:
