@@ -28,6 +28,7 @@ parameters, mixed-precision policies (the model trains in ``model.dtype``).
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -274,13 +275,44 @@ class _Method:
         return self._fn(*args, **kwargs)
 
 
+class _remote:
+    """Declares a TrainerGroup method with an actor method's call surface: ``group.m.remote(...)``
+    calls the decorated function and returns its one ObjectRef."""
+
+    def __init__(self, fn):
+        self._fn = fn
+
+    def __get__(self, group, owner=None):
+        return self if group is None else _Method(functools.partial(self._fn, group))
+
+
+def _on_all_ranks(name: str) -> _remote:
+    """A method every rank runs; its ref resolves (to rank 0's answer) once all have answered."""
+    return _remote(lambda group, *args, **kwargs: group._all(name, *args, **kwargs))
+
+
+def _on_rank0(name: str) -> _remote:
+    return _remote(lambda group, *args, **kwargs: getattr(group.ranks[0], name).remote(*args, **kwargs))
+
+
 class TrainerGroup:
-    """``world`` :class:`FSDPTrainerRank` actors behind the single trainer actor's call surface.
+    """``world`` :class:`FSDPTrainerRank` actors behind the single trainer actor's call surface
+    (the ``Trainer`` contract, pipeline/contracts.py).
 
     ``actor_options``: Ray options of each rank (``num_cpus``, the platform's device resource,
     ``runtime_env``); ``rank_kwargs``: each rank's TrainerEngine arguments (``cpu_cores`` may
     differ per rank: pass ``cores_per_rank``). Blocks until every rank has loaded its shard.
     """
+    ready = _on_all_ranks("ready")
+    begin_iteration = _on_all_ranks("begin_iteration")
+    sft = _on_all_ranks("sft")
+    sequence_logprobs = _on_all_ranks("sequence_logprobs")
+    save_checkpoint = _on_all_ranks("save_checkpoint")
+    load_checkpoint = _on_all_ranks("load_checkpoint")
+    shutdown = _on_all_ranks("shutdown")
+    node_ip = _on_rank0("node_ip")
+    free_port = _on_rank0("free_port")
+    send_weights = _on_rank0("send_weights")
 
     def __init__(self, model_dir: str, world: int, *, actor_options: dict | None = None,
                  cores_per_rank: list[list[int]] | None = None, **rank_kwargs):
@@ -294,33 +326,24 @@ class TrainerGroup:
                       for r in range(self.world)]
         addr, port = ray.get(self.ranks[0].endpoint.remote())
         ray.get([a.connect.remote(addr, port) for a in self.ranks])
-        micro = int(rank_kwargs.get("micro_batch_size", 1))
-        self._micro = micro
+        self._micro = int(rank_kwargs.get("micro_batch_size", 1))
         self._pick = ray.remote(num_cpus=0)(_pick)
         self._merge = ray.remote(num_cpus=0)(_merge)
-        for name in ("ready", "begin_iteration", "sft", "sequence_logprobs", "save_checkpoint", "load_checkpoint"):
-            setattr(self, name, _Method(self._all(name)))
-        self.train_step = _Method(self._train_step)
-        self.publish = _Method(self._publish)
-        self.node_ip = _Method(lambda: self.ranks[0].node_ip.remote())
-        self.free_port = _Method(lambda: self.ranks[0].free_port.remote())
-        self.send_weights = _Method(lambda *a, **k: self.ranks[0].send_weights.remote(*a, **k))
-        self.shutdown = _Method(self._all("shutdown"))
 
-    def _all(self, name: str):
-        def call(*args, **kwargs):
-            refs = [getattr(a, name).remote(*args, **kwargs) for a in self.ranks]
-            return self._pick.remote(0, *refs)  # waits for every rank; rank 0's answer
-        return call
+    def _all(self, name: str, *args, **kwargs):
+        refs = [getattr(a, name).remote(*args, **kwargs) for a in self.ranks]
+        return self._pick.remote(0, *refs)  # waits for every rank; rank 0's answer
 
-    def _train_step(self, samples: list[dict]):
+    @_remote
+    def train_step(self, samples: list[dict]):
         shares = split_balanced(samples, self.world)
         denom = sum(len(s["response_ids"]) for s in samples)
         passes = max(1, max(-(-len(sh) // self._micro) for sh in shares))
         refs = [a.train_step.remote(sh, denom, passes) for a, sh in zip(self.ranks, shares)]
         return self._merge.remote(*refs)
 
-    def _publish(self, version: int, transport: str = "object_store"):
+    @_remote
+    def publish(self, version: int, transport: str = "object_store"):
         """Every rank takes part in the gather; rank 0's ticket carries the weights."""
         refs = [a.publish.remote(version, transport) for a in self.ranks]
         self._last_publish = refs  # the other ranks' (empty) tickets stay alive until the next publish

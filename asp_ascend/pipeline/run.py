@@ -178,19 +178,20 @@ def run_train(cfg) -> int:
         t = cfg.train
         logger.say(f"instances ready; training {plan.total_iterations} iteration(s) of {t.global_batch_size} "
                    f"prompts x {t.group_size} samples")
-        from .orchestrator import Orchestrator, Prompts, Sampling
+        from .orchestrator import (Evaluator, FleetOptions, Orchestrator, Prompts, RunOutputs, Sampling,
+                                   Task)
 
-        orch = Orchestrator(
-            instances=instances, trainer=trainer, plan=plan,
-            prompts=Prompts(tok_ids, dict(zip(train.ids, train.answers))), reward_fn=reward_fn,
-            decode=lambda ids: tok.decode(ids, skip_special_tokens=True),
-            sampling=Sampling(t.group_size, cfg.lengths.max_response_length, cfg.rollout.temperature,
-                              cfg.rollout.top_p, [tok.eos_token_id], cfg.seed),
-            timeline_path=out / "timeline.jsonl", logger=logger, t0=t_start,
-            eval_prompts=Prompts(ev_ids, dict(zip(ev.ids, ev.answers))) if ev_ids else None,
-            eval_every=t.eval_every, checkpoint_every=t.checkpoint_every, checkpoint_dir=out / "checkpoints",
-            replan=replan, request_timeout_s=cfg.rollout.request_timeout_s, max_restarts=cfg.rollout.max_restarts, ticket=ticket,
-            weight_sync=wsync)
+        decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+        task = Task(Prompts(tok_ids, dict(zip(train.ids, train.answers))), reward_fn, decode,
+                    Sampling(t.group_size, cfg.lengths.max_response_length, cfg.rollout.temperature,
+                             cfg.rollout.top_p, [tok.eos_token_id], cfg.seed))
+        evaluator = (Evaluator(Prompts(ev_ids, dict(zip(ev.ids, ev.answers))), t.eval_every, reward_fn, decode)
+                     if ev_ids else None)
+        orch = Orchestrator(instances, trainer, plan, task,
+                            RunOutputs(out / "timeline.jsonl", logger, t_start, t.checkpoint_every, out / "checkpoints"),
+                            weight_sync=wsync, ticket=ticket, evaluator=evaluator, replan=replan,
+                            fleet=FleetOptions(request_timeout_s=cfg.rollout.request_timeout_s,
+                                               max_restarts=cfg.rollout.max_restarts))
         if resume is not None:
             orch.history = list(resume.history)  # the length history observed before the interruption
         orch.run()

@@ -17,7 +17,7 @@ import pytest
 
 from asp_ascend.integrations.mindspeed_rl.sample_source import DispatcherSource
 from asp_ascend.pipeline.logger import RunLogger
-from asp_ascend.pipeline.orchestrator import Orchestrator, Prompts, Sampling
+from asp_ascend.pipeline.orchestrator import Orchestrator, Prompts, RunOutputs, Sampling, Task
 from asp_ascend.scheduler.cost import CostModel
 from asp_ascend.scheduler.execution import ExecutionPlan, ExecutionSettings
 from asp_ascend.scheduler.planner import plan
@@ -130,12 +130,11 @@ def replay_runtime(sched, settings, blks, versions, tmp_path) -> list[list]:
     submitted: list = []
     handles = [RuntimeInstance(r, submitted) for r in range(R)]
     ids = sched["prompt_id"].tolist()
-    orch = Orchestrator(instances=handles, trainer=None, plan=ExecutionPlan.from_schedule(sched, settings),
-                        prompts=Prompts({p: [1, 2, 3, 4] for p in ids}, {p: None for p in ids}),
-                        reward_fn=lambda text, answer: 0.0, decode=lambda ids: "",
-                        sampling=Sampling(G, 8, 1.0, 1.0, [], 0), timeline_path=tmp_path / "timeline.jsonl",
-                        logger=RunLogger(tmp_path, tensorboard=False, wandb_project=None, progress=False,
-                                         total_iterations=0), t0=0.0, weight_sync=object())
+    task = Task(Prompts({p: [1, 2, 3, 4] for p in ids}, {p: None for p in ids}), lambda text, answer: 0.0,
+                lambda ids: "", Sampling(G, 8, 1.0, 1.0, [], 0))
+    logger = RunLogger(tmp_path, tensorboard=False, wandb_project=None, progress=False, total_iterations=0)
+    orch = Orchestrator(handles, None, ExecutionPlan.from_schedule(sched, settings), task,
+                        RunOutputs(tmp_path / "timeline.jsonl", logger, 0.0), weight_sync=object())
     orch.ray = RayStandIn()
     for r in range(R):
         orch.poll_refs[r] = handles[r].poll.remote(0.0)

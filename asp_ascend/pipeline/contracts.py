@@ -1,0 +1,80 @@
+"""The runtime's collaborators as Protocols (each has more than one implementation).
+
+The loop talks to Ray actors: every call is ``handle.method.remote(*args)`` and returns a
+reference that ``ray.get`` resolves. A :class:`RemoteMethod` is that call surface, so a
+contract lists the methods the loop uses, each a ``RemoteMethod``.
+
+- :class:`Trainer`: one trainer actor (engines/trainer.py) or ``train.devices`` FSDP ranks
+  behind one call surface (engines/fsdp_trainer.py ``TrainerGroup``).
+- :class:`RolloutInstance`: a vLLM rollout actor (engines/rollout.py); the tests' in-process
+  stand-ins answer the same calls.
+- :class:`WeightTransport`: how a published version reaches the instances
+  (pipeline/weight_sync.py: object store or broadcast).
+- :class:`SampleSource`: where a trainer's finished groups come from outside our own loop
+  (integrations/mindspeed_rl ``DispatcherSource``; verl's ``AspSampler`` feeds prompts instead).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class RemoteMethod(Protocol):
+    def remote(self, *args: Any, **kwargs: Any) -> Any: ...
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    ready: RemoteMethod               # () -> int, once the model is loaded
+    begin_iteration: RemoteMethod     # (version, mini_batches)
+    train_step: RemoteMethod          # (samples) -> step stats (tokens, padded_tokens, loss, ...)
+    publish: RemoteMethod             # (version, transport) -> WeightTicket
+    send_weights: RemoteMethod        # (version, group) -> broadcast stats
+    sft: RemoteMethod                 # (examples, steps, batch_size, lr, seed) -> losses
+    save_checkpoint: RemoteMethod     # (path, state) -> path
+    load_checkpoint: RemoteMethod     # (path) -> version
+
+
+@runtime_checkable
+class RolloutInstance(Protocol):
+    submit: RemoteMethod              # (group_id, prompt_ids, n, max_tokens, temperature, top_p, seed, stop, meta)
+    poll: RemoteMethod                # (wait_s) -> {"groups": [...], "busy_s": float}
+    update_weights: RemoteMethod      # (ticket, group=None)
+    ready: RemoteMethod               # () -> int
+    shutdown: RemoteMethod
+
+
+class PendingWeights(Protocol):
+    version: int
+    ticket: Any
+    refs: dict
+
+    @property
+    def in_flight(self) -> bool: ...
+
+    def waiting(self) -> list: ...
+
+    def poll(self, ray: Any, t0: float, on_dead: Callable[[int, BaseException], None]) -> list[int]: ...
+
+
+@runtime_checkable
+class WeightTransport(Protocol):
+    @property
+    def broadcast(self) -> bool: ...
+
+    def start(self, version: int, members: list[int], t_start: float = 0.0) -> PendingWeights: ...
+
+    def push(self, s: PendingWeights, members: list[int]) -> None: ...
+
+    def regroup(self) -> None: ...
+
+    def catch_up_ticket(self, version: int) -> Any: ...
+
+
+@runtime_checkable
+class SampleSource(Protocol):
+    """Finished groups for the trainer's iterations, admitted by the plan's Feeder."""
+
+    def get_groups(self, iteration: int, count: int) -> list: ...
+
+    def on_published(self, version: int) -> None: ...
