@@ -40,7 +40,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 def write_json_atomic(path: str | os.PathLike, obj: dict[str, Any]) -> None:
     """Write ``obj`` as JSON with ``schema_version`` first, atomically."""
     payload = {"schema_version": SCHEMA_VERSION, **{k: v for k, v in obj.items() if k != "schema_version"}}
-    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=False, default=_json_default) + "\n")
+    write_text_atomic(path, json.dumps(payload, indent=2, sort_keys=False, default=json_default) + "\n")
 
 
 def write_parquet_atomic(path: str | os.PathLike, df, metadata: dict[str, str] | None = None) -> None:
@@ -58,7 +58,8 @@ def write_parquet_atomic(path: str | os.PathLike, df, metadata: dict[str, str] |
         pq.write_table(table, tmp)
 
 
-def _json_default(o: Any):
+def json_default(o: Any):
+    """``json.dumps(default=...)`` for numpy scalars and arrays and paths."""
     import numpy as np
 
     if isinstance(o, np.integer):

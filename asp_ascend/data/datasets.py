@@ -10,34 +10,15 @@ tokenizer is available (the runtime replaces them with real token counts).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import DataError
+from .prompts import PromptSet
 
-
-@dataclass
-class PromptSet:
-    ids: list[str]
-    prompts: list[str]
-    answers: list[str | None]
-    prompt_lengths: np.ndarray
-    known_lengths: np.ndarray | None = None  # answer lengths known by construction (synthetic task)
-    source: str = "<memory>"
-    extra: dict[str, list[Any]] = field(default_factory=dict)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def subset(self, index) -> "PromptSet":
-        idx = np.asarray(index)
-        return PromptSet([self.ids[i] for i in idx], [self.prompts[i] for i in idx],
-                         [self.answers[i] for i in idx], self.prompt_lengths[idx],
-                         None if self.known_lengths is None else self.known_lengths[idx], self.source,
-                         {k: [v[i] for i in idx] for k, v in self.extra.items()})
+__all__ = ["PromptSet", "load_prompts", "prompts_from_config"]
 
 
 def _prompt_text(val: Any, where: str) -> str:

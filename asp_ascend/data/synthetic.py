@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .datasets import PromptSet
+from .prompts import PromptSet
 
 
 def _answer_lengths(rng: np.random.Generator, n: int, lo: int, hi: int, alpha: float) -> np.ndarray:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-import numpy as np
+from ..io import json_default
 
 KINDS = ("request", "step", "queue", "sync", "instance")
 
@@ -54,7 +54,7 @@ class Timeline:
         with atomic_path(path) as tmp, open(tmp, "w") as fh:
             for kind in KINDS:
                 for ev in self.events[kind]:
-                    fh.write(json.dumps({"kind": kind, **ev}, default=_np_default) + "\n")
+                    fh.write(json.dumps({"kind": kind, **ev}, default=json_default) + "\n")
 
     @classmethod
     def read_jsonl(cls, path: str | Path) -> "Timeline":
@@ -88,18 +88,8 @@ class TimelineWriter:
     def add(self, kind: str, **ev: Any) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown timeline event kind {kind!r}")
-        self._fh.write(json.dumps({"kind": kind, **ev}, default=_np_default) + "\n")
+        self._fh.write(json.dumps({"kind": kind, **ev}, default=json_default) + "\n")
         self._fh.flush()
 
     def close(self) -> None:
         self._fh.close()
-
-
-def _np_default(o):
-    if isinstance(o, np.integer):
-        return int(o)
-    if isinstance(o, np.floating):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(type(o).__name__)

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..io import _json_default
+from ..io import json_default
 
 
 class _Null:
@@ -56,7 +56,7 @@ class RunLogger:
 
     def log_iteration(self, row: dict) -> None:
         """One row of metrics.jsonl (one per iteration) + TensorBoard/wandb scalars + progress line."""
-        self._fh.write(json.dumps(row, default=_json_default) + "\n")
+        self._fh.write(json.dumps(row, default=json_default) + "\n")
         self._fh.flush()
         step = int(row["iteration"])
         for k, v in row.items():
@@ -74,7 +74,7 @@ class RunLogger:
     def log_side(self, name: str, row: dict) -> None:
         """A row of a side file (``eval.jsonl``, ``warm_start.jsonl``): metrics.jsonl stays one row per iteration."""
         with open(self.out / name, "a") as fh:
-            fh.write(json.dumps(row, default=_json_default) + "\n")
+            fh.write(json.dumps(row, default=json_default) + "\n")
 
     def close(self) -> None:
         self._fh.close()

@@ -87,12 +87,12 @@ def train_summary(out: Path, tl=None) -> dict:
 def write_train_report(out: Path) -> Path:
     from ..metrics.timeline import Timeline
     from . import plots
-    from .sim_report import _table
+    from .sim_report import summary_table
 
     tl = Timeline.read_jsonl(out / "timeline.jsonl")
     summary = train_summary(out, tl)
     metrics = _read_metrics(out)
-    md = ["# Training run report", "", f"Run directory `{out.name}`.", "", "## Summary", "", *_table(summary), ""]
+    md = ["# Training run report", "", f"Run directory `{out.name}`.", "", "## Summary", "", *summary_table(summary), ""]
     figs = []
     req = tl.frame("request")
     if not req.empty:

@@ -50,7 +50,7 @@ def scaling_points(out: Path, sub: str = "sweep", prefix: str = "devices") -> pd
     return pd.DataFrame(rows)
 
 
-def _table(summary: dict) -> list[str]:
+def summary_table(summary: dict) -> list[str]:
     base = summary.get("sync_colocated")
     lines = ["| policy | devices | throughput (tok/s) | x sync_colocated | iteration time mean / p50 / p99 (s) "
              "| padding | skew | sorting | LB ratio | lag max | queue CV |",
@@ -94,7 +94,7 @@ def write_sim_report(out, views: dict | None = None) -> Path:
                       f"{c['decode_a']:.3g} / {c['decode_b']:.3g} / {c['decode_c']:.3g} | {s['sync_s']:.2f} | "
                       f"{s['preemptions']} |")
         md.append("")
-    md += ["## Results", "", *_table(summary), ""]
+    md += ["## Results", "", *summary_table(summary), ""]
     hl = headline(summary)
     if hl:
         md += ["## Comparisons", "", *hl, ""]

@@ -53,9 +53,6 @@ class AdmissionController:
     def admissible(self, instance: int, iteration: int) -> bool:
         return self.instance_version[instance] >= iteration - self.k
 
-    def min_version_for(self, iteration: int) -> int:
-        return max(0, iteration - self.k)
-
     # state updates -------------------------------------------------------------
     def on_publish(self, version: int) -> None:
         if version < self.published:
@@ -73,10 +70,6 @@ class AdmissionController:
             raise LagViolation(f"iteration {iteration} on instance {instance} holding "
                                f"v{self.instance_version[instance]} exceeds lag bound {self.k}")
         return self.instance_version[instance]
-
-    def add_instance(self) -> int:
-        self.instance_version.append(self.published)
-        return len(self.instance_version) - 1
 
 
 class _RankQueue:

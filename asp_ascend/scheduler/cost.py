@@ -9,7 +9,8 @@ vLLM: a = 20 ms fixed per step, b = 2e-8 s per context token, c = 0.1 ms per seq
 Prefill costs ``prefill_per_token`` per prompt token. Trainer: ``train_per_token`` per
 (padded) token plus ``train_per_step`` per optimizer step; ``logprob_per_token`` per token
 for each extra forward pass (old/reference log-probs). ``sync_s`` per weight sync.
-See docs/cost_model.md for the derivation and for calibration from a real run.
+docs/simulator.md ("Default cost models", "Calibration") gives the defaults per model class and
+how the coefficients are fitted to a real run (``asp simulate --calibrate RUN_DIR``).
 """
 from __future__ import annotations
 

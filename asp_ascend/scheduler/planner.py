@@ -41,6 +41,16 @@ import pandas as pd
 from .cost import CostModel
 
 POLICIES = ("asp", "fifo", "random", "sorted", "balanced")
+
+# A baseline's dispatch order of an epoch's prompts; its iterations are consecutive slices of
+# it. ``balanced`` keeps dataset order and differs in placement (longest first, least loaded).
+BASELINE_ORDER = {
+    "fifo": lambda pred, rng: np.arange(pred.shape[0]),
+    "random": lambda pred, rng: rng.permutation(pred.shape[0]),
+    "sorted": lambda pred, rng: np.argsort(pred, kind="stable"),  # ascending predicted length
+    "balanced": lambda pred, rng: np.arange(pred.shape[0]),
+}
+assert set(BASELINE_ORDER) == set(POLICIES) - {"asp"}
 SHARED_QUEUE = {"fifo": True, "random": True, "sorted": True, "balanced": False, "asp": False}
 
 
@@ -304,12 +314,7 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
             pred, plen, work, B=B, m=m, R=R, G=G, S=max_num_seqs, k=lag_bound, cost=cost, rng=rng, n_iter=n_iter,
             tail=tail, group_max_factor=group_max_factor, speculation=speculation, max_len=max_response_length)
     else:
-        if policy == "fifo" or policy == "balanced":
-            order = np.arange(n)
-        elif policy == "random":
-            order = rng.permutation(n)
-        else:  # sorted: ascending predicted length over the whole epoch (stable)
-            order = np.argsort(pred, kind="stable")
+        order = BASELINE_ORDER[policy](pred, rng)
         position = np.empty(n, dtype=np.int64)
         position[order] = np.arange(n)
         iteration = position // B

@@ -6,7 +6,8 @@ import json
 import numpy as np
 import pandas as pd
 
-from ..metrics.timeline import KINDS, _np_default
+from ..io import json_default
+from ..metrics.timeline import KINDS
 
 
 def write_frames_jsonl(frames: dict[str, pd.DataFrame], path) -> None:
@@ -22,4 +23,4 @@ def write_frames_jsonl(frames: dict[str, pd.DataFrame], path) -> None:
                 ev = {"kind": kind}
                 for c, v in zip(cols, row):
                     ev[c] = v.item() if isinstance(v, np.generic) else v
-                fh.write(json.dumps(ev, default=_np_default) + "\n")
+                fh.write(json.dumps(ev, default=json_default) + "\n")

@@ -34,10 +34,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkable
 
+from ...algos.grpo import OFF_POLICY_MODES
 from ...metrics.bubbles import ratio
 from ...scheduler.admission import LagViolation
-
-OFF_POLICY_MODES = ("decoupled_ppo", "tis", "none")
 
 
 @dataclass
