@@ -32,6 +32,8 @@ def _parser() -> argparse.ArgumentParser:
                             help="fit the cost model from RUN_DIR/timeline.jsonl, then simulate that setup")
     rp = sub.add_parser("report", help=COMMANDS["report"], description=COMMANDS["report"])
     rp.add_argument("run_dir", help="a run or simulation directory")
+    rp.add_argument("--sim", metavar="SIM_DIR",
+                    help="a training run only: put the simulation in SIM_DIR beside it (same system-policy key)")
     dp = sub.add_parser("doctor", help=COMMANDS["doctor"], description=COMMANDS["doctor"])
     dp.add_argument("--mindspeed-src", metavar="PATH",
                     help="statically check a MindSpeed-RL source tree for everything the adapter relies on")
@@ -74,7 +76,7 @@ def _dispatch(args) -> int | None:
     if args.command == "report":
         from .report.run import run_report
 
-        return run_report(args.run_dir)
+        return run_report(args.run_dir, args.sim)
     from .config import load_config
 
     overrides = list(args.overrides)

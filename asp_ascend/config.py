@@ -332,6 +332,40 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return cfg
 
 
+def lag_bound_of(cfg: Config) -> int:
+    """k as every executor applies it: ``pipeline.lag_bound``, or 0 in ``pipeline.mode: sync``."""
+    return 0 if cfg.pipeline.mode == "sync" else int(cfg.pipeline.lag_bound)
+
+
+# A run's pipeline.mode / scheduler.policy / scheduler.adaptive as the simulator names the same
+# system (sim/policies.py): run summaries are keyed by it, so a run and its simulation line up.
+# A sync run (decoupled instances, k = 0, whole-iteration training) has no simulated counterpart.
+ASYNC_SYSTEM_POLICIES = {"fifo": "fully_async_fifo", "sorted": "async_sorted", "random": "async_random",
+                         "balanced": "async_balanced", "asp": "asp"}
+
+
+def system_policy_name(mode: str, policy: str, adaptive: bool = False) -> str | None:
+    """The simulator's system policy of a run, or None when the simulator has none."""
+    if mode != "async":
+        return None
+    if policy == "asp" and adaptive:
+        return "asp_adaptive"
+    return ASYNC_SYSTEM_POLICIES[policy]
+
+
+def summary_key(cfg: Config) -> str:
+    """A run's entry in summary.json: its simulator name, else ``<mode>_<policy>``."""
+    p = cfg.pipeline.mode, cfg.scheduler.policy
+    return system_policy_name(*p, cfg.scheduler.adaptive) or "_".join(p)
+
+
+def run_config(run_dir: str | Path) -> Config:
+    """A run directory's resolved ``config.yaml`` read through the schema (so a key the file
+    lacks takes the schema's default, as it did in the run); the defaults when there is none."""
+    p = Path(run_dir) / "config.yaml"
+    return load_config(p if p.is_file() else None, check_files=False)
+
+
 def _type_name(tp) -> str:
     return getattr(tp, "__name__", str(tp))
 

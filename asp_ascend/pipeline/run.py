@@ -198,7 +198,7 @@ def run_train(cfg) -> int:
         final = plan.end
         if not (t.checkpoint_every and final % t.checkpoint_every == 0):
             orch.save_checkpoint(final)
-        summary = write_summary(cfg, orch, out, k)
+        summary = write_summary(cfg, orch, out, k, logger.say)
         import pandas as pd
 
         from ..io import write_parquet_atomic
@@ -367,19 +367,21 @@ def _replanner(cfg, train, k: int, out: Path, first):
     return replan
 
 
-def write_summary(cfg, orch, out: Path, k: int) -> dict:
-    """summary.json: one entry ``<mode>_<policy>`` computed by the shared metric functions."""
+def write_summary(cfg, orch, out: Path, k: int, say=print) -> dict:
+    """summary.json: one entry computed by the shared metric functions, keyed by the simulator's
+    name of the run's system (``config.summary_key``: ``async`` + ``asp`` -> ``asp``)."""
+    from ..config import summary_key
+    from ..errors import DataError
     from ..io import write_json_atomic
     from ..metrics import summarize
+    from .bounds import run_lower_bounds
 
-    lb = None
-    try:
-        from .bounds import run_lower_bounds
-
+    try:  # the ratio needs a cost model fitted to the run; a run too small to fit has none
         lb = run_lower_bounds(orch.timeline, cfg, k)
-    except Exception:  # noqa: BLE001 - the ratio is optional; everything else is exact
+    except DataError as exc:
+        say(f"lower_bound_ratio left out: {exc}")
         lb = None
     s = summarize(orch.timeline, num_instances=cfg.rollout.num_instances, max_num_seqs=cfg.rollout.max_num_seqs,
                   lag_bound=k, lower_bounds=lb)
-    write_json_atomic(out / "summary.json", {f"{cfg.pipeline.mode}_{cfg.scheduler.policy}": s})
+    write_json_atomic(out / "summary.json", {summary_key(cfg): s})
     return s

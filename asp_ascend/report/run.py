@@ -16,32 +16,27 @@ import pandas as pd
 from ..errors import DataError
 
 
-def run_report(run_dir) -> int:
+def run_report(run_dir, sim_dir=None) -> int:
+    """``sim_dir`` (a training run only): its simulation's output_dir, put beside the run."""
     out = Path(run_dir)
     if not out.is_dir():
         raise DataError(f"{out} is not a directory: pass the output_dir of `asp simulate` or `asp train`")
     if (out / "simulation.json").is_file() or ((out / "summary.json").is_file() and not (out / "timeline.jsonl").is_file()):
         from .sim_report import write_sim_report
 
+        if sim_dir is not None:
+            raise DataError(f"{out} is a simulation: --sim puts a simulation beside a training run; pass the "
+                            "run's output_dir first")
         if not (out / "summary.json").is_file():
             raise DataError(f"{out}/summary.json is missing: the simulation did not finish; rerun `asp simulate`")
         path = write_sim_report(out)
     elif (out / "timeline.jsonl").is_file():
-        path = write_train_report(out)
+        path = write_train_report(out, sim_dir)
     else:
         raise DataError(f"{out} holds neither simulation.json nor timeline.jsonl: pass the output_dir of "
                         "`asp simulate` or `asp train`")
     print(f"asp report: wrote {path}")
     return 0
-
-
-def _read_config(out: Path) -> dict:
-    p = out / "config.yaml"
-    if not p.is_file():
-        return {}
-    from omegaconf import OmegaConf
-
-    return OmegaConf.to_container(OmegaConf.load(p), resolve=True) or {}
 
 
 def _read_metrics(out: Path) -> pd.DataFrame:
@@ -61,6 +56,7 @@ def _read_metrics(out: Path) -> pd.DataFrame:
 
 def train_summary(out: Path, tl=None) -> dict:
     """The run's summary.json (computed from the timeline and written when absent)."""
+    from ..config import lag_bound_of, run_config, summary_key
     from ..io import write_json_atomic
     from ..metrics import summarize
     from ..metrics.timeline import Timeline
@@ -72,19 +68,35 @@ def train_summary(out: Path, tl=None) -> dict:
         s.pop("schema_version", None)
         return s
     tl = tl or Timeline.read_jsonl(out / "timeline.jsonl")
-    cfg = _read_config(out)
+    cfg = run_config(out)  # through the schema: a missing key has the value the run used
     req = tl.frame("request")
-    R = int(cfg.get("rollout", {}).get("num_instances") or (int(req["instance"].max()) + 1 if not req.empty else 1))
-    mns = int(cfg.get("rollout", {}).get("max_num_seqs", 64))
-    pipe = cfg.get("pipeline", {})
-    k = 0 if pipe.get("mode") == "sync" else int(pipe.get("lag_bound", 1))
-    name = f"{pipe.get('mode', 'async')}_{cfg.get('scheduler', {}).get('policy', 'asp')}"
-    s = {name: summarize(tl, num_instances=R, max_num_seqs=mns, lag_bound=k)}
+    R = cfg.rollout.num_instances if (out / "config.yaml").is_file() else (
+        int(req["instance"].max()) + 1 if not req.empty else 1)
+    s = {summary_key(cfg): summarize(tl, num_instances=R, max_num_seqs=cfg.rollout.max_num_seqs,
+                                     lag_bound=lag_bound_of(cfg))}
     write_json_atomic(p, s)
     return s
 
 
-def write_train_report(out: Path) -> Path:
+def beside_simulation(summary: dict, sim_dir) -> list[str]:
+    """The run's summary row and its simulation's under the same system-policy key."""
+    sim = Path(sim_dir) / "summary.json"
+    if not sim.is_file():
+        raise DataError(f"{sim} is missing: --sim needs the output_dir of a finished `asp simulate`")
+    with open(sim) as fh:
+        simulated = json.load(fh)
+    simulated.pop("schema_version", None)
+    (key, entry), = summary.items()
+    if key not in simulated:
+        raise DataError(f"{sim}: no entry {key!r} (simulated: {', '.join(simulated)}); simulate the run's system "
+                        f"with sim.policies including {key}")
+    from .sim_report import summary_table
+
+    return ["## Beside its simulation", "", f"Simulation `{Path(sim_dir).name}`, system policy `{key}`.", "",
+            *summary_table({f"{key} (run)": entry, f"{key} (simulated)": simulated[key]}), ""]
+
+
+def write_train_report(out: Path, sim_dir=None) -> Path:
     from ..metrics.timeline import Timeline
     from . import plots
     from .sim_report import summary_table
@@ -93,6 +105,8 @@ def write_train_report(out: Path) -> Path:
     summary = train_summary(out, tl)
     metrics = _read_metrics(out)
     md = ["# Training run report", "", f"Run directory `{out.name}`.", "", "## Summary", "", *summary_table(summary), ""]
+    if sim_dir is not None:
+        md += beside_simulation(summary, sim_dir)
     figs = []
     req = tl.frame("request")
     if not req.empty:

@@ -22,15 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
+from ..config import lag_bound_of
 from .admission import AdmissionController, Dispatcher, Job, RemainingWork
 from .planner import SHARED_QUEUE
 
 Key = tuple[int, str]   # (epoch, prompt_id): a prompt recurs once per epoch
-
-
-def lag_bound_of(cfg) -> int:
-    """k as every executor applies it: ``pipeline.lag_bound``, or 0 in ``pipeline.mode: sync``."""
-    return 0 if cfg.pipeline.mode == "sync" else int(cfg.pipeline.lag_bound)
 
 
 @dataclass(frozen=True)

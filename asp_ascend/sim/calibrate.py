@@ -415,7 +415,7 @@ def replay(tl: Timeline, fit: dict, *, max_num_seqs: int, lag_bound: int, sync_m
                      micro_batch_size, micro_batching,
                      publish_s=fit.get("publish_s") if overheads else None,
                      step_latency_s=o("step_latency_s"), admit_latency_s=o("admit_latency_s"))
-    R = num_instances or int(jobs.instance.max()) + 1
+    R = max(num_instances or 0, int(jobs.instance.max()) + 1)  # the configured count, or the timeline's if more
     # the run's own placement and admission order: per-instance queues
     settings = ExecutionSettings(policy="asp", lag_bound=0 if sync_mode else lag_bound, sync_mode=sync_mode,
                                  group_size=jobs.group_size, max_num_seqs=max_num_seqs, num_instances=R)
@@ -461,16 +461,15 @@ def compare_phases(measured: Timeline, simulated: Timeline) -> pd.DataFrame:
 
 
 def run_settings(run_dir: str | Path) -> dict:
-    """The replay settings of a run (from its resolved ``config.yaml``; defaults when absent)."""
-    from omegaconf import OmegaConf
+    """The replay settings of a run, from its resolved ``config.yaml`` through the schema (the
+    schema's defaults when the file is absent; the instance count is then the timeline's)."""
+    from ..config import lag_bound_of, run_config
 
-    p = Path(run_dir) / "config.yaml"
-    c = OmegaConf.to_container(OmegaConf.load(p)) if p.is_file() else {}
-    g = lambda sec, key, d: (c.get(sec) or {}).get(key, d)  # noqa: E731
-    return {"max_num_seqs": int(g("rollout", "max_num_seqs", 128)), "lag_bound": int(g("pipeline", "lag_bound", 1)),
-            "sync_mode": g("pipeline", "mode", "async") == "sync",
-            "micro_batch_size": int(g("train", "micro_batch_size", 8)),
-            "num_instances": int(g("rollout", "num_instances", 0)) or None}
+    cfg = run_config(run_dir)
+    has_file = (Path(run_dir) / "config.yaml").is_file()
+    return {"max_num_seqs": cfg.rollout.max_num_seqs, "lag_bound": lag_bound_of(cfg),
+            "sync_mode": cfg.pipeline.mode == "sync", "micro_batch_size": cfg.train.micro_batch_size,
+            "num_instances": cfg.rollout.num_instances if has_file else None}
 
 
 def replay_report(run_dir: str | Path, fit: dict | None = None) -> tuple[dict, pd.DataFrame, pd.DataFrame]:

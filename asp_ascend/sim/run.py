@@ -237,6 +237,25 @@ def apply_calibration(cfg, fit: dict):
     return cfg
 
 
+def own_system(cfg, names: list[str]) -> list[str]:
+    """The config's own system (pipeline.mode, scheduler.policy, scheduler.adaptive as
+    ``asp train`` would run it, ``config.system_policy_name``) when sim.policies lacks it, so a
+    run and its simulation share a summary key."""
+    from ..config import system_policy_name
+
+    own = system_policy_name(cfg.pipeline.mode, cfg.scheduler.policy, cfg.scheduler.adaptive)
+    if own is None:
+        print(f"asp simulate: note: pipeline.mode={cfg.pipeline.mode} with scheduler.policy={cfg.scheduler.policy} "
+              "has no simulated counterpart (a sync run trains whole iterations at k = 0 on separate devices); "
+              "sync_colocated is the closest")
+        return []
+    if own in names:
+        return []
+    print(f"asp simulate: also simulating {own} (pipeline.mode={cfg.pipeline.mode}, scheduler.policy="
+          f"{cfg.scheduler.policy}, scheduler.adaptive={cfg.scheduler.adaptive}: what `asp train` runs)")
+    return [own]
+
+
 def run_simulate(cfg) -> int:
     """Entry point of ``asp simulate`` (see module doc)."""
     from ..config import save_resolved
@@ -249,6 +268,7 @@ def run_simulate(cfg) -> int:
     bad = [n for n in names if n not in POLICY_NAMES]
     if bad or not names:
         raise ConfigError([f"sim.policies: unknown {bad or 'empty list'}; valid: {', '.join(POLICY_NAMES)}"])
+    names += own_system(cfg, names)
     if cfg.sim.calibrate:
         from .calibrate import calibrate_run, format_phases, replay_report
 
@@ -259,8 +279,8 @@ def run_simulate(cfg) -> int:
             _, phases, _ = replay_report(cfg.sim.calibrate, fit)
             has_cfg = (Path(cfg.sim.calibrate) / "config.yaml").is_file()
             print("asp simulate: the run's own jobs simulated with the fitted model (replay"
-                  + ("" if has_cfg else "; no config.yaml in the run directory: max_num_seqs 128, lag bound 1, "
-                     "micro-batch 8 assumed") + "):")
+                  + ("" if has_cfg else "; no config.yaml in the run directory: the schema's rollout.max_num_seqs, "
+                     "pipeline.lag_bound and train.micro_batch_size assumed") + "):")
             print("\n".join(format_phases(phases)))
             fit["replay"] = {k: {c: (None if pd.isna(v) else float(v)) for c, v in r.items()}
                              for k, r in phases.iterrows()}

@@ -63,7 +63,7 @@ def test_report_training_run_directory(tmp_path):
         for i in range(4)))
     assert run_report(run) == 0
     summary = json.loads((run / "summary.json").read_text())
-    entry = summary["async_fifo"]
+    entry = summary["fully_async_fifo"]          # keyed by the simulator's name of the system
     assert DESIGN_KEYS <= set(entry)
     # the report computes the same figures from the file as the simulator did in memory
     assert entry["throughput"] == pytest.approx(res.summary["throughput"])
@@ -78,3 +78,26 @@ def test_report_rejects_unknown_directory(tmp_path):
         run_report(tmp_path)
     with pytest.raises(DataError, match="not a directory"):
         run_report(tmp_path / "missing")
+
+
+def test_report_puts_a_run_beside_its_simulation(tmp_path, capsys):
+    """`asp train` keys its summary by the simulator's name of its system (async + fifo ->
+    fully_async_fifo); `asp simulate` adds the config's own system when sim.policies lacks it;
+    `asp report RUN --sim SIM` puts the two rows side by side."""
+    cfg = load_config(None, SMALL + ["pipeline.mode=async", "scheduler.policy=fifo", "rollout.num_instances=4"])
+    run = tmp_path / "run"
+    simulate_system(cfg, workload_from_config(cfg), "fully_async_fifo").timeline.write_jsonl(run / "timeline.jsonl")
+    save_resolved(cfg, run)
+    sim = tmp_path / "sim"
+    args = SMALL + ["pipeline.mode=async", "scheduler.policy=fifo", "rollout.num_instances=4", "sim.policies=[asp]",
+                    "sim.sweep_devices=[]", "sim.sweep_rollout_devices=[]", f"output_dir={sim}"]
+    tiny = str(Path(__file__).resolve().parents[2] / "configs" / "sim_tiny.yaml")
+    assert main(["simulate", tiny, *args]) == 0
+    assert "also simulating fully_async_fifo" in capsys.readouterr().out
+    assert set(json.loads((sim / "summary.json").read_text())) >= {"asp", "fully_async_fifo"}
+    assert main(["report", str(run), "--sim", str(sim)]) == 0
+    report = (run / "report.md").read_text()
+    assert "| fully_async_fifo (run) |" in report and "| fully_async_fifo (simulated) |" in report
+    (sim / "summary.json").write_text(json.dumps({"asp": {}}))
+    with pytest.raises(DataError, match="no entry 'fully_async_fifo'"):
+        run_report(run, sim)

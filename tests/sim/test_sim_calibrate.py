@@ -202,3 +202,18 @@ def test_sim_engine_group_slots_hold_a_slot_per_group():
     x = g2[g2["inst"] == 0]
     ta, tf = np.sort(x["ta"].to_numpy()), np.sort(x["tf"].to_numpy())
     assert (np.searchsorted(ta, ta, side="right") - np.searchsorted(tf, ta, side="right")).max() > 2
+
+
+def test_sim_calibrate_run_settings_read_through_the_schema(tmp_path):
+    """A run's config.yaml is read through the schema: keys it lacks take the schema's defaults
+    (max_num_seqs 64, not a reader's own 128), sync mode forces k = 0, no file = the defaults."""
+    from asp_ascend.config import Config
+    from asp_ascend.sim.calibrate import run_settings
+
+    d = Config()
+    assert run_settings(tmp_path) == {"max_num_seqs": d.rollout.max_num_seqs, "lag_bound": d.pipeline.lag_bound,
+                                      "sync_mode": False, "micro_batch_size": d.train.micro_batch_size,
+                                      "num_instances": None}
+    (tmp_path / "config.yaml").write_text("pipeline:\n  mode: sync\n  lag_bound: 3\nrollout:\n  num_instances: 2\n")
+    got = run_settings(tmp_path)
+    assert got["max_num_seqs"] == 64 and got["lag_bound"] == 0 and got["sync_mode"] and got["num_instances"] == 2
