@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..algos.grpo import group_advantages
-from ..metrics import Timeline, TimelineWriter, summarize
+from ..metrics import Timeline, TimelineWriter
 from ..scheduler.admission import LagViolation
 from ..scheduler.execution import ExecutionPlan
 from .contracts import RolloutInstance, Trainer, WeightTransport
 from .evaluation import EvalRequest, Evaluator, Prompts
 from .fleet import Fleet, FleetOptions
 from .logger import RunLogger
-from .progress import IterationProgress
+from .progress import IterationProgress, WindowMetrics
 from .sample_queue import SampleQueue
 from .weight_sync import PendingSync
 
@@ -103,6 +103,7 @@ class Orchestrator:
                            say=self.log.say, now=self.now)
         self.progress: dict[int, IterationProgress] = {}
         self.timeline = Timeline()
+        self.window = WindowMetrics(len(instances), plan.settings.max_num_seqs, 0.0)
         self._writer = TimelineWriter(outputs.timeline_path)
         self.queue = SampleQueue(plan.settings.queue_capacity, on_event=lambda **ev: self._event("queue", **ev))
         self.iteration = self.first_iter          # the trainer's iteration (= its version)
@@ -121,6 +122,7 @@ class Orchestrator:
     def _event(self, kind: str, **ev) -> None:
         self.timeline.add(kind, **ev)
         self._writer.add(kind, **ev)
+        self.window.add(kind, ev)
 
     @property
     def last_iteration(self) -> int:
@@ -134,6 +136,7 @@ class Orchestrator:
         for r in range(len(self.instances)):
             self.poll_refs[r] = self.instances[r].poll.remote(0.0)
         self.last_sync_end = self.now()
+        self.window.start = self.last_sync_end
         self._evaluate(self.adm.published)
         while self.iteration < self.last_iteration or self.syncs:
             self._collect_rollouts()
@@ -347,10 +350,7 @@ class Orchestrator:
         row["throughput"] = row["tokens"] / max(row["iteration_time_s"], 1e-9)
         row["queue_len"] = len(self.queue)
         row["t"] = t_sync_end
-        s = summarize(self.timeline, num_instances=len(self.instances), max_num_seqs=self.settings.max_num_seqs,
-                      lag_bound=self.k)
-        for key in ("padding_bubble", "skew_bubble", "sorting_bubble", "queue_occupancy_cv"):
-            row[key] = s[key]
+        row.update(self.window.close(t_sync_end))  # this iteration's window only: constant work per row
         if self.evaluator is not None:
             for ev in self.evaluator.take_rows():
                 row.update(ev)

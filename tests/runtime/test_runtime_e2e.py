@@ -40,7 +40,7 @@ def test_run_dir_holds_the_design_files(async_run):
         assert all(key in r for r in rows), key
     summary = json.loads((out / "summary.json").read_text())
     assert summary["schema_version"] == 1
-    entry = summary["asp"]
+    entry = summary["asp_adaptive"]  # async + asp + adaptive, the simulator's name
     for key in DESIGN_SUMMARY_KEYS:
         assert key in entry, key
     assert any((out / "tensorboard").glob("events.out.tfevents.*"))
@@ -120,7 +120,7 @@ def test_summary_comes_from_the_shared_metric_functions(async_run):
     k = cfg.pipeline.lag_bound
     again = summarize(tl, num_instances=cfg.rollout.num_instances, max_num_seqs=cfg.rollout.max_num_seqs,
                       lag_bound=k, lower_bounds=run_lower_bounds(tl, cfg, k))
-    saved = json.loads((out / "summary.json").read_text())["asp"]
+    saved = json.loads((out / "summary.json").read_text())["asp_adaptive"]
     for key in DESIGN_SUMMARY_KEYS:
         assert saved[key] == pytest.approx(again[key]), key
     assert saved["iterations"] == pd.read_parquet(out / "schedule.parquet")["iteration"].nunique()
