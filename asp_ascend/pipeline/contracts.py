@@ -10,8 +10,8 @@ contract lists the methods the loop uses, each a ``RemoteMethod``.
   stand-ins answer the same calls.
 - :class:`WeightTransport`: how a published version reaches the instances
   (pipeline/weight_sync.py: object store or broadcast).
-- :class:`SampleSource`: where a trainer's finished groups come from outside our own loop
-  (integrations/mindspeed_rl ``DispatcherSource``; verl's ``AspSampler`` feeds prompts instead).
+- :class:`SampleSource`: where the MindSpeed-RL loop's trainer takes finished groups from
+  (integrations/mindspeed_rl ``DispatcherSource`` on real instances; a CPU fake in its tests).
 """
 from __future__ import annotations
 
@@ -73,8 +73,7 @@ class WeightTransport(Protocol):
 
 @runtime_checkable
 class SampleSource(Protocol):
-    """Finished groups for the trainer's iterations, admitted by the plan's Feeder."""
+    """Blocks until ``count`` complete groups of ``iteration`` are ready and returns them
+    (the MindSpeed-RL loop's bounded queue: ``DispatcherSource`` on instances, a CPU fake in tests)."""
 
     def get_groups(self, iteration: int, count: int) -> list: ...
-
-    def on_published(self, version: int) -> None: ...

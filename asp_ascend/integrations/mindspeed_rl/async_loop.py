@@ -36,6 +36,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence, runtime_checkabl
 
 from ...algos.grpo import OFF_POLICY_MODES
 from ...metrics.bubbles import ratio
+from ...pipeline.contracts import SampleSource  # noqa: F401 - re-exported: the loop's sample port
 from ...scheduler.admission import LagViolation
 
 
@@ -84,13 +85,6 @@ class ExperienceStore(Protocol):
     def put_experience(self, data_dict: dict, indexes: list[int], is_prompt: bool = False) -> Any: ...
     def read_columns(self, columns: Sequence[str], indexes: list[int]) -> dict[str, list]: ...
     def clear_main(self) -> Any: ...
-
-
-@runtime_checkable
-class SampleSource(Protocol):
-    """Our bounded queue: blocks until ``count`` complete groups of ``iteration`` are ready."""
-
-    def get_groups(self, iteration: int, count: int) -> list[SampleGroup]: ...
 
 
 @dataclass

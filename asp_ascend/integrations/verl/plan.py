@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
+from ...config import lag_bound_of
 from ...errors import DataError
 from .lengths import LengthRecorder
 
@@ -100,7 +101,7 @@ class VerlSchedule:
         df = plan(inp.prompt_ids, inp.predicted, inp.prompt_lengths, policy=cfg.scheduler.policy,
                   group_size=t.group_size, global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
                   num_instances=r.num_instances, max_num_seqs=r.max_num_seqs,
-                  lag_bound=0 if cfg.pipeline.mode == "sync" else cfg.pipeline.lag_bound,
+                  lag_bound=lag_bound_of(cfg),
                   cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0)), epoch=epoch,
                   iteration_offset=offset, seed=cfg.seed)
         self.frame = pd.concat([self.frame, df], ignore_index=True)
