@@ -1,0 +1,31 @@
+"""Values derived from several config keys, computed here once for every user."""
+from __future__ import annotations
+
+from .schema import Config
+
+
+def lag_bound_of(cfg: Config) -> int:
+    """k as every executor applies it: ``pipeline.lag_bound``, or 0 in ``pipeline.mode: sync``."""
+    return 0 if cfg.pipeline.mode == "sync" else int(cfg.pipeline.lag_bound)
+
+
+# A run's pipeline.mode / scheduler.policy / scheduler.adaptive as the simulator names the same
+# system (sim/policies.py): run summaries are keyed by it, so a run and its simulation line up.
+# A sync run (decoupled instances, k = 0, whole-iteration training) has no simulated counterpart.
+ASYNC_SYSTEM_POLICIES = {"fifo": "fully_async_fifo", "sorted": "async_sorted", "random": "async_random",
+                         "balanced": "async_balanced", "asp": "asp"}
+
+
+def system_policy_name(mode: str, policy: str, adaptive: bool = False) -> str | None:
+    """The simulator's system policy of a run, or None when the simulator has none."""
+    if mode != "async":
+        return None
+    if policy == "asp" and adaptive:
+        return "asp_adaptive"
+    return ASYNC_SYSTEM_POLICIES[policy]
+
+
+def summary_key(cfg: Config) -> str:
+    """A run's entry in summary.json: its simulator name, else ``<mode>_<policy>``."""
+    p = cfg.pipeline.mode, cfg.scheduler.policy
+    return system_policy_name(*p, cfg.scheduler.adaptive) or "_".join(p)
