@@ -4,7 +4,7 @@
 
 For each finished `asp train` run directory: fit the cost model to its timeline.jsonl, simulate
 the run's own jobs (its prompts, response lengths, iterations, mini-batches, instances and
-admission order; :func:`asp_ascend.sim.calibrate.replay`) and print the mean of each
+admission order; :func:`asp_ascend.sim.replay.replay`) and print the mean of each
 per-iteration phase, measured vs simulated, for three fits:
 
 - ``request-fit``: the earlier method (decode from per-request mean step times, prefill from
@@ -25,16 +25,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from asp_ascend.metrics.timeline import Timeline  # noqa: E402
 from asp_ascend.sim import calibrate as cal  # noqa: E402
+from asp_ascend.sim import replay as rp  # noqa: E402
+from asp_ascend.sim.decode_fit import fit_decode_requests  # noqa: E402
 
 
 def bench(run_dir: str) -> dict:
     tl = Timeline.read_jsonl(Path(run_dir) / "timeline.jsonl")
-    kw = cal.run_settings(run_dir)
+    kw = rp.run_settings(run_dir)
     fit = cal.fit_timeline(tl)
-    old = dict(fit, **cal._fit_decode_requests(tl.frame("request")))
-    rows = {"request-fit": cal.compare_phases(tl, cal.replay(tl, old, overheads=False, **kw)),
-            "step-fit": cal.compare_phases(tl, cal.replay(tl, fit, overheads=False, **kw)),
-            "step-fit + overheads": cal.compare_phases(tl, cal.replay(tl, fit, **kw))}
+    old = dict(fit, **fit_decode_requests(tl.frame("request")))
+    rows = {"request-fit": rp.compare_phases(tl, rp.replay(tl, old, overheads=False, **kw)),
+            "step-fit": rp.compare_phases(tl, rp.replay(tl, fit, overheads=False, **kw)),
+            "step-fit + overheads": rp.compare_phases(tl, rp.replay(tl, fit, **kw))}
     print(f"== {run_dir}  ({len(tl.frame('request'))} requests, {len(tl.frame('sync'))} syncs, "
           f"mode {'sync' if kw['sync_mode'] else 'async'}, lag bound {0 if kw['sync_mode'] else kw['lag_bound']}, "
           f"max_num_seqs {kw['max_num_seqs']})")
@@ -43,7 +45,7 @@ def bench(run_dir: str) -> dict:
           f"prefill_per_token={old['prefill_per_token']:.4g} R^2={old['decode_r2']:.3f}")
     for name, df in rows.items():
         print(f"   -- {name}")
-        print("\n".join("   " + line for line in cal.format_phases(df)))
+        print("\n".join("   " + line for line in rp.format_phases(df)))
     return {k: float(v.loc["iteration_time", "error_pct"]) for k, v in rows.items()}
 
 

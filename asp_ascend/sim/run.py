@@ -270,7 +270,8 @@ def run_simulate(cfg) -> int:
         raise ConfigError([f"sim.policies: unknown {bad or 'empty list'}; valid: {', '.join(POLICY_NAMES)}"])
     names += own_system(cfg, names)
     if cfg.sim.calibrate:
-        from .calibrate import calibrate_run, format_phases, replay_report
+        from .calibrate import calibrate_run
+        from .replay import format_phases, replay_report
 
         fit = calibrate_run(cfg.sim.calibrate)
         print(f"asp simulate: calibrated from {cfg.sim.calibrate}: " +

@@ -110,7 +110,7 @@ def _run_with(cm, *, mns=32, step_latency=0.0, admit_latency=0.0, publish=None, 
 
 
 def test_sim_calibrate_step_reconstruction_is_exact_on_a_simulated_run():
-    from asp_ascend.sim.calibrate import step_intervals
+    from asp_ascend.sim.decode_fit import step_intervals
 
     tl = _run(TRUE)
     d, conflicts = step_intervals(tl.frame("request"))
@@ -147,7 +147,7 @@ def test_sim_calibrate_overheads_round_trip():
     """A run with known runtime overheads (short answers, as on the CPU quickstart, so they
     matter; the runtime's group-slot admission): the fit recovers them and the replay reproduces
     the run's mean iteration time; leaving the overheads out of the replay does not."""
-    from asp_ascend.sim.calibrate import compare_phases, replay
+    from asp_ascend.sim.replay import compare_phases, replay
 
     tl = _run_with(TRUE, step_latency=0.1, admit_latency=0.2, publish=0.2, train_per_token=5e-5, group_slots=True,
                    mns=16, length=20, sync=0.3)
@@ -174,7 +174,7 @@ def test_sim_calibrate_engine_overheads_shift_the_timeline():
 
 
 def test_sim_calibrate_compare_phases_of_identical_runs_is_zero():
-    from asp_ascend.sim.calibrate import compare_phases, iteration_phases
+    from asp_ascend.sim.replay import compare_phases, iteration_phases
 
     tl = _run_with(TRUE)
     ph = iteration_phases(tl)
@@ -208,7 +208,7 @@ def test_sim_calibrate_run_settings_read_through_the_schema(tmp_path):
     """A run's config.yaml is read through the schema: keys it lacks take the schema's defaults
     (max_num_seqs 64, not a reader's own 128), sync mode forces k = 0, no file = the defaults."""
     from asp_ascend.config import Config
-    from asp_ascend.sim.calibrate import run_settings
+    from asp_ascend.sim.replay import run_settings
 
     d = Config()
     assert run_settings(tmp_path) == {"max_num_seqs": d.rollout.max_num_seqs, "lag_bound": d.pipeline.lag_bound,
