@@ -71,45 +71,63 @@ def write_sim_report(out, views: dict | None = None) -> Path:
     ``views``: per policy, in-memory timeline frames (``request``, ``queue``, ``sync``) for the
     Gantt and queue plots; without them the ``timeline_<policy>.jsonl`` files are read.
     """
-    from ..metrics.timeline import Timeline
-
     out = Path(out)
     summary = _load(out / "summary.json")
     sim = _load(out / "simulation.json") if (out / "simulation.json").is_file() else {}
-    md = ["# Simulation report", ""]
-    w = sim.get("workload")
-    if w:
-        r = w["response_length"]
-        md += [f"Workload `{w['name']}`: {w['prompts']} prompts x G={w['group_size']}, simulated epochs "
-               f"{w['simulated_epochs']} (history epochs {w['history_epochs']}); response length mean {r['mean']:.0f}, "
-               f"p50 {r['p50']:.0f}, p90 {r['p90']:.0f}, p99 {r['p99']:.0f}, max {r['max']}; prompt length mean "
-               f"{w['prompt_length_mean']:.0f} tokens.", ""]
-    if sim.get("systems"):
-        md += ["| system | devices | rollout instances x TP | trainer devices | KV tokens/instance | "
-               "decode a / b / c (s) | sync (s) | preemptions |", "|---|---|---|---|---|---|---|---|"]
-        for name, s in sim["systems"].items():
-            sp, c = s["spec"], s["instance_cost"]
-            md.append(f"| {name} | {s['devices']} | {sp['num_instances']} x {sp['tp']} | {sp['train_devices']}"
-                      f"{' (shared)' if sp['colocated'] else ''} | {s['kv_capacity_tokens'] or 'unlimited'} | "
-                      f"{c['decode_a']:.3g} / {c['decode_b']:.3g} / {c['decode_c']:.3g} | {s['sync_s']:.2f} | "
-                      f"{s['preemptions']} |")
-        md.append("")
+    md = ["# Simulation report", "", *_workload_lines(sim.get("workload")), *_systems_lines(sim.get("systems"))]
     md += ["## Results", "", *summary_table(summary), ""]
     hl = headline(summary)
     if hl:
         md += ["## Comparisons", "", *hl, ""]
     if (out / "calibration.json").is_file():
-        cal = _load(out / "calibration.json")
-        md += ["## Calibration", "", f"Coefficients fitted from `{cal.get('source')}` (decode R^2 "
-               f"{cal.get('decode_r2', float('nan')):.3f} over {cal.get('decode_rows')} requests):", "",
-               "| coefficient | value |", "|---|---|"]
-        md += [f"| {k} | {v:.4g} |" for k, v in cal.items() if isinstance(v, float)]
-        md.append("")
-    figs = []
-    figs.append(("Bubble breakdown per policy", plots.bubble_breakdown(summary, out / "bubbles.png")))
-    figs.append(("Policy lag", plots.lag_histograms({n: s.get("policy_lag_hist") for n, s in summary.items()},
-                                                    out / "policy_lag.png")))
-    queues = {}
+        md += _calibration_lines(_load(out / "calibration.json"))
+    figs = [("Bubble breakdown per policy", plots.bubble_breakdown(summary, out / "bubbles.png")),
+            ("Policy lag", plots.lag_histograms({n: s.get("policy_lag_hist") for n, s in summary.items()},
+                                                out / "policy_lag.png"))]
+    for section in (_timeline_plots(out, summary, views), _scaling_section(out), _split_section(out)):
+        md += section[0]
+        figs += section[1]
+    return write_markdown(out, md, figs, "Metric definitions: docs/metrics.md. Simulator model and its limits: "
+                          "docs/simulator.md.")
+
+
+def _workload_lines(w: dict | None) -> list[str]:
+    if not w:
+        return []
+    r = w["response_length"]
+    return [f"Workload `{w['name']}`: {w['prompts']} prompts x G={w['group_size']}, simulated epochs "
+            f"{w['simulated_epochs']} (history epochs {w['history_epochs']}); response length mean {r['mean']:.0f}, "
+            f"p50 {r['p50']:.0f}, p90 {r['p90']:.0f}, p99 {r['p99']:.0f}, max {r['max']}; prompt length mean "
+            f"{w['prompt_length_mean']:.0f} tokens.", ""]
+
+
+def _systems_lines(systems: dict | None) -> list[str]:
+    if not systems:
+        return []
+    md = ["| system | devices | rollout instances x TP | trainer devices | KV tokens/instance | "
+          "decode a / b / c (s) | sync (s) | preemptions |", "|---|---|---|---|---|---|---|---|"]
+    for name, s in systems.items():
+        sp, c = s["spec"], s["instance_cost"]
+        md.append(f"| {name} | {s['devices']} | {sp['num_instances']} x {sp['tp']} | {sp['train_devices']}"
+                  f"{' (shared)' if sp['colocated'] else ''} | {s['kv_capacity_tokens'] or 'unlimited'} | "
+                  f"{c['decode_a']:.3g} / {c['decode_b']:.3g} / {c['decode_c']:.3g} | {s['sync_s']:.2f} | "
+                  f"{s['preemptions']} |")
+    return md + [""]
+
+
+def _calibration_lines(cal: dict) -> list[str]:
+    md = ["## Calibration", "", f"Coefficients fitted from `{cal.get('source')}` (decode R^2 "
+          f"{cal.get('decode_r2', float('nan')):.3f} over {cal.get('decode_rows')} requests):", "",
+          "| coefficient | value |", "|---|---|"]
+    md += [f"| {k} | {v:.4g} |" for k, v in cal.items() if isinstance(v, float)]
+    return md + [""]
+
+
+def _timeline_plots(out: Path, summary: dict, views: dict | None) -> tuple[list[str], list]:
+    """Per-policy Gantt charts and the queue plot, from ``views`` or the written timelines."""
+    from ..metrics.timeline import Timeline
+
+    figs, queues = [], {}
     for name in summary:
         v = (views or {}).get(name)
         if v is None:
@@ -122,36 +140,41 @@ def write_sim_report(out, views: dict | None = None) -> Path:
         if not v["request"].empty:
             figs.append((f"Per-instance timeline: {name}",
                          plots.gantt(v["request"], v["sync"], out / f"gantt_{name}.png", name)))
-    if queues:
-        figs.append(("Trainer queue occupancy", plots.queue_occupancy(queues, out / "queue_occupancy.png")))
-    else:
-        md += ["Timelines were not written (large run), so there are no Gantt or queue plots; "
-               "rerun with `sim.write_timeline=always` to get them.", ""]
+    if not queues:
+        return ["Timelines were not written (large run), so there are no Gantt or queue plots; "
+                "rerun with `sim.write_timeline=always` to get them.", ""], figs
+    return [], figs + [("Trainer queue occupancy", plots.queue_occupancy(queues, out / "queue_occupancy.png"))]
+
+
+def _throughput_table(pts: pd.DataFrame, first_column: str) -> list[str]:
+    tab = pts.pivot_table(index="devices", columns="policy", values="throughput", sort=False)
+    md = [f"| {first_column} | " + " | ".join(tab.columns) + " |", "|---" * (len(tab.columns) + 1) + "|"]
+    for D, row in tab.iterrows():
+        md.append(f"| {D} | " + " | ".join(f"{v:.0f}" for v in row.to_numpy()) + " |")
+    return md
+
+
+def _scaling_section(out: Path) -> tuple[list[str], list]:
     pts = scaling_points(out)
-    if not pts.empty:
-        md += ["## Scaling", "", "Trained tokens/s by device count (`sweep/devices_<D>/summary.json`):", ""]
-        tab = pts.pivot_table(index="devices", columns="policy", values="throughput", sort=False)
-        md += ["| devices | " + " | ".join(tab.columns) + " |", "|---" * (len(tab.columns) + 1) + "|"]
-        for D, row in tab.iterrows():
-            md.append(f"| {D} | " + " | ".join(f"{v:.0f}" for v in row.to_numpy()) + " |")
-        md.append("")
-        figs.append(("Scaling curve", plots.scaling_curve(pts, out / "scaling.png")))
+    if pts.empty:
+        return [], []
+    md = ["## Scaling", "", "Trained tokens/s by device count (`sweep/devices_<D>/summary.json`):", "",
+          *_throughput_table(pts, "devices"), ""]
+    return md, [("Scaling curve", plots.scaling_curve(pts, out / "scaling.png"))]
+
+
+def _split_section(out: Path) -> tuple[list[str], list]:
     split = scaling_points(out, "split", "rollout")
-    if not split.empty:
-        md += ["## Rollout/trainer split", "",
-               "Trained tokens/s by the number of rollout devices at the same total "
-               "(`split/rollout_<Dr>/summary.json`):", ""]
-        tab = split.pivot_table(index="devices", columns="policy", values="throughput", sort=False)
-        md += ["| rollout devices | " + " | ".join(tab.columns) + " |", "|---" * (len(tab.columns) + 1) + "|"]
-        for D, row in tab.iterrows():
-            md.append(f"| {D} | " + " | ".join(f"{v:.0f}" for v in row.to_numpy()) + " |")
-        best = split.loc[split.groupby("policy")["throughput"].idxmax()]
-        md += ["", "Best split per policy: " + ", ".join(f"`{r.policy}` {r.devices}" for r in best.itertuples()), ""]
-        figs.append(("Rollout/trainer split", plots.scaling_curve(
-            split, out / "split.png", xlabel="rollout devices (the rest train)",
-            title="throughput against the rollout/trainer split", log_x=False)))
-    return write_markdown(out, md, figs, "Metric definitions: docs/metrics.md. Simulator model and its limits: "
-                          "docs/simulator.md.")
+    if split.empty:
+        return [], []
+    best = split.loc[split.groupby("policy")["throughput"].idxmax()]
+    md = ["## Rollout/trainer split", "",
+          "Trained tokens/s by the number of rollout devices at the same total "
+          "(`split/rollout_<Dr>/summary.json`):", "", *_throughput_table(split, "rollout devices"),
+          "", "Best split per policy: " + ", ".join(f"`{r.policy}` {r.devices}" for r in best.itertuples()), ""]
+    return md, [("Rollout/trainer split", plots.scaling_curve(
+        split, out / "split.png", xlabel="rollout devices (the rest train)",
+        title="throughput against the rollout/trainer split", log_x=False))]
 
 
 def write_markdown(out: Path, md: list[str], figs: list[tuple[str, str]], footer: str) -> Path:
