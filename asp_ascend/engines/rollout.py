@@ -9,8 +9,16 @@ that are running keep going on the new weights, and each token's behaviour log-p
 (``logprobs_mode=processed_logprobs``: after temperature) is recorded as it is drawn.
 
 Every finished group carries, per sample: token ids, per-token behaviour log-probs,
-the version the instance held at admission and at finish, and wall-clock times of
-admission, first token and finish.
+the version the instance held at admission and at finish, ``segments`` (``[[first token,
+version], ...]``: which weights drew each token; a request that spans weight syncs has one
+segment per version), the number of engine steps that produced tokens (``steps``: with
+speculative decoding a step can yield several tokens), and wall-clock times of admission,
+first token and finish. ``poll`` also reports the progress of every running group (lengths of
+its finished samples, tokens so far of the others) for online re-estimation.
+
+``speculative`` (a dict: vLLM's ``speculative_config``, e.g. ``{"method": "ngram",
+"num_speculative_tokens": 3}``): vLLM's own speculative decoding; rejection sampling keeps
+the target's distribution, and the recorded log-probs are the target model's.
 """
 from __future__ import annotations
 
@@ -50,7 +58,7 @@ class RolloutEngine:
     def __init__(self, model_dir: str, *, max_num_seqs: int, max_model_len: int, seed: int,
                  kv_cache_gib: float = 1.0, dtype: str = "float32", cpu_cores: list[int] | None = None,
                  instance: int = 0, tensor_parallel_size: int = 1, worker_extension_cls: str = EXTENSION,
-                 platform: str = "cpu", gpu_memory_utilization: float = 0.9):
+                 platform: str = "cpu", gpu_memory_utilization: float = 0.9, speculative: dict | None = None):
         self.platform = platform
         if platform == "cpu":
             pin_process(list(cpu_cores or []))
@@ -63,6 +71,9 @@ class RolloutEngine:
         # tensor_parallel_size > 1: vLLM starts one worker per device (the devices this actor
         # was given); every worker runs the extension, so each receives the weights itself.
         extra = {} if platform == "cpu" else {"gpu_memory_utilization": gpu_memory_utilization}
+        if speculative:
+            extra["speculative_config"] = dict(speculative)
+        self.speculative = dict(speculative or {})
         self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=platform == "cpu",
                        max_num_seqs=max_num_seqs, seed=seed, worker_extension_cls=worker_extension_cls,
                        tensor_parallel_size=int(tensor_parallel_size),
@@ -99,7 +110,7 @@ class RolloutEngine:
                                     detokenize=False, stop_token_ids=list(stop_token_ids))
                 rid = f"{group_id}#{s}"
                 g.samples[s] = {"sample": s, "token_ids": [], "logprobs": [], "t_first_token": None,
-                                "t_finish": None, "version_first": self.version}
+                                "t_finish": None, "version_first": self.version, "segments": [], "steps": 0}
                 self.engine.add_request(rid, {"prompt_token_ids": list(prompt_token_ids)}, sp)
         self._wake.set()
         return g.version
@@ -113,7 +124,20 @@ class RolloutEngine:
             self._raise_background()
             done, self._done = self._done, []
             running = sum(1 for g in self._groups.values() for s in g.samples.values() if s["t_finish"] is None)
-            return {"groups": done, "running": running, "version": self.version, "busy_s": self._busy_s}
+            return {"groups": done, "running": running, "version": self.version, "busy_s": self._busy_s,
+                    "progress": self._progress()}
+
+    def _progress(self) -> list[dict]:
+        """Per running group: ``key`` (its meta's epoch and prompt id), ``finished`` (sample ->
+        length) and ``tokens`` (tokens so far of each unfinished sample)."""
+        out = []
+        for g in self._groups.values():
+            if g.meta.get("eval") or "prompt_id" not in g.meta:
+                continue
+            out.append({"key": [g.meta.get("epoch", 0), g.meta["prompt_id"]],
+                        "finished": {s: len(r["token_ids"]) for s, r in g.samples.items() if r["t_finish"] is not None},
+                        "tokens": [len(r["token_ids"]) for r in g.samples.values() if r["t_finish"] is None]})
+        return out
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, ticket, group: dict | None = None) -> dict:
@@ -209,6 +233,10 @@ class RolloutEngine:
             toks = list(comp.token_ids)
             if toks and rec["t_first_token"] is None:
                 rec["t_first_token"] = now
+            if toks:
+                rec["steps"] += 1
+                if not rec["segments"] or rec["segments"][-1][1] != self.version:
+                    rec["segments"].append([len(rec["token_ids"]), self.version])
             rec["token_ids"].extend(toks)
             if comp.logprobs:
                 rec["logprobs"].extend(float(lp[t].logprob) for lp, t in zip(comp.logprobs, toks))
@@ -221,6 +249,7 @@ class RolloutEngine:
                     del self._groups[gid]
                     self._done.append({"group_id": gid, "meta": g.meta, "instance": self.instance,
                                        "admission_version": g.version, "t_admit": g.t_admit,
+                                       "speculative_tokens": int(self.speculative.get("num_speculative_tokens", 0)),
                                        "samples": [g.samples[i] for i in range(g.size)]})
                     self._has_done.set()
 

@@ -10,6 +10,17 @@
 - ``queue``: t, op (put|get), size (groups in the sample queue after the op)
 - ``sync``: t_start, t_end, version (the version published)
 - ``instance``: t, instance, state (up|down|restart): fault-tolerance events
+- the tail mechanisms' decisions (DESIGN 9):
+  ``steal``: t, epoch, prompt_id, iteration, from_instance, to_instance, predicted_length,
+  victim_work (guided dispatch moved a job not yet started);
+  ``tail``: t, instance, epoch, prompt_id, iteration, room, cap (a floor-setting group was
+  admitted: its instance holds at most ``cap`` sequences while it runs);
+  ``defer``: t, epoch, prompt_id, iteration, to_iteration, remaining, budget and
+  ``swap``: t, epoch, prompt_id, iteration, to_iteration, mini_batch, replaces (carry-over);
+  ``speculative``: t, instance, epoch, prompt_id, tokens, steps, tokens_per_step, draft_tokens,
+  accepted_per_step (a group drawn with speculative decoding).
+  ``request`` events may carry ``segments`` ([[first token, version], ...]: the weights
+  behind each token of the sample).
 
 Times are seconds from the run's start. :class:`Timeline` keeps events columnar
 (lists of dicts per kind) and converts to pandas frames for the metric functions.
@@ -23,7 +34,7 @@ from typing import Any, Iterable
 
 from ..io import json_default
 
-KINDS = ("request", "step", "queue", "sync", "instance")
+KINDS = ("request", "step", "queue", "sync", "instance", "steal", "tail", "defer", "swap", "speculative")
 
 REQUEST_FIELDS = ("epoch", "iteration", "instance", "prompt_id", "sample", "admission_version",
                   "t_admit", "t_first_token", "t_finish", "prompt_length", "response_length")

@@ -35,9 +35,10 @@ from .fleet import Fleet, FleetOptions
 from .logger import RunLogger
 from .progress import IterationProgress, WindowMetrics
 from .sample_queue import SampleQueue
+from .tail import TailControl, TailOptions
 from .weight_sync import PendingSync
 
-__all__ = ["Orchestrator", "Prompts", "Sampling", "Task", "RunOutputs", "FleetOptions", "Evaluator"]
+__all__ = ["Orchestrator", "Prompts", "Sampling", "Task", "RunOutputs", "FleetOptions", "Evaluator", "TailOptions"]
 
 
 
@@ -80,7 +81,7 @@ class Orchestrator:
     def __init__(self, instances: list[RolloutInstance], trainer: Trainer, plan: ExecutionPlan, task: Task,
                  outputs: RunOutputs, *, weight_sync: WeightTransport, ticket: Any = None,
                  fleet: FleetOptions | None = None, evaluator: Evaluator | None = None,
-                 replan: Callable | None = None):
+                 replan: Callable | None = None, tail: TailOptions | None = None):
         self.instances = instances
         self.trainer = trainer
         self.wsync = weight_sync
@@ -114,6 +115,9 @@ class Orchestrator:
         self.pending_rows: dict[int, dict] = {}   # iteration -> metrics row awaiting its sync
         self.last_sync_end = 0.0
         self.history: list[dict] = []             # observed lengths (the run's length history)
+        # the tail mechanisms (DESIGN 9): re-estimation, tail-aware concurrency, carry-over
+        self.tail = TailControl(plan, tail or TailOptions(), max_tokens=task.sampling.max_tokens, event=self._event,
+                                now=self.now)
 
     # ------------------------------------------------------------------ helpers
     def now(self) -> float:
@@ -169,6 +173,7 @@ class Orchestrator:
                 self._instance_failed(r, exc)
                 continue
             self.fleet.watch.on_poll(r, self.now(), res.get("busy_s", 0.0), len(res["groups"]))
+            self.tail.on_progress(res.get("progress", ()))
             for g in res["groups"]:
                 self._on_group(g)
             self.poll_refs[r] = self.instances[r].poll.remote(self.opts.poll_s)
@@ -191,6 +196,9 @@ class Orchestrator:
             return
         epoch, pid = int(meta["epoch"]), meta["prompt_id"]
         job, _ = self.feeder.finished(epoch, pid)
+        key = (epoch, pid)
+        self.tail.on_finish(key, [len(s["token_ids"]) for s in g["samples"]])
+        self._record_speculation(g)
         r = g["instance"]
         v = int(g["admission_version"])
         if job.iteration - v > self.k:
@@ -205,11 +213,26 @@ class Orchestrator:
             self._event("request", epoch=epoch, iteration=job.iteration, instance=r, prompt_id=pid,
                         sample=s["sample"], admission_version=v, t_admit=g["t_admit"] - self.t0,
                         t_first_token=s["t_first_token"] - self.t0, t_finish=s["t_finish"] - self.t0,
-                        prompt_length=plen, response_length=len(s["token_ids"]))
+                        prompt_length=plen, response_length=len(s["token_ids"]),
+                        segments=s.get("segments") or [[0, v]])
             self.history.append({"prompt_id": pid, "epoch": epoch, "sample": s["sample"],
                                  "prompt_length": plen, "response_length": len(s["token_ids"])})
         g["iteration"], g["epoch"], g["prompt_id"] = job.iteration, epoch, pid
         self.queue.put((epoch, pid), g, self.now())
+
+    def _record_speculation(self, g: dict) -> None:
+        """``speculative`` event of a group drawn with speculative decoding: tokens per engine step
+        (1 + the accepted draft tokens) and the acceptance rate they imply."""
+        draft = int(g.get("speculative_tokens") or 0)
+        if not draft:
+            return
+        tokens = sum(len(s["token_ids"]) for s in g["samples"])
+        steps = sum(int(s.get("steps", 0)) for s in g["samples"])
+        if steps:
+            per_step = tokens / steps
+            self._event("speculative", t=self.now(), instance=g["instance"], epoch=int(g["meta"]["epoch"]),
+                        prompt_id=g["meta"]["prompt_id"], tokens=tokens, steps=steps, tokens_per_step=per_step,
+                        draft_tokens=draft, accepted_per_step=per_step - 1.0)
 
     def _plan_next_epoch(self) -> None:
         offset = self.plan.next_unplanned
@@ -217,6 +240,7 @@ class Orchestrator:
                 or offset >= self.plan.end):
             return
         self.plan.add_epoch(self.replan(self.next_epoch, list(self.history), offset))
+        self.tail.add_epoch(self.plan.iterations, offset)
         self.log.say(f"epoch {self.next_epoch} re-planned from {len(self.history)} observed lengths")
         self.next_epoch += 1
 
@@ -226,7 +250,8 @@ class Orchestrator:
         # current iteration is exempt)
         gate = lambda job: self.queue.can_admit(force=job.iteration <= self.iteration)  # noqa: E731
         sp = self.sp
-        for r, job, _version in self.feeder.fill(gate):
+        for r, job, _version in self.feeder.fill(gate, self.tail.room_rule(self.feeder)):
+            self.tail.on_admit(r, job)
             self.queue.reserve()
             self.fleet.watch.on_submit(r, self.now(), had_work=self.feeder.inflight[r] > 1)
             seed = zlib.crc32(f"{sp.seed}:{job.epoch}:{job.prompt_id}".encode()) & 0x7FFFFFFF
@@ -234,26 +259,35 @@ class Orchestrator:
                 f"{job.epoch}:{job.prompt_id}", self.task.prompts.token_ids[job.prompt_id], sp.group_size,
                 sp.max_tokens, sp.temperature, sp.top_p, seed, sp.stop_token_ids,
                 {"epoch": job.epoch, "prompt_id": job.prompt_id}))
+        self.tail.record_steals()
 
     def _start_train_step(self) -> None:
         if self.train_call is not None or self.iteration >= self.last_iteration:
             return
         if any(s.send is not None for s in self.syncs):
             return  # a broadcast is in flight: the weights must stay those of its version until it lands
-        mbs = self.plan.iterations.get(self.iteration)
-        if mbs is None:  # adaptive: the next epoch is not planned yet
+        planned = self.plan.iterations.get(self.iteration)
+        if planned is None:  # adaptive: the next epoch is not planned yet
             return
         it = self.progress.setdefault(self.iteration, IterationProgress())
+        mbs = self.tail.members(self.iteration, planned)
         todo = [m for m in sorted(mbs) if m not in it.done]
         if self.settings.sync_mode and not all(k in self.queue for m in todo for k in mbs[m]):
             return  # sync baseline: generate the whole iteration, then train
         m = next((m for m in todo if all(k in self.queue for k in mbs[m])), None)
+        if m is None and self.tail.maybe_defer(self.iteration):  # partial rollout: carry the late groups over
+            mbs = self.tail.members(self.iteration, planned)
+            m = next((m for m in todo if all(k in self.queue for k in mbs[m])), None)
         if m is None:
             return
         groups = self.queue.take(mbs[m], self.now())
         samples = []
         for g in groups:
-            lag = g["iteration"] - g["admission_version"]
+            lag = self.iteration - g["admission_version"]
+            bound = self.tail.lag_bound((g["epoch"], g["prompt_id"]))
+            if lag > bound:
+                raise LagViolation(f"prompt {g['prompt_id']} trained in iteration {self.iteration}, admitted at "
+                                   f"version {g['admission_version']}: lag {lag} above {bound}")
             pids = self.task.prompts.token_ids[g["prompt_id"]]
             for s in g["samples"]:
                 samples.append({"prompt_ids": pids, "response_ids": s["token_ids"],
@@ -282,6 +316,7 @@ class Orchestrator:
         it = self.progress[i]
         it.done.add(m)
         it.steps.append(st)
+        self.tail.on_trained(i, m)
         if len(it.done) == len(self.plan.iterations[i]):
             self._end_iteration(i)
 
@@ -377,9 +412,11 @@ class Orchestrator:
                 q.group_id, q.token_ids, 1, sp.max_tokens, 0.0, 1.0, 0, sp.stop_token_ids, q.meta))
 
     def _instance_failed(self, r: int, exc: BaseException) -> None:
+        running = list(self.dispatcher.running_on[r]) if r < len(self.dispatcher.running_on) else []
         lost = self.fleet.failed(r, exc)
         if lost is None:
             return
+        self.tail.on_instance_failed(r, running)
         self.queue.cancel(lost)
         self.poll_refs.pop(r, None)
         if self.evaluator is not None:

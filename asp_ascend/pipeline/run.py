@@ -107,7 +107,7 @@ def run_train(cfg) -> int:
         orch = Orchestrator(instances, trainer, plan, task,
                             RunOutputs(out / "timeline.jsonl", logger, t_start, t.checkpoint_every, out / "checkpoints"),
                             weight_sync=wsync, ticket=ticket, evaluator=evaluator, replan=replan,
-                            fleet=_fleet_options(cfg))
+                            fleet=_fleet_options(cfg), tail=tail_options(cfg, out / "schedule.parquet"))
         if resume is not None:
             orch.history = list(resume.history)  # the length history observed before the interruption
         orch.run()
@@ -174,6 +174,53 @@ def _task(cfg, tok, tok_ids: dict, train, ev, ev_ids: dict | None, reward_fn):
     evaluator = (Evaluator(Prompts(ev_ids, dict(zip(ev.ids, ev.answers))), cfg.train.eval_every, reward_fn, decode)
                  if ev_ids else None)
     return task, evaluator
+
+
+def tail_options(cfg, schedule_path: Path):
+    """The tail keys for the loop (DESIGN 9); the planned rooms come from the schedule's
+    ``room`` column (0: no cap)."""
+    import pandas as pd
+
+    from .tail import TailOptions
+
+    rooms = {}
+    if schedule_path.is_file():
+        sched = pd.read_parquet(schedule_path)
+        if "room" in sched:
+            capped = sched[sched["room"] > 0]
+            rooms = {(int(e), str(p)): int(n) for e, p, n in zip(capped["epoch"], capped["prompt_id"], capped["room"])}
+    r = cfg.rollout
+    return TailOptions(reestimate=cfg.scheduler.reestimate, tail_concurrency=str(r.tail_concurrency),
+                       partial_rollout=r.partial_rollout, max_split=r.max_split, rooms=rooms)
+
+
+def speculative_config(cfg) -> dict | None:
+    """vLLM's ``speculative_config`` for ``rollout.speculative`` (None: off). ``ngram`` needs no
+    draft model (prompt lookup); the other methods need ``model.speculative_model``-style setup
+    that vLLM documents per method and are passed through by name only.
+    ``rollout.speculative_max_batch`` becomes vLLM's ``disable_by_batch_size`` (``auto``: the
+    cost model's break-even batch, scheduler/speculative.py)."""
+    from ..config import parse_speculative_max_batch
+
+    r = cfg.rollout
+    if r.speculative == "none":
+        return None
+    spec = {"method": r.speculative, "num_speculative_tokens": int(r.num_speculative_tokens)}
+    if r.speculative == "ngram":
+        spec.update(prompt_lookup_max=max(1, int(r.num_speculative_tokens)), prompt_lookup_min=1)
+    mode = parse_speculative_max_batch(r.speculative_max_batch)
+    if mode == "auto":
+        from ..scheduler.cost import CostModel
+        from ..scheduler.speculative import from_config
+
+        ctx = cfg.lengths.max_response_length / 2.0
+        sp = from_config(r, cfg.cost, CostModel.from_config(cfg.cost), ctx)
+        if sp is None:
+            return None          # the cost model says it never pays: off
+        mode = sp.max_batch
+    if isinstance(mode, int) and mode > 0 and mode < r.max_num_seqs:
+        spec["disable_by_batch_size"] = int(mode)
+    return spec
 
 
 def _fleet_options(cfg):
@@ -279,7 +326,8 @@ def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | Non
                                  max_restarts=cfg.rollout.max_restarts, **inst_opts).remote(
         str(model_dir), max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len, seed=cfg.seed + r,
         kv_cache_gib=cfg.rollout.kv_cache_space_gib, dtype=cfg.model.dtype, cpu_cores=inst_cores[r], instance=r,
-        tensor_parallel_size=cfg.rollout.devices_per_instance, platform=plat.name)
+        tensor_parallel_size=cfg.rollout.devices_per_instance, platform=plat.name,
+        speculative=speculative_config(cfg))
         for r in range(R)]
     t = cfg.train
     loss = LossConfig(clip_eps=t.clip_eps, off_policy=t.off_policy, cap=t.tis_cap, kl_coef=t.kl_coef)

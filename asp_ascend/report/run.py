@@ -96,6 +96,20 @@ def beside_simulation(summary: dict, sim_dir) -> list[str]:
             *summary_table({f"{key} (run)": entry, f"{key} (simulated)": simulated[key]}), ""]
 
 
+def tail_decisions(tl) -> list[str]:
+    """The tail mechanisms' decisions in the timeline (DESIGN 9): a table, or nothing when none was made."""
+    counts = {k: len(tl.events.get(k, [])) for k in ("steal", "tail", "defer", "swap")}
+    spec = tl.events.get("speculative", [])
+    if not any(counts.values()) and not spec:
+        return []
+    md = ["## Tail mechanisms", "", "| decision | count |", "|---|---|"]
+    md += [f"| {k} | {n} |" for k, n in counts.items()]
+    if spec:
+        tokens, steps = sum(e["tokens"] for e in spec), sum(e["steps"] for e in spec)
+        md.append(f"| speculative groups ({tokens / max(steps, 1):.2f} tokens per engine step) | {len(spec)} |")
+    return md + [""]
+
+
 def write_train_report(out: Path, sim_dir=None) -> Path:
     from ..metrics.timeline import Timeline
     from . import plots
@@ -107,6 +121,7 @@ def write_train_report(out: Path, sim_dir=None) -> Path:
     md = ["# Training run report", "", f"Run directory `{out.name}`.", "", "## Summary", "", *summary_table(summary), ""]
     if sim_dir is not None:
         md += beside_simulation(summary, sim_dir)
+    md += tail_decisions(tl)
     figs = []
     req = tl.frame("request")
     if not req.empty:

@@ -46,15 +46,19 @@ class CarryOver:
         self.planned: dict[Hashable, int] = {}
         self.where: dict[Hashable, tuple[int, int]] = {}            # key -> (iteration, mini-batch)
         self.members: dict[tuple[int, int], list[Hashable]] = {}    # (iteration, mini-batch) -> keys
+        self.finished: dict[Hashable, int] = {}        # key -> finish order
+        self.trained: set[Hashable] = set()
+        self.swaps: list[Swap] = []
+        self.add(slots)
+
+    def add(self, slots: Iterable[tuple[Hashable, int, int]]) -> None:
+        """More groups (a re-planned epoch): (key, planned iteration, mini-batch) each."""
         for key, it, mb in slots:
             if key in self.planned:
                 raise ValueError(f"group {key!r} appears twice")
             self.planned[key] = int(it)
             self.where[key] = (int(it), int(mb))
             self.members.setdefault((int(it), int(mb)), []).append(key)
-        self.finished: dict[Hashable, int] = {}        # key -> finish order
-        self.trained: set[Hashable] = set()
-        self.swaps: list[Swap] = []
 
     # state updates -----------------------------------------------------------------
     def on_finish(self, key: Hashable) -> None:
@@ -124,3 +128,9 @@ class CarryOver:
     def lag_bound_of(self, key: Hashable, lag_bound: int) -> int:
         """The largest lag this group can be trained with: k + (its iteration - planned)."""
         return lag_bound + max(0, self.where[key][0] - self.planned[key])
+
+
+def late_groups(remaining: dict, budget: float) -> list:
+    """The groups whose re-estimated remaining tokens (``remaining``: key -> tokens) exceed
+    ``budget``, latest first (the order :meth:`CarryOver.defer` gives up to when donors are few)."""
+    return [k for k, x in sorted(remaining.items(), key=lambda kv: -kv[1]) if x > budget]

@@ -116,7 +116,8 @@ def plan_epochs(cfg, inp: PlanInputs, policy: str | None = None, epochs: int | N
         df = plan(inp.prompt_ids, inp.predicted, inp.prompt_lengths, policy=policy, group_size=t.group_size,
                   global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
                   num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=lag_bound_of(cfg), cost=cost,
-                  epoch=e, iteration_offset=offset, seed=cfg.seed)
+                  epoch=e, iteration_offset=offset, seed=cfg.seed, tail=r.tail_concurrency,
+                  group_max_factor=inp.group_max_factor, max_response_length=cfg.lengths.max_response_length)
         offset = int(df["iteration"].max()) + 1
         frames.append(df)
     return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]

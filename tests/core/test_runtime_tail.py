@@ -1,0 +1,138 @@
+"""The runtime's tail glue (pipeline/tail.py) on hand-made plans: instances' progress reports
+move guided dispatch's steals, tail rooms cap admissions, carry-over defers only late groups,
+and every decision is a timeline event."""
+from __future__ import annotations
+
+from asp_ascend.metrics.timeline import Timeline
+from asp_ascend.pipeline.tail import TailControl, TailOptions
+from asp_ascend.scheduler.admission import Job
+from asp_ascend.scheduler.carryover import CarryOver, late_groups
+from asp_ascend.scheduler.execution import ExecutionPlan, ExecutionSettings
+
+G = 2
+
+
+def _plan(jobs, *, k=1, slots_seqs=4, dispatch="guided", R=2):
+    st = ExecutionSettings(policy="asp", lag_bound=k, group_size=G, max_num_seqs=slots_seqs, num_instances=R,
+                           dispatch=dispatch)
+    return ExecutionPlan(st, jobs)
+
+
+def _control(plan, **opts):
+    tl = Timeline()
+    ctl = TailControl(plan, TailOptions(**opts), max_tokens=200, event=tl.add, now=lambda: 0.0)
+    return ctl, tl
+
+
+def _job(i, rank, pid, inst, pred, mb=0):
+    return Job(i, rank, pid, instance=inst, mini_batch=mb, predicted_length=pred)
+
+
+def _fill(feeder, ctl, gate=None):
+    got = []
+    for r, job, _v in feeder.fill(gate, ctl.room_rule(feeder)):
+        ctl.on_admit(r, job)
+        got.append((r, job.prompt_id))
+    ctl.record_steals()
+    return got
+
+
+def test_progress_reports_decide_whom_guided_dispatch_steals_from():
+    # instance 0 runs a0, instance 1 runs b0; a third instance with room steals. The plan says
+    # a0 is long, but the progress says a0's siblings are done and b0 is far past its prediction:
+    # the thief takes from instance 1's queue.
+    jobs = [_job(0, 0, "a0", 0, 100.0), _job(0, 1, "a1", 0, 10.0), _job(0, 2, "b0", 1, 10.0), _job(0, 3, "b1", 1, 10.0)]
+    plan = _plan(jobs, slots_seqs=G, R=3)            # one group slot per instance
+    ctl, tl = _control(plan, reestimate=True)
+    feeder = plan.feeder()
+    feeder.disp.alive[2] = False                    # the thief joins later
+    assert _fill(feeder, ctl) == [(0, "a0"), (1, "b0")]
+    ctl.on_progress([{"key": [0, "a0"], "finished": {0: 3, 1: 4}, "tokens": []},
+                     {"key": [0, "b0"], "finished": {}, "tokens": [150, 160]}])
+    assert plan.dispatcher.remaining_work(1) > plan.dispatcher.remaining_work(0)
+    feeder.disp.alive[2] = True
+    assert _fill(feeder, ctl) == [(2, "b1")]
+    (ev,) = tl.events["steal"]
+    assert (ev["prompt_id"], ev["from_instance"], ev["to_instance"]) == ("b1", 1, 2)
+    # without the reports the plan's prediction (a0 long) would have sent the thief to instance 0
+    plan2 = _plan(jobs, slots_seqs=G, R=3)
+    ctl2, _ = _control(plan2, reestimate=True)
+    f2 = plan2.feeder()
+    f2.disp.alive[2] = False
+    _fill(f2, ctl2)
+    f2.disp.alive[2] = True
+    assert _fill(f2, ctl2) == [(2, "a1")]
+
+
+def test_finished_group_teaches_the_estimator_and_leaves_it():
+    plan = _plan([_job(0, 0, "a", 0, 10.0)], R=1)
+    ctl, _ = _control(plan, reestimate=True)
+    feeder = plan.feeder()
+    _fill(feeder, ctl)
+    ctl.on_progress([{"key": [0, "a"], "finished": {1: 30}, "tokens": [12]}])
+    feeder.finished(0, "a")
+    ctl.on_finish((0, "a"), [40, 30])
+    assert (0, "a") not in ctl.estimator.groups and ctl.estimator._err.n == 1
+
+
+def test_a_tail_room_caps_its_instance():
+    # four group slots (8 sequences); "t" has room 2 sequences = one group: while it runs its
+    # instance takes nothing else, the other instance fills up
+    jobs = [_job(0, 0, "t", 0, 50.0)] + [_job(0, i, f"s{i}", 0, 5.0) for i in range(1, 4)]
+    plan = _plan(jobs, slots_seqs=4 * G, dispatch="static", R=1)
+    ctl, tl = _control(plan, tail_concurrency="auto", rooms={(0, "t"): G})
+    feeder = plan.feeder()
+    assert _fill(feeder, ctl) == [(0, "t")]
+    (ev,) = tl.events["tail"]
+    assert ev["room"] == G and ev["cap"] == G
+    feeder.finished(0, "t")
+    ctl.on_finish((0, "t"), [50, 50])
+    assert [p for _, p in _fill(feeder, ctl)] == ["s1", "s2", "s3"]
+
+
+def test_tail_concurrency_off_never_caps():
+    jobs = [_job(0, 0, "t", 0, 50.0), _job(0, 1, "s", 0, 5.0)]
+    plan = _plan(jobs, slots_seqs=4 * G, dispatch="static", R=1)
+    ctl, tl = _control(plan, tail_concurrency="off", rooms={(0, "t"): G})
+    assert ctl.room_rule(plan.feeder()) is None
+    assert len(_fill(plan.feeder(), ctl)) == 2 and not tl.events["tail"]
+
+
+def test_partial_rollout_defers_only_late_groups_and_swaps_finished_ones():
+    # iteration 0: a (short), z (long); iteration 1: b, c. The trainer waits on z; once b is
+    # finished and z is re-estimated far past the iteration's budget, z moves to iteration 1
+    # and b takes its place.
+    jobs = [_job(0, 0, "a", 0, 5.0, 0), _job(0, 1, "z", 1, 5.0, 0), _job(1, 2, "b", 0, 5.0, 0),
+            _job(1, 3, "c", 0, 5.0, 0)]
+    plan = _plan(jobs, slots_seqs=4 * G, dispatch="static", R=2, k=1)
+    ctl, tl = _control(plan, reestimate=True, partial_rollout=True, max_split=1)
+    feeder = plan.feeder()
+    _fill(feeder, ctl)
+    for key, lengths in (((0, "a"), [4, 6]),):
+        feeder.finished(*key)
+        ctl.on_finish(key, lengths)
+    assert ctl.maybe_defer(0) == []                       # z: no progress yet, nothing to swap with
+    feeder.finished(0, "b")
+    ctl.on_finish((0, "b"), [5, 5])
+    ctl.on_progress([{"key": [0, "z"], "finished": {}, "tokens": [120, 150]}])
+    swaps = ctl.maybe_defer(0)
+    assert [(s.deferred, s.swapped_in) for s in swaps] == [((0, "z"), (0, "b"))]
+    assert ctl.members(0, {0: []}) == {0: [(0, "a"), (0, "b")]}
+    assert sorted(ctl.members(1, {0: []})[0]) == [(0, "c"), (0, "z")]
+    assert ctl.lag_bound((0, "z")) == 2 and ctl.lag_bound((0, "b")) == 1
+    assert [e["prompt_id"] for e in tl.events["defer"]] == ["z"]
+    assert [e["prompt_id"] for e in tl.events["swap"]] == ["b"]
+
+
+def test_without_partial_rollout_membership_is_the_plan():
+    plan = _plan([_job(0, 0, "a", 0, 5.0)], R=1)
+    ctl, _ = _control(plan, reestimate=True)
+    planned = {0: [(0, "a")]}
+    assert ctl.members(0, planned) is planned and ctl.maybe_defer(0) == [] and ctl.lag_bound((0, "a")) == 1
+
+
+def test_late_groups_latest_first_and_carry_over_add():
+    assert late_groups({"x": 5.0, "y": 50.0, "z": 20.0}, 10.0) == ["y", "z"]
+    co = CarryOver([("a", 0, 0)], 1)
+    co.add([("b", 1, 0)])
+    assert co.iteration_of("b") == 1 and co.members[(1, 0)] == ["b"]
