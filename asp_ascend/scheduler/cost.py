@@ -1,8 +1,18 @@
-"""Per-instance cost model used by the planner's estimate and by the simulator.
+"""Per-instance cost model: the one decode-step formula, used by the planner, its estimate,
+the tail model, speculative decoding's costs, the simulator and the lower bounds.
 
 Decode step (one token for every running sequence of an instance)::
 
     t_step(n, C) = a + b * C + c * n          n = running sequences, C = sum of their context tokens
+
+Everything else is this formula summed over steps (:func:`steps_time`): ``m`` consecutive
+steps of ``n`` sequences that held ``C0`` context tokens before the first step (each step adds
+one token per sequence, the token being generated counted in its own step's context) take::
+
+    sum_{j=1..m} t_step(n, C0 + n * j) = m * (a + c * n) + b * (m * C0 + n * m * (m + 1) / 2)
+
+(the simulator's instances jump between events with it; a group generated alone, one sequence
+alone and one sequence's share of a full instance are this sum with particular ``n`` and ``C0``).
 
 Defaults (``CostConfig``) are of the order of a 7B-class model on one accelerator with
 vLLM: a = 20 ms fixed per step, b = 2e-8 s per context token, c = 0.1 ms per sequence.
@@ -14,9 +24,21 @@ how the coefficients are fitted to a real run (``asp simulate --calibrate RUN_DI
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
+
+
+def step_time(a, b, c, n, context):
+    """Seconds of one decode step of ``n`` sequences holding ``context`` tokens in all."""
+    return a + b * context + c * n
+
+
+def steps_time(a, b, c, m, n, context0):
+    """Seconds of ``m`` decode steps of ``n`` sequences holding ``context0`` tokens before the
+    first (closed form of the sum of :func:`step_time`; array arguments broadcast)."""
+    return m * (a + c * n) + b * (m * context0 + n * m * (m + 1) / 2.0)
 
 
 @dataclass(frozen=True)
@@ -38,40 +60,79 @@ class CostModel:
                    train_per_step=cost_cfg.train_per_step, logprob_per_token=cost_cfg.logprob_per_token,
                    logprob_passes=logprob_passes, sync_s=cost_cfg.sync_s)
 
+    def with_decode(self, a: float, b: float, c: float) -> "CostModel":
+        """The same model with other decode coefficients (speculation, a mis-specified plan)."""
+        return replace(self, decode_a=a, decode_b=b, decode_c=c)
+
+    def scaled(self, factor: float) -> "CostModel":
+        """Decode and prefill ``factor`` times as slow (a cost model that differs from the plan's)."""
+        return replace(self, decode_a=self.decode_a * factor, decode_b=self.decode_b * factor,
+                       decode_c=self.decode_c * factor, prefill_per_token=self.prefill_per_token * factor)
+
     # rollout ------------------------------------------------------------------
-    def decode_step(self, n_running, context_tokens):
+    def step(self, n_running, context_tokens):
         """Seconds for one decode step with ``n_running`` sequences holding ``context_tokens``."""
-        return self.decode_a + self.decode_b * context_tokens + self.decode_c * n_running
+        return step_time(self.decode_a, self.decode_b, self.decode_c, n_running, context_tokens)
+
+    def steps(self, m, n_running, context0):
+        """Seconds for ``m`` decode steps (see :func:`steps_time`)."""
+        return steps_time(self.decode_a, self.decode_b, self.decode_c, m, n_running, context0)
+
+    def steps_to_reach(self, delta: float, n_running: int, context0: float) -> int:
+        """Smallest m >= 0 with ``steps(m, n_running, context0) >= delta`` (scalars)."""
+        if delta <= 0:
+            return 0
+        a, b, c, nn = self.decode_a, self.decode_b, self.decode_c, n_running
+        qa = b * nn / 2.0
+        qb = a + c * nn + b * context0 + b * nn / 2.0
+        m = (-qb + math.sqrt(qb * qb + 4 * qa * delta)) / (2 * qa) if qa > 0 else delta / qb
+        m = max(1, int(math.ceil(m - 1e-9)))
+        while steps_time(a, b, c, m, nn, context0) < delta:
+            m += 1
+        while m > 1 and steps_time(a, b, c, m - 1, nn, context0) >= delta:
+            m -= 1
+        return m
 
     def solo_latency(self, prompt_len, resp_len):
         """Seconds to generate ``resp_len`` tokens of one sequence alone on an instance
-        (prefill + sum over its decode steps of a + b*context + c)."""
+        (prefill + its decode steps)."""
         p = np.asarray(prompt_len, dtype=float)
-        L = np.asarray(resp_len, dtype=float)
-        return (self.prefill_per_token * p + L * (self.decode_a + self.decode_c)
-                + self.decode_b * (p * L + L * (L + 1) / 2))
+        return self.prefill_per_token * p + self.steps(np.asarray(resp_len, dtype=float), 1, p)
 
     def group_latency(self, prompt_len, resp_len, group_size: int):
-        """Seconds to generate one group (G sequences together) alone on an instance."""
+        """Seconds to generate one group (G sequences of ``resp_len`` tokens together) alone on an instance."""
         p = np.asarray(prompt_len, dtype=float)
-        L = np.asarray(resp_len, dtype=float)
         G = group_size
-        return (self.prefill_per_token * p * G + L * (self.decode_a + self.decode_c * G)
-                + self.decode_b * G * (p * L + L * (L + 1) / 2))
+        return self.prefill_per_token * p * G + self.steps(np.asarray(resp_len, dtype=float), G, G * p)
+
+    def group_latency_exact(self, prompt_length, resp) -> np.ndarray:
+        """Seconds to generate each group (rows of ``resp``: its samples' lengths) alone on an
+        instance: prefill of every sample, then decode steps over the running samples until
+        the longest finishes, the shortest leaving first."""
+        L = np.sort(np.asarray(resp, dtype=float), axis=1)
+        J, G = L.shape
+        p = np.asarray(prompt_length, dtype=float)
+        t = self.prefill_per_token * p * G
+        done = np.zeros(J)
+        for j in range(G):
+            m = np.maximum(L[:, j] - done, 0.0)
+            nn = G - j
+            t = t + self.steps(m, nn, nn * (p + done))
+            done = np.maximum(done, L[:, j])
+        return t
 
     def work(self, prompt_len, resp_len, concurrency):
         """Instance-seconds one sequence costs when sharing steps with ``concurrency`` others:
-        its share of the fixed part a/S, plus c, plus b * its context, per token; plus prefill."""
+        its decode steps with the fixed part ``a`` shared by all, plus prefill."""
         p = np.asarray(prompt_len, dtype=float)
-        L = np.asarray(resp_len, dtype=float)
         S = np.maximum(1, concurrency)
-        return (self.prefill_per_token * p + L * (self.decode_a / S + self.decode_c)
-                + self.decode_b * (p * L + L * (L + 1) / 2))
+        return self.prefill_per_token * p + steps_time(self.decode_a / S, self.decode_b, self.decode_c,
+                                                       np.asarray(resp_len, dtype=float), 1, p)
 
-    def peak_throughput(self, concurrency: int, mean_context: float) -> float:
-        """Tokens/s of one instance at full concurrency and a given mean context length."""
-        S = max(1, concurrency)
-        return S / (self.decode_a + self.decode_b * S * mean_context + self.decode_c * S)
+    def peak_throughput(self, concurrency, mean_context):
+        """Tokens/s of one instance at full concurrency and a given mean context length (arrays broadcast)."""
+        S = np.maximum(1, concurrency)
+        return S / self.step(S, S * mean_context)
 
     # trainer ------------------------------------------------------------------
     def train_time(self, slot_tokens, num_steps):

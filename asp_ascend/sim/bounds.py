@@ -20,19 +20,8 @@ from ..scheduler.cost import CostModel
 
 
 def group_latencies(prompt_length: np.ndarray, resp: np.ndarray, cm: CostModel) -> np.ndarray:
-    """Vectorised :func:`~asp_ascend.sim.costs.group_latency_exact` over groups (rows of ``resp``)."""
-    L = np.sort(np.asarray(resp, dtype=float), axis=1)
-    J, G = L.shape
-    p = np.asarray(prompt_length, dtype=float)
-    t = cm.prefill_per_token * p * G
-    done = np.zeros(J)
-    for j in range(G):
-        m = np.maximum(L[:, j] - done, 0.0)
-        nn = G - j
-        C0 = nn * (p + done)
-        t = t + m * (cm.decode_a + cm.decode_c * nn) + cm.decode_b * (m * C0 + nn * m * (m + 1) / 2)
-        done = np.maximum(done, L[:, j])
-    return t
+    """Each group's latency alone on an instance (:meth:`CostModel.group_latency_exact`)."""
+    return cm.group_latency_exact(prompt_length, resp)
 
 
 def lower_bounds(jobs, mb_table: pd.DataFrame, train_per_token: float, train_per_step: float, cm: CostModel,
@@ -48,7 +37,7 @@ def lower_bounds(jobs, mb_table: pd.DataFrame, train_per_token: float, train_per
     conc = np.full(n_it, float(max_num_seqs))
     if kv_capacity:
         conc = np.maximum(1.0, np.minimum(conc, kv_capacity / np.maximum(ctx, 1.0)))
-    peak = conc / (cm.decode_a + cm.decode_b * conc * ctx + cm.decode_c * conc)
+    peak = cm.peak_throughput(conc, ctx)
     decode_s = tok / (num_instances * peak)
     tt = mb_table["tokens"].to_numpy(float) + mb_table["padded_tokens"].to_numpy(float)
     train_s = np.bincount(mb_table["iteration"].to_numpy(np.int64),

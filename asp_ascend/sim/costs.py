@@ -43,7 +43,7 @@ simulator's; KV footprints from the Qwen2.5-7B/32B configs.) ``custom`` takes ``
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -111,9 +111,6 @@ class SimCosts:
     step_latency_s: float = 0.0
     admit_latency_s: float = 0.0
 
-    def train_time(self, slot_tokens, num_steps=1):
-        return self.train_per_token * np.asarray(slot_tokens, dtype=float) + self.train_per_step * np.asarray(num_steps)
-
 
 def instance_costs(cost_cfg, sim_cfg, tp: int, kv_cache_tokens: int = 0) -> tuple[CostModel, int]:
     """(decode CostModel, KV capacity in tokens) of one instance over ``tp`` devices.
@@ -168,28 +165,3 @@ def system_costs(cost_cfg, sim_cfg, *, tp: int, train_devices: int, kv_cache_tok
 def _opt(cfg, key, default):
     v = getattr(cfg, key, default)
     return default if v is None else float(v)
-
-
-def with_coefficients(costs: SimCosts, **decode) -> SimCosts:
-    """A copy with some decode coefficients replaced (calibration)."""
-    return replace(costs, instance=replace(costs.instance, **decode))
-
-
-def group_latency_exact(prompt_len: float, resp_lens, cm: CostModel) -> float:
-    """Seconds to generate one group alone on an instance: prefill of every sample, then decode
-    steps over the running samples until the longest finishes (context = prompt + generated,
-    the token being generated included, as in :meth:`CostModel.solo_latency`)."""
-    L = np.sort(np.asarray(resp_lens, dtype=float))
-    G = L.size
-    p = float(prompt_len)
-    t = cm.prefill_per_token * p * G
-    done = 0.0
-    for j in range(G):
-        m = L[j] - done            # steps while G - j samples run
-        if m <= 0:
-            continue
-        n = G - j
-        C0 = n * (p + done)
-        t += m * (cm.decode_a + cm.decode_c * n) + cm.decode_b * (m * C0 + n * m * (m + 1) / 2)
-        done = L[j]
-    return t

@@ -7,7 +7,7 @@ import pytest
 from asp_ascend.config import load_config
 from asp_ascend.scheduler.cost import CostModel
 from asp_ascend.sim.bounds import group_latencies
-from asp_ascend.sim.costs import group_latency_exact, instance_costs, system_costs, tp_speedup
+from asp_ascend.sim.costs import instance_costs, system_costs, tp_speedup
 
 
 def _sim(**over):
@@ -58,14 +58,35 @@ def test_sim_trainer_scales_with_devices_and_colocated_pays_switch():
     assert a.sync_s == pytest.approx(15.2e9 / 25e9 + 0.1)
 
 
-def test_sim_group_latency_exact_matches_vectorised_and_solo():
+def _by_steps(cm, prompt, lengths):
+    """A group alone on an instance, one decode step at a time, from the one step formula."""
+    t = cm.prefill_per_token * prompt * len(lengths)
+    gen = 0
+    while any(gen < L for L in lengths):
+        run = [L for L in lengths if gen < L]
+        gen += 1
+        t += cm.step(len(run), len(run) * (prompt + gen))   # the token being generated counted
+    return t
+
+
+def test_cost_one_step_formula_behind_every_latency():
     cm = CostModel(decode_a=0.01, decode_b=1e-6, decode_c=1e-3, prefill_per_token=1e-4)
     rng = np.random.default_rng(0)
-    resp = rng.integers(1, 300, (20, 5))
-    p = rng.integers(1, 100, 20)
-    want = [group_latency_exact(pi, r, cm) for pi, r in zip(p, resp)]
+    resp = rng.integers(1, 120, (12, 5))
+    p = rng.integers(1, 100, 12)
+    want = [_by_steps(cm, int(pi), r.tolist()) for pi, r in zip(p, resp)]
     np.testing.assert_allclose(group_latencies(p, resp, cm), want, rtol=1e-12)
-    # G = 1 is the scheduler's solo latency
-    assert group_latency_exact(50, [200], cm) == pytest.approx(float(cm.solo_latency(50, 200)))
-    # G equal lengths is the scheduler's group latency
-    assert group_latency_exact(50, [200] * 4, cm) == pytest.approx(float(cm.group_latency(50, 200, 4)))
+    np.testing.assert_allclose(cm.group_latency_exact(p, resp), want, rtol=1e-12)
+    # G = 1 is the scheduler's solo latency; G equal lengths its group latency
+    assert float(cm.solo_latency(50, 200)) == pytest.approx(_by_steps(cm, 50, [200]), rel=1e-12)
+    assert float(cm.group_latency(50, 200, 4)) == pytest.approx(_by_steps(cm, 50, [200] * 4), rel=1e-12)
+    # m steps in closed form = the sum of single steps; steps_to_reach inverts it
+    assert cm.steps(7, 3, 90) == pytest.approx(sum(cm.step(3, 90 + 3 * j) for j in range(1, 8)), rel=1e-12)
+    for delta in (0.0, 1e-9, 0.05, 0.3, 2.0):
+        m = cm.steps_to_reach(delta, 3, 90)
+        assert cm.steps(m, 3, 90) >= delta and (m == 0 or m == 1 or cm.steps(m - 1, 3, 90) < delta)
+    # one sequence's share of a full instance: the fixed part split S ways
+    assert float(cm.work(10, 100, 4)) == pytest.approx(
+        float(cm.solo_latency(10, 100)) - 100 * cm.decode_a * 3 / 4, rel=1e-12)
+    # peak throughput: S tokens per step of S sequences
+    assert float(cm.peak_throughput(8, 50.0)) == pytest.approx(8 / cm.step(8, 8 * 50.0), rel=1e-12)

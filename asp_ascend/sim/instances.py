@@ -1,0 +1,225 @@
+"""The simulated rollout instances: vLLM-like continuous batching, jumping from event to event.
+
+- at most ``max_num_seqs`` running sequences (or a lower cap, :attr:`Instances.cap`); a group's
+  sequences wait in the instance's queue until a slot and KV space are free;
+- KV cache of ``kv_capacity`` tokens (0 = unlimited): a sequence holds prompt + generated
+  tokens; when the next decode step would overflow, the most recently admitted sequence is
+  preempted (its KV freed, re-queued first, recomputed by prefill on re-admission, as vLLM does);
+- admitted sequences cost ``prefill_per_token`` per prompt (+ already generated) token;
+- one decode step gives every running sequence one token and costs the cost model's
+  :func:`~asp_ascend.scheduler.cost.step_time`.
+
+Time is not advanced token by token: between events (a sequence finishing, a KV overflow, an
+admission at a step boundary) the running set is fixed, so ``m`` steps take the closed form
+:func:`~asp_ascend.scheduler.cost.steps_time` and an instance jumps straight to its next
+event. Cost is O(log n) per sequence finish. Sequence ``s`` is sample ``s % G`` of job ``s // G``.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from typing import Callable
+
+from ..scheduler.cost import CostModel
+
+INST = 4        # the event kind of an instance's next boundary (see engine.py)
+
+
+class Instances:
+    """R instances and the sequences they run. ``push(t, kind, x, tok)`` queues an event;
+    ``on_group_done(job, t)`` is called when a job's last sample finishes."""
+
+    def __init__(self, jobs, R: int, cost: CostModel, max_num_seqs: int, kv_capacity: int,
+                 push: Callable, on_group_done: Callable[[int, float], None]):
+        J, G = jobs.resp.shape
+        self.G, self.R = G, R
+        self.cm = cost
+        self.mns, self.kv = int(max_num_seqs), int(kv_capacity)
+        self.push, self.on_group_done = push, on_group_done
+        N = J * G
+        # sequences
+        self.plen_j = jobs.prompt_length.astype("int64").tolist()
+        self.resp = jobs.resp.reshape(-1).astype("int64").tolist()
+        self.g0 = [0] * N               # tokens generated before the current admission
+        self.s0 = [0] * N               # instance step at the current admission
+        self.fin_step = [0] * N
+        self.in_run = [False] * N
+        self.t_admit = [0.0] * N
+        self.t_first = [-1.0] * N
+        self.t_fin = [0.0] * N
+        self.adm_ver = [0] * N
+        self.seq_inst = [0] * N
+        self.job_left = [G] * J
+        # instances
+        self.preemptions = [0] * R
+        self.S = [0] * R                # decode steps done
+        self.T = [0.0] * R              # time of the last boundary
+        self.n = [0] * R                # running sequences
+        self.K = [0] * R                # sum over running of (prompt + g0 - s0): context = K + n * S
+        self.heaps: list[list] = [[] for _ in range(R)]          # (finish step, seq)
+        self.waiting: list[deque] = [deque() for _ in range(R)]
+        self.order: list[list] = [[] for _ in range(R)]          # running seqs in admission order (lazy)
+        self.ev_tok = [0] * R
+        self.ev_time: list = [None] * R
+        self.ev_step = [0] * R
+        self.paused = [False] * R
+        self.resume_version = [0] * R
+        self.cap = [self.mns] * R       # sequences an instance may hold (tail-aware concurrency lowers it)
+
+    # ------------------------------------------------------------------ decisions
+    def held(self, r: int) -> int:
+        """Sequences instance ``r`` runs or has waiting."""
+        return self.n[r] + len(self.waiting[r])
+
+    def has_room(self, r: int) -> bool:
+        return self.n[r] + len(self.waiting[r]) < self.cap[r]
+
+    # ------------------------------------------------------------------ admissions
+    def enqueue(self, r: int, job: int, version: int) -> None:
+        """Job ``job`` admitted on instance ``r`` (at its boundary T[r]): its sequences wait for a slot."""
+        w, t, G = self.waiting[r], self.T[r], self.G
+        for s in range(job * G, job * G + G):
+            w.append(s)
+            self.t_admit[s] = t
+            self.adm_ver[s] = version
+            self.seq_inst[s] = r
+
+    def start_waiting(self, r: int) -> None:
+        """Start waiting sequences while there is a slot and KV space (prefill is paid at T[r])."""
+        w = self.waiting[r]
+        if not w:
+            return
+        n, K, g0, s0, plen_j, G, kv = self.n, self.K, self.g0, self.s0, self.plen_j, self.G, self.kv
+        newtok = 0
+        fresh = []
+        h, od = self.heaps[r], self.order[r]
+        Sr = self.S[r]
+        while w and n[r] < self.mns:
+            s = w[0]
+            need = plen_j[s // G] + g0[s]
+            if kv and n[r] > 0 and K[r] + n[r] * Sr + need + n[r] + 1 > kv:
+                break
+            w.popleft()
+            n[r] += 1
+            K[r] += need - Sr
+            s0[s] = Sr
+            self.in_run[s] = True
+            fs = Sr + self.resp[s] - g0[s]
+            self.fin_step[s] = fs
+            heapq.heappush(h, (fs, s))
+            od.append(s)
+            newtok += need
+            if g0[s] == 0:
+                fresh.append(s)
+        if newtok:
+            self.T[r] += self.cm.prefill_per_token * newtok
+        if fresh:
+            nn = n[r]
+            tf = self.T[r] + self.cm.steps(1, nn, K[r] + nn * Sr)
+            for s in fresh:
+                self.t_first[s] = tf
+
+    # ------------------------------------------------------------------ time
+    def _clean(self, r: int) -> None:
+        h, in_run, fin_step = self.heaps[r], self.in_run, self.fin_step
+        while h and (not in_run[h[0][1]] or fin_step[h[0][1]] != h[0][0]):
+            heapq.heappop(h)
+
+    def schedule(self, r: int) -> None:
+        """Queue instance ``r``'s next event (a finish or a KV overflow) from its boundary T[r]."""
+        self.ev_tok[r] += 1
+        self._clean(r)
+        if self.n[r] == 0:
+            self.ev_time[r] = None
+            return
+        h, kv = self.heaps[r], self.kv
+        nn, Sr = self.n[r], self.S[r]
+        C0 = self.K[r] + nn * Sr
+        m = h[0][0] - Sr
+        if kv:
+            while nn > 1 and C0 + nn > kv:      # the next step would overflow: preempt
+                self._preempt_one(r)
+                nn = self.n[r]
+                C0 = self.K[r] + nn * Sr
+                self._clean(r)
+                m = h[0][0] - Sr
+            mk = (kv - C0) // nn if nn else m
+            if 1 <= mk < m:
+                m = mk
+        dt = self.cm.steps(m, nn, C0)
+        self.ev_time[r] = self.T[r] + dt
+        self.ev_step[r] = Sr + m
+        self.push(self.T[r] + dt, INST, r, self.ev_tok[r])
+
+    def at_event(self, r: int) -> None:
+        """Instance ``r`` reached its scheduled boundary: its sequences due by then finish."""
+        self.T[r] = self.ev_time[r]
+        self.S[r] = Sr = self.ev_step[r]
+        self.ev_time[r] = None
+        h, in_run, fin_step = self.heaps[r], self.in_run, self.fin_step
+        while h and h[0][0] <= Sr:
+            fs, s = heapq.heappop(h)
+            if in_run[s] and fin_step[s] == fs:
+                self._finish(s, r, self.T[r])
+
+    def advance(self, r: int, t: float) -> None:
+        """Bring instance ``r`` to its first step boundary at or after ``t`` (the caller reschedules)."""
+        self.ev_tok[r] += 1
+        if self.ev_time[r] is None:
+            self.T[r] = max(self.T[r], t)
+            return
+        if t >= self.ev_time[r]:
+            self.at_event(r)
+            return
+        nn = self.n[r]
+        C0 = self.K[r] + nn * self.S[r]
+        m = self.cm.steps_to_reach(t - self.T[r], nn, C0)
+        if self.S[r] + m >= self.ev_step[r]:
+            self.at_event(r)
+            return
+        self.T[r] += self.cm.steps(m, nn, C0)
+        self.S[r] += m
+        self.ev_time[r] = None
+
+    def pause(self, r: int, t: float, dur: float, version: int) -> None:
+        """Instance ``r`` stops at its boundary after ``t`` for ``dur`` (a weight sync); it
+        resumes (an INST event) holding ``version``."""
+        self.advance(r, t)
+        self.ev_tok[r] += 1          # drop any scheduled event
+        self.ev_time[r] = None
+        self.paused[r] = True
+        self.T[r] = max(self.T[r], t) + dur
+        self.resume_version[r] = version
+        self.push(self.T[r], INST, r, self.ev_tok[r])
+
+    def resume(self, r: int, t: float) -> int:
+        """End of instance ``r``'s pause at ``t``; returns the version it now holds."""
+        self.paused[r] = False
+        self.ev_time[r] = None
+        self.T[r] = t
+        return self.resume_version[r]
+
+    # ------------------------------------------------------------------ state
+    def _finish(self, s: int, r: int, t: float) -> None:
+        G = self.G
+        self.n[r] -= 1
+        self.K[r] -= self.plen_j[s // G] + self.g0[s] - self.s0[s]
+        self.in_run[s] = False
+        self.t_fin[s] = t
+        j = s // G
+        self.job_left[j] -= 1
+        if self.job_left[j] == 0:
+            self.on_group_done(j, t)
+
+    def _preempt_one(self, r: int) -> None:
+        od = self.order[r]
+        while od and not self.in_run[od[-1]]:
+            od.pop()
+        s = od.pop()
+        gen = self.S[r] - self.s0[s]
+        self.n[r] -= 1
+        self.K[r] -= self.plen_j[s // self.G] + self.g0[s] - self.s0[s]
+        self.g0[s] += gen
+        self.in_run[s] = False
+        self.waiting[r].appendleft(s)
+        self.preemptions[r] += 1

@@ -1,0 +1,145 @@
+"""The simulated trainer: one optimizer step per scheduled mini-batch, then a weight sync.
+
+Iteration i is trained by a trainer holding version i, one optimizer step per mini-batch, as
+soon as that mini-batch's groups are all generated (``stream``) or once the whole iteration is
+generated; then a weight sync publishes version i + 1. The trainer's sample queue (groups
+generated, not yet trained) is recorded for the queue-occupancy metric.
+
+Runtime overheads (:class:`TrainerSpec`; zero by default, fitted by ``asp simulate --calibrate``):
+an optimizer step starts ``step_latency_s`` after its mini-batch is generated and the trainer is
+free; after an iteration's last step the trainer is busy for ``publish_s`` (its share of the
+sync plus per-iteration bookkeeping; it may train on while the instances finish the sync).
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Callable
+
+from .jobs import SimJobs, minibatch_tokens
+
+PUBLISH, TRAIN = 0, 1     # event kinds (see engine.py)
+
+
+@dataclass
+class TrainerSpec:
+    """How the trainer times its work (see :class:`~asp_ascend.sim.costs.SimCosts`)."""
+    train_per_token: float
+    train_per_step: float
+    sync_s: float
+    micro_batch_size: int = 8
+    micro_batching: str = "padded"   # padded | sorted | packed
+    switch_s: float = 0.0            # colocated: train<->infer switch per iteration
+    # runtime overheads (calibrated from a real run; 0/None = an ideal runtime):
+    publish_s: float | None = None   # trainer busy after an iteration's last step (None: the whole sync);
+    #                                  less than sync_s: it trains on while instances load the weights
+    step_latency_s: float = 0.0      # an optimizer step starts this long after its data and the trainer are ready
+    admit_latency_s: float = 0.0     # an instance admits work of a new version this long after its sync
+    #                                  (and, with group_slots, a new group this long after a slot frees)
+
+
+class Trainer:
+    """The trainer's state. ``push(t, kind, x)`` queues an event; ``start_sync(t, version)``
+    is called when an iteration is trained (the engine pauses instances if it must)."""
+
+    def __init__(self, jobs: SimJobs, spec: TrainerSpec, stream: bool, push: Callable,
+                 start_sync: Callable[[float, int], None]):
+        self.spec, self.stream, self.push, self.start_sync = spec, stream, push, start_sync
+        self.mbt = mbt = minibatch_tokens(jobs, spec.micro_batch_size, spec.micro_batching)
+        self.mb_iter = mbt["iteration"].to_numpy().tolist()
+        self.mb_groups = mbt["groups"].to_numpy().tolist()
+        self.mb_dur = (spec.train_per_token * (mbt["tokens"] + mbt["padded_tokens"]).to_numpy(float)
+                       + spec.train_per_step).tolist()
+        index = {(int(i), int(m)): x for x, (i, m) in enumerate(zip(mbt["iteration"], mbt["mini_batch"]))}
+        self.job_mb = [index[(int(i), int(m))] for i, m in zip(jobs.iteration.tolist(), jobs.mini_batch.tolist())]
+        self.job_it = jobs.iteration.tolist()
+        iters = sorted(set(self.mb_iter))
+        if iters != list(range(len(iters))):
+            raise ValueError(f"iterations must be 0..{len(iters) - 1} without gaps; got {iters[:5]}...")
+        self.n_it = n_it = len(iters)
+        self.it_mbs: list[list[int]] = [[] for _ in range(n_it)]
+        for x, i in enumerate(self.mb_iter):
+            self.it_mbs[i].append(x)
+        self.mb_left = list(self.mb_groups)
+        self.it_gen_left = [0] * n_it          # groups of the iteration not yet generated
+        for i in self.job_it:
+            self.it_gen_left[i] += 1
+        self.cur_it = 0                        # the version the trainer holds = iteration it trains
+        self.busy = False
+        self.steps_done = [0] * n_it
+        self.ready: list[list] = [[] for _ in range(n_it)]   # generated mini-batches per iteration (heap)
+        self.switched = [False] * n_it
+        self.qsize = 0
+        self.queue: tuple[list, list, list] = ([], [], [])    # t, op, size
+        self.step_rows: list = []
+        self.sync_rows: list = []
+        self.early_free = spec.publish_s is not None   # the trainer's own time per sync, not the sync's
+
+    def _q_event(self, t: float, op: str) -> None:
+        self.queue[0].append(t)
+        self.queue[1].append(op)
+        self.queue[2].append(self.qsize)
+
+    # ------------------------------------------------------------------ events
+    def on_group(self, j: int, t: float) -> None:
+        """Job ``j``'s group is generated: into the queue, its mini-batch perhaps ready."""
+        self.qsize += 1
+        self._q_event(t, "put")
+        x = self.job_mb[j]
+        self.mb_left[x] -= 1
+        if self.mb_left[x] == 0:
+            heapq.heappush(self.ready[self.mb_iter[x]], x)
+        self.it_gen_left[self.job_it[j]] -= 1
+
+    def try_step(self, t: float) -> None:
+        """Start the next optimizer step (or the colocated switch) if the trainer can."""
+        if self.busy:
+            return
+        i = self.cur_it
+        if i >= self.n_it or not self.ready[i]:
+            return
+        if not self.stream and self.it_gen_left[i] > 0:
+            return
+        if self.spec.switch_s > 0 and not self.switched[i]:
+            self.switched[i] = True
+            self.busy = True
+            self.push(t + self.spec.switch_s, TRAIN, -1)
+            return
+        x = heapq.heappop(self.ready[i])
+        self.qsize -= self.mb_groups[x]
+        self._q_event(t, "get")
+        self.busy = True
+        t0 = t + self.spec.step_latency_s
+        self.push(t0 + self.mb_dur[x], TRAIN, x, 0)
+        self.step_rows.append((t0, t0 + self.mb_dur[x], x))
+
+    def on_train_end(self, x: int, t: float) -> None:
+        """A TRAIN event: a step ended (``x`` >= 0), a switch ended (-1), or the trainer's
+        part of a sync ended (``x`` = -version - 2)."""
+        self.busy = False
+        if x <= -2:                    # published: the trainer holds version -x - 2, the sync goes on
+            self.cur_it = -x - 2
+            self.try_step(t)
+            return
+        if x < 0:                      # end of a colocated switch
+            self.try_step(t)
+            return
+        i = self.mb_iter[x]
+        self.steps_done[i] += 1
+        if self.steps_done[i] < len(self.it_mbs[i]):
+            self.try_step(t)
+            return
+        # iteration i trained: weight sync publishes version i + 1
+        sync = self.spec.sync_s
+        self.busy = True
+        self.sync_rows.append((t, t + sync, i + 1))
+        self.start_sync(t, i + 1)
+        self.push(t + sync, PUBLISH, i + 1)
+        if self.early_free:
+            self.push(t + self.spec.publish_s, TRAIN, -(i + 1) - 2)
+
+    def on_publish(self, v: int) -> None:
+        """Version ``v`` published (the end of the sync)."""
+        if not self.early_free:
+            self.cur_it = v
+            self.busy = False
