@@ -35,7 +35,7 @@ from .fleet import Fleet, FleetOptions
 from .logger import RunLogger
 from .progress import IterationProgress, WindowMetrics
 from .sample_queue import SampleQueue
-from .tail import TailControl, TailOptions
+from ..scheduler.tail_control import TailControl, TailOptions
 from .weight_sync import PendingSync
 
 __all__ = ["Orchestrator", "Prompts", "Sampling", "Task", "RunOutputs", "FleetOptions", "Evaluator", "TailOptions"]

@@ -181,7 +181,7 @@ def tail_options(cfg, schedule_path: Path):
     ``room`` column (0: no cap)."""
     import pandas as pd
 
-    from .tail import TailOptions
+    from ..scheduler.tail_control import TailOptions
 
     rooms = {}
     if schedule_path.is_file():

@@ -1,10 +1,10 @@
-"""The runtime's tail glue (pipeline/tail.py) on hand-made plans: instances' progress reports
+"""The runtime's tail glue (scheduler/tail_control.py) on hand-made plans: instances' progress reports
 move guided dispatch's steals, tail rooms cap admissions, carry-over defers only late groups,
 and every decision is a timeline event."""
 from __future__ import annotations
 
 from asp_ascend.metrics.timeline import Timeline
-from asp_ascend.pipeline.tail import TailControl, TailOptions
+from asp_ascend.scheduler.tail_control import TailControl, TailOptions
 from asp_ascend.scheduler.admission import Job
 from asp_ascend.scheduler.carryover import CarryOver, late_groups
 from asp_ascend.scheduler.execution import ExecutionPlan, ExecutionSettings

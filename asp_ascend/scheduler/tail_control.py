@@ -1,9 +1,10 @@
-"""The tail mechanisms in the runtime loop (DESIGN 9): the scheduler's state machines fed by
+"""The tail mechanisms in an executor's loop (DESIGN 9): the scheduler's state machines fed by
 the instances' reports, each decision written to the timeline.
 
-The orchestrator owns one :class:`TailControl`. It holds the same objects the simulator uses
+The runtime's orchestrator and the simulator's engine each own one :class:`TailControl`, next
+to their :class:`~asp_ascend.scheduler.execution.ExecutionPlan`. It holds the state machines
 (scheduler/reestimate.py, scheduler/tail.py, scheduler/carryover.py; guided dispatch lives in
-the plan's :class:`~asp_ascend.scheduler.admission.Dispatcher`) and turns runtime events into
+the plan's :class:`~asp_ascend.scheduler.admission.Dispatcher`) and turns executor events into
 their ``on_*`` updates:
 
 - every admission: the group's prediction into the :class:`GroupEstimator` (re-estimation),
@@ -26,18 +27,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterable
 
-from ..scheduler.admission import Job
-from ..scheduler.carryover import CarryOver, late_groups
-from ..scheduler.execution import ExecutionPlan, Feeder
-from ..scheduler.reestimate import GroupEstimator
-from ..scheduler.tail import TailGovernor
+from .admission import Job
+from .carryover import CarryOver, late_groups
+from .execution import ExecutionPlan, Feeder
+from .reestimate import GroupEstimator
+from .tail import TailGovernor
 
 Key = tuple[int, str]
 
 
 @dataclass(frozen=True)
 class TailOptions:
-    """The tail keys as the loop uses them (``pipeline/run.py`` fills them from the config)."""
+    """The tail keys as the loop uses them (``pipeline/run.py`` and ``sim/run.py`` fill them from the config)."""
     reestimate: bool = False             # scheduler.reestimate
     tail_concurrency: str = "off"        # rollout.tail_concurrency
     partial_rollout: bool = False        # rollout.partial_rollout
