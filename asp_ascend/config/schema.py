@@ -36,6 +36,9 @@ class DataConfig:
     prompt_key: str = _f("prompt", "column/field holding the prompt text")
     id_key: str = _f("id", "column/field holding a stable prompt id (row index if absent)")
     answer_key: str = _f("answer", "column/field holding the reference answer (for rewards)")
+    chat_template: str = _f("auto", "chat-format prompts (a list of {role, content} messages): auto = render them with "
+                            "the tokenizer's chat template (generation prompt added) when the model has one, else join "
+                            "the contents; none = always join the contents", choices=("auto", "none"))
     eval_path: Optional[str] = _f(None, "held-out prompts file for evaluation")
     synthetic: SyntheticTaskConfig = _sub(SyntheticTaskConfig, "the built-in synthetic task")
 
@@ -112,8 +115,8 @@ class RolloutConfig:
     max_num_seqs: int = _f(64, "per-instance concurrency (vLLM max_num_seqs)")
     kv_cache_tokens: int = _f(0, "per-instance KV capacity in tokens (0 = unlimited)")
     devices_per_instance: int = _f(1, "devices (tensor parallel) per instance")
-    temperature: float = _f(1.0, "sampling temperature")
-    top_p: float = _f(1.0, "nucleus sampling")
+    temperature: float = _f(1.0, "sampling temperature (> 0: the trainer divides logits by it)")
+    top_p: float = _f(1.0, "nucleus sampling, in (0, 1]")
     kv_cache_space_gib: float = _f(1.0, "vLLM-CPU KV cache per instance, GiB (VLLM_CPU_KVCACHE_SPACE)")
     cpu_cores: list = _f([], "CPU only: cores per instance, e.g. [[0],[1]]; [] = no pinning")
     request_timeout_s: float = _f(600.0, "an instance with work in flight that completes no decode step for this "
@@ -150,6 +153,18 @@ class TrainConfig:
     kl_coef: float = _f(0.0, "KL-to-reference coefficient (0 disables the reference model)")
     off_policy: str = _f("decoupled_ppo", "correction for stale samples", choices=("decoupled_ppo", "tis", "none"))
     tis_cap: float = _f(2.0, "truncation of the importance weight (off_policy=tis)")
+    loss_agg: str = _f("token-mean-iteration", "how per-token losses add up: token-mean-iteration = every optimizer "
+                       "step divides by (the iteration's response tokens / its mini-batches), so every token of the "
+                       "iteration weighs the same whatever mini-batch it lands in; token-mean-step = each step divides "
+                       "by its own tokens (a token of a short mini-batch weighs more); seq-mean = mean over tokens "
+                       "within each sample, then over the step's samples",
+                       choices=("token-mean-iteration", "token-mean-step", "seq-mean"))
+    adv_std: str = _f("unbiased", "std of GRPO's group normalisation: unbiased (n - 1, as verl) | biased (n)",
+                      choices=("unbiased", "biased"))
+    truncated: str = _f("zero_reward", "samples cut at lengths.max_response_length (finish_reason=length): keep = "
+                        "scored like any other; mask = trained with advantage 0 (no gradient, still in the group's "
+                        "statistics); zero_reward = reward 0 (an unfinished answer never earns credit)",
+                        choices=("keep", "mask", "zero_reward"))
     warmup_sft_steps: int = _f(0, "supervised warm-start steps on reference answers before RL")
     eval_every: int = _f(0, "evaluate on held-out prompts every N iterations (0 = never)")
     checkpoint_every: int = _f(0, "checkpoint every N iterations (0 = only at the end)")

@@ -23,7 +23,14 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
     pos("rollout.max_num_seqs", r.max_num_seqs)
     pos("rollout.devices_per_instance", r.devices_per_instance)
     pos("rollout.kv_cache_tokens", r.kv_cache_tokens, 0)
-    pos("train.group_size", t.group_size)
+    if t.group_size < 2:
+        p.append(f"train.group_size: {t.group_size!r} must be >= 2 (GRPO normalises rewards within a group: with one "
+                 "sample every advantage is zero and nothing is learned); use e.g. train.group_size=8")
+    if not r.temperature > 0:
+        p.append(f"rollout.temperature: {r.temperature!r} must be > 0 (vLLM samples greedily at 0 while the trainer "
+                 "divides logits by it); use e.g. rollout.temperature=1.0")
+    if not 0.0 < r.top_p <= 1.0:
+        p.append(f"rollout.top_p: {r.top_p!r} must be in (0, 1] (1.0 = no nucleus); use e.g. rollout.top_p=1.0")
     pos("train.global_batch_size", t.global_batch_size)
     pos("train.mini_batch_size", t.mini_batch_size)
     pos("train.micro_batch_size", t.micro_batch_size)

@@ -4,7 +4,8 @@
 - ``math``: GSM8K/MATH-style final answers: the last ``\\boxed{...}`` in the response, else
   the text after ``####``, else the last number; compared with the reference after
   normalisation (spaces, ``$``, thousands separators, trailing ``.0``; numerically when both
-  parse as numbers). 1.0 when equal, else 0.0.
+  parse as numbers). 1.0 when equal, else 0.0. A response cut at the length cap
+  (``truncated=True``) scores 0.0: its "last number" is wherever the cut fell.
 - ``module:function``: a user's own function, imported by path, same signature.
 - ``auto``: ``synthetic`` for the built-in task, ``math`` for a dataset.
 No torch here: rewards run in the orchestrator process.
@@ -76,9 +77,9 @@ def _as_number(s: str) -> float | None:
     return None
 
 
-def math_score(response: str, answer: str | None) -> float:
+def math_score(response: str, answer: str | None, truncated: bool = False) -> float:
     """1.0 when the response's final answer equals the reference (see module doc)."""
-    if answer is None:
+    if answer is None or truncated:
         return 0.0
     got = extract_answer(response)
     if got is None:
@@ -91,6 +92,9 @@ def math_score(response: str, answer: str | None) -> float:
         return 1.0
     gn, rn = _as_number(g), _as_number(r)
     return 1.0 if gn is not None and rn is not None and abs(gn - rn) <= 1e-6 * max(1.0, abs(rn)) else 0.0
+
+
+math_score.takes_truncated = True  # the orchestrator passes finish_reason == "length" as truncated
 
 
 def get_reward_fn(spec: str, builtin_task: bool) -> RewardFn:

@@ -9,7 +9,9 @@ count is a bigram, starting and stopping are look-ups of the two prompt numbers;
 exactly at the end is what a short supervised warm start leaves imperfect and RL improves.
 
 Reward (``score``): 1.0 for the exact answer; otherwise half the share of positions right
-(over the longer of answer and response), so a near-miss earns partial credit.
+(over the longer of answer and response), so a near-miss earns partial credit. A response
+cut at the length cap (``truncated=True``) never stopped: it earns partial credit at most,
+even when its words happen to equal the answer.
 """
 from __future__ import annotations
 
@@ -53,12 +55,15 @@ def vocabulary(syn) -> list[str]:
     return ["count", "to", ":"] + [str(i) for i in range(1, top + 1)]
 
 
-def score(response: str, answer: str) -> float:
-    """1.0 for the exact answer; otherwise half the share of positions right."""
+def score(response: str, answer: str, truncated: bool = False) -> float:
+    """1.0 for the exact answer that stopped; otherwise half the share of positions right."""
     got, want = response.split(), answer.split()
-    if got == want:
+    if got == want and not truncated:
         return 1.0
     if not want:
         return 0.0
     right = sum(1 for a, b in zip(got, want) if a == b)
     return 0.5 * right / max(len(want), len(got))
+
+
+score.takes_truncated = True  # the orchestrator passes finish_reason == "length" as truncated

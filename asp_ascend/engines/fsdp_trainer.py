@@ -33,7 +33,7 @@ import json
 from pathlib import Path
 
 from ..algos.grpo import token_logprobs
-from .trainer import TrainerEngine
+from .trainer import TrainerEngine, step_denominator
 
 
 DUMMY_TOKENS = 2
@@ -139,7 +139,7 @@ class FSDPTrainerRank(TrainerEngine):
         self._dummies = max(0, self._passes - len(mbs))
         return mbs + [[_dummy_sample(self.pad_id)] for _ in range(self._dummies)]
 
-    def train_step(self, samples: list[dict], denom: int | None = None, passes: int = 0) -> dict:
+    def train_step(self, samples: list[dict], denom: float | None = None, passes: int = 0) -> dict:
         """This rank's share of one optimizer step: ``denom`` = the mini-batch's response tokens
         (all ranks), ``passes`` = the micro-batch passes every rank runs (the largest share's)."""
         self._passes = max(int(passes), -(-len(samples) // self.micro), 1)
@@ -327,6 +327,8 @@ class TrainerGroup:
         addr, port = ray.get(self.ranks[0].endpoint.remote())
         ray.get([a.connect.remote(addr, port) for a in self.ranks])
         self._micro = int(rank_kwargs.get("micro_batch_size", 1))
+        loss = rank_kwargs.get("loss")
+        self._loss_agg = getattr(loss, "loss_agg", "token-mean-step")
         self._pick = ray.remote(num_cpus=0)(_pick)
         self._merge = ray.remote(num_cpus=0)(_merge)
 
@@ -335,9 +337,12 @@ class TrainerGroup:
         return self._pick.remote(0, *refs)  # waits for every rank; rank 0's answer
 
     @_remote
-    def train_step(self, samples: list[dict]):
+    def train_step(self, samples: list[dict], denom: float | None = None):
+        """``denom``: what the step divides by (default: the whole mini-batch's, see
+        trainer.step_denominator); every rank divides by the same number."""
         shares = split_balanced(samples, self.world)
-        denom = sum(len(s["response_ids"]) for s in samples)
+        if denom is None:
+            denom = step_denominator(samples, self._loss_agg)
         passes = max(1, max(-(-len(sh) // self._micro) for sh in shares))
         refs = [a.train_step.remote(sh, denom, passes) for a, sh in zip(self.ranks, shares)]
         return self._merge.remote(*refs)

@@ -9,16 +9,31 @@ that are running keep going on the new weights, and each token's behaviour log-p
 (``logprobs_mode=processed_logprobs``: after temperature) is recorded as it is drawn.
 
 Every finished group carries, per sample: token ids, per-token behaviour log-probs,
-the version the instance held at admission and at finish, ``segments`` (``[[first token,
-version], ...]``: which weights drew each token; a request that spans weight syncs has one
-segment per version), the number of engine steps that produced tokens (``steps``: with
-speculative decoding a step can yield several tokens), and wall-clock times of admission,
-first token and finish. ``poll`` also reports the progress of every running group (lengths of
-its finished samples, tokens so far of the others) for online re-estimation.
+vLLM's ``finish_reason`` (``stop`` | ``length``), the version of the weights that drew its
+first and last tokens, ``segments`` (``[[first token, version], ...]``: which weights drew
+each token; a request that spans weight syncs has one segment per version), the number of
+engine steps that produced tokens (``steps``: with speculative decoding a step can yield
+several tokens), vLLM's prefix-cache hit (``cached_tokens``), and wall-clock times of
+admission, first token and finish. ``poll`` also reports the progress of every running group
+(lengths of its finished samples, tokens so far of the others) for online re-estimation.
 
 ``speculative`` (a dict: vLLM's ``speculative_config``, e.g. ``{"method": "ngram",
 "num_speculative_tokens": 3}``): vLLM's own speculative decoding; rejection sampling keeps
 the target's distribution, and the recorded log-probs are the target model's.
+
+Versions are the engine's own where vLLM labels them (``set_weight_version``, vLLM >= 0.20):
+V1's engine core runs in its own process and keeps stepping while this process is busy, so
+tokens drawn before a weight update can be handed back after the instance's clock moved on.
+The core labels every step's outputs with its current label and a finished completion
+carries the label spans of its tokens (``weight_versions``, which become ``segments``); the
+label is set right after the reload returns, so a step that slips in between is labelled one
+version older than its weights (never newer). Older vLLM: the instance's version when the
+step's outputs arrive.
+
+Prefix cache: every request carries ``cache_salt = "v<version>"`` (the version held at its
+admission). vLLM folds the salt into the hash of a prompt's first KV block and every later
+block chains on it, so a request never reuses KV computed for a request admitted under
+other weights (the prefix cache stays on: requests of one version share their prompts' KV).
 """
 from __future__ import annotations
 
@@ -81,6 +96,9 @@ class RolloutEngine:
                        skip_tokenizer_init=True, **extra)  # prompts arrive as token ids; rewards decode
         self.engine = self.llm.llm_engine
         self.version = 0
+        self._labels = hasattr(self.engine, "set_weight_version")  # the engine core labels its steps
+        if self._labels:
+            self.engine.set_weight_version("0")
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._has_done = threading.Event()
@@ -111,9 +129,25 @@ class RolloutEngine:
                 rid = f"{group_id}#{s}"
                 g.samples[s] = {"sample": s, "token_ids": [], "logprobs": [], "t_first_token": None,
                                 "t_finish": None, "version_first": self.version, "segments": [], "steps": 0}
-                self.engine.add_request(rid, {"prompt_token_ids": list(prompt_token_ids)}, sp)
+                self.engine.add_request(rid, self._prompt(prompt_token_ids), sp)
         self._wake.set()
         return g.version
+
+    def _prompt(self, prompt_token_ids: list[int]) -> dict:
+        """vLLM's prompt for ``prompt_token_ids`` under the current weights: the salt keys its
+        prefix-cache blocks by version (call with the lock held)."""
+        return {"prompt_token_ids": list(prompt_token_ids), "cache_salt": f"v{self.version}"}
+
+    def _reload(self, blob: bytes, version: int) -> None:
+        """Load version ``version``'s serialized weights into every worker (lock held)."""
+        self.llm.collective_rpc("asp_load_weights", args=(blob,))
+        self._set_version(version)
+
+    def _set_version(self, version: int) -> None:
+        """The weights of ``version`` are loaded (lock held): label the engine's next steps."""
+        self.version = int(version)
+        if self._labels:
+            self.engine.set_weight_version(str(self.version))
 
     def poll(self, wait_s: float = 0.0) -> dict:
         """Finished groups since the last poll (waits up to ``wait_s`` for one), plus state."""
@@ -154,8 +188,7 @@ class RolloutEngine:
             blob = RayObjectStoreTransport().recv_bytes(ticket)
             with self._lock:
                 if int(ticket.version) >= self.version:  # concurrent calls: never go back a version
-                    self.llm.collective_rpc("asp_load_weights", args=(blob,))
-                    self.version = int(ticket.version)
+                    self._reload(blob, int(ticket.version))
         else:
             if group is None:
                 raise ValueError("update_weights: a ticket without payload needs the broadcast group")
@@ -166,7 +199,7 @@ class RolloutEngine:
                 if errors:
                     raise RuntimeError(f"instance {self.instance}: weight broadcast of version {ticket.version} "
                                        f"failed in {len(errors)} worker(s): {errors[0]}")
-                self.version = max(self.version, int(ticket.version))
+                self._set_version(max(self.version, int(ticket.version)))
         return {"t_start": t0, "t_end": time.time(), "version": self.version}
 
     def collective_rpc(self, method: str, args: tuple = (), kwargs: dict | None = None) -> list:
@@ -182,7 +215,7 @@ class RolloutEngine:
         sp = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
         ids = list(prompt_token_ids) + list(response_token_ids)
         with self._lock:
-            out = self.llm.generate([{"prompt_token_ids": ids}], sp, use_tqdm=False)[0]
+            out = self.llm.generate([self._prompt(ids)], sp, use_tqdm=False)[0]
         plp = out.prompt_logprobs
         start = len(prompt_token_ids)
         return [float(plp[j][ids[j]].logprob) for j in range(start, len(ids))]
@@ -211,10 +244,11 @@ class RolloutEngine:
                     has_work = self.engine.has_unfinished_requests()
                     if has_work:
                         t0 = time.time()
+                        step_version = self.version  # (older vLLM: no labels from the engine core)
                         outputs = self.engine.step()
                         now = time.time()
                         self._busy_s += now - t0
-                        self._collect(outputs, now)
+                        self._collect(outputs, now, step_version)
                 if not has_work:
                     self._wake.wait(timeout=0.05)
                     self._wake.clear()
@@ -222,7 +256,7 @@ class RolloutEngine:
             self._error = exc
             self._has_done.set()
 
-    def _collect(self, outputs: list[Any], now: float) -> None:
+    def _collect(self, outputs: list[Any], now: float, step_version: int) -> None:
         for out in outputs:
             gid, _, s = out.request_id.rpartition("#")
             g = self._groups.get(gid)
@@ -235,14 +269,26 @@ class RolloutEngine:
                 rec["t_first_token"] = now
             if toks:
                 rec["steps"] += 1
-                if not rec["segments"] or rec["segments"][-1][1] != self.version:
-                    rec["segments"].append([len(rec["token_ids"]), self.version])
+                if not rec["segments"] or rec["segments"][-1][1] != step_version:
+                    rec["segments"].append([len(rec["token_ids"]), step_version])
             rec["token_ids"].extend(toks)
             if comp.logprobs:
                 rec["logprobs"].extend(float(lp[t].logprob) for lp, t in zip(comp.logprobs, toks))
+            if toks:
+                if not rec.get("_drawn"):
+                    rec["version_first"], rec["_drawn"] = step_version, True
+                rec["version_last"] = step_version
+            if getattr(out, "num_cached_tokens", None):  # vLLM's prefix-cache hit for this request
+                rec["cached_tokens"] = int(out.num_cached_tokens)
             if out.finished:
                 rec["t_finish"] = now
-                rec["version_last"] = self.version
+                rec.setdefault("version_last", rec["version_first"])
+                spans = getattr(comp, "weight_versions", None) if self._labels else None
+                if spans:  # the engine core's own labels of the weights behind each token
+                    rec["segments"] = [[int(sp.start), int(sp.version)] for sp in spans]
+                    rec["version_first"], rec["version_last"] = int(spans[0].version), int(spans[-1].version)
+                rec["finish_reason"] = comp.finish_reason
+                rec.pop("_drawn", None)
                 if rec["t_first_token"] is None:
                     rec["t_first_token"] = now
                 if all(x["t_finish"] is not None for x in g.samples.values()):

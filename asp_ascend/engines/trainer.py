@@ -122,19 +122,22 @@ class TrainerEngine:
             else:
                 self.prox_model.load_state_dict(self.model.state_dict())
 
-    def train_step(self, samples: list[dict], denom: int | None = None) -> dict:
+    def train_step(self, samples: list[dict], denom: float | None = None) -> dict:
         """One optimizer step over ``samples`` (prompt_ids, response_ids, behav_logprobs, advantage).
 
-        The loss is divided by ``denom`` (default: the response tokens of ``samples``; a
-        data-parallel rank passes the whole mini-batch's count). Returns timings, token counts
-        (real and pad slots), loss statistics and their raw token sums (``sums``).
+        The loss is divided by ``denom`` (default: :func:`step_denominator` of ``samples``; the
+        orchestrator passes the iteration's for ``token-mean-iteration``, a data-parallel rank
+        the whole mini-batch's). A sample with ``"masked": True`` takes part in nothing but the
+        token counts (``train.truncated=mask``). Returns timings, token counts (real and pad
+        slots), loss statistics and their raw token sums (``sums``).
         """
         import torch
 
         t_start = time.time()
         if denom is None:
-            denom = sum(len(s["response_ids"]) for s in samples)
-        denom = max(int(denom), 1)
+            denom = step_denominator(samples, self.loss_cfg.loss_agg)
+        denom = max(float(denom), 1.0)
+        seq_mean = self.loss_cfg.loss_agg == "seq-mean"
         first = self._steps_in_iteration == 0
         tot = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "weight": 0.0, "kl": 0.0}
         tokens = padded = 0
@@ -147,7 +150,12 @@ class TrainerEngine:
             tokens += sum(len(x) for x in seqs)
             padded += ids.numel() - sum(len(x) for x in seqs)
             T = ids.shape[1]
-            mask = self._response_tensor([[1.0] * len(s["response_ids"]) for s in mb], plens, T)
+            mask = self._response_tensor([[0.0 if s.get("masked") else 1.0] * len(s["response_ids"]) for s in mb],
+                                         plens, T)
+            tw = None
+            if seq_mean:  # every sample weighs the same: its tokens share 1
+                tw = torch.tensor([1.0 / max(len(s["response_ids"]), 1) for s in mb], dtype=torch.float32,
+                                  device=self.device)[:, None]
             behav = self._response_tensor([s["behav_logprobs"] for s in mb], plens, T)
             adv = torch.tensor([float(s["advantage"]) for s in mb], dtype=torch.float32, device=self.device)
             logp = token_logprobs(self.model, ids, att, self.temperature, self.top_p)
@@ -161,7 +169,7 @@ class TrainerEngine:
             if self.ref_model is not None:
                 with torch.no_grad():
                     ref = token_logprobs(self.ref_model, ids, att, self.temperature, self.top_p)
-            loss, st = policy_loss(logp, behav, adv, mask, self.loss_cfg, prox, ref)
+            loss, st = policy_loss(logp, behav, adv, mask, self.loss_cfg, prox, ref, token_weight=tw)
             (loss / denom).backward()
             tot["loss"] += loss.item() / denom
             for key in ("clipped", "tokens", "weight", "kl"):
@@ -315,6 +323,16 @@ class TrainerEngine:
 
     def ready(self) -> int:
         return self.version
+
+
+def step_denominator(samples: list[dict], loss_agg: str) -> float:
+    """What one optimizer step over ``samples`` divides its loss sum by, when nobody passes
+    one: ``seq-mean`` the samples, otherwise their response tokens (masked samples count in
+    neither)."""
+    kept = [s for s in samples if not s.get("masked")]
+    if loss_agg == "seq-mean":
+        return float(len(kept))
+    return float(sum(len(s["response_ids"]) for s in kept))
 
 
 def trainer_actor_class():

@@ -3,7 +3,8 @@
 ``timeline.jsonl`` holds one JSON object per line with a ``kind``:
 
 - ``request``: epoch, iteration, instance, prompt_id, sample, admission_version,
-  t_admit, t_first_token, t_finish, prompt_length, response_length
+  t_admit, t_first_token, t_finish, prompt_length, response_length; real runs add
+  finish_reason (vLLM's: ``stop`` = an end token, ``length`` = cut at the response cap)
 - ``step`` (optimizer step): t_start, t_end, iteration, mini_batch, version,
   samples ([[epoch, prompt_id, sample], ...]), tokens (real prompt+response tokens),
   padded_tokens (pad slots of its padded micro-batches)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..algos.grpo import group_advantages
+from ..algos.grpo import group_advantages, iteration_denominator
 from ..metrics import Timeline, TimelineWriter
 from ..scheduler.admission import LagViolation
 from ..scheduler.execution import ExecutionPlan
@@ -57,11 +57,38 @@ class Sampling:
 
 @dataclass
 class Task:
-    """What the instances generate and how a sample is scored."""
+    """What the instances generate and how a sample is scored.
+
+    ``truncated`` (``train.truncated``): what a sample cut at ``max_tokens`` (vLLM's
+    ``finish_reason == "length"``) gets: ``keep`` (scored like the others; the built-in rewards
+    never give it full credit), ``mask`` (in its group's statistics, out of the loss),
+    ``zero_reward``. ``loss_agg`` (``train.loss_agg``) and ``adv_unbiased`` (``train.adv_std``):
+    see algos/grpo.py."""
     prompts: Prompts
     reward_fn: Callable
     decode: Callable[[list[int]], str]
     sampling: Sampling
+    truncated: str = "keep"
+    loss_agg: str = "token-mean-step"
+    adv_unbiased: bool = True
+
+    def rewards(self, samples: list[dict], answer) -> list[float]:
+        """Each sample's reward under the ``truncated`` rule (a sample dict: token_ids, finish_reason)."""
+        out = []
+        for s in samples:
+            cut = s.get("finish_reason") == "length"
+            if cut and self.truncated == "zero_reward":
+                out.append(0.0)
+            else:
+                out.append(float(score_response(self.reward_fn, self.decode(s["token_ids"]), answer, cut)))
+        return out
+
+
+def score_response(reward_fn: Callable, text: str, answer, truncated: bool) -> float:
+    """``reward_fn(text, answer)``; a reward that takes ``truncated`` (the built-in ones) is told."""
+    if getattr(reward_fn, "takes_truncated", False):
+        return reward_fn(text, answer, truncated=truncated)
+    return reward_fn(text, answer)
 
 
 @dataclass
@@ -205,16 +232,18 @@ class Orchestrator:
             raise LagViolation(f"prompt {pid} of iteration {job.iteration} admitted at version {v}: lag above {self.k}")
         prompts = self.task.prompts
         answer = prompts.answers.get(pid)
-        rewards = [float(self.task.reward_fn(self.task.decode(s["token_ids"]), answer)) for s in g["samples"]]
-        adv = group_advantages(rewards)
+        rewards = self.task.rewards(g["samples"], answer)
+        adv = group_advantages(rewards, unbiased=self.task.adv_unbiased)
         plen = len(prompts.token_ids[pid])
         for s, rw, a in zip(g["samples"], rewards, adv):
             s["reward"], s["advantage"] = rw, float(a)
+            s["truncated"] = s.get("finish_reason") == "length"
+            s["masked"] = s["truncated"] and self.task.truncated == "mask"
             self._event("request", epoch=epoch, iteration=job.iteration, instance=r, prompt_id=pid,
                         sample=s["sample"], admission_version=v, t_admit=g["t_admit"] - self.t0,
                         t_first_token=s["t_first_token"] - self.t0, t_finish=s["t_finish"] - self.t0,
                         prompt_length=plen, response_length=len(s["token_ids"]),
-                        segments=s.get("segments") or [[0, v]])
+                        segments=s.get("segments") or [[0, v]], finish_reason=s.get("finish_reason"))
             self.history.append({"prompt_id": pid, "epoch": epoch, "sample": s["sample"],
                                  "prompt_length": plen, "response_length": len(s["token_ids"])})
         g["iteration"], g["epoch"], g["prompt_id"] = job.iteration, epoch, pid
@@ -292,15 +321,32 @@ class Orchestrator:
             for s in g["samples"]:
                 samples.append({"prompt_ids": pids, "response_ids": s["token_ids"],
                                 "behav_logprobs": s["logprobs"], "advantage": s["advantage"],
-                                "version_first": s["version_first"], "version_last": s["version_last"]})
+                                "version_first": s["version_first"], "version_last": s["version_last"],
+                                "masked": s.get("masked", False)})
                 it.rewards.append(s["reward"])
+                it.truncated.append(bool(s.get("truncated")))
                 it.resp_lens.append(len(s["token_ids"]))
                 it.lags.append(lag)
         if not it.done:
             self.trainer.begin_iteration.remote(self.iteration, len(mbs))
-        ref = self.trainer.train_step.remote(samples)
+        denom = self._iteration_denominator(self.iteration, mbs)
+        ref = (self.trainer.train_step.remote(samples) if denom is None
+               else self.trainer.train_step.remote(samples, denom))
         ids = [[g["epoch"], g["prompt_id"], s["sample"]] for g in groups for s in g["samples"]]
         self.train_call = (ref, self.iteration, m, ids)
+
+    def _iteration_denominator(self, i: int, mbs: dict) -> float | None:
+        """``token-mean-iteration``: what every optimizer step of iteration i divides by, the
+        iteration's response tokens / its mini-batches. The tokens of groups still generating
+        are not known when its first step runs, so the count is the plan's: every sample at its
+        prompt's predicted length (clamped to [1, max_tokens]; max_tokens where the plan has no
+        prediction). Every token of the iteration then weighs the same whatever mini-batch it
+        lands in; the scale is close to a token mean's. None: the trainer's own rule."""
+        if self.task.loss_agg != "token-mean-iteration":
+            return None
+        return iteration_denominator(getattr(self.plan, "predicted", {}).get(i, 0.0),
+                                     sum(len(keys) for keys in mbs.values()), self.sp.group_size, len(mbs),
+                                     self.sp.max_tokens)
 
     def _finish_train_step(self) -> None:
         if self.train_call is None:

@@ -14,6 +14,7 @@ class IterationProgress:
     resp_lens: list = field(default_factory=list)
     lags: list = field(default_factory=list)
     steps: list = field(default_factory=list)
+    truncated: list = field(default_factory=list)  # per sample: cut at max_response_length
 
     def row(self, i: int) -> dict:
         """Iteration i's metrics row, the trainer's part (the sync adds times and bubbles)."""
@@ -26,6 +27,7 @@ class IterationProgress:
             "policy_lag_max": int(max(self.lags)), "policy_lag_mean": float(np.mean(self.lags)),
             "loss": mean("loss"), "clip_frac": mean("clip_frac"), "kl": mean("kl"), "grad_norm": mean("grad_norm"),
             "is_weight_mean": mean("is_weight_mean"),
+            "truncated_share": float(np.mean(self.truncated)) if self.truncated else 0.0,
             "train_time_s": float(sum(s["t_end"] - s["t_start"] for s in steps)),
             "logprob_diff_max": max(diffs) if diffs else None,
         }

@@ -170,7 +170,9 @@ def _task(cfg, tok, tok_ids: dict, train, ev, ev_ids: dict | None, reward_fn):
     decode = lambda ids: tok.decode(ids, skip_special_tokens=True)  # noqa: E731
     task = Task(Prompts(tok_ids, dict(zip(train.ids, train.answers))), reward_fn, decode,
                 Sampling(cfg.train.group_size, cfg.lengths.max_response_length, cfg.rollout.temperature,
-                         cfg.rollout.top_p, [tok.eos_token_id], cfg.seed))
+                         cfg.rollout.top_p, [tok.eos_token_id], cfg.seed),
+                truncated=cfg.train.truncated, loss_agg=cfg.train.loss_agg,
+                adv_unbiased=cfg.train.adv_std == "unbiased")
     evaluator = (Evaluator(Prompts(ev_ids, dict(zip(ev.ids, ev.answers))), cfg.train.eval_every, reward_fn, decode)
                  if ev_ids else None)
     return task, evaluator
@@ -330,7 +332,8 @@ def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | Non
         speculative=speculative_config(cfg))
         for r in range(R)]
     t = cfg.train
-    loss = LossConfig(clip_eps=t.clip_eps, off_policy=t.off_policy, cap=t.tis_cap, kl_coef=t.kl_coef)
+    loss = LossConfig(clip_eps=t.clip_eps, off_policy=t.off_policy, cap=t.tis_cap, kl_coef=t.kl_coef,
+                      loss_agg=t.loss_agg)
     kw = dict(lr=t.lr, weight_decay=t.weight_decay, loss=loss, micro_batch_size=t.micro_batch_size,
               temperature=cfg.rollout.temperature, seed=cfg.seed, dtype=cfg.model.dtype,
               platform=cfg.platform, bucket_bytes=cfg.weight_sync.bucket_mb << 20, top_p=cfg.rollout.top_p)

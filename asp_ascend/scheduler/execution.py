@@ -99,6 +99,7 @@ class ExecutionPlan:
         self.settings = settings
         self.start = int(start)
         self.iterations: dict[int, dict[int, list[Key]]] = {}
+        self.predicted: dict[int, float] = {}  # iteration -> sum of its prompts' predicted lengths
         jobs = list(jobs)
         self._book(jobs)
         self.end = int(end) if end is not None else (max(self.iterations) + 1 if self.iterations else self.start)
@@ -132,6 +133,7 @@ class ExecutionPlan:
     def _book(self, jobs: list[Job]) -> None:
         for j in jobs:
             self.iterations.setdefault(j.iteration, {}).setdefault(j.mini_batch, []).append((j.epoch, j.prompt_id))
+            self.predicted[j.iteration] = self.predicted.get(j.iteration, 0.0) + float(j.predicted_length)
 
     @property
     def total_iterations(self) -> int:

@@ -63,6 +63,17 @@ def test_policy_lag_never_exceeds_k(async_run):
     assert max(r["policy_lag_max"] for r in rows) <= cfg.pipeline.lag_bound
 
 
+def test_finish_reason_recorded_and_truncated_share_reported(async_run):
+    """Every request event says how it ended; each metrics row reports the share cut at the cap."""
+    out, cfg = async_run
+    req = _timeline(out).frame("request")
+    assert set(req["finish_reason"]) <= {"stop", "length"}
+    cut = req["finish_reason"] == "length"
+    assert (req.loc[cut, "response_length"] == cfg.lengths.max_response_length).all()
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert all(0.0 <= r["truncated_share"] <= 1.0 for r in rows)
+
+
 def test_every_prompt_trained_exactly_once_as_scheduled(async_run):
     out, cfg = async_run
     tl = _timeline(out)

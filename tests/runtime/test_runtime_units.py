@@ -50,8 +50,8 @@ def test_reward_by_import_path():
 def test_group_advantages_normalised():
     from asp_ascend.algos.grpo import group_advantages
 
-    a = group_advantages([1.0, 0.0, 0.0, 1.0])
-    assert np.allclose(a, [1, -1, -1, 1], atol=1e-4)
+    a = group_advantages([1.0, 0.0, 0.0, 1.0])  # unbiased std (verl): sqrt(1/3)
+    assert np.allclose(a, np.array([1, -1, -1, 1]) * 0.5 / np.sqrt(1 / 3), atol=1e-4)
     assert np.all(group_advantages([0.5, 0.5, 0.5]) == 0)
 
 

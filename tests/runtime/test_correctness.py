@@ -1,0 +1,190 @@
+"""Training-correctness guards that run without vLLM (docs/runtime.md, "Correctness").
+
+Each test fails without its guard: config checks that name the key, GRPO's unbiased std,
+verl's clip fraction and clamped k3 KL, rewards that never give a truncated answer full
+credit, and a loss aggregation whose total gradient does not depend on how an iteration is
+split into mini-batches.
+"""
+import random
+
+import numpy as np
+import pytest
+
+from asp_ascend.config import load_config
+from asp_ascend.errors import ConfigError
+
+
+# ----------------------------------------------------------------- config checks (item 6)
+
+@pytest.mark.parametrize("override,key", [
+    ("rollout.temperature=0", "rollout.temperature"),
+    ("rollout.temperature=-1.0", "rollout.temperature"),
+    ("rollout.top_p=0", "rollout.top_p"),
+    ("rollout.top_p=1.5", "rollout.top_p"),
+    ("train.group_size=1", "train.group_size"),
+])
+def test_sampling_and_group_checks_name_the_key_and_the_fix(empty_yaml, override, key):
+    with pytest.raises(ConfigError) as ei:
+        load_config(empty_yaml, [override])
+    (problem,) = [p for p in ei.value.problems if p.startswith(key)]
+    assert "use e.g." in problem  # the fix
+
+
+def test_new_keys_validated(empty_yaml):
+    cfg = load_config(empty_yaml)
+    assert (cfg.train.loss_agg, cfg.train.truncated, cfg.train.adv_std, cfg.data.chat_template) == \
+        ("token-mean-iteration", "zero_reward", "unbiased", "auto")
+    with pytest.raises(ConfigError, match="train.loss_agg"):
+        load_config(empty_yaml, ["train.loss_agg=token-sum"])
+    with pytest.raises(ConfigError, match="train.truncated"):
+        load_config(empty_yaml, ["train.truncated=drop"])
+
+
+# ----------------------------------------------------------------- GRPO details (item 7)
+
+def test_group_std_is_unbiased_like_verl():
+    from asp_ascend.algos.grpo import group_advantages
+
+    r = [1.0, 0.0, 0.0, 1.0]
+    want = (np.asarray(r) - 0.5) / (np.std(r, ddof=1) + 1e-6)
+    assert np.allclose(group_advantages(r), want)
+    assert np.allclose(group_advantages(r, unbiased=False), [1, -1, -1, 1], atol=1e-4)
+
+
+@pytest.mark.runtime
+def test_clip_frac_counts_only_active_clipping():
+    torch = pytest.importorskip("torch")
+    from asp_ascend.algos.grpo import LossConfig, policy_loss
+
+    logp = torch.log(torch.tensor([[0.5, 0.5]]))
+    mask = torch.ones(1, 2)
+    cfg = LossConfig(off_policy="none", clip_eps=0.2)
+    # ratio 2 with A < 0: the unclipped term is the min, clipping is inactive (verl: pg_losses2 > pg_losses)
+    _, st = policy_loss(logp + np.log(2.0), logp, torch.tensor([-1.0]), mask, cfg)
+    assert st["clipped"] == 0
+    _, st = policy_loss(logp + np.log(2.0), logp, torch.tensor([1.0]), mask, cfg)
+    assert st["clipped"] == 2
+
+
+@pytest.mark.runtime
+def test_k3_kl_clamped_like_verl():
+    torch = pytest.importorskip("torch")
+    from asp_ascend.algos.grpo import LossConfig, policy_loss
+
+    logp = torch.tensor([[-0.1, -60.0]], requires_grad=True)
+    ref = torch.tensor([[-0.1, -0.05]])  # the policy finds token 2 nearly impossible: exp(60) unclamped
+    loss, st = policy_loss(logp, logp.detach(), torch.tensor([0.0]), torch.ones(1, 2),
+                           LossConfig(off_policy="none", kl_coef=0.1), ref_logp=ref)
+    assert np.isfinite(float(loss)) and st["kl"] <= 10.0
+    loss.backward()
+    assert torch.isfinite(logp.grad).all()
+
+
+# ----------------------------------------------------------------- truncated answers (item 5)
+
+def test_builtin_rewards_never_give_a_truncated_answer_full_credit():
+    from asp_ascend.data.rewards import math_score
+    from asp_ascend.data.synthetic import score
+
+    assert score("3 4 5", "3 4 5") == 1.0
+    assert score("3 4 5", "3 4 5", truncated=True) < 1.0
+    assert math_score("so far 12 and 1", "1") == 1.0  # the last-number fallback...
+    assert math_score("so far 12 and 1", "1", truncated=True) == 0.0  # ...is wherever the cut fell
+
+
+@pytest.mark.parametrize("rule,want_rewards", [
+    ("keep", [1.0, 0.5]),
+    ("zero_reward", [1.0, 0.0]),
+    ("mask", [1.0, 0.5]),  # scored as keep; the orchestrator takes the sample out of the loss
+])
+def test_truncated_rule(rule, want_rewards):
+    from asp_ascend.data.synthetic import score
+    from asp_ascend.pipeline.orchestrator import Prompts, Sampling, Task
+
+    task = Task(Prompts({}, {}), score, lambda ids: " ".join(map(str, ids)), Sampling(2, 3, 1.0, 1.0, [0], 0),
+                truncated=rule)
+    samples = [{"token_ids": [3, 4, 5], "finish_reason": "stop"}, {"token_ids": [3, 4, 5], "finish_reason": "length"}]
+    rewards = task.rewards(samples, "3 4 5")
+    assert rewards[0] == want_rewards[0] and rewards[1] <= want_rewards[1] and rewards[1] < 1.0
+    # a user's reward (text, answer) -> float is called as before
+    plain = Task(Prompts({}, {}), lambda text, ans: 1.0, str, Sampling(2, 3, 1.0, 1.0, [0], 0), truncated=rule)
+    assert plain.rewards(samples, "x") == ([1.0, 0.0] if rule == "zero_reward" else [1.0, 1.0])
+
+
+# ----------------------------------------------------------------- loss aggregation (item 4)
+
+WORDS = "a b c d e f g h i j k l m n o p"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from asp_ascend.engines.tiny_model import build_tiny_model, task_vocabulary
+
+    return build_tiny_model(task_vocabulary([WORDS]), tmp_path_factory.mktemp("agg") / "model", hidden_size=32,
+                            num_layers=1, num_heads=2, num_kv_heads=1, max_positions=64, seed=0)
+
+
+def _iteration(n: int = 8, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    out = []
+    for k in range(n):
+        r = [rng.randrange(3, 19) for _ in range(2 + 3 * k)]  # very different lengths
+        out.append({"prompt_ids": [rng.randrange(3, 19) for _ in range(3)], "response_ids": r,
+                    "behav_logprobs": [-2.8] * len(r), "advantage": 0.01 * (-1) ** k})
+    return out
+
+
+def _total_gradient(trainer, mini_batches: list[list[dict]], denom) -> list:
+    """Sum over the steps of each step's gradient (lr = 0: the weights stay put)."""
+    total = None
+    trainer.begin_iteration(0, len(mini_batches))
+    for mb in mini_batches:
+        st = trainer.train_step(mb, denom)
+        assert st["grad_norm"] < 1.0  # no clipping: gradients add up as they are
+        g = [p.grad.detach().clone() for p in trainer.model.parameters()]
+        total = g if total is None else [a + b for a, b in zip(total, g)]
+    return total
+
+
+@pytest.mark.runtime
+@pytest.mark.parametrize("agg", ["token-mean-iteration", "token-mean-step"])
+def test_iteration_gradient_does_not_depend_on_the_mini_batch_split(tiny, agg):
+    """ASP puts short samples in one mini-batch and long ones in another; token-mean-iteration
+    gives every token of the iteration the same weight, so the iteration's total gradient is the
+    same as for a shuffled split. token-mean-step (each step divides by its own tokens) is not."""
+    import torch
+
+    from asp_ascend.algos.grpo import LossConfig, iteration_denominator
+    from asp_ascend.engines.trainer import TrainerEngine
+
+    tr = TrainerEngine(str(tiny), lr=0.0, weight_decay=0.0, loss=LossConfig(off_policy="none", loss_agg=agg),
+                       micro_batch_size=4, temperature=1.0, seed=0)
+    samples = _iteration()
+    by_length = sorted(samples, key=lambda s: len(s["response_ids"]))
+    shuffled = samples[::2] + samples[1::2]
+    denom = None
+    if agg == "token-mean-iteration":  # the orchestrator's rule: one number for every step of the iteration
+        denom = iteration_denominator(predicted_sum=40.0, prompts=4, group_size=2, mini_batches=2, max_tokens=64)
+        assert denom == pytest.approx(40.0)
+    a = _total_gradient(tr, [by_length[:4], by_length[4:]], denom)
+    b = _total_gradient(tr, [shuffled[:4], shuffled[4:]], denom)
+    same = all(torch.allclose(x, y, rtol=1e-4, atol=1e-9) for x, y in zip(a, b))
+    assert same == (agg == "token-mean-iteration")
+
+
+@pytest.mark.runtime
+def test_masked_samples_add_nothing(tiny):
+    """train.truncated=mask: a masked sample changes neither the gradient nor the step's divisor."""
+    import torch
+
+    from asp_ascend.algos.grpo import LossConfig
+    from asp_ascend.engines.trainer import TrainerEngine
+
+    tr = TrainerEngine(str(tiny), lr=0.0, weight_decay=0.0, loss=LossConfig(off_policy="none", loss_agg="token-mean-step"),
+                       micro_batch_size=4, temperature=1.0, seed=0)
+    samples = _iteration(4)
+    a = _total_gradient(tr, [samples[:3]], None)
+    b = _total_gradient(tr, [samples[:3] + [{**samples[3], "masked": True, "advantage": 5.0}]], None)
+    assert all(torch.allclose(x, y, rtol=1e-5, atol=1e-10) for x, y in zip(a, b))
