@@ -38,14 +38,16 @@ def predict_lengths(history: pd.DataFrame | None, prompt_ids, prompt_lengths=Non
     """Predicted mean response length for each of ``prompt_ids`` (float array)."""
     if method not in METHODS:
         raise ValueError(f"unknown predictor {method!r}; valid: {', '.join(METHODS)}")
-    ids = pd.Index(np.asarray(prompt_ids, dtype=object).astype(str))
+    ids = np.asarray(prompt_ids)
+    # integer ids (positions, see history.restrict_to(encode=True)) are kept as they are
+    ids = pd.Index(ids if ids.dtype.kind in "iu" else ids.astype(object).astype(str))
     n = len(ids)
     plen = None if prompt_lengths is None else np.asarray(prompt_lengths, dtype=float)
     if history is None or history.empty:
         return np.full(n, float(default))
-    reg = _fit_regression(history) if (prior == "regression" or method == "regression") else None
 
-    def regress():
+    def regress():  # fitted only when needed (10^7-row histories: seconds)
+        reg = _fit_regression(history) if (prior == "regression" or method == "regression") else None
         if reg is None or plen is None:
             return np.full(n, float(history["response_length"].mean()))
         return np.exp(reg[0] + reg[1] * np.log(np.maximum(plen, 1.0)))

@@ -287,6 +287,32 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
     ``group_max_factor`` = expected longest sample of a group / its mean (capped at
     ``max_response_length``); ``speculation`` (a
     ``speculative.Speculation``) the instances' speculative decoding, if any."""
+    cols = plan_columns(predicted_length, prompt_lengths, policy=policy, group_size=group_size,
+                        global_batch_size=global_batch_size, mini_batch_size=mini_batch_size,
+                        num_instances=num_instances, max_num_seqs=max_num_seqs, lag_bound=lag_bound, cost=cost,
+                        epoch=epoch, iteration_offset=iteration_offset, seed=seed, tail=tail,
+                        group_max_factor=group_max_factor, speculation=speculation,
+                        max_response_length=max_response_length)
+    return schedule_frame(cols, prompt_ids)
+
+
+def schedule_frame(cols: dict, prompt_ids) -> pd.DataFrame:
+    """The schedule DataFrame (DESIGN 6 column order) of ``plan_columns`` output and its prompt ids."""
+    ids = _as_str_ids(prompt_ids)
+    if len(ids) != len(cols["epoch"]):
+        raise ValueError(f"{len(ids)} prompt ids for a schedule of {len(cols['epoch'])} rows")
+    return pd.DataFrame({"epoch": cols["epoch"], "prompt_id": ids,
+                         **{k: cols[k] for k in ("iteration", "mini_batch", "instance", "dispatch_rank",
+                                                 "predicted_length", "room")}})
+
+
+def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", group_size: int = 8,
+                 global_batch_size: int = 64, mini_batch_size: int = 16, num_instances: int = 2,
+                 max_num_seqs: int = 64, lag_bound: int = 1, cost: CostModel | None = None, epoch: int = 0,
+                 iteration_offset: int = 0, seed: int = 0, tail="off", group_max_factor: float = 1.0,
+                 speculation=None, max_response_length: float | None = None) -> dict[str, np.ndarray]:
+    """``plan`` as numpy columns, one row per prompt in input order, without the prompt ids
+    (building a string column costs more than planning the baselines of a report)."""
     from ..config import parse_tail_concurrency
 
     tail = parse_tail_concurrency(tail)
@@ -324,13 +350,12 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
         dispatch_order = order
     dispatch_rank = np.empty(n, dtype=np.int64)
     dispatch_rank[dispatch_order] = np.arange(n)
-    return pd.DataFrame({
+    return {
         "epoch": np.full(n, epoch, dtype=np.int64),
-        "prompt_id": _as_str_ids(prompt_ids),
         "iteration": iteration.astype(np.int64) + iteration_offset,
         "mini_batch": mini_batch.astype(np.int64),
         "instance": instance.astype(np.int64),
         "dispatch_rank": dispatch_rank,
         "predicted_length": pred.astype(np.float32),
         "room": room.astype(np.int64),
-    })
+    }

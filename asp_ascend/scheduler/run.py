@@ -23,7 +23,7 @@ from ..errors import ConfigError, DataError
 from .cost import CostModel
 from .estimate import estimate
 from .execution import lag_bound_of
-from .planner import POLICIES, SHARED_QUEUE, plan
+from .planner import POLICIES, SHARED_QUEUE, plan_columns, schedule_frame
 
 log = logging.getLogger(__name__)
 
@@ -49,38 +49,14 @@ def _group_max_factor(spread: float, G: int) -> float:
 
 
 def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -> PlanInputs:
-    from ..lengths.history import load_history, restrict_to
+    from ..lengths.history import load_history
     from ..lengths.predictors import evaluate, predict_lengths
 
     L = cfg.lengths
     if history is None and L.path:
         history = load_history(L.path, L.max_response_length)
     if prompts is not None or cfg.data.path or cfg.workload.type == "task":
-        if prompts is None:
-            from ..data.datasets import prompts_from_config
-
-            prompts, _ = prompts_from_config(cfg)
-        ids = np.asarray(prompts.ids, dtype=object)
-        plen = np.asarray(prompts.prompt_lengths, dtype=np.float64)
-        truth = None if prompts.known_lengths is None else np.asarray(prompts.known_lengths, dtype=np.float64)
-        if history is not None:
-            history = restrict_to(history, ids, str(L.path or "length history"))
-        if L.predictor == "oracle" or (history is None and truth is not None):
-            if truth is None:
-                raise ConfigError(["lengths.predictor: 'oracle' needs known lengths (the built-in task or an "
-                                   "experiment workload); use mean, ema, quantile or regression"])
-            pred = truth.copy()
-        else:
-            pred = predict_lengths(history, ids, plen, L.predictor, alpha=L.ema_alpha, q=L.quantile,
-                                   prior=L.prior, default=min(256.0, L.max_response_length))
-        q = evaluate(pred, truth) if truth is not None and L.predictor != "oracle" and history is not None else None
-        holdout = None
-        if history is not None and history["epoch"].nunique() >= 2:
-            from ..lengths.predictors import holdout_report
-
-            holdout = holdout_report(history, pd.Series(plen, index=ids.astype(str)), alpha=L.ema_alpha, q=L.quantile)
-        return PlanInputs(ids, plen, np.minimum(pred, L.max_response_length), truth, prompts.source, q,
-                          holdout=holdout)
+        return _dataset_inputs(cfg, prompts, history)
 
     from ..lengths.workloads import workload_from_config
 
@@ -99,6 +75,44 @@ def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -
                       _group_max_factor(w.group_spread, w.group_size))
 
 
+def _dataset_inputs(cfg, prompts, history: pd.DataFrame | None) -> PlanInputs:
+    """Inputs of a real prompt set (``data.path``, the built-in task or ``prompts``). For
+    ``data.path`` only ids and prompt lengths are read (data/prompt_index.py: no texts)."""
+    from ..lengths.history import restrict_to
+    from ..lengths.predictors import evaluate, holdout_report, predict_lengths
+
+    L = cfg.lengths
+    if prompts is None and cfg.data.path:
+        from ..data.prompt_index import read_prompt_index
+
+        ids, plen = read_prompt_index(cfg.data.path, cfg.data.prompt_key, cfg.data.id_key)
+        truth, source = None, str(cfg.data.path)
+    else:
+        if prompts is None:
+            from ..data.datasets import prompts_from_config
+
+            prompts, _ = prompts_from_config(cfg)
+        ids, plen, source = np.asarray(prompts.ids, dtype=object), prompts.prompt_lengths, prompts.source
+        truth = None if prompts.known_lengths is None else np.asarray(prompts.known_lengths, dtype=np.float64)
+    plen = np.asarray(plen, dtype=np.float64)
+    positions = np.arange(len(ids))
+    if history is not None:  # prompt_id -> position in ids: the predictors group integers, not strings
+        history = restrict_to(history, ids, str(L.path or "length history"), encode=True)
+    if L.predictor == "oracle" or (history is None and truth is not None):
+        if truth is None:
+            raise ConfigError(["lengths.predictor: 'oracle' needs known lengths (the built-in task or an "
+                               "experiment workload); use mean, ema, quantile or regression"])
+        pred = truth.copy()
+    else:
+        pred = predict_lengths(history, positions, plen, L.predictor, alpha=L.ema_alpha, q=L.quantile,
+                               prior=L.prior, default=min(256.0, L.max_response_length))
+    q = evaluate(pred, truth) if truth is not None and L.predictor != "oracle" and history is not None else None
+    holdout = None
+    if history is not None and history["epoch"].nunique() >= 2:
+        holdout = holdout_report(history, pd.Series(plen), alpha=L.ema_alpha, q=L.quantile)
+    return PlanInputs(ids, plen, np.minimum(pred, L.max_response_length), truth, source, q, holdout=holdout)
+
+
 def check_sizes(cfg, num_prompts: int, source: str) -> None:
     if num_prompts == 0:
         raise DataError(f"{source}: the dataset is empty; nothing to schedule")
@@ -108,28 +122,41 @@ def check_sizes(cfg, num_prompts: int, source: str) -> None:
 
 
 def plan_epochs(cfg, inp: PlanInputs, policy: str | None = None, epochs: int | None = None) -> pd.DataFrame:
+    """The schedule of every epoch (DESIGN 6 columns); each epoch's rows in ``inp.prompt_ids`` order."""
+    cols = plan_epoch_columns(cfg, inp, policy, epochs)
+    n_epochs = len(cols["epoch"]) // len(inp.prompt_ids)
+    ids = inp.prompt_ids if n_epochs == 1 else np.tile(inp.prompt_ids, n_epochs)
+    return schedule_frame(cols, ids)
+
+
+def plan_epoch_columns(cfg, inp: PlanInputs, policy: str | None = None, epochs: int | None = None) -> dict:
+    """``plan_epochs`` as numpy columns without the prompt ids (what the estimate reads)."""
     policy = policy or cfg.scheduler.policy
     t, r = cfg.train, cfg.rollout
     cost = CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0))
-    frames, offset = [], 0
+    parts, offset = [], 0
     for e in range(epochs or t.epochs):
-        df = plan(inp.prompt_ids, inp.predicted, inp.prompt_lengths, policy=policy, group_size=t.group_size,
-                  global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
-                  num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=lag_bound_of(cfg), cost=cost,
-                  epoch=e, iteration_offset=offset, seed=cfg.seed, tail=r.tail_concurrency,
-                  group_max_factor=inp.group_max_factor, max_response_length=cfg.lengths.max_response_length)
-        offset = int(df["iteration"].max()) + 1
-        frames.append(df)
-    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+        cols = plan_columns(inp.predicted, inp.prompt_lengths, policy=policy, group_size=t.group_size,
+                            global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
+                            num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=lag_bound_of(cfg),
+                            cost=cost, epoch=e, iteration_offset=offset, seed=cfg.seed, tail=r.tail_concurrency,
+                            group_max_factor=inp.group_max_factor, max_response_length=cfg.lengths.max_response_length)
+        offset = int(cols["iteration"].max()) + 1
+        parts.append(cols)
+    return parts[0] if len(parts) == 1 else {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}
 
 
-def estimate_schedule(cfg, sched: pd.DataFrame, inp: PlanInputs, lengths: np.ndarray) -> dict:
-    """Analytic figures of ``sched`` when the groups' mean lengths are ``lengths`` (per prompt of inp)."""
+def estimate_schedule(cfg, sched, inp: PlanInputs, lengths: np.ndarray) -> dict:
+    """Analytic figures of ``sched`` (a schedule frame or columns from ``plan_epochs``: each epoch's
+    rows in ``inp.prompt_ids`` order) when the groups' mean lengths are ``lengths`` (per prompt of inp)."""
     t, r = cfg.train, cfg.rollout
-    pos = pd.Index(inp.prompt_ids.astype(str)).get_indexer(sched["prompt_id"].astype(str))
+    n_rows = len(sched["epoch"])
+    if n_rows % len(inp.prompt_ids):
+        raise ValueError(f"schedule of {n_rows} rows is not whole epochs of {len(inp.prompt_ids)} prompts")
+    pos = np.arange(n_rows) % len(inp.prompt_ids)
     cost = CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0))
-    return estimate(sched["iteration"].to_numpy(), sched["instance"].to_numpy(), sched["mini_batch"].to_numpy(),
-                    sched["epoch"].to_numpy() * (len(sched) + 1) + sched["dispatch_rank"].to_numpy(),
+    col = {k: np.asarray(sched[k]) for k in ("epoch", "iteration", "instance", "mini_batch", "dispatch_rank")}
+    return estimate(col["iteration"], col["instance"], col["mini_batch"], col["epoch"] * (n_rows + 1) + col["dispatch_rank"],
                     np.asarray(lengths)[pos], inp.prompt_lengths[pos], group_size=t.group_size,
                     num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=lag_bound_of(cfg),
                     micro_batch_size=t.micro_batch_size, cost=cost, group_max_factor=inp.group_max_factor,
@@ -179,7 +206,7 @@ def build_schedule(cfg, prompts=None, history: pd.DataFrame | None = None, *, co
         for pol in POLICIES:
             if pol == cfg.scheduler.policy:
                 continue
-            other = plan_epochs(cfg, inp, pol)
+            other = plan_epoch_columns(cfg, inp, pol)
             base[pol] = _short(estimate_schedule(cfg, other, inp, inp.truth if inp.truth is not None else inp.predicted))
         report["baselines"] = base
         report["baselines_judged_on"] = "truth" if inp.truth is not None else "predictions"

@@ -1,0 +1,164 @@
+"""The fast input path of `asp schedule` gives what the reference path gives.
+
+- data/prompt_index.read_prompt_index == datasets.load_prompts (ids, whitespace-token lengths),
+  on files it reads itself and on files it must hand to load_prompts (same error);
+- predictions from a history whose prompt ids are encoded as positions == from string ids;
+- the schedule and report of build_schedule are those of plan() + estimate() on the same inputs.
+"""
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from asp_ascend.data.datasets import load_prompts
+from asp_ascend.data.prompt_index import _jsonl_columns, read_prompt_index, whitespace_tokens
+from asp_ascend.errors import DataError
+from asp_ascend.lengths.history import restrict_to
+from asp_ascend.lengths.predictors import predict_lengths
+
+SPACES = [chr(c) for c in range(0x3001) if chr(c).isspace()]
+words = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=6)
+texts = st.lists(st.one_of(words, st.sampled_from(SPACES)), max_size=12).map("".join)
+
+
+def test_separator_table_is_str_isspace():
+    # every character str.split() separates on (all of them lie below U+3001) is a separator
+    # of whitespace_tokens, and no other: one token per non-space character, none per space
+    import pyarrow as pa
+
+    chars = [chr(c) for c in range(0x3001) if not 0xD800 <= c < 0xE000]
+    counts = whitespace_tokens(pa.array(chars))
+    assert counts.tolist() == [len(c.split()) for c in chars]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(texts, min_size=1, max_size=30))
+def test_whitespace_tokens_equal_str_split(strings):
+    import pyarrow as pa
+
+    assert whitespace_tokens(pa.array(strings, pa.string())).tolist() == [len(s.split()) for s in strings]
+    chunked = pa.chunked_array([pa.array(strings[:3], pa.string()), pa.array(strings[3:], pa.string())])
+    assert whitespace_tokens(chunked).tolist() == [len(s.split()) for s in strings]
+
+
+def same_as_reference(path, **keys):
+    ref = load_prompts(path, **keys)
+    ids, plen = read_prompt_index(path, **keys)
+    assert ids.tolist() == ref.ids
+    assert plen.tolist() == list(ref.prompt_lengths)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.one_of(st.none(), st.integers(-10**6, 10**6), st.text(max_size=5)), texts),
+                     min_size=1, max_size=25),
+       blank=st.booleans(), crlf=st.booleans())
+def test_jsonl_fast_path_equals_load_prompts(tmp_path_factory, rows, blank, crlf):
+    path = tmp_path_factory.mktemp("p") / "p.jsonl"
+    lines = [json.dumps({"prompt": t, **({} if i is None else {"id": i}), "answer": "1"}) for i, t in rows]
+    if blank:
+        lines.insert(len(lines) // 2, "  ")
+    path.write_text(("\r\n" if crlf else "\n").join(lines) + "\n")
+    try:
+        ref = load_prompts(path)
+    except DataError as exc:  # duplicate ids and the like: the same error from both
+        with pytest.raises(DataError, match=str(exc).split(":")[-1].strip()[:20]):
+            read_prompt_index(path)
+        return
+    ids, plen = read_prompt_index(path)
+    assert ids.tolist() == ref.ids and plen.tolist() == list(ref.prompt_lengths)
+
+
+def test_jsonl_fast_path_taken_and_declined(tmp_path):
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"id": "a", "prompt": "x  y", "extra": [1, {"b": 2}]}\n{"id": "b", "prompt": " z "}\n')
+    assert _jsonl_columns(good, "prompt", "id") is not None
+    same_as_reference(good)
+    for name, text in [("two_per_line", '{"id": "a", "prompt": "x"} {"id": "b", "prompt": "y"}\n'),
+                       ("chat", '{"id": "a", "prompt": [{"role": "user", "content": "hi there"}]}\n'),
+                       ("float_id", '{"id": 1.0, "prompt": "x"}\n'),
+                       ("bom", '\ufeff{"id": "a", "prompt": "x"}\n'),
+                       ("null_prompt", '{"id": "a", "prompt": null}\n')]:
+        p = tmp_path / f"{name}.jsonl"
+        p.write_text(text)
+        assert _jsonl_columns(p, "prompt", "id") is None or name == "null_prompt", name
+        try:
+            ref = load_prompts(p)
+        except DataError as exc:
+            with pytest.raises(DataError) as got:
+                read_prompt_index(p)
+            assert str(got.value) == str(exc)
+            continue
+        ids, plen = read_prompt_index(p)
+        assert ids.tolist() == ref.ids and plen.tolist() == list(ref.prompt_lengths)
+
+
+def test_parquet_fast_path_equals_load_prompts(tmp_path):
+    p = tmp_path / "p.parquet"
+    pd.DataFrame({"prompt": ["a b", "\u3000c", ""], "id": [3, None, 5]}).to_parquet(p)
+    same_as_reference(p)
+    q = tmp_path / "chat.parquet"
+    pd.DataFrame({"prompt": [[{"role": "user", "content": "x y"}]], "answer": ["1"]}).to_parquet(q)
+    same_as_reference(q)
+
+
+@pytest.mark.parametrize("method", ["mean", "ema", "quantile", "regression"])
+def test_encoded_history_predicts_the_same(method):
+    rng = np.random.default_rng(0)
+    ids = np.array([f"p{i}" for i in rng.permutation(200)], dtype=object)
+    rows = rng.integers(0, 260, 3000)  # some rows of prompts not in the dataset, some prompts unseen
+    hist = pd.DataFrame({"prompt_id": [f"p{i}" for i in rows], "epoch": rng.integers(0, 3, 3000),
+                         "response_length": rng.integers(1, 4000, 3000),
+                         "prompt_length": rng.integers(5, 300, 3000).astype(float)})
+    plen = rng.integers(5, 300, ids.size).astype(float)
+    by_str = predict_lengths(restrict_to(hist, ids), ids, plen, method)
+    by_pos = predict_lengths(restrict_to(hist, ids, encode=True), np.arange(ids.size), plen, method)
+    np.testing.assert_array_equal(by_str, by_pos)
+
+
+def test_build_schedule_equals_plan_and_estimate(tmp_path):
+    from asp_ascend.config import load_config
+    from asp_ascend.scheduler.cost import CostModel
+    from asp_ascend.scheduler.estimate import estimate
+    from asp_ascend.scheduler.planner import plan
+    from asp_ascend.scheduler.run import build_schedule
+
+    rng = np.random.default_rng(1)
+    n = 700
+    data = tmp_path / "p.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "prompt": "w " * int(rng.integers(1, 50))}) + "\n"
+                            for i in range(n)))
+    hist = tmp_path / "h.parquet"
+    pd.DataFrame({"prompt_id": [f"q{i}" for i in range(n) for _ in range(4)],
+                  "response_length": rng.integers(1, 2000, 4 * n)}).to_parquet(hist)
+    cfg = load_config(None, [f"data.path={data}", f"lengths.path={hist}", "lengths.max_response_length=4096",
+                             "train.global_batch_size=64", "train.mini_batch_size=16", "train.epochs=2",
+                             "rollout.num_instances=3", f"output_dir={tmp_path / 'o'}"])
+    sched, report = build_schedule(cfg)
+    ref = load_prompts(data)
+    pred = predict_lengths(load_history_of(hist), ref.ids, ref.prompt_lengths, "mean",
+                           default=min(256.0, cfg.lengths.max_response_length))
+    cost = CostModel.from_config(cfg.cost)
+    frames = []
+    for e in range(2):
+        frames.append(plan(ref.ids, pred, ref.prompt_lengths, policy=cfg.scheduler.policy, global_batch_size=64,
+                           mini_batch_size=16, num_instances=3, max_num_seqs=cfg.rollout.max_num_seqs,
+                           lag_bound=1, cost=cost, epoch=e, iteration_offset=e * 11, seed=cfg.seed,
+                           tail=cfg.rollout.tail_concurrency, max_response_length=cfg.lengths.max_response_length))
+    expect = pd.concat(frames, ignore_index=True)
+    pd.testing.assert_frame_equal(sched, expect)
+    plen = np.tile(ref.prompt_lengths, 2).astype(float)
+    est = estimate(expect["iteration"], expect["instance"], expect["mini_batch"],
+                   expect["epoch"] * (len(expect) + 1) + expect["dispatch_rank"], np.tile(pred, 2), plen,
+                   group_size=8, num_instances=3, max_num_seqs=cfg.rollout.max_num_seqs, lag_bound=1,
+                   micro_batch_size=cfg.train.micro_batch_size, cost=cost)
+    assert report["predicted"]["iteration_time_mean"] == est["iteration_time_mean"]
+    assert set(report["baselines"]) == {"fifo", "random", "sorted", "balanced"}
+
+
+def load_history_of(path):
+    from asp_ascend.lengths.history import load_history
+
+    return load_history(path, 4096)
