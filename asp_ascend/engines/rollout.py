@@ -73,7 +73,8 @@ class RolloutEngine:
     def __init__(self, model_dir: str, *, max_num_seqs: int, max_model_len: int, seed: int,
                  kv_cache_gib: float = 1.0, dtype: str = "float32", cpu_cores: list[int] | None = None,
                  instance: int = 0, tensor_parallel_size: int = 1, worker_extension_cls: str = EXTENSION,
-                 platform: str = "cpu", gpu_memory_utilization: float = 0.9, speculative: dict | None = None):
+                 platform: str = "cpu", gpu_memory_utilization: float = 0.9, speculative: dict | None = None,
+                 engine_args: dict | None = None):
         self.platform = platform
         if platform == "cpu":
             pin_process(list(cpu_cores or []))
@@ -85,10 +86,13 @@ class RolloutEngine:
         self.instance = instance
         # tensor_parallel_size > 1: vLLM starts one worker per device (the devices this actor
         # was given); every worker runs the extension, so each receives the weights itself.
+        # engine_args: further vLLM engine arguments from the caller (e.g. an integration's executor
+        # backend and load format), applied last.
         extra = {} if platform == "cpu" else {"gpu_memory_utilization": gpu_memory_utilization}
         if speculative:
             extra["speculative_config"] = dict(speculative)
         self.speculative = dict(speculative or {})
+        extra.update(engine_args or {})
         self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=platform == "cpu",
                        max_num_seqs=max_num_seqs, seed=seed, worker_extension_cls=worker_extension_cls,
                        tensor_parallel_size=int(tensor_parallel_size),

@@ -158,3 +158,20 @@ def test_asp_cli_reads_a_mindspeed_yaml_without_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["2", "False"]
+
+
+def test_moe_and_partial_rollout_are_refused_by_name_on_the_async_path():
+    raw = raw7b()
+    raw["model"] = {"qwen25_7b": {"num_experts": 128}}
+    raw["generate_config"]["infer_expert_parallel_size"] = 4
+    raw["generate_config"]["enable_expert_parallel"] = True
+    raw["asp"].setdefault("rollout", {})["partial_rollout"] = True
+    with pytest.raises(ConfigError) as e:
+        translate(raw)
+    text = str(e.value)
+    for key in ("model.qwen25_7b.num_experts: 128", "generate_config.infer_expert_parallel_size: 4",
+                "generate_config.enable_expert_parallel: true", "asp.rollout.partial_rollout: true"):
+        assert key in text, key
+    del raw["asp"]["rollout"]["partial_rollout"]
+    cfg, _ = translate(raw, mode="sync")   # the stock trainer (colocated generation) takes MoE models
+    assert cfg.platform == "npu"

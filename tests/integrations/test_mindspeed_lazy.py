@@ -74,3 +74,57 @@ def test_rollout_bundles_and_capacity():
         check_capacity({"NPU": 32.0}, NpuPlatform(), 8, 2, 24)
     with pytest.raises(ConfigError, match="devices_per_instance"):
         instance_bundles(NpuPlatform(), 0)
+
+
+def test_instance_engine_args_and_node_fit():
+    from asp_ascend.errors import ConfigError
+    from asp_ascend.integrations.mindspeed_rl.rollout_groups import check_instances_fit_nodes, instance_engine_args
+    from asp_ascend.platforms import CpuPlatform, NpuPlatform
+
+    assert instance_engine_args() == {"distributed_executor_backend": "mp", "load_format": "dummy"}
+    check_instances_fit_nodes([{"NPU": 16.0}, {"NPU": 16.0}], NpuPlatform(), 16)
+    with pytest.raises(ConfigError, match=r"generate_config.infer_tensor_parallel_size: 32 .* largest node has 16"):
+        check_instances_fit_nodes([{"NPU": 16.0}, {"NPU": 16.0}], NpuPlatform(), 32)
+    check_instances_fit_nodes([{}], CpuPlatform(), 4)
+
+
+def test_each_instance_owns_exactly_its_devices(monkeypatch):
+    """MindSpeed-RL's runtime env tells Ray not to set ASCEND_RT_VISIBLE_DEVICES; the instance actor
+    narrows it to its own NPUs (Ray's accelerator ids) before vLLM starts. Two TP-2 instances on a
+    4-NPU node (NPU as the custom resource, as `ray start --resources` declares it) get disjoint
+    devices; a TP size that differs from what Ray gave is refused."""
+    ray = pytest.importorskip("ray")
+    from asp_ascend.integrations.mindspeed_rl.rollout_groups import (create_instance_placement_groups,
+                                                                     instance_actor_options, own_devices)
+    from asp_ascend.platforms import NpuPlatform
+
+    monkeypatch.setenv("RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES", "1")
+    ray.init(num_cpus=2, resources={"NPU": 4}, include_dashboard=False, logging_level="ERROR")
+    try:
+        @ray.remote(num_cpus=0)
+        class Probe:
+            def __init__(self, tp):
+                import os
+
+                self.before = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+                self.ids = own_devices("npu", tp, 0)
+
+            def seen(self):
+                import os
+
+                return self.before, self.ids, os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
+
+        platform = NpuPlatform()
+        pgs = create_instance_placement_groups(platform, 2, 2, cpus_per_device=0.5, timeout_s=60)
+        probes = [Probe.options(**instance_actor_options(platform, pg, 2)).remote(2) for pg in pgs]
+        seen = ray.get([p.seen.remote() for p in probes])
+        assert [s[0] for s in seen] == [None, None]          # Ray left the variable alone
+        assert sorted(tuple(s[1]) for s in seen) == [(0, 1), (2, 3)]
+        assert [s[2] for s in seen] == [",".join(map(str, s[1])) for s in seen]
+        for pg in pgs:
+            ray.util.remove_placement_group(pg)
+        bad = Probe.options(resources={"NPU": 1}).remote(2)
+        with pytest.raises(ray.exceptions.RayActorError, match="Ray gave it devices .* tensor-parallel size is 2"):
+            ray.get(bad.seen.remote())
+    finally:
+        ray.shutdown()

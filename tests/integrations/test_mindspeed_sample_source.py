@@ -106,3 +106,50 @@ def test_starved_source_times_out_with_state():
                            sampling=sampling, poll_interval_s=0.0, timeout_s=0.05)
     with pytest.raises(AspError, match="iteration 0: 0/6 groups"):
         src.get_groups(0, 6)
+
+
+SAMPLING = {"max_tokens": 8, "temperature": 1.0, "top_p": 1.0, "seed": 0, "stop_token_ids": []}
+
+
+class VersionedInstance(StepInstance):
+    def __init__(self, idx, log):
+        super().__init__(idx)
+        self.log = log
+
+    def submit(self, group_id, *a, **kw):
+        self.log.append(("submit", self.idx, self.version))
+        return super().submit(group_id, *a, **kw)
+
+
+def test_resume_pushes_the_trainer_weights_before_the_first_admission():
+    """wire_source: the plan starts at the checkpointed iteration and the instances (on dummy weights)
+    get the trainer's weights as that version before any prompt is admitted."""
+    from asp_ascend.integrations.mindspeed_rl.sample_source import wire_source
+
+    log = []
+    insts = [VersionedInstance(0, log), VersionedInstance(1, log)]
+
+    def push(version):
+        log.append(("push", version))
+        for inst in insts:
+            inst.version = version
+
+    src, publish = wire_source(plan(1, 2, 2, start=2), insts, lambda pid: ([int(pid)], {}), sampling=SAMPLING,
+                               push=push, poll_interval_s=0.0)
+    assert log[0] == ("push", 2) and all(e[2] == 2 for e in log if e[0] == "submit")
+    groups = src.get_groups(2, 6)
+    assert sorted(int(g.prompt_id) for g in groups) == list(range(12, 18))
+    assert all(g.admission_version == 2 for g in groups)
+    publish(3)
+    assert len(src.get_groups(3, 6)) == 6
+
+
+def test_a_plan_from_the_first_iteration_stalls_a_resumed_trainer():
+    """What happened before: the plan started at iteration 0 with no push, so a trainer resumed at
+    iteration 3 (k = 1) waits on groups no instance may admit, until the timeout."""
+    from asp_ascend.errors import AspError
+
+    src = DispatcherSource(plan(1, 2, 2), [StepInstance(0), StepInstance(1)], lambda pid: ([int(pid)], {}),
+                           sampling=SAMPLING, poll_interval_s=0.0, timeout_s=0.05)
+    with pytest.raises(AspError, match="iteration 3: 0/6 groups"):
+        src.get_groups(3, 6)

@@ -54,6 +54,29 @@ _REQUIREMENT_DEFAULTS = {"rl_config.use_integrated_worker": False, "rl_config.pa
                          "rl_config.shuffle_mini_batch": False}
 
 
+def moe_problems(raw: dict) -> list[str]:
+    """The async path serves dense models only: the receiver loads MindSpeed-RL's dense layouts
+    (expert weights need the instance's expert-parallel layout and local expert count, which the
+    push does not carry). Each MoE setting is refused by name."""
+    out = []
+    gen = raw.get("generate_config") or {}
+    if gen.get("enable_expert_parallel"):
+        out.append("generate_config.enable_expert_parallel: true (MoE) is not supported by mindspeed.trainer=async; "
+                   "the rollout instances load dense models only. Use mindspeed.trainer=sync for MoE models")
+    if int(gen.get("infer_expert_parallel_size") or 1) > 1:
+        out.append(f"generate_config.infer_expert_parallel_size: {gen['infer_expert_parallel_size']} is not supported by "
+                   f"mindspeed.trainer=async (dense models only); set it to 1 or use mindspeed.trainer=sync")
+    name = lookup(raw, "megatron_training.model")[1]
+    model = ((raw.get("model") or {}).get(name) or {}) if isinstance(name, str) else {}
+    for where, val in ((f"model.{name}.num_experts", model.get("num_experts")),
+                       (lookup(raw, "megatron_training.num_experts")[2], lookup(raw, "megatron_training.num_experts")[1])):
+        if val:
+            out.append(f"{where}: {val} experts (a MoE model) is not supported by mindspeed.trainer=async; the "
+                       f"rollout instances load dense models only. Use mindspeed.trainer=sync for MoE models")
+            break
+    return out
+
+
 def trainer_dp(raw: dict) -> int:
     """Data-parallel size of the trainer: actor NPUs / (TP x PP x CP), as MindSpeed-RL derives it."""
     res = (raw.get("rl_config") or {}).get("actor_resource") or {}
@@ -165,6 +188,11 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
         if mb and mb % dp:
             problems.append(f"rl_config.mini_batch_size: {mb} prompts cannot be split over the trainer's {dp} "
                             f"data-parallel ranks; use a multiple of {dp}")
+        problems.extend(moe_problems(raw))
+        if _get(asp, "rollout.partial_rollout")[1]:
+            problems.append("asp.rollout.partial_rollout: true is not supported with mindspeed.trainer=async yet (the "
+                            "MindSpeed-RL loop trains each iteration's planned groups; carry-over runs in `asp train`); "
+                            "remove it, or use the asp runtime for partial rollout")
         found, dispatch, _ = lookup(raw, "rl_config.actor_update_dispatch_size")
         if found and dispatch and gbs and dispatch != gbs * n // dp:
             problems.append(f"rl_config.actor_update_dispatch_size: {dispatch} must be unset or global_batch_size x "

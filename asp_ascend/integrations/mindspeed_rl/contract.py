@@ -144,12 +144,14 @@ CALLS = (
     Call(M(TD, "GRPOTransferDock"), kwargs=("prompts_num", "n_samples_per_prompt", "metrics", "addition_columns")),
     Call(M(MWL, "InferParallelConfig"), ("infer_tensor_parallel_size", "infer_pipeline_parallel_size",
                                          "infer_expert_parallel_size", "infer_local_num_experts"),
-         site=S("vllm_receiver.py", "MindSpeedWeightReceiver.asp_recv_megatron_weights", "InferParallelConfig")),
-    Call(M(MWL, "load_megatron_weights"), ("actor_weights", "vllm_model", "infer_paralle_config", "hf_config"),
-         site=S("vllm_receiver.py", "MindSpeedWeightReceiver.asp_recv_megatron_weights", "load_megatron_weights")),
+         site=S("vllm_receiver.py", "MindSpeedWeightReceiver.asp_recv_megatron_weights", "loaders.InferParallelConfig")),
     Call(M(MWL, "update_megatron_weight_loader"),
-         site=S("vllm_receiver.py", "MindSpeedWeightReceiver.asp_recv_megatron_weights",
-                "loaders.update_megatron_weight_loader")),
+         site=S("vllm_receiver.py", "install_megatron_loaders", "module.update_megatron_weight_loader")),
+    Exists(M(MWL, "MODEL_MEGATRON_WEIGHT_LOADER_REGISTRY"), "module_attr",
+           why="the receiver picks the architecture's loader from it (load_megatron_weights ends in .cuda())"),
+    *(Params(M(MWL, f), ("actor_weights", "vllm_model", "infer_paralle_config", "hf_config"), exact=True,
+             why="called through the registry as load(params, model, InferParallelConfig, hf_config)")
+      for f in ("qwen_megatron_weight_loader", "llama_megatron_core_weight_loader")),
 )
 
 # where MindSpeed-RL gives a key its meaning, and the behaviour the adapter's correctness rests on
@@ -198,6 +200,9 @@ MEANINGS = (
             why="the consumer TransferDockStore reads as (none of MindSpeed-RL's GRPO stages reads it)"),
     Order(M(VE, "VLLMInferEngine.__init__"), "update_megatron_weight_loader()", "LLM(...)",
           why="loaders are bound to each parameter when its layer is built: patch first"),
+    Pattern(M(MWL, "update_megatron_weight_loader"), "layer_class.weight_loader = weight_loader",
+            why="a class-level patch: parameters built before it keep vLLM's sharding loaders (receivers patch "
+                "before the model is built)"),
     Pattern(M(VE, "VLLMInferEngine.__init__"), "LLM(..., load_format='dummy' if _ else _)",
             why="the engine starts on dummy weights; the first push brings the real ones"),
 )

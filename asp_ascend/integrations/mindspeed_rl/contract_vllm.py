@@ -12,6 +12,10 @@ from ..apicheck import Call, Exists, Order, Pattern, Ref, Site
 RO = "asp_ascend/engines/rollout.py"
 TX = "asp_ascend/platforms/transport.py"
 RG = "asp_ascend/integrations/mindspeed_rl/rollout_groups.py"
+VR = "asp_ascend/integrations/mindspeed_rl/vllm_receiver.py"
+SS = "asp_ascend/integrations/mindspeed_rl/sample_source.py"
+TR = "asp_ascend/integrations/mindspeed_rl/trainer.py"
+EN = "asp_ascend/integrations/mindspeed_rl/entry.py"
 LLM = "vllm/entrypoints/llm.py"
 PYHCCL = "vllm_ascend/distributed/device_communicators/pyhccl.py"
 NPU_WORKER = "vllm_ascend/worker/worker_v1.py"
@@ -27,6 +31,10 @@ def VA(path: str, name: str = "") -> Ref:
 
 def R(path: str, name: str = "") -> Ref:
     return Ref("ray", path, name)
+
+
+def O(path: str, name: str = "") -> Ref:
+    return Ref("ours", path, name)
 
 
 INSTANCE = (
@@ -77,4 +85,38 @@ RAY = (
            why="instances bind their devices from Ray's accelerator ids"),
 )
 
-VLLM_REQUIREMENTS = (*INSTANCE, *TRANSPORT, *RAY)
+# What our side must keep for the async path to start right on a cluster: each line is one of the
+# blockers a review found (devices, executor, weight loaders, resume, reads); a change that
+# reintroduces one fails here, next to the vLLM / Ray behaviour that makes it a blocker.
+OURS = (
+    Call(V(LLM, "LLM"), kwargs=("model", "distributed_executor_backend", "load_format", "gpu_memory_utilization"),
+         why="NPU instances pass these through RolloutEngine(engine_args=instance_engine_args())"),
+    Pattern(O(RG, "instance_engine_args"), "{'distributed_executor_backend': 'mp', 'load_format': 'dummy'}",
+            key="distributed_executor_backend",
+            why="TP > 1 needs vLLM's mp executor (its Ray executor rejects a bundle holding several NPUs); dummy "
+                "weights until the first push"),
+    Pattern(O(RG, "instance_actor_options"), "PlacementGroupSchedulingStrategy(..., "
+                                             "placement_group_capture_child_tasks=False)",
+            why="a captured placement group makes vLLM choose its Ray executor"),
+    Order(O(RG, "instance_actor_class.InstanceEngine.__init__"), "own_devices(...)", "super().__init__(...)",
+          why="ASCEND_RT_VISIBLE_DEVICES is narrowed to the instance's devices before vLLM starts its workers "
+              "(RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES: Ray does not)"),
+    Pattern(O(VR, "<module>"), "install_megatron_loaders(...)",
+            why="the loaders are patched when vLLM imports the extension, before it builds the model"),
+    Pattern(O(VR, ""), "import_mindspeed(...)", absent=True,
+            why="the receiver must not import the mindspeed_rl package (acl, transfer_to_npu) into vLLM workers"),
+    Pattern(O(VR, "MindSpeedWeightReceiver.asp_recv_megatron_weights"), "load_megatron_weights(...)", absent=True,
+            why="load_megatron_weights ends in .cuda(), which needs MindSpeed-RL's transfer_to_npu patch"),
+    Pattern(O(SS, "build_async_rollout"), "ExecutionPlan.from_schedule(_, _, start=start_iteration)",
+            why="resume: admission starts at the checkpointed iteration (else it stalls until the timeout)"),
+    Pattern(O(EN, "_train"), "build_async_rollout(..., start_iteration=actor.get_iteration())",
+            why="resume: the trainer's checkpointed iteration"),
+    Pattern(O(SS, "wire_source"), "publish(plan.start)",
+            why="the first push (the trainer's weights as version start) precedes every admission"),
+    Pattern(O(TR, "TransferDockStore.read_columns"), "_.get_experience.remote(...)",
+            why="reads go through the dock's waiting API"),
+    Pattern(O(TR, ""), "get_experience_data", absent=True,
+            why="a snapshot skips the wait: fire-and-forget writes would read as None"),
+)
+
+VLLM_REQUIREMENTS = (*INSTANCE, *TRANSPORT, *RAY, *OURS)

@@ -208,9 +208,12 @@ def _train(msrl: dict, cfg_dict: dict, schedule_path: str, root: str) -> None:
 
     from .config_bridge import trainer_dp
 
+    # resume: the plan starts at the trainer's checkpointed iteration, whose weights are pushed first
     source, publish, settings = build_async_rollout(cfg, actor, schedule_path, train_ds, tokenizer,
                                                     dataset_additional_keys=actor_config.dataset_additional_keys,
-                                                    trainer_dp=trainer_dp(msrl))
+                                                    trainer_dp=trainer_dp(msrl), start_iteration=actor.get_iteration(),
+                                                    mindspeed_root=root,
+                                                    trainer_devices=int(rl_config.actor_resource.get("num_npus") or 0))
     from .trainer import make_async_grpo_trainer_class
 
     AsyncGRPOTrainer = make_async_grpo_trainer_class()

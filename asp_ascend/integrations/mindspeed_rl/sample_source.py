@@ -115,22 +115,44 @@ class _RayHandle:
 RECEIVER = "asp_ascend.integrations.mindspeed_rl.vllm_receiver.MindSpeedWeightReceiver"
 
 
+def wire_source(plan: ExecutionPlan, instances: Sequence[InstanceHandle], prompt_of, sampling: dict,
+                push: Callable[[int], None], **source_kw) -> tuple[DispatcherSource, Callable[[int], None]]:
+    """The source over ``instances`` and ``publish(version)``, after the first push.
+
+    ``plan`` starts at the iteration the trainer resumes from (``plan.start``: its admission state
+    already counts every instance as holding that version). The instances start on dummy weights,
+    so before any prompt is admitted the trainer's current weights are pushed as version
+    ``plan.start``; afterwards ``publish(v)`` pushes version v and opens admission up to v + k."""
+    source = DispatcherSource(plan, instances, prompt_of, sampling, **source_kw)
+
+    def publish(version: int) -> None:
+        push(version)
+        source.on_published(version)
+
+    publish(plan.start)
+    return source, publish
+
+
 def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenizer,
-                        dataset_additional_keys: Sequence[str] = (), trainer_dp: int = 1
-                        ) -> tuple[DispatcherSource, Any, LoopSettings]:
+                        dataset_additional_keys: Sequence[str] = (), trainer_dp: int = 1, start_iteration: int = 0,
+                        mindspeed_root: Optional[str] = None, trainer_devices: int = 0) -> tuple[DispatcherSource, Any, LoopSettings]:
     """Rollout instances on their own NPUs + the HCCL weight push, for ``AsyncGRPOTrainer``.
 
-    Each instance is the runtime's rollout actor with ``worker_extension_cls`` = :data:`RECEIVER`
-    and ``tensor_parallel_size`` = ``rollout.devices_per_instance``; the weight push reaches its
-    vLLM workers through ``RolloutEngine.collective_rpc`` (the vllm-ascend workers load
-    Megatron-layout shards with MindSpeed-RL's own loaders; :mod:`.vllm_receiver`).
+    Each instance is the runtime's rollout actor narrowed to its own devices
+    (:func:`.rollout_groups.instance_actor_class`), with ``worker_extension_cls`` = :data:`RECEIVER`,
+    ``tensor_parallel_size`` = ``rollout.devices_per_instance``, vLLM's multiprocessing executor and
+    dummy weights; the weight push reaches its vLLM workers through ``RolloutEngine.collective_rpc``
+    (they load Megatron-layout shards with MindSpeed-RL's loaders; :mod:`.vllm_receiver`). The plan
+    starts at ``start_iteration`` (the trainer's checkpointed iteration) and the trainer's weights are
+    pushed as that version before the first admission (:func:`wire_source`).
     """
     import pandas as pd
     import ray
 
-    from ...engines.rollout import rollout_actor_class
     from ...platforms import get_platform
-    from .rollout_groups import create_instance_placement_groups, instance_actor_options
+    from .rollout_groups import (check_capacity, check_instances_fit_nodes, create_instance_placement_groups,
+                                 instance_actor_class, instance_actor_options, instance_engine_args, instance_env)
+    from .vllm_receiver import loaders_path
     from .weight_push import weight_push_fn
 
     if not cfg.weight_sync.master_port:
@@ -139,17 +161,20 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
                            "port range start that is free on the first trainer node, e.g. 29650"])
     platform = get_platform("npu", check=False)
     r, tp = cfg.rollout.num_instances, cfg.rollout.devices_per_instance
+    check_instances_fit_nodes([n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")], platform, tp)
+    check_capacity(ray.cluster_resources(), platform, r, tp, trainer_devices)
+    env = instance_env(str(loaders_path(mindspeed_root)))
     pgs = create_instance_placement_groups(platform, r, tp)
-    cls = rollout_actor_class()
+    cls = instance_actor_class()
     actors = []
     for i, pg in enumerate(pgs):
-        actors.append(cls.options(**instance_actor_options(platform, pg, tp)).remote(
+        actors.append(cls.options(**instance_actor_options(platform, pg, tp, env)).remote(
             cfg.model.path, max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=cfg.lengths.max_response_length * 2,
             seed=cfg.seed + i, dtype="bfloat16", instance=i, worker_extension_cls=RECEIVER, platform="npu",
-            tensor_parallel_size=tp))
+            tensor_parallel_size=tp, engine_args=instance_engine_args()))
     ray.get([a.ready.remote() for a in actors])
     settings = ExecutionSettings.from_config(cfg)
-    plan = ExecutionPlan.from_schedule(pd.read_parquet(schedule_path), settings)
+    plan = ExecutionPlan.from_schedule(pd.read_parquet(schedule_path), settings, start=start_iteration)
     fetch = train_ds.__getitem__
 
     def prompt_of(pid):
@@ -157,10 +182,6 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
         return [int(t) for t in item["input_ids"]], {k: item[k] for k in dataset_additional_keys}
 
     n = settings.group_size
-    source = DispatcherSource(
-        plan, [_RayHandle(a) for a in actors], prompt_of,
-        sampling={"max_tokens": cfg.lengths.max_response_length, "temperature": cfg.rollout.temperature,
-                  "top_p": cfg.rollout.top_p, "seed": cfg.seed, "stop_token_ids": [int(tokenizer.eod)]})
 
     class _Instance:
         def __init__(self, a, idx):
@@ -172,11 +193,11 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
 
     push = weight_push_fn(actor_group, [_Instance(a, i) for i, a in enumerate(actors)],
                           cfg.weight_sync.master_port, cfg.weight_sync.bucket_mb << 20)
-
-    def publish(version: int) -> None:
-        push(version)
-        source.on_published(version)
-
+    source, publish = wire_source(
+        plan, [_RayHandle(a) for a in actors], prompt_of,
+        sampling={"max_tokens": cfg.lengths.max_response_length, "temperature": cfg.rollout.temperature,
+                  "top_p": cfg.rollout.top_p, "seed": cfg.seed, "stop_token_ids": [int(tokenizer.eod)]},
+        push=push)
     settings = LoopSettings(global_batch_size=cfg.train.global_batch_size, group_size=n,
                             lag_bound=settings.lag_bound, iterations=0, off_policy=cfg.train.off_policy,
                             tis_cap=cfg.train.tis_cap, dataset_additional_keys=tuple(dataset_additional_keys),
