@@ -37,11 +37,13 @@ RAY_NODE_FLAGS=(--node-ip-address="$IP" --num-gpus="$GPUS_PER_NODE")
 WANT=$((NNODES * GPUS_PER_NODE))
 
 if [ "$IP" = "$MASTER_ADDR" ]; then
-  start_head_and_wait GPU "$WANT" "${RAY_NODE_FLAGS[@]}"
+  setup_ray_auth head "$IP"
+  start_head_and_wait GPU "$WANT" --dashboard-host="$DASHBOARD_HOST" "${RAY_NODE_FLAGS[@]}"
   export RAY_ADDRESS="$MASTER_ADDR:$RAY_PORT"
   "$PYTHON" -m asp_ascend.cli doctor
   TRAIN_CMD=("$PYTHON" -m asp_ascend.cli train "$CONFIG")
   "${TRAIN_CMD[@]}" "$@" 2>&1 | tee "$LOG_DIR/cuda_grpo_qwen25_7b_asp_$(date +%Y%m%d_%H%M%S).log"
 else
+  setup_ray_auth worker "$IP"
   join_head "${RAY_NODE_FLAGS[@]}"
 fi

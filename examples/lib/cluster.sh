@@ -60,3 +60,49 @@ join_head() {  # `ray start` flags; retries until the head answers or JOIN_TIMEO
   done
   log "joined; this node now runs the head's Ray workers (ray stop on this node to leave)"
 }
+
+# --- who can reach the cluster -------------------------------------------------------------
+# Ray's dashboard (and its job API: anyone who reaches it can run code on every node) listens on
+# DASHBOARD_HOST. Ray >= 2.52 has token authentication: every node, the driver and every API
+# client must present the same token, read from RAY_AUTH_TOKEN_PATH (a file only its owner may
+# read). Older Ray has none: the dashboard is then bound to 127.0.0.1 (reach it via ssh -L).
+
+ray_has_token_auth() {  # exit 0 when the installed Ray supports RAY_AUTH_MODE=token (>= 2.52)
+  "$PYTHON" - <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+major, minor = (int(x) for x in version("ray").split(".")[:2])
+sys.exit(0 if (major, minor) >= (2, 52) else 1)
+PY
+}
+
+token_file_ok() {  # $1: path; a non-empty regular file owned by us that nobody else can read or write
+  local f="$1" mode owner
+  [ -f "$f" ] && [ -s "$f" ] || return 1
+  mode="$(stat -c %a "$f")"; owner="$(stat -c %u "$f")"
+  [ "$owner" = "$(id -u)" ] && [ "${mode: -2}" = "00" ]
+}
+
+setup_ray_auth() {  # $1: head|worker, $2: this node's IP. Sets DASHBOARD_HOST; exports the auth variables.
+  local role="$1" ip="$2"
+  RAY_AUTH_TOKEN_PATH="${RAY_AUTH_TOKEN_PATH:-$HOME/.ray/asp_auth_token}"
+  if ray_has_token_auth; then
+    if [ ! -e "$RAY_AUTH_TOKEN_PATH" ] && [ "$role" = head ]; then
+      (umask 077; mkdir -p "$(dirname "$RAY_AUTH_TOKEN_PATH")"
+       "$PYTHON" -c 'import secrets; print(secrets.token_hex(32))' > "$RAY_AUTH_TOKEN_PATH")
+      log "generated a Ray auth token in $RAY_AUTH_TOKEN_PATH; copy it to the same path on every node (mode 600)"
+    fi
+    if ! token_file_ok "$RAY_AUTH_TOKEN_PATH"; then
+      log "Ray token authentication needs $RAY_AUTH_TOKEN_PATH: a non-empty file you own with mode 600"
+      log "(copy the head's token there: scp head:$RAY_AUTH_TOKEN_PATH ... && chmod 600 ...)"
+      exit 1
+    fi
+    export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH
+    DASHBOARD_HOST="${DASHBOARD_HOST:-$ip}"
+    log "Ray token authentication on (token in $RAY_AUTH_TOKEN_PATH); dashboard on $DASHBOARD_HOST"
+  else
+    unset RAY_AUTH_MODE RAY_AUTH_TOKEN_PATH
+    DASHBOARD_HOST=127.0.0.1
+    log "this Ray has no token authentication (needs >= 2.52): dashboard and job API bound to 127.0.0.1 only"
+  fi
+}

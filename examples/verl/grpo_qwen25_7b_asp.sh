@@ -38,10 +38,12 @@ IP="$(current_ip)"
 refuse_running_ray
 WANT=$((NNODES * DEVICES_PER_NODE))
 if [ "$IP" = "$MASTER_ADDR" ]; then
-  start_head_and_wait "$RESOURCE" "$WANT" --dashboard-host="$IP" --dashboard-port="$DASHBOARD_PORT" "${RAY_NODE_FLAGS[@]}"
+  setup_ray_auth head "$IP"
+  start_head_and_wait "$RESOURCE" "$WANT" --dashboard-host="$DASHBOARD_HOST" --dashboard-port="$DASHBOARD_PORT" "${RAY_NODE_FLAGS[@]}"
   RAY_ADDRESS="$IP:$RAY_PORT" "$PYTHON" -m asp_ascend.integrations.verl.main_ppo \
     --config-path "$CONFIG_DIR" --config-name "$CONFIG_NAME" trainer.nnodes="$NNODES" \
     trainer.n_gpus_per_node="$DEVICES_PER_NODE" "$@"
 else
+  setup_ray_auth worker "$IP"
   join_head "${RAY_NODE_FLAGS[@]}"
 fi

@@ -132,3 +132,70 @@ def test_npu_launcher_uses_npu_resources_and_our_entry():
     assert '"NPU":' in text.replace("\\", "") and "asp_ascend.integrations.mindspeed_rl.entry" in text
     config = re.search(r'CONFIG_NAME="\$\{CONFIG_NAME:-([^}]+)\}"', text).group(1)
     assert (ROOT / "configs/mindspeed_rl" / f"{config}.yaml").is_file()
+
+
+def _auth_env(tmp_path, token_auth: bool) -> dict:
+    """A PYTHON that answers the Ray-version probe (token auth or not) and makes tokens."""
+    import os
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "authpython").write_text(f"""#!/usr/bin/env bash
+if [ "$1" = - ]; then cat > /dev/null; exit {0 if token_auth else 1}; fi
+echo 0123456789abcdef
+""")
+    (bindir / "authpython").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    return dict(env, PYTHON=str(bindir / "authpython"), HOME=str(tmp_path / "home"))
+
+
+_SHOW = 'echo "host=$DASHBOARD_HOST mode=${RAY_AUTH_MODE:-none} path=${RAY_AUTH_TOKEN_PATH:-}"'
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_old_ray_binds_the_dashboard_to_localhost(tmp_path):
+    res = _lib(f"setup_ray_auth head 10.0.0.1; {_SHOW}", _auth_env(tmp_path, token_auth=False))
+    assert res.returncode == 0, res.stderr
+    assert "host=127.0.0.1 mode=none path=\n" in res.stdout
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_token_auth_on_with_a_private_token_file(tmp_path):
+    import stat
+
+    env = _auth_env(tmp_path, token_auth=True)
+    res = _lib(f"setup_ray_auth head 10.0.0.1; {_SHOW}", env)
+    assert res.returncode == 0, res.stdout + res.stderr
+    token = tmp_path / "home" / ".ray" / "asp_auth_token"
+    assert f"host=10.0.0.1 mode=token path={token}" in res.stdout
+    assert stat.S_IMODE(token.stat().st_mode) == 0o600 and token.read_text().strip()
+    # a worker uses the copied token; one others can read is refused, and so is a missing one
+    assert _lib(f"setup_ray_auth worker 10.0.0.2; {_SHOW}", env).returncode == 0
+    token.chmod(0o644)
+    res = _lib("setup_ray_auth worker 10.0.0.2", env)
+    assert res.returncode == 1 and "mode 600" in res.stdout
+    token.unlink()
+    assert _lib("setup_ray_auth worker 10.0.0.2", env).returncode == 1
+
+
+def test_launchers_turn_on_auth_and_set_the_ascend_environment():
+    npu = (ROOT / "examples/npu/grpo_qwen25_7b_asp.sh").read_text()
+    for script in [ROOT / "examples/npu/grpo_qwen25_7b_asp.sh", ROOT / "examples/cuda/grpo_qwen25_7b_asp.sh",
+                   *ROOT.glob("examples/verl/*.sh")]:
+        text = script.read_text()
+        assert "setup_ray_auth head" in text and "setup_ray_auth worker" in text, script.name
+        assert '--dashboard-host="$IP"' not in text, script.name
+    for needed in ("umask 0027", "LD_PRELOAD=", "MALLOC_MMAP_THRESHOLD_=", "HCCL_SOCKET_IFNAME=", "runtime_env.yaml"):
+        assert needed in npu, needed
+    assert "24703" not in npu  # the HCCL base port comes from MindSpeed-RL's runtime env
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_npu_launcher_refuses_several_nodes_without_a_nic(tmp_path):
+    import os
+
+    env = dict(os.environ, MASTER_ADDR="10.0.0.1", NNODES="2", SOCKET_IFNAME="", CANN_SET_ENV="/nonexistent",
+               ATB_SET_ENV="/nonexistent", LOG_DIR=str(tmp_path), MINDSPEED_RL_DIR=str(tmp_path))
+    res = subprocess.run(["bash", str(ROOT / "examples/npu/grpo_qwen25_7b_asp.sh")], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 1 and "set SOCKET_IFNAME" in res.stdout
