@@ -37,7 +37,8 @@ def test_yaml_keys_are_checked_against_config_classes(tmp_path):
 
 def test_not_a_mindspeed_tree(tmp_path):
     r = check_trees(tmp_path)
-    assert not r.ok and "has no mindspeed_rl/ package" in r.render("x")
+    assert not r.ok and "not checked:" in r.render("x") and "has no mindspeed_rl/ package" in r.render("x")
+    assert "checks passed" not in r.render("x") and r.to_dict()["unavailable"]
 
 
 def _foreign_imports(tree: ast.AST) -> dict[str, str]:
@@ -133,6 +134,13 @@ PLANTS = {   # kind of mismatch: (file, old, new, expectations that must fail as
     "precondition order": ("mindspeed_rl/models/rollout/vllm_engine.py",
                            "        if load_format == \"megatron\":\n            update_megatron_weight_loader()\n",
                            "", {("order", "vllm_engine.py::VLLMInferEngine.__init__")}),
+    "loader registry renamed": ("mindspeed_rl/models/rollout/vllm_adapter/megatron_weight_loaders.py",
+                                "MODEL_MEGATRON_WEIGHT_LOADER_REGISTRY = {", "MODEL_LOADERS = {",
+                                {("module_attr", "megatron_weight_loaders.py::MODEL_MEGATRON_WEIGHT_LOADER_REGISTRY")}),
+    "loaders patched per instance, not per class": (
+        "mindspeed_rl/models/rollout/vllm_adapter/megatron_weight_loaders.py",
+        "        layer_class.weight_loader = weight_loader", "        pass",
+        {("pattern", "megatron_weight_loaders.py::update_megatron_weight_loader")}),
     "wait removed": ("mindspeed_rl/trainer/utils/transfer_dock.py",
                      "            self._wait_for_data(single_column, indexes)\n", "",
                      {("reaches", "transfer_dock.py::GRPOTransferDock.get_experience")}),

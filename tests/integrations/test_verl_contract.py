@@ -34,3 +34,15 @@ def test_doctor_verl_passes_on_the_installed_verl_and_fails_on_a_changed_one(tmp
     report = check_verl(fake)
     bad = "\n".join(f.line() for f in report.failures())
     assert not report.ok and "_update_actor" in bad and "trainer.balance_batch" in bad
+
+
+@pytest.mark.skipif(HAVE_VERL, reason="checks what `asp doctor --verl` says where verl is absent")
+def test_doctor_verl_without_verl_says_nothing_was_checked():
+    """It used to print '0/1 checks passed; 1 mismatch(es): the adapter needs updating' when verl
+    was simply not installed in this environment."""
+    from asp_ascend.integrations.verl.contract import run_check
+
+    status, text = run_check()
+    assert status == 1
+    assert "not checked: verl is not installed in this environment" in text and "ci/env.sh verl" in text
+    assert "checks passed" not in text and "mismatch" not in text

@@ -145,6 +145,12 @@ def _label(tree: dict) -> str:
 class Report:
     findings: list[Finding] = field(default_factory=list)
     trees: dict[str, dict] = field(default_factory=dict)   # name -> {"root", "commit"} or {"missing": why}
+    unavailable: str = ""   # the tree the whole contract is about is absent: nothing was checked, and why
+
+    @classmethod
+    def not_checked(cls, tree: str, why: str) -> "Report":
+        """Nothing could be checked (the framework's tree is missing): not a pass, not a mismatch either."""
+        return cls(trees={tree: {"missing": why}}, unavailable=why)
 
     @property
     def checked(self) -> list[Finding]:
@@ -152,13 +158,13 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return all(f.ok for f in self.checked)
+        return not self.unavailable and all(f.ok for f in self.checked)
 
     def failures(self) -> list[Finding]:
         return [f for f in self.checked if not f.ok]
 
     def to_dict(self) -> dict:
-        return {"ok": self.ok, "trees": self.trees,
+        return {"ok": self.ok, "trees": self.trees, "unavailable": self.unavailable or None,
                 "findings": [{"ok": f.ok, "skipped": f.skipped, "kind": f.kind, "where": f.where,
                               "detail": f.detail, "note": f.note, "why": getattr(f.expectation, "why", ""),
                               "line": f.line()} for f in self.findings]}
@@ -167,6 +173,9 @@ class Report:
         lines = [title]
         for name, t in self.trees.items():
             lines.append(f"  tree {name}: " + (t["missing"] if "missing" in t else f"{t['root']} ({_label(t)})"))
+        if self.unavailable:
+            lines.append(f"  not checked: {self.unavailable}")
+            return "\n".join(lines)
         for f in self.findings:
             if verbose or not f.ok or f.note:
                 if not f.skipped or verbose:

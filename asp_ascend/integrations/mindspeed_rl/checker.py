@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ..apicheck import Checker, ConfigKeys, Finding, Ref, Report, installed_root, ours_root
+from ..apicheck import Checker, ConfigKeys, Ref, Report, installed_root, ours_root
 from .contract import CONFIG_KEYS, REQUIREMENTS, YAML_GROUPS
 
 
@@ -42,11 +42,8 @@ def check_trees(mindspeed_src: str | Path, vllm_ascend_src: Optional[str] = None
                 yaml_files: Iterable[Path] = (), expectations: Optional[list] = None) -> Report:
     root = Path(mindspeed_src)
     if not (root / "mindspeed_rl").is_dir():
-        report = Report(trees={"mindspeed": {"missing": f"{root} has no mindspeed_rl/ package"}})
-        bad = ConfigKeys(Ref("mindspeed", "mindspeed_rl", ""), ())
-        report.findings.append(Finding(bad, False, f"{root} has no mindspeed_rl/ package: point --mindspeed-src at "
-                                                   f"the MindSpeed-RL repository root"))
-        return report
+        return Report.not_checked("mindspeed", f"{root} has no mindspeed_rl/ package: point --mindspeed-src at the "
+                                               f"MindSpeed-RL repository root")
     vllm = Path(vllm_src) if vllm_src else installed_root("vllm")
     trees = {"mindspeed": root, "ours": ours_root(), "vllm": vllm,
              "vllm_ascend": Path(vllm_ascend_src) if vllm_ascend_src else None, "ray": installed_root("ray")}

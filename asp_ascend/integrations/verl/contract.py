@@ -120,9 +120,8 @@ def check_verl(root: Optional[Path] = None) -> Report:
 
     root = root or installed_root("verl")
     if root is None:
-        report = Report(trees={"verl": {"missing": "verl is not installed here (pip install -e '.[verl]', docs/verl.md)"}})
-        report.findings.append(Finding(ConfigKeys(V("verl", ""), ()), False, "verl is not installed"))
-        return report
+        return Report.not_checked("verl", "verl is not installed in this environment (pip install -e '.[verl]', "
+                                          "or `source ci/env.sh verl` for its own environment; docs/verl.md)")
     try:
         version = f"installed verl {md.version('verl')}"
     except md.PackageNotFoundError:
