@@ -251,13 +251,20 @@ def _tail_rooms(iteration, pred, plen, work, n_mb, *, G, S, k, R, cost: CostMode
     is_tail = tm.latency(L, plen, S, ctx) > target * (1.0 + 1e-9)
     room = np.zeros(iteration.shape[0], dtype=np.int64)
     eff = work.copy()
-    for g in np.flatnonzero(is_tail):
-        n = tm.room(int(iteration[g]), float(L[g]), float(plen[g])) if tail == "auto" else min(int(tail), S)
-        room[g] = n if n < S else 0
-        # the capacity its instance gives up while it runs, this window's share of it
-        lat = float(tm.latency(L[g], plen[g], n, ctx[g]))
-        lost = lat * (1.0 - float(tm.throughput(n, ctx[g]) / tm.throughput(S, ctx[g])))
-        eff[g] += lost / (k + 1)
+    g = np.flatnonzero(is_tail)
+    Lt, pt, ct = L[g], plen[g], ctx[g]
+    if tail == "auto":  # TailModel.room for every tail at once: the largest room meeting the target
+        lat = tm.latency(Lt[:, None], pt[:, None], tm.rooms[None, :], ct[:, None])
+        ok = lat <= target[g][:, None] * (1.0 + 1e-9)
+        last = tm.rooms.size - 1 - np.argmax(ok[:, ::-1], axis=1)
+        n = np.where(ok.any(axis=1), tm.rooms[last], float(G)).astype(np.int64)
+    else:
+        n = np.full(g.size, min(int(tail), S), dtype=np.int64)
+    room[g] = np.where(n < S, n, 0)
+    # the capacity its instance gives up while it runs, this window's share of it
+    lat = tm.latency(Lt, pt, n, ct)
+    lost = lat * (1.0 - tm.throughput(n, ct) / tm.throughput(S, ct))
+    eff[g] += lost / (k + 1)
     return is_tail, room, eff
 
 

@@ -162,3 +162,35 @@ def load_history_of(path):
     from asp_ascend.lengths.history import load_history
 
     return load_history(path, 4096)
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10**6), S=st.sampled_from([16, 64, 256]), k=st.integers(0, 2),
+       tail=st.sampled_from(["auto", 24]))
+def test_tail_rooms_equal_tail_model_per_group(seed, S, k, tail):
+    """The planner sizes all tail rooms at once; TailModel.room / latency / throughput, group by
+    group, is the reference."""
+    from asp_ascend.scheduler.cost import CostModel
+    from asp_ascend.scheduler.planner import _tail_rooms
+    from asp_ascend.scheduler.tail import TailModel, iteration_loads
+
+    rng = np.random.default_rng(seed)
+    n, G, R = 600, 8, 4
+    it = rng.permutation(np.arange(n) % 10)
+    pred, plen = np.minimum(rng.lognormal(6, 1.3, n), 16384), rng.lognormal(5, .5, n)
+    cost = CostModel()
+    work = G * cost.work(plen, pred, S)
+    n_mb = np.full(10, 2)
+    is_tail, room, eff = _tail_rooms(it, pred, plen, work, n_mb, G=G, S=S, k=k, R=R, cost=cost, tail=tail,
+                                     group_max_factor=1.0)
+    train = cost.train_time(np.bincount(it, weights=G * (plen + pred)), n_mb) + cost.sync_s
+    tm = TailModel(cost, group_size=G, max_num_seqs=S, lag_bound=k, num_instances=R)
+    tm = TailModel(cost, group_size=G, max_num_seqs=S, lag_bound=k, num_instances=R,
+                   loads=iteration_loads(it, plen, pred, work, train, tail_model=tm))
+    for g in np.flatnonzero(is_tail):
+        i, ctx = int(it[g]), tm.loads.context[it[g]]
+        r = tm.room(i, float(pred[g]), float(plen[g])) if tail == "auto" else min(tail, S)
+        assert room[g] == (r if r < S else 0)
+        lost = float(tm.latency(pred[g], plen[g], r, ctx)) * (1 - float(tm.throughput(r, ctx) / tm.throughput(S, ctx)))
+        assert eff[g] == work[g] + lost / (k + 1)
+    assert (room[~is_tail] == 0).all() and (eff[~is_tail] == work[~is_tail]).all()
