@@ -1,0 +1,75 @@
+"""The analytic estimate of `asp schedule` beside the event simulator (issue 14's target: within 10 %).
+
+    python benchmarks/bench_schedule_estimate.py [--n 4096] [--data DIR] [--predictor mean]
+
+For each workload (synthetic heavy tail; the Azure conversation and code traces of DIR, default
+../shared/data) and policy: the mean iteration time the analytic estimate gives
+(``schedule_report.json``: ``realized``, i.e. the schedule judged on the true lengths, and the
+baselines) beside the event simulator's on the same workload, cost model, predictions and policy;
+their ratio; and each one's gain of ASP over ``fifo``. The last line prints the worst ratio.
+The simulator plans through the same planner; it executes with its own dispatch (guided,
+shared queue for fifo/random/sorted) and samples each group's G lengths. Figures, not asserts.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SIM_NAME = {"asp": "asp", "fifo": "fully_async_fifo", "random": "async_random", "sorted": "async_sorted",
+            "balanced": "async_balanced"}
+
+
+def setups(data: Path):
+    yield "synthetic heavy tail, R=8", ["workload.type=synthetic"], 8
+    yield "synthetic heavy tail, R=32", ["workload.type=synthetic"], 32
+    for name, scale, R in (("conv", 6, 32), ("code", 8, 16)):
+        trace = data / f"azure_llm_trace_2023_{name}.csv"
+        if trace.exists():
+            yield (f"Azure {name} trace x{scale}, R={R}",
+                   ["workload.type=trace", f"workload.trace_path={trace}", f"workload.length_scale={scale}"], R)
+        else:
+            print(f"({trace} not found: {name} trace skipped)")
+
+
+def main() -> None:
+    from asp_ascend.config import load_config
+    from asp_ascend.lengths.workloads import workload_from_config
+    from asp_ascend.scheduler.run import build_schedule
+    from asp_ascend.sim.run import simulate_system
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    ap.add_argument("--predictor", default="mean", help="lengths.predictor (mean = previous epoch)")
+    a = ap.parse_args()
+    common = [f"workload.num_prompts={a.n}", "lengths.max_response_length=8192", "train.global_batch_size=512",
+              "train.mini_batch_size=64", "rollout.max_num_seqs=256", "pipeline.lag_bound=1", "output_dir=unused",
+              "workload.epochs=2", "sim.epochs=1", "sim.model_class=custom", "sim.infer_tp=1", "sim.logprob_passes=1",
+              f"lengths.predictor={a.predictor}"]
+    print(f"{'workload':30s} {'policy':9s} {'analytic s':>10s} {'simulated s':>11s} {'ratio':>6s} "
+          f"{'gain vs fifo: analytic':>22s} {'simulated':>9s}")
+    worst = 1.0
+    for name, ov, R in setups(Path(a.data)):
+        cfg = load_config(None, common + ov + [f"rollout.num_instances={R}", f"sim.total_devices={2 * R}",
+                                               f"sim.rollout_devices={R}"])
+        _, rep = build_schedule(cfg)
+        analytic = {"asp": rep.get("realized", rep["predicted"]), **rep["baselines"]}
+        w = workload_from_config(cfg)
+        sim = {p: simulate_system(cfg, w, SIM_NAME[p], record_samples=False).summary for p in SIM_NAME}
+        fa, fs = analytic["fifo"]["iteration_time_mean"], sim["fifo"]["iteration_time_mean"]
+        for p in SIM_NAME:
+            x, y = analytic[p]["iteration_time_mean"], sim[p]["iteration_time_mean"]
+            worst = x / y if abs(x / y - 1) > abs(worst - 1) else worst
+            print(f"{name:30s} {p:9s} {x:10.1f} {y:11.1f} {x / y:6.3f} {100 * (1 - x / fa):21.1f}% "
+                  f"{100 * (1 - y / fs):8.1f}%", flush=True)
+    print(f"worst analytic / simulated iteration time: {worst:.3f} (target within 0.90..1.10)")
+
+
+if __name__ == "__main__":
+    main()
