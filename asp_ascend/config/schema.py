@@ -145,7 +145,15 @@ class TrainConfig:
     group_size: int = _f(8, "G samples per prompt")
     global_batch_size: int = _f(64, "prompts per iteration (one weight sync, one policy version)")
     mini_batch_size: int = _f(16, "prompts per optimizer step; divides the global batch")
-    micro_batch_size: int = _f(16, "sequences per padded micro-batch (trainer memory unit)")
+    micro_batch_size: int = _f(16, "at most this many sequences per padded/sorted micro-batch; with "
+                               "max_tokens_per_micro_batch 0 the budget is micro_batch_size x the step's longest sequence")
+    micro_batching: str = _f("auto", "trainer micro-batches: padded (arrival order), sorted (by length), packed (one "
+                             "row per micro-batch, no pad token: varlen attention), auto (packed where the "
+                             "platform's attention keeps packed sequences apart on the loaded model, else sorted)",
+                             choices=("auto", "padded", "sorted", "packed"))
+    max_tokens_per_micro_batch: int = _f(0, "token budget of one micro-batch, in the token slots it computes on "
+                                         "(count x longest when padded, sum when packed); the trainer's memory unit. "
+                                         "0 = micro_batch_size x the step's longest sequence")
     epochs: int = _f(1, "passes over the prompts")
     lr: float = _f(1e-5, "learning rate")
     weight_decay: float = _f(0.0, "AdamW weight decay")

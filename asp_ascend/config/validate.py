@@ -34,6 +34,7 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
     pos("train.global_batch_size", t.global_batch_size)
     pos("train.mini_batch_size", t.mini_batch_size)
     pos("train.micro_batch_size", t.micro_batch_size)
+    pos("train.max_tokens_per_micro_batch", t.max_tokens_per_micro_batch, 0)
     pos("train.devices", t.devices)
     pos("train.epochs", t.epochs)
     pos("pipeline.lag_bound", pl.lag_bound, 0)

@@ -8,14 +8,18 @@ returns one ObjectRef), so the orchestrator and ``asp train`` drive either the s
 
 Invariants (each checked by tests/runtime/test_fsdp_trainer.py):
 
-- **Same step as one trainer.** A mini-batch is split token-balanced across ranks; every rank
+- **Same step as one trainer.** The group plans the mini-batch's micro-batches for all ranks
+  at once (scheduler/microbatch.py with ``world`` ranks: the same token budget and mode as one
+  trainer; every rank gets the same number of micro-batches, Karmarkar-Karp-balanced so their
+  token slots differ by at most one micro-batch's spread, one sequence when packed). Every rank
   divides its loss by the mini-batch's GLOBAL response-token count and gradients are summed
   across ranks (divide factor 1), so the update equals one trainer's on the whole mini-batch
   (same AdamW, same clip at the global norm), up to float reduction order.
 - **Collectives line up.** Every forward/backward of a sharded model is a collective, so every
-  rank runs the same number of micro-batch passes (a rank with less work runs empty passes:
-  no response tokens, zero loss, zero gradient) and every method is called on every rank in
-  the same order (Ray runs one caller's calls to an actor in order).
+  rank runs the same number of micro-batch passes (only when a step has fewer sequences than
+  ranks does a rank run empty passes: no response tokens, zero loss, zero gradient) and every
+  method is called on every rank in the same order (Ray runs one caller's calls to an actor in
+  order).
 - **Weights leave whole.** ``_named_weights`` gathers the full HF state dict (every rank takes
   part); rank 0 holds it, so rank 0's ``publish`` ticket is the one the instances receive.
 - **Checkpoints are the single trainer's format.** Rank 0 writes HF safetensors, the tokenizer
@@ -33,7 +37,7 @@ import json
 from pathlib import Path
 
 from ..algos.grpo import token_logprobs
-from .trainer import TrainerEngine, step_denominator
+from .trainer import TrainerEngine, plan_micro_batches, step_denominator
 
 
 DUMMY_TOKENS = 2
@@ -134,17 +138,19 @@ class FSDPTrainerRank(TrainerEngine):
                 self._reshard(self.prox_model)
                 self.prox_model.load_state_dict(self.model.state_dict())
 
-    def _micro_batches(self, samples: list[dict]) -> list[list[dict]]:
-        mbs = super()._micro_batches(samples)
+    def _micro_batches(self, samples: list[dict], plan: list[list[int]] | None = None) -> list[list[dict]]:
+        mbs = super()._micro_batches(samples, plan)
         self._dummies = max(0, self._passes - len(mbs))
         return mbs + [[_dummy_sample(self.pad_id)] for _ in range(self._dummies)]
 
-    def train_step(self, samples: list[dict], denom: float | None = None, passes: int = 0) -> dict:
+    def train_step(self, samples: list[dict], denom: float | None = None,
+                   micro_batches: list[list[int]] | None = None, passes: int = 0) -> dict:
         """This rank's share of one optimizer step: ``denom`` = the mini-batch's response tokens
-        (all ranks), ``passes`` = the micro-batch passes every rank runs (the largest share's)."""
-        self._passes = max(int(passes), -(-len(samples) // self.micro), 1)
+        (all ranks), ``micro_batches`` = this rank's micro-batches (indices into ``samples``),
+        ``passes`` = the micro-batch passes every rank runs (the most any rank has)."""
+        self._passes = max(int(passes), 1)
         self._reshard(self.model)
-        st = super().train_step(samples, denom)
+        st = super().train_step(samples, denom, micro_batches)
         self._reshard(self.prox_model)
         self._reshard(self.ref_model)
         st["tokens"] -= DUMMY_TOKENS * self._dummies
@@ -238,17 +244,17 @@ class FSDPTrainerRank(TrainerEngine):
             dist.destroy_process_group()
 
 
-def split_balanced(samples: list[dict], world: int) -> list[list[dict]]:
-    """Longest-first onto the rank with the fewest tokens (prompt + response); each share keeps
-    the mini-batch's order."""
-    load = [0] * world
-    owner = [0] * len(samples)
-    size = [len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples]
-    for i in sorted(range(len(samples)), key=lambda i: -size[i]):
-        r = min(range(world), key=lambda r: (load[r], r))
-        owner[i] = r
-        load[r] += size[i]
-    return [[s for s, o in zip(samples, owner) if o == r] for r in range(world)]
+def split_micro_batches(samples: list[dict], world: int, mode: str, max_tokens: int,
+                        micro: int) -> list[tuple[list[dict], list[list[int]]]]:
+    """Per rank: (its samples, its micro-batches as indices into them), planned for all ranks
+    at once (:func:`~asp_ascend.engines.trainer.plan_micro_batches` with ``world`` ranks)."""
+    plan = plan_micro_batches(samples, mode, max_tokens, micro, world)
+    out = []
+    for rank in plan.ranks:
+        mine = [i for mb in rank for i in mb]
+        at = {i: k for k, i in enumerate(mine)}
+        out.append(([samples[i] for i in mine], [[at[i] for i in mb] for mb in rank]))
+    return out
 
 
 def merge_steps(steps: list[dict]) -> dict:
@@ -326,7 +332,7 @@ class TrainerGroup:
                       for r in range(self.world)]
         addr, port = ray.get(self.ranks[0].endpoint.remote())
         ray.get([a.connect.remote(addr, port) for a in self.ranks])
-        self._micro = int(rank_kwargs.get("micro_batch_size", 1))
+        self._mb_settings = ray.get(self.ranks[0].micro_batch_settings.remote())  # mode as resolved by the ranks
         loss = rank_kwargs.get("loss")
         self._loss_agg = getattr(loss, "loss_agg", "token-mean-step")
         self._pick = ray.remote(num_cpus=0)(_pick)
@@ -340,11 +346,11 @@ class TrainerGroup:
     def train_step(self, samples: list[dict], denom: float | None = None):
         """``denom``: what the step divides by (default: the whole mini-batch's, see
         trainer.step_denominator); every rank divides by the same number."""
-        shares = split_balanced(samples, self.world)
+        shares = split_micro_batches(samples, self.world, *self._mb_settings)
         if denom is None:
             denom = step_denominator(samples, self._loss_agg)
-        passes = max(1, max(-(-len(sh) // self._micro) for sh in shares))
-        refs = [a.train_step.remote(sh, denom, passes) for a, sh in zip(self.ranks, shares)]
+        passes = max(1, max(len(mbs) for _, mbs in shares))
+        refs = [a.train_step.remote(sh, denom, mbs, passes) for a, (sh, mbs) in zip(self.ranks, shares)]
         return self._merge.remote(*refs)
 
     @_remote

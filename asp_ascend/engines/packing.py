@@ -4,10 +4,12 @@
 ``packed``: the sequences concatenated into one row; ``position_ids`` restart at 0 at each
 sequence, which is how transformers marks packed sequences: with no 2-D attention mask and no
 KV cache (``use_cache=False``; with a cache the resets are not looked at), its
-SDPA/eager mask builder turns position resets into a block-diagonal causal mask, and its
-flash-attention path (flash-attn on CUDA, ``npu_fusion_attention`` on Ascend) runs varlen
-attention from ``cu_seq_lens_q/k`` (passed explicitly when ``varlen``). Rotary positions are
-per sequence, so every sequence sees exactly what it sees alone in a padded row.
+SDPA/eager mask builder turns position resets into a block-diagonal causal mask (dense: an
+[N, N] mask for a row of N tokens), while varlen attention (``varlen``: the row's cumulative
+lengths ``cu_seq_lens_q/k`` are passed) keeps sequences apart without one: flash-attn on CUDA,
+``npu_fusion_attention`` on Ascend, the length-class SDPA of platforms/attention.py elsewhere;
+the trainer uses varlen. Rotary positions are per sequence, so every sequence sees exactly what
+it sees alone in a padded row.
 
 Per-token values of the loss (response mask, behaviour log-probs, advantages) are placed with
 :meth:`MicroBatch.per_token` / :meth:`MicroBatch.per_sequence` in the frame of next-token

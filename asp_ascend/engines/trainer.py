@@ -2,7 +2,14 @@
 
 :class:`TrainerEngine` is a plain class (in-process implementation); :func:`trainer_actor_class`
 wraps it as a Ray actor. One call = one optimizer step over one mini-batch, split into
-padded micro-batches (gradient accumulation, token-mean loss over the mini-batch).
+micro-batches (gradient accumulation, token-mean loss over the mini-batch).
+
+Micro-batches (``train.micro_batching``, cut by scheduler/microbatch.py under the token budget
+``train.max_tokens_per_micro_batch``): ``padded`` (arrival order, padded rows), ``sorted`` (by
+length, padded rows) or ``packed`` (one row per micro-batch, no pad token; engines/packing.py).
+``auto`` packs when the platform's attention keeps packed sequences apart on the loaded model
+(checked at start-up), else sorts. Every micro-batch's loss sum is divided by the same ``denom``,
+so the step's gradient is the same whichever way its sequences are grouped.
 
 Off-policy correction needs pi_prox, the trainer's weights at the start of the iteration:
 for the iteration's first optimizer step these are the current weights (no extra pass);
@@ -19,13 +26,16 @@ import time
 from pathlib import Path
 
 from ..algos.grpo import LossConfig, policy_loss, token_logprobs
+from ..platforms.attention import packed_attention
+from ..scheduler.microbatch import MODES, plan_step
+from .packing import build_micro_batch, micro_batch_logprobs, packing_supported
 
 
 class TrainerEngine:
     def __init__(self, model_dir: str, *, lr: float, weight_decay: float, loss: LossConfig,
                  micro_batch_size: int, temperature: float, seed: int, dtype: str = "float32",
                  cpu_cores: list[int] | None = None, platform: str = "cpu", bucket_bytes: int = 1 << 30,
-                 top_p: float = 1.0):
+                 top_p: float = 1.0, micro_batching: str = "auto", max_tokens_per_micro_batch: int = 0):
         from ..engines.rollout import pin_process
 
         pin_process(list(cpu_cores or []))
@@ -42,8 +52,15 @@ class TrainerEngine:
             torch.set_num_threads(len(cpu_cores))
         self.platform.manual_seed(seed)
         self.device = self.platform.torch_device(0)
-        self.model = self._wrap_model(AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
-                                      .to(self.device))
+        if micro_batching not in ("auto", *MODES):
+            raise ValueError(f"train.micro_batching: {micro_batching!r} is not one of auto, {', '.join(MODES)}")
+        attn, self.varlen = (packed_attention(self.platform.name) if micro_batching in ("auto", "packed")
+                             else (None, False))
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype),
+                                                     **({"attn_implementation": attn} if attn else {}))
+        self.micro_batching = self._resolve_micro_batching(micro_batching, model.to(self.device), attn)
+        self.max_tokens = int(max_tokens_per_micro_batch)
+        self.model = self._wrap_model(model)
         self.tokenizer = load_tokenizer(model_dir)
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -61,9 +78,30 @@ class TrainerEngine:
         """The model the optimizer trains (a sharded trainer shards it here)."""
         return model
 
+    def _resolve_micro_batching(self, mode: str, model, attn: str | None) -> str:
+        """``auto``/``packed``: pack when a probe on ``model`` shows its attention (``attn``) keeps
+        packed sequences apart; else ``auto`` sorts and ``packed`` is an error."""
+        if mode not in ("auto", "packed"):
+            return mode
+        ok, diff = packing_supported(model, device=self.device, varlen=self.varlen)
+        if ok:
+            return "packed"
+        if mode == "packed":
+            raise ValueError(f"train.micro_batching: packed, but attention {attn!r} on platform "
+                             f"{self.platform.name!r} mixes packed sequences (log-prob difference {diff:.3g}); "
+                             "use train.micro_batching=sorted (or auto)")
+        self.varlen = False
+        return "sorted"
+
     # ------------------------------------------------------------------ batches
-    def _micro_batches(self, samples: list[dict]) -> list[list[dict]]:
-        return [samples[k:k + self.micro] for k in range(0, len(samples), self.micro)]
+    def micro_batch_settings(self) -> tuple[str, int, int]:
+        """(micro_batching as resolved at start-up, max_tokens_per_micro_batch, micro_batch_size)."""
+        return self.micro_batching, self.max_tokens, self.micro
+
+    def _micro_batches(self, samples: list[dict], plan: list[list[int]] | None = None) -> list[list[dict]]:
+        if plan is None:
+            plan = plan_micro_batches(samples, *self.micro_batch_settings()).ranks[0]
+        return [[samples[i] for i in mb] for mb in plan]
 
     def _pad(self, seqs: list[list[int]]):
         import torch
@@ -122,14 +160,16 @@ class TrainerEngine:
             else:
                 self.prox_model.load_state_dict(self.model.state_dict())
 
-    def train_step(self, samples: list[dict], denom: float | None = None) -> dict:
+    def train_step(self, samples: list[dict], denom: float | None = None,
+                   micro_batches: list[list[int]] | None = None) -> dict:
         """One optimizer step over ``samples`` (prompt_ids, response_ids, behav_logprobs, advantage).
 
         The loss is divided by ``denom`` (default: :func:`step_denominator` of ``samples``; the
         orchestrator passes the iteration's for ``token-mean-iteration``, a data-parallel rank
         the whole mini-batch's). A sample with ``"masked": True`` takes part in nothing but the
-        token counts (``train.truncated=mask``). Returns timings, token counts (real and pad
-        slots), loss statistics and their raw token sums (``sums``).
+        token counts (``train.truncated=mask``). ``micro_batches``: indices into ``samples``, one
+        list per micro-batch (default: this trainer's own plan). Returns timings, token counts
+        (real and pad slots), loss statistics and their raw token sums (``sums``).
         """
         import torch
 
@@ -143,41 +183,39 @@ class TrainerEngine:
         tokens = padded = 0
         diff_max, diff_sum, diff_n = 0.0, 0.0, 0
         self.opt.zero_grad(set_to_none=True)
-        for mb in self._micro_batches(samples):
-            seqs = [s["prompt_ids"] + s["response_ids"] for s in mb]
-            plens = [len(s["prompt_ids"]) for s in mb]
-            ids, att = self._pad(seqs)
-            tokens += sum(len(x) for x in seqs)
-            padded += ids.numel() - sum(len(x) for x in seqs)
-            T = ids.shape[1]
-            mask = self._response_tensor([[0.0 if s.get("masked") else 1.0] * len(s["response_ids"]) for s in mb],
-                                         plens, T)
+        for mb in self._micro_batches(samples, micro_batches):
+            batch = build_micro_batch([s["prompt_ids"] + s["response_ids"] for s in mb],
+                                      packed=self.micro_batching == "packed", pad_id=self.pad_id,
+                                      device=self.device, varlen=self.varlen)
+            offs = [len(s["prompt_ids"]) for s in mb]
+            counts = [len(s["response_ids"]) for s in mb]
+            tokens += batch.tokens
+            padded += batch.slots - batch.tokens
+            mask = batch.per_token([[0.0 if s.get("masked") else 1.0] * c for s, c in zip(mb, counts)], offs)
             tw = None
             if seq_mean:  # every sample weighs the same: its tokens share 1
-                tw = torch.tensor([1.0 / max(len(s["response_ids"]), 1) for s in mb], dtype=torch.float32,
-                                  device=self.device)[:, None]
-            behav = self._response_tensor([s["behav_logprobs"] for s in mb], plens, T)
-            adv = torch.tensor([float(s["advantage"]) for s in mb], dtype=torch.float32, device=self.device)
-            logp = token_logprobs(self.model, ids, att, self.temperature, self.top_p)
+                tw = batch.per_sequence([1.0 / max(c, 1) for c in counts], offs, counts)
+            behav = batch.per_token([s["behav_logprobs"] for s in mb], offs)
+            adv = batch.per_sequence([float(s["advantage"]) for s in mb], offs, counts)
+            logp = micro_batch_logprobs(self.model, batch, self.temperature, self.top_p)
             prox = ref = None
             if self.loss_cfg.off_policy != "none":
                 if first or self.prox_model is None:
                     prox = logp.detach()
                 else:
                     with torch.no_grad():
-                        prox = token_logprobs(self.prox_model, ids, att, self.temperature, self.top_p)
+                        prox = micro_batch_logprobs(self.prox_model, batch, self.temperature, self.top_p)
             if self.ref_model is not None:
                 with torch.no_grad():
-                    ref = token_logprobs(self.ref_model, ids, att, self.temperature, self.top_p)
+                    ref = micro_batch_logprobs(self.ref_model, batch, self.temperature, self.top_p)
             loss, st = policy_loss(logp, behav, adv, mask, self.loss_cfg, prox, ref, token_weight=tw)
             (loss / denom).backward()
             tot["loss"] += loss.item() / denom
             for key in ("clipped", "tokens", "weight", "kl"):
                 tot[key] += st.get(key, 0.0)
             if first:  # behaviour vs trainer log-probs for samples drawn by exactly this version
-                fresh = torch.tensor([s.get("version_first") == self.version == s.get("version_last") for s in mb],
-                                     device=self.device)
-                m = mask * fresh[:, None].to(mask.dtype)
+                fresh = [float(s.get("version_first") == self.version == s.get("version_last")) for s in mb]
+                m = mask * batch.per_sequence(fresh, offs, counts)
                 if m.sum() > 0:
                     d = (logp.detach() - behav).abs() * m
                     diff_max = max(diff_max, float(d.max()))
@@ -333,6 +371,16 @@ def step_denominator(samples: list[dict], loss_agg: str) -> float:
     if loss_agg == "seq-mean":
         return float(len(kept))
     return float(sum(len(s["response_ids"]) for s in kept))
+
+
+def plan_micro_batches(samples: list[dict], mode: str, max_tokens: int, micro: int, world: int = 1):
+    """The micro-batches of one optimizer step over ``world`` ranks (a ``StepPlan`` of
+    scheduler/microbatch.py over the samples' prompt + response lengths). Budget:
+    ``max_tokens``, or when 0 ``micro`` x the step's longest sequence (the slots of a full padded
+    micro-batch of the step); padded and sorted micro-batches hold at most ``micro`` sequences."""
+    lengths = [len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples]
+    budget = int(max_tokens) or int(micro) * max(lengths, default=1)
+    return plan_step(lengths, mode=mode, max_tokens=budget, world=world, max_seqs=0 if mode == "packed" else micro)
 
 
 def trainer_actor_class():

@@ -336,7 +336,8 @@ def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | Non
                       loss_agg=t.loss_agg)
     kw = dict(lr=t.lr, weight_decay=t.weight_decay, loss=loss, micro_batch_size=t.micro_batch_size,
               temperature=cfg.rollout.temperature, seed=cfg.seed, dtype=cfg.model.dtype,
-              platform=cfg.platform, bucket_bytes=cfg.weight_sync.bucket_mb << 20, top_p=cfg.rollout.top_p)
+              platform=cfg.platform, bucket_bytes=cfg.weight_sync.bucket_mb << 20, top_p=cfg.rollout.top_p,
+              micro_batching=t.micro_batching, max_tokens_per_micro_batch=t.max_tokens_per_micro_batch)
     if t.devices > 1:  # data-parallel FSDP2 ranks behind the one-actor call surface (engines/fsdp_trainer.py)
         from ..engines.fsdp_trainer import TrainerGroup
 

@@ -20,7 +20,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("transformers")
 
 from asp_ascend.algos.grpo import LossConfig  # noqa: E402
-from asp_ascend.engines.fsdp_trainer import TrainerGroup, split_balanced  # noqa: E402
+from asp_ascend.engines.fsdp_trainer import TrainerGroup  # noqa: E402
 from asp_ascend.engines.tiny_model import build_tiny_model, task_vocabulary  # noqa: E402
 from asp_ascend.engines.trainer import TrainerEngine  # noqa: E402
 from asp_ascend.platforms.transport import RayObjectStoreTransport  # noqa: E402
@@ -117,18 +117,6 @@ def test_devices_key_validated_and_counted_before_anything_starts(empty_yaml):
     cfg = load_config(empty_yaml, ["train.devices=2", "train.cpu_cores=[[0]]"])
     with pytest.raises(ConfigError, match="train.cpu_cores.*per trainer rank"):
         check_resources(cfg, available={0, 1})
-
-
-def test_split_is_token_balanced_and_keeps_order():
-    s = _samples(9, 3)
-    for i, x in enumerate(s):
-        x["i"] = i
-    shares = split_balanced(s, 2)
-    assert sorted(x["i"] for sh in shares for x in sh) == list(range(9))
-    assert all([x["i"] for x in sh] == sorted(x["i"] for x in sh) for sh in shares)
-    load = [sum(len(x["prompt_ids"]) + len(x["response_ids"]) for x in sh) for sh in shares]
-    assert abs(load[0] - load[1]) <= max(len(x["prompt_ids"]) + len(x["response_ids"]) for x in s)
-    assert split_balanced(s[:1], 2)[1] == []
 
 
 def test_two_ranks_match_one_trainer(pair):
