@@ -9,10 +9,16 @@ polls with the finished groups; a stand-in for Ray's ``wait``/``get``) and to th
 ``DispatcherSource`` (in-process instance handles). After each block each executor must submit
 exactly what the simulator admitted, in the same order. The trainer, which would empty the
 runtime's sample queue, is not part of this, so the queue's backpressure is set out of reach.
+
+Cases: every dispatch policy (shared queue or per-instance queues), static and guided dispatch,
+k = 0, 1, 2, ``pipeline.mode: sync``, and two-epoch schedules (the boundary between epochs).
+Not here, because only the runtime has them: instance failures, restarts and rejoins
+(``tests/runtime``, ``tests/reliability``), resume from a checkpoint, and adaptive re-planning.
 """
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from asp_ascend.integrations.mindspeed_rl.sample_source import DispatcherSource
@@ -26,17 +32,24 @@ from asp_ascend.sim.engine import Engine, SimJobs, TrainerSpec
 G, R = 2, 2
 
 
-def schedule_and_lengths(policy: str, k: int, seed: int = 1):
+def schedule_and_lengths(policy: str, k: int, seed: int = 1, epochs: int = 1):
+    """``epochs`` epochs of 24 prompts, each planned on its own (as ``scheduler/run.plan_epochs``
+    does), with true lengths that the predictions get wrong (so guided dispatch has work to do)."""
     rng = np.random.default_rng(seed)
     n = 24
-    truth = rng.integers(1, 40, (n, G))
-    predicted = truth.mean(axis=1) * rng.uniform(0.3, 3.0, n)     # mispredicted: stealing has work to do
     ids = np.array([f"p{i}" for i in range(n)], dtype=object)
-    sched = plan(ids, predicted, np.full(n, 4.0), policy=policy, group_size=G, global_batch_size=6, mini_batch_size=3,
-                 num_instances=R, max_num_seqs=4, lag_bound=k, seed=seed)
-    rows = {p: i for i, p in enumerate(ids)}
-    resp = truth[[rows[p] for p in sched["prompt_id"]]]
-    return sched, resp
+    frames, resps, offset = [], [], 0
+    for e in range(epochs):
+        truth = rng.integers(1, 40, (n, G))
+        predicted = truth.mean(axis=1) * rng.uniform(0.3, 3.0, n)
+        sched = plan(ids, predicted, np.full(n, 4.0), policy=policy, group_size=G, global_batch_size=6,
+                     mini_batch_size=3, num_instances=R, max_num_seqs=4, lag_bound=k, epoch=e,
+                     iteration_offset=offset, seed=seed)
+        offset = int(sched["iteration"].max()) + 1
+        rows = {p: i for i, p in enumerate(ids)}
+        frames.append(sched)
+        resps.append(truth[[rows[p] for p in sched["prompt_id"]]])
+    return pd.concat(frames, ignore_index=True), np.concatenate(resps)
 
 
 def simulate(sched, resp, settings) -> list:
@@ -49,7 +62,7 @@ def simulate(sched, resp, settings) -> list:
     trace: list = []
     cm = CostModel(decode_a=0.01, decode_b=1e-5, decode_c=1e-3, prefill_per_token=1e-4)
     Engine(jobs, settings, cost=cm, kv_capacity=0, trainer=TrainerSpec(1e-3, 0.05, 0.02, 4, "packed"),
-           sync_pause=False, group_slots=True, trace=trace).run()
+           stream_train=not settings.sync_mode, sync_pause=False, group_slots=True, trace=trace).run()
     return trace
 
 
@@ -177,12 +190,18 @@ def replay_mindspeed(sched, settings, blks, versions) -> list[list]:
     return got
 
 
-@pytest.mark.parametrize("policy,dispatch,k", [("asp", "static", 1), ("fifo", "static", 1), ("asp", "guided", 1),
-                                               ("balanced", "guided", 2), ("sorted", "static", 0)])
-def test_simulator_runtime_and_mindspeed_admit_alike(policy, dispatch, k, tmp_path):
-    sched, resp = schedule_and_lengths(policy, k)
-    settings = ExecutionSettings(policy=policy, lag_bound=k, group_size=G, max_num_seqs=4, num_instances=R,
-                                 dispatch=dispatch, queue_capacity=10 ** 6)
+@pytest.mark.parametrize("policy,dispatch,k,mode,epochs", [
+    ("asp", "static", 1, "async", 1), ("fifo", "static", 1, "async", 1), ("asp", "guided", 1, "async", 1),
+    ("balanced", "guided", 2, "async", 1), ("sorted", "static", 0, "async", 1),
+    ("random", "static", 1, "async", 2),      # a shared queue across an epoch boundary
+    ("asp", "guided", 1, "async", 2),         # per-instance queues and stealing across an epoch boundary
+    ("asp", "static", 0, "sync", 2),          # pipeline.mode: sync (k = 0, the whole iteration, then train)
+    ("fifo", "static", 0, "sync", 1),
+])
+def test_simulator_runtime_and_mindspeed_admit_alike(policy, dispatch, k, mode, epochs, tmp_path):
+    sched, resp = schedule_and_lengths(policy, k, epochs=epochs)
+    settings = ExecutionSettings(policy=policy, lag_bound=k, sync_mode=mode == "sync", group_size=G, max_num_seqs=4,
+                                 num_instances=R, dispatch=dispatch, epochs=epochs, queue_capacity=10 ** 6)
     trace = simulate(sched, resp, settings)
     blks = blocks(trace)
     versions = {(e[2], e[3]): e[4] for e in trace if e[0] == "admit"}
@@ -191,6 +210,8 @@ def test_simulator_runtime_and_mindspeed_admit_alike(policy, dispatch, k, tmp_pa
     assert sum(map(len, want)) == len(sched)
     assert replay_runtime(sched, settings, blks, versions, tmp_path) == want
     assert replay_mindspeed(sched, settings, blks, versions) == want
+    if epochs > 1:   # the epoch boundary was crossed (a divergence there fails only these cases)
+        assert {e for _, e, _ in sum(want, [])} == set(range(epochs))
     if dispatch == "guided":
         assert any(r != inst for r, (e, p) in ((a[0], a[1:]) for a in sum(want, []))
-                   for inst in sched.loc[sched.prompt_id == p, "instance"])
+                   for inst in sched.loc[(sched.epoch == e) & (sched.prompt_id == p), "instance"])
