@@ -1,0 +1,51 @@
+"""Behaviour pinned: the default config's schedules, for the same seed, are exactly what they were
+before the redesign of the glue between a schedule and its executors (issue 13; the digests below
+were produced by commit cd67c1e and reproduced after it).
+
+A refactor must leave them alone. A change of behaviour on purpose (a planner rule) updates the
+digests here and its commit says what changed and why: ``python tests/core/test_behaviour_pinned.py``
+prints the current ones. The simulator's figures are pinned in ``tests/sim/test_sim_pinned.py``
+(which also reproduces on cd67c1e); the runtime's trained sequence needs vLLM and minutes, so it
+was compared by hand (docs/architecture.md, "Behaviour kept").
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from asp_ascend.config import load_config
+from asp_ascend.scheduler.run import build_schedule
+
+ROOT = Path(__file__).resolve().parents[2]
+COLUMNS = ["epoch", "prompt_id", "iteration", "mini_batch", "instance", "dispatch_rank"]
+
+# configs/cpu_tiny_grpo.yaml with train.epochs=2 rollout.num_instances=2 rollout.tail_concurrency=off (the
+# planner as it was before the tail mechanisms): sha256 of the schedule's columns
+SCHEDULES = {"asp": "fef9be07d877783a", "fifo": "8a9e5245dc58eac6", "random": "df7217608fbd1938",
+             "sorted": "0b8448e53cd0fe18", "balanced": "f9a889ff327beeda",
+             # the default rollout.tail_concurrency=auto: asp places and orders the groups that set their
+             # iteration's floor differently (tail rooms, DESIGN 9 c; pinned when that landed, not at cd67c1e)
+             "asp+tail_auto": "aed170736210fecd"}
+
+
+def schedule_digest(name: str) -> str:
+    policy, _, tail = name.partition("+tail_")
+    cfg = load_config(ROOT / "configs/cpu_tiny_grpo.yaml",
+                      [f"scheduler.policy={policy}", "train.epochs=2", "rollout.num_instances=2",
+                       f"rollout.tail_concurrency={tail or 'off'}"])
+    sched, _ = build_schedule(cfg, compare=False)
+    return hashlib.sha256(sched[COLUMNS].astype(str).to_csv(index=False).encode()).hexdigest()[:16]
+
+
+@pytest.mark.parametrize("policy", sorted(SCHEDULES))
+def test_default_config_schedules_unchanged(policy):
+    assert schedule_digest(policy) == SCHEDULES[policy], (
+        f"the {policy} schedule of configs/cpu_tiny_grpo.yaml changed; if on purpose, update SCHEDULES "
+        "(python tests/core/test_behaviour_pinned.py) and say why in the commit")
+
+
+if __name__ == "__main__":
+    print(json.dumps({p: schedule_digest(p) for p in SCHEDULES}, indent=1))
