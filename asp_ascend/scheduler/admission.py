@@ -224,12 +224,14 @@ class Dispatcher:
         job = self.queues[own].best(limit)
         if job is not None or not (self.guided and steal):
             return job, own
-        for v in sorted((i for i, q in enumerate(self.queues) if i != instance and self.alive[i] and len(q)),
-                        key=lambda i: (-self.remaining_work(i), i)):
-            job = self.queues[v].best(limit)
-            if job is not None:
-                return job, v
-        return None, None
+        # the victims with an admissible job, then the one with the most remaining work among them
+        # (remaining work is asked only of those: with re-estimation it is the costly part)
+        cand = [(i, job) for i, q in enumerate(self.queues)
+                if i != instance and self.alive[i] and len(q) and (job := q.best(limit)) is not None]
+        if not cand:
+            return None, None
+        v, job = min(cand, key=lambda c: (-self.remaining_work(c[0]), c[0]))
+        return job, v
 
     def remaining_work(self, instance: int) -> float:
         """Tokens per sample left on ``instance``: its queued jobs' predictions plus, with an

@@ -24,6 +24,7 @@ from ..scheduler.cost import CostModel
 from ..scheduler.execution import ExecutionPlan, ExecutionSettings, jobs_from_columns
 from .instances import INST, Instances
 from .jobs import SimJobs, minibatch_tokens
+from .mechanisms import MechanismLog, SimMechanisms, SimProgress
 from .output import SimTimeline, build_timeline
 from .trainer import PUBLISH, TRAIN, Trainer, TrainerSpec
 
@@ -38,8 +39,10 @@ class Engine:
     def __init__(self, jobs: SimJobs, settings: ExecutionSettings, *, cost: CostModel,
                  kv_capacity: int, trainer: TrainerSpec,
                  stream_train: bool = True, barrier: bool = False, sync_pause: bool = True,
-                 record_samples: bool = True, group_slots: bool = False, trace: list | None = None):
+                 record_samples: bool = True, group_slots: bool = False, trace: list | None = None,
+                 mechanisms: SimMechanisms | None = None):
         self.jobs = jobs
+        self.mech = mechanisms or SimMechanisms()   # the tail mechanisms (DESIGN 9; sim/mechanisms.py)
         self.settings = settings   # instances, concurrency, k, shared queue, guided dispatch
         self.R = int(settings.num_instances)
         self.cm = cost
@@ -72,8 +75,8 @@ class Engine:
         jobs = self.jobs
         self._events: list = []
         self._seq = 0
-        self.trainer = Trainer(jobs, self.tr, self.stream, self._push, self._start_sync)
-        self.inst = Instances(jobs, self.R, self.cm, self.mns, self.kv, self._push, self._group_done)
+        self.trainer = Trainer(jobs, self.tr, self.stream, self._push, self._start_sync,
+                               self._trainer_waits if self.mech.partial_rollout else None)
         job_objs = jobs_from_columns(jobs.iteration, jobs.dispatch_rank, [str(p) for p in jobs.prompt_id.tolist()],
                                      jobs.epoch, jobs.instance, jobs.mini_batch, jobs.predicted_length)
         self.job_of = {(j.epoch, j.prompt_id): x for x, j in enumerate(job_objs)}
@@ -81,14 +84,40 @@ class Engine:
         self.dispatcher = self.plan.dispatcher
         self.adm = self.dispatcher.adm
         self.feeder = self.plan.feeder(self.trace)
+        self.inst = Instances(jobs, self.R, self.cm, self.mns, self.kv, self._push, self._group_done,
+                              speculation=self.mech.speculation, version_of=self.adm.instance_version.__getitem__)
+        self.log = MechanismLog()
+        self.tc = None             # the tail glue shared with the runtime (scheduler/tail_control.py)
+        if self.mech.any_control:
+            from ..scheduler.tail_control import TailControl
+
+            self.tc = TailControl(self.plan, self.mech.options(jobs), max_tokens=self.mech.max_tokens,
+                                  event=self.log, now=lambda: 0.0)
+            if self.tc.estimator is not None:
+                self.dispatcher.estimator = SimProgress(self.tc, self.inst, self.job_of)
         self.released = 0          # barrier mode: highest iteration released for generation
         self.dirty = False         # a group finished: trainer/barrier must react (see _react)
 
     # ------------------------------------------------------------------ admission
     def _has_room(self, r: int) -> bool:
         if self.group_slots:
-            return self.feeder.inflight[r] < self.feeder.slots
-        return self.inst.has_room(r)
+            if self.feeder.inflight[r] >= self.feeder.slots:
+                return False
+            held = self.feeder.inflight[r] * self.G
+        elif not self.inst.has_room(r):
+            return False
+        else:
+            held = self.inst.held(r)
+        gov = None if self.tc is None else self.tc.governor
+        if gov is None or gov.cap(r) >= self.mns:
+            return True
+        job = self.dispatcher.peek(r, True)     # tail-aware concurrency: under the cap unless a tail itself
+        return job is None or gov.admits(r, held, self.tc.rooms.get((job.epoch, job.prompt_id), 0))
+
+    def _admit(self, r: int, job, ver: int) -> None:
+        self.inst.enqueue(r, self.job_of[(job.epoch, job.prompt_id)], ver)
+        if self.tc is not None:
+            self.tc.on_admit(r, job)
 
     def _gate(self, job) -> bool:
         return job.iteration <= self.released
@@ -96,7 +125,7 @@ class Engine:
     def _fill(self, r: int, steal: bool = True) -> None:
         """Take jobs through the feeder and admit waiting sequences (at boundary T[r])."""
         for job, ver in self.feeder.take(r, lambda: self._has_room(r), self._gate if self.barrier else None, steal):
-            self.inst.enqueue(r, self.job_of[(job.epoch, job.prompt_id)], ver)
+            self._admit(r, job, ver)
         self.inst.start_waiting(r)
 
     def _wake(self, t: float) -> None:
@@ -125,7 +154,7 @@ class Engine:
             inst.advance(r, t)
         room = (lambda x: x in ready and not inst.paused[x] and self._has_room(x))
         for r, job, ver in self.feeder.fill(g, room=room):
-            inst.enqueue(r, self.job_of[(job.epoch, job.prompt_id)], ver)
+            self._admit(r, job, ver)
         for r in ready:
             inst.start_waiting(r)
             inst.schedule(r)
@@ -138,6 +167,8 @@ class Engine:
         if late:                            # the runtime learns of the free slot this much later
             self._push(t + self.tr.admit_latency_s, SLOT, r)
         self.feeder.finished(int(jobs.epoch[j]), str(jobs.prompt_id[j]), release=not late)
+        if self.tc is not None:
+            self.tc.on_finish((int(jobs.epoch[j]), str(jobs.prompt_id[j])), jobs.resp[j].tolist())
         self.trainer.on_group(j, t)
         self.dirty = True
 
@@ -148,6 +179,19 @@ class Engine:
             if self.barrier:
                 self._try_release(t)
             self.trainer.try_step(t)
+
+    def _trainer_waits(self, i: int, t: float) -> None:
+        """Carry-over: the trainer waits on iteration ``i``; once few of its groups are left,
+        defer the late ones against generated groups of iteration i + 1."""
+        tr = self.trainer
+        left = tr.it_gen_left[i]
+        if left == 0 or left > max(1.0, self._size(i)):
+            return
+        for sw in self.tc.maybe_defer(i):
+            tr.swap(self.job_of[sw.deferred], self.job_of[sw.swapped_in])
+
+    def _size(self, i: int) -> float:
+        return self.mech.defer_share * sum(len(v) for v in self.plan.iterations.get(i, {}).values())
 
     def _start_sync(self, t: float, version: int) -> None:
         if self.sync_pause:
@@ -234,7 +278,8 @@ class Engine:
             self._react(t)
         self._check_done()
         self.preemptions = inst.preemptions
-        return build_timeline(self.jobs, tr.mbt, inst, tr.queue, tr.step_rows, tr.sync_rows, self.record_samples)
+        return build_timeline(self.jobs, tr.mbt, inst, tr.queue, tr.step_rows, tr.sync_rows, self.record_samples,
+                              members=tr.members, trained_iteration=tr.job_it)
 
     def _check_done(self) -> None:
         if not self.dispatcher.done:

@@ -30,10 +30,15 @@ class Instances:
     ``on_group_done(job, t)`` is called when a job's last sample finishes."""
 
     def __init__(self, jobs, R: int, cost: CostModel, max_num_seqs: int, kv_capacity: int,
-                 push: Callable, on_group_done: Callable[[int, float], None]):
+                 push: Callable, on_group_done: Callable[[int, float], None], speculation=None,
+                 version_of: Callable[[int], int] | None = None):
         J, G = jobs.resp.shape
         self.G, self.R = G, R
         self.cm = cost
+        # speculative decoding: a step of n <= max_batch sequences is timed per expected token
+        self.spec_cm = None if speculation is None else cost.with_decode(*speculation.coefficients(cost))
+        self.spec_max = 0 if speculation is None else int(speculation.max_batch)
+        self.version_of = version_of or (lambda r: 0)
         self.mns, self.kv = int(max_num_seqs), int(kv_capacity)
         self.push, self.on_group_done = push, on_group_done
         N = J * G
@@ -49,6 +54,7 @@ class Instances:
         self.t_fin = [0.0] * N
         self.adm_ver = [0] * N
         self.seq_inst = [0] * N
+        self.ver_fin = [0] * N          # the instance's version when the sample finished (its newest tokens')
         self.job_left = [G] * J
         # instances
         self.preemptions = [0] * R
@@ -67,6 +73,12 @@ class Instances:
         self.cap = [self.mns] * R       # sequences an instance may hold (tail-aware concurrency lowers it)
 
     # ------------------------------------------------------------------ decisions
+    def cost_at(self, n: int) -> CostModel:
+        """The decode model of an instance running ``n`` sequences (speculating or not)."""
+        if self.spec_cm is not None and (self.spec_max <= 0 or n <= self.spec_max):
+            return self.spec_cm
+        return self.cm
+
     def held(self, r: int) -> int:
         """Sequences instance ``r`` runs or has waiting."""
         return self.n[r] + len(self.waiting[r])
@@ -115,7 +127,7 @@ class Instances:
             self.T[r] += self.cm.prefill_per_token * newtok
         if fresh:
             nn = n[r]
-            tf = self.T[r] + self.cm.steps(1, nn, K[r] + nn * Sr)
+            tf = self.T[r] + self.cost_at(nn).steps(1, nn, K[r] + nn * Sr)
             for s in fresh:
                 self.t_first[s] = tf
 
@@ -146,7 +158,7 @@ class Instances:
             mk = (kv - C0) // nn if nn else m
             if 1 <= mk < m:
                 m = mk
-        dt = self.cm.steps(m, nn, C0)
+        dt = self.cost_at(nn).steps(m, nn, C0)
         self.ev_time[r] = self.T[r] + dt
         self.ev_step[r] = Sr + m
         self.push(self.T[r] + dt, INST, r, self.ev_tok[r])
@@ -173,11 +185,12 @@ class Instances:
             return
         nn = self.n[r]
         C0 = self.K[r] + nn * self.S[r]
-        m = self.cm.steps_to_reach(t - self.T[r], nn, C0)
+        cm = self.cost_at(nn)
+        m = cm.steps_to_reach(t - self.T[r], nn, C0)
         if self.S[r] + m >= self.ev_step[r]:
             self.at_event(r)
             return
-        self.T[r] += self.cm.steps(m, nn, C0)
+        self.T[r] += cm.steps(m, nn, C0)
         self.S[r] += m
         self.ev_time[r] = None
 
@@ -206,6 +219,7 @@ class Instances:
         self.K[r] -= self.plen_j[s // G] + self.g0[s] - self.s0[s]
         self.in_run[s] = False
         self.t_fin[s] = t
+        self.ver_fin[s] = self.version_of(r)
         j = s // G
         self.job_left[j] -= 1
         if self.job_left[j] == 0:

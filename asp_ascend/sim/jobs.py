@@ -23,6 +23,7 @@ class SimJobs:
     resp: np.ndarray
     predicted_length: np.ndarray | None = None
     train_rank: np.ndarray | None = None   # order of groups within a mini-batch (default: dispatch_rank)
+    room: np.ndarray | None = None         # tail-aware concurrency: sequences its instance may hold (0: no cap)
 
     def __len__(self) -> int:
         return int(self.epoch.shape[0])

@@ -28,16 +28,18 @@ class SimTimeline(Timeline):
 
 
 def build_timeline(jobs, mbt: pd.DataFrame, seqs, queue: tuple, step_rows: list, sync_rows: list,
-                   record_samples: bool, members: dict | None = None) -> SimTimeline:
+                   record_samples: bool, members: dict | None = None, trained_iteration=None) -> SimTimeline:
     """The run's events as a :class:`SimTimeline`: one request row per sequence (``seqs``: the
     instances' per-sequence record), one step row per optimizer step (``step_rows``: (t_start,
     t_end, mini-batch index into ``mbt``)), one sync row per weight sync, the trainer queue's
     puts and gets. With ``record_samples`` each step lists its (epoch, prompt_id, sample)
-    triples; ``members`` ((iteration, mini_batch) -> job indices) overrides the schedule's."""
+    triples; ``members`` ((iteration, mini_batch) -> job indices) and ``trained_iteration`` (per
+    job) override the schedule's where carry-over moved groups."""
+    it = jobs.iteration if trained_iteration is None else np.asarray(trained_iteration)
     G, J = jobs.group_size, len(jobs)
     req = pd.DataFrame({
         "epoch": np.repeat(jobs.epoch, G).astype(np.int64),
-        "iteration": np.repeat(jobs.iteration, G).astype(np.int64),
+        "iteration": np.repeat(it, G).astype(np.int64),
         "instance": np.asarray(seqs.seq_inst, dtype=np.int64),
         "prompt_id": np.repeat(jobs.prompt_id, G),
         "sample": np.tile(np.arange(G), J),

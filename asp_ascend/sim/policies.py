@@ -15,6 +15,8 @@ async_balanced      balanced    k           stream  decoupled
 asp                 asp         k           stream  decoupled, planned once from the history
 asp_adaptive        asp         k           stream  decoupled, re-planned each epoch from the
                                                     lengths observed so far
+asp_partial         asp         k (+S)      stream  asp with partial rollout (carry-over, DESIGN 9 e):
+                                                    deferred samples' lag up to k + rollout.max_split
 ==================  ==========  ==========  ======  ===========================================
 
 ``k`` = ``pipeline.lag_bound``. fifo/random/sorted instances pull from one shared queue
@@ -44,6 +46,7 @@ class SystemSpec:
     tp: int                # devices per rollout instance
     train_devices: int
     max_num_seqs: int
+    partial: bool = False  # partial rollout with carry-over (asp_partial)
 
     @property
     def devices(self) -> int:
@@ -57,11 +60,11 @@ class SystemSpec:
 
 
 POLICY_NAMES = ("sync_colocated", "single_instance", "one_step_off", "fully_async_fifo", "async_sorted",
-                "async_random", "async_balanced", "asp", "asp_adaptive")
+                "async_random", "async_balanced", "asp", "asp_adaptive", "asp_partial")
 
 _DISPATCH = {"sync_colocated": "fifo", "single_instance": "fifo", "one_step_off": "fifo",
              "fully_async_fifo": "fifo", "async_sorted": "sorted", "async_random": "random",
-             "async_balanced": "balanced", "asp": "asp", "asp_adaptive": "asp"}
+             "async_balanced": "balanced", "asp": "asp", "asp_adaptive": "asp", "asp_partial": "asp"}
 
 
 def system_spec(name: str, *, total_devices: int, rollout_devices: int, infer_tp: int, lag_bound: int,
@@ -88,4 +91,4 @@ def system_spec(name: str, *, total_devices: int, rollout_devices: int, infer_tp
     if name == "one_step_off":
         return SystemSpec(name, "fifo", 1, False, False, True, False, False, R, tp, D - Dr, max_num_seqs)
     return SystemSpec(name, _DISPATCH[name], lag_bound, True, False, False, False, name == "asp_adaptive",
-                      R, tp, D - Dr, max_num_seqs)
+                      R, tp, D - Dr, max_num_seqs, partial=name == "asp_partial")

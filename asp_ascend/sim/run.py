@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +28,7 @@ from ..metrics import summarize
 from .bounds import lower_bounds
 from .costs import SimCosts, system_costs
 from .engine import Engine, SimJobs, SimTimeline, TrainerSpec, minibatch_tokens
+from .mechanisms import SimMechanisms, tail_summary
 from .policies import POLICY_NAMES, SystemSpec, system_spec
 
 log = logging.getLogger(__name__)
@@ -85,9 +86,12 @@ def epoch_split(workload, sim_epochs: int) -> tuple[list[int], list[int]]:
     return list(range(E - S)), list(range(E - S, E))
 
 
-def build_jobs(workload, cfg, spec: SystemSpec, cm, preds: _Predictions | None = None) -> SimJobs:
-    """Plan every simulated epoch with the spec's dispatch policy; attach true lengths."""
+def build_jobs(workload, cfg, spec: SystemSpec, cm, preds: _Predictions | None = None, *, tail="off",
+               speculation=None) -> SimJobs:
+    """Plan every simulated epoch with the spec's dispatch policy; attach true lengths.
+    ``tail`` (``rollout.tail_concurrency``, asp only) gives each group its planned room."""
     from ..scheduler.planner import plan
+    from ..scheduler.reestimate import group_max_factor
 
     preds = preds or _Predictions(workload, cfg)
     hist, sim = epoch_split(workload, cfg.sim.epochs)
@@ -102,7 +106,9 @@ def build_jobs(workload, cfg, spec: SystemSpec, cm, preds: _Predictions | None =
                      group_size=workload.group_size, global_batch_size=t.global_batch_size,
                      mini_batch_size=t.mini_batch_size, num_instances=spec.num_instances,
                      max_num_seqs=spec.max_num_seqs, lag_bound=spec.lag_bound, cost=cm, epoch=k,
-                     iteration_offset=offset, seed=cfg.seed)
+                     iteration_offset=offset, seed=cfg.seed, tail=tail if spec.dispatch == "asp" else "off",
+                     group_max_factor=group_max_factor(workload.group_spread, workload.group_size),
+                     speculation=speculation, max_response_length=cfg.lengths.max_response_length)
         rows = index.get_indexer(sched["prompt_id"].astype(str))
         if (rows < 0).any():
             raise RuntimeError("planner returned prompt ids outside the workload; this is a bug")
@@ -115,7 +121,8 @@ def build_jobs(workload, cfg, spec: SystemSpec, cm, preds: _Predictions | None =
                    instance=s["instance"].to_numpy(np.int64), dispatch_rank=s["dispatch_rank"].to_numpy(np.int64),
                    prompt_length=workload.prompt_length[s["_row"].to_numpy()].astype(np.int64),
                    resp=np.concatenate(resp, axis=0).astype(np.int64),
-                   predicted_length=s["predicted_length"].to_numpy(float))
+                   predicted_length=s["predicted_length"].to_numpy(float),
+                   room=s["room"].to_numpy(np.int64) if "room" in s else None)
 
 
 def system_for(cfg, name: str, total_devices: int | None = None, rollout_devices: int | None = None) -> SystemSpec:
@@ -131,33 +138,86 @@ def costs_for(cfg, spec: SystemSpec) -> SimCosts:
                         logprob_passes=cfg.sim.logprob_passes)
 
 
+@dataclass(frozen=True)
+class Mismatch:
+    """Execute with other costs than the plan assumed (robustness, DESIGN 9 / issue grid):
+    the true decode coefficients are the planned ones times ``decode_a``/``decode_b``/``decode_c``,
+    and the instances run ``concurrency`` times the planned ``max_num_seqs``."""
+    decode_a: float = 1.0
+    decode_b: float = 1.0
+    decode_c: float = 1.0
+    concurrency: float = 1.0
+
+    def cost(self, cm):
+        return cm.with_decode(cm.decode_a * self.decode_a, cm.decode_b * self.decode_b, cm.decode_c * self.decode_c)
+
+
+def planning_cost(costs: SimCosts):
+    """The planner's cost model: the instance's decode model with the simulated trainer's costs."""
+    from dataclasses import replace
+
+    return replace(costs.instance, train_per_token=costs.train_per_token, logprob_per_token=0.0,
+                   train_per_step=costs.train_per_step, sync_s=costs.sync_s)
+
+
+def mechanisms_for(cfg, spec: SystemSpec, costs: SimCosts, workload) -> SimMechanisms:
+    """The tail mechanisms (DESIGN 9) that system ``spec`` runs with under ``cfg``: tail rooms and
+    guided dispatch for per-instance schedules (asp; balanced gets guided dispatch too), carry-over
+    for asp_partial or any streaming system with ``rollout.partial_rollout``, speculative decoding
+    on every system's instances (equal engine features)."""
+    from ..scheduler.speculative import from_config
+
+    per_instance = spec.dispatch in ("asp", "balanced")
+    guided = per_instance and cfg.scheduler.dispatch == "guided"
+    partial = (spec.partial or cfg.rollout.partial_rollout) and spec.stream_train and not spec.colocated
+    ctx = float(np.mean(workload.prompt_length)) + float(np.mean(workload.samples(workload.epochs - 1))) / 2.0
+    # carry-over decides lateness from re-estimated remaining lengths: it always re-estimates
+    return SimMechanisms(reestimate=(bool(cfg.scheduler.reestimate) and guided) or partial,
+                         tail_concurrency=str(cfg.rollout.tail_concurrency) if spec.dispatch == "asp" else "off",
+                         partial_rollout=partial, max_split=int(cfg.rollout.max_split),
+                         speculation=from_config(cfg.rollout, cfg.cost, costs.instance, ctx),
+                         max_tokens=int(cfg.lengths.max_response_length))
+
+
 def simulate_system(cfg, workload, name: str, *, total_devices: int | None = None,
                     rollout_devices: int | None = None, record_samples: bool | None = None,
-                    preds: _Predictions | None = None) -> SimResult:
-    """Simulate system policy ``name`` on ``workload`` (DESIGN 6 summary entry + timeline)."""
+                    preds: _Predictions | None = None, mismatch: Mismatch | None = None) -> SimResult:
+    """Simulate system policy ``name`` on ``workload`` (DESIGN 6 summary entry + timeline);
+    ``mismatch``: the instances' true costs differ from the planned ones."""
     t0 = time.perf_counter()
     spec = system_for(cfg, name, total_devices, rollout_devices)
     costs = costs_for(cfg, spec)
-    jobs = build_jobs(workload, cfg, spec, costs.instance, preds)
-    samples = jobs.resp.size
+    mech = mechanisms_for(cfg, spec, costs, workload)
+    jobs = build_jobs(workload, cfg, spec, planning_cost(costs), preds, tail=mech.tail_concurrency,
+                      speculation=mech.speculation)
     if record_samples is None:
-        record_samples = samples <= TIMELINE_AUTO_LIMIT
+        record_samples = jobs.resp.size <= TIMELINE_AUTO_LIMIT
     tr = TrainerSpec(costs.train_per_token, costs.train_per_step, costs.sync_s, cfg.train.micro_batch_size,
                      cfg.sim.micro_batching, costs.switch_s, publish_s=costs.publish_s,
                      step_latency_s=costs.step_latency_s, admit_latency_s=costs.admit_latency_s)
-    eng = Engine(jobs, spec.execution(jobs.group_size, dispatch=cfg.scheduler.dispatch), cost=costs.instance,
-                 kv_capacity=costs.kv_capacity, trainer=tr, stream_train=spec.stream_train, barrier=spec.barrier,
-                 sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples)
+    settings = spec.execution(jobs.group_size, dispatch=cfg.scheduler.dispatch)
+    true_cm = costs.instance
+    if mismatch is not None:
+        true_cm = mismatch.cost(costs.instance)
+        settings = replace(settings, max_num_seqs=max(1, int(round(spec.max_num_seqs * mismatch.concurrency))))
+    eng = Engine(jobs, settings, cost=true_cm, kv_capacity=costs.kv_capacity, trainer=tr,
+                 stream_train=spec.stream_train, barrier=spec.barrier,
+                 sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples,
+                 mechanisms=mech)
     tl = eng.run()
     mbt = minibatch_tokens(jobs, tr.micro_batch_size, tr.micro_batching)
-    lb = lower_bounds(jobs, mbt, tr.train_per_token, tr.train_per_step, costs.instance, spec.num_instances,
-                      spec.max_num_seqs, costs.kv_capacity, spec.lag_bound)
-    summ = summarize(tl, num_instances=spec.num_instances, max_num_seqs=spec.max_num_seqs,
-                     lag_bound=spec.lag_bound, lower_bounds=lb)
+    lb = lower_bounds(jobs, mbt, tr.train_per_token, tr.train_per_step, true_cm, spec.num_instances,
+                      settings.max_num_seqs, costs.kv_capacity, spec.lag_bound)
+    lag_bound = spec.lag_bound + (mech.max_split if mech.partial_rollout else 0)
+    summ = summarize(tl, num_instances=spec.num_instances, max_num_seqs=settings.max_num_seqs,
+                     lag_bound=lag_bound, lower_bounds=lb)
     summ["devices"] = spec.devices
     summ["throughput_per_device"] = summ["throughput"] / max(1, spec.devices)
     summ["preemptions"] = int(sum(eng.preemptions))
     summ["stolen_groups"] = int(eng.dispatcher.stolen)
+    if mech.any_control or mech.speculation is not None:
+        summ.update(tail_summary(tl.frame("request"), np.repeat(jobs.iteration, jobs.group_size),
+                                 eng.inst.ver_fin, spec.lag_bound, eng.log))
     return SimResult(name, spec, costs, tl, summ, int(sum(eng.preemptions)), time.perf_counter() - t0)
 
 

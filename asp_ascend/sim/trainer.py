@@ -16,6 +16,8 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from .jobs import SimJobs, minibatch_tokens
 
 PUBLISH, TRAIN = 0, 1     # event kinds (see engine.py)
@@ -43,8 +45,11 @@ class Trainer:
     is called when an iteration is trained (the engine pauses instances if it must)."""
 
     def __init__(self, jobs: SimJobs, spec: TrainerSpec, stream: bool, push: Callable,
-                 start_sync: Callable[[float, int], None]):
+                 start_sync: Callable[[float, int], None], waiting: Callable[[int, float], None] | None = None):
         self.spec, self.stream, self.push, self.start_sync = spec, stream, push, start_sync
+        self.waiting = waiting         # called when the trainer waits on an iteration (carry-over)
+        self.jobs = jobs
+        self.members: dict | None = None   # (iteration, mini_batch) -> job indices, once groups were swapped
         self.mbt = mbt = minibatch_tokens(jobs, spec.micro_batch_size, spec.micro_batching)
         self.mb_iter = mbt["iteration"].to_numpy().tolist()
         self.mb_groups = mbt["groups"].to_numpy().tolist()
@@ -96,7 +101,11 @@ class Trainer:
         if self.busy:
             return
         i = self.cur_it
-        if i >= self.n_it or not self.ready[i]:
+        if i >= self.n_it:
+            return
+        if not self.ready[i] and self.waiting is not None:
+            self.waiting(i, t)
+        if not self.ready[i]:
             return
         if not self.stream and self.it_gen_left[i] > 0:
             return
@@ -143,3 +152,44 @@ class Trainer:
         if not self.early_free:
             self.cur_it = v
             self.busy = False
+
+    # ------------------------------------------------------------------ carry-over
+    def swap(self, deferred: int, swapped_in: int) -> None:
+        """Jobs ``deferred`` (unfinished) and ``swapped_in`` (generated, untrained) trade mini-batch
+        slots (DESIGN 9 e); both mini-batches are re-costed from their new members."""
+        if self.members is None:
+            jobs = self.jobs
+            rank = jobs.dispatch_rank if jobs.train_rank is None else jobs.train_rank
+            self.members = {}
+            for j in np.lexsort((rank, jobs.mini_batch, jobs.iteration)).tolist():
+                self.members.setdefault((self.job_it[j], int(jobs.mini_batch[j])), []).append(j)
+        xd, xs = self.job_mb[deferred], self.job_mb[swapped_in]
+        kd, ks = (self.mb_iter[xd], int(self.mbt["mini_batch"].iat[xd])), (self.mb_iter[xs], int(self.mbt["mini_batch"].iat[xs]))
+        md, ms = self.members[kd], self.members[ks]
+        md[md.index(deferred)] = swapped_in
+        ms[ms.index(swapped_in)] = deferred
+        self.job_mb[deferred], self.job_mb[swapped_in] = xs, xd
+        self.job_it[deferred], self.job_it[swapped_in] = self.mb_iter[xs], self.mb_iter[xd]
+        self.it_gen_left[self.mb_iter[xd]] -= 1
+        self.it_gen_left[self.mb_iter[xs]] += 1
+        self.mb_left[xs] += 1
+        if self.mb_left[xs] == 1 and xs in self.ready[self.mb_iter[xs]]:
+            self.ready[self.mb_iter[xs]].remove(xs)
+            heapq.heapify(self.ready[self.mb_iter[xs]])
+        self.mb_left[xd] -= 1
+        if self.mb_left[xd] == 0:
+            heapq.heappush(self.ready[self.mb_iter[xd]], xd)
+        for x, key in ((xd, kd), (xs, ks)):
+            self._recost(x, self.members[key])
+
+    def _recost(self, x: int, js: list[int]) -> None:
+        """Mini-batch ``x``'s tokens, pad and duration from its members ``js``."""
+        jobs, spec = self.jobs, self.spec
+        sub = SimJobs(epoch=jobs.epoch[js], prompt_id=jobs.prompt_id[js], iteration=np.zeros(len(js), np.int64),
+                      mini_batch=np.zeros(len(js), np.int64), instance=jobs.instance[js],
+                      dispatch_rank=np.arange(len(js), dtype=np.int64), prompt_length=jobs.prompt_length[js],
+                      resp=jobs.resp[js])
+        row = minibatch_tokens(sub, spec.micro_batch_size, spec.micro_batching).iloc[0]
+        self.mbt.iat[x, self.mbt.columns.get_loc("tokens")] = row["tokens"]
+        self.mbt.iat[x, self.mbt.columns.get_loc("padded_tokens")] = row["padded_tokens"]
+        self.mb_dur[x] = spec.train_per_token * float(row["tokens"] + row["padded_tokens"]) + spec.train_per_step

@@ -1,0 +1,134 @@
+"""The tail mechanisms (DESIGN 9) in the simulator: the same :class:`TailControl` the runtime
+uses, fed from the simulated instances instead of vLLM's progress reports.
+
+- guided dispatch (``scheduler.dispatch: guided``) lives in the plan's Dispatcher; with
+  re-estimation its "remaining work" of a running group asks :class:`SimProgress`, which first
+  reports the group's simulated progress (finished samples' lengths, tokens so far of the
+  others at the instance's last step boundary) to the estimator, exactly what an instance's
+  poll reports at run time;
+- tail-aware concurrency: the engine's room rule asks the governor (``TailGovernor.admits``);
+- speculative decoding: the instances time a step with the speculating coefficients while
+  they hold at most ``max_batch`` sequences (:class:`~asp_ascend.scheduler.speculative.Speculation`);
+- carry-over (``rollout.partial_rollout``): when the trainer waits on an iteration, the
+  engine asks ``TailControl.maybe_defer`` and moves the swapped groups between mini-batches.
+
+:func:`tail_summary` adds what the mechanisms did to a run's summary: groups stolen, capped,
+deferred; the lag of deferred samples (by admission version and by the version of their last
+token) and the per-iteration length mix (Kolmogorov-Smirnov distance of each iteration's
+trained response lengths to the whole run's).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..scheduler.tail_control import TailOptions
+
+
+@dataclass(frozen=True)
+class SimMechanisms:
+    """The tail keys of one simulated system (all off by default: the plain engine)."""
+    reestimate: bool = False              # scheduler.reestimate
+    tail_concurrency: str = "off"         # rollout.tail_concurrency (rooms come with the jobs)
+    partial_rollout: bool = False         # rollout.partial_rollout
+    max_split: int = 1                    # rollout.max_split
+    speculation: object = None            # a scheduler.speculative.Speculation, or None
+    max_tokens: int = 1 << 30             # lengths.max_response_length (caps re-estimates)
+    defer_share: float = 0.125            # ask for a deferral once at most this share of the iteration is unfinished
+
+    @property
+    def any_control(self) -> bool:
+        return self.reestimate or str(self.tail_concurrency) != "off" or self.partial_rollout
+
+    def options(self, jobs) -> TailOptions:
+        rooms = {}
+        if jobs.room is not None and str(self.tail_concurrency) != "off":
+            for x in np.flatnonzero(jobs.room > 0).tolist():
+                rooms[(int(jobs.epoch[x]), str(jobs.prompt_id[x]))] = int(jobs.room[x])
+        return TailOptions(reestimate=self.reestimate, tail_concurrency=str(self.tail_concurrency),
+                           partial_rollout=self.partial_rollout, max_split=int(self.max_split), rooms=rooms)
+
+
+class SimProgress:
+    """Guided dispatch's :class:`~asp_ascend.scheduler.admission.RemainingWork`: the estimator's
+    remaining tokens of a running group, after reporting its simulated progress."""
+
+    def __init__(self, control, inst, job_of: dict):
+        self.tc, self.inst, self.job_of = control, inst, job_of
+        self._cache: dict = {}      # key -> ((instance step, finished samples), remaining)
+
+    def remaining(self, key) -> float:
+        est = self.tc.estimator
+        if key not in est.groups:
+            return 0.0
+        inst, G = self.inst, self.inst.G
+        j = self.job_of[key]
+        state = (inst.S[inst.seq_inst[j * G]], inst.job_left[j])
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] == state:
+            return hit[1]
+        finished, tokens = {}, []
+        for smp in range(G):
+            s = j * G + smp
+            if inst.in_run[s]:
+                tokens.append(inst.g0[s] + inst.S[inst.seq_inst[s]] - inst.s0[s])
+            elif inst.t_fin[s] > 0.0:
+                finished[smp] = inst.resp[s]
+            else:
+                tokens.append(inst.g0[s])       # waiting (or preempted: its tokens so far kept)
+        self.tc.on_progress([{"key": key, "finished": finished, "tokens": tokens}])
+        rem = est.remaining(key)
+        self._cache[key] = (state, rem)
+        return rem
+
+
+@dataclass
+class MechanismLog:
+    """What the mechanisms did (the timeline's steal/tail/defer/swap events, counted)."""
+    counts: dict = field(default_factory=dict)
+
+    def __call__(self, kind: str, **_):
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+
+
+def ks_distance(x: np.ndarray, ref_sorted: np.ndarray) -> float:
+    """Kolmogorov-Smirnov distance between the empirical distribution of ``x`` and that of the
+    sorted array ``ref_sorted`` (the supremum is reached at a jump of x's distribution, from one
+    side or the other, so x's points suffice: O(len(x) log len(ref)))."""
+    xs = np.sort(x)
+    n, N = xs.size, ref_sorted.size
+    right = np.abs(np.searchsorted(xs, xs, "right") / n - np.searchsorted(ref_sorted, xs, "right") / N)
+    left = np.abs(np.searchsorted(xs, xs, "left") / n - np.searchsorted(ref_sorted, xs, "left") / N)
+    return float(max(right.max(), left.max()))
+
+
+def tail_summary(req: pd.DataFrame, planned_iteration: np.ndarray, version_at_finish, lag_bound: int,
+                 log: MechanismLog | None) -> dict:
+    """Mechanism counters, the deferred samples' lag histograms and the per-iteration length mix.
+    ``req``: the request frame (its ``iteration`` = the iteration that trained the sample);
+    ``planned_iteration``: per sample, the plan's."""
+    it = req["iteration"].to_numpy()
+    deferred = it != planned_iteration
+    lag_adm = it - req["admission_version"].to_numpy()
+    lag_tok = it - np.asarray(version_at_finish)
+    out = {"tail_capped_groups": (log.counts.get("tail", 0) if log else 0),
+           "deferred_groups": (log.counts.get("defer", 0) if log else 0),
+           "deferred_samples": int(deferred.sum()),
+           "policy_lag_max_lossless": int(lag_adm[~deferred].max(initial=0)),
+           "deferred_lag_hist": _hist(lag_adm[deferred]),
+           "deferred_token_lag_hist": _hist(lag_tok[deferred])}
+    L = req["response_length"].to_numpy()
+    order = np.argsort(it, kind="stable")
+    cuts = np.flatnonzero(np.diff(it[order])) + 1
+    ref = np.sort(L)
+    ks = [ks_distance(L[g], ref) for g in np.split(order, cuts)]
+    out["length_mix_ks_mean"] = float(np.mean(ks))
+    out["length_mix_ks_max"] = float(np.max(ks))
+    return out
+
+
+def _hist(lags: np.ndarray) -> dict:
+    v, c = np.unique(lags, return_counts=True)
+    return {str(int(a)): int(b) for a, b in zip(v, c)}

@@ -1,0 +1,176 @@
+"""The tail mechanisms (DESIGN 9) in the simulator: ablation, robustness, the seed comparison.
+
+    python benchmarks/bench_tail.py ablation   [--data DIR] [--prompts N] [--devices 32 64]
+    python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N]
+    python benchmarks/bench_tail.py seed       [--devices 128]
+
+``ablation``: per heavy-tailed workload (reasoning-like synthetic, bimodal synthetic, Azure
+code trace x8 and conversation trace x6 from ``--data``, the repository's ../shared/data by
+default), 8 rollout instances per 32 devices, G = 8, k = 1, previous-epoch predictions: the
+baselines as they ship, then ASP adding one mechanism at a time, then the baselines with the
+same engine features (speculative decoding). ``robustness``: ASP (every lossless mechanism)
+planned on the configured costs and executed on other ones (decode coefficients x0.1 / x10,
+half / twice the planned concurrency) against ``fully_async_fifo`` and ``async_balanced``
+executed on the same. ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices.
+Prints markdown tables (docs/scheduler.md holds a copy).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE = {"train.group_size": 8, "train.global_batch_size": 256, "train.mini_batch_size": 64,
+        "train.micro_batch_size": 4, "rollout.max_num_seqs": 256, "pipeline.lag_bound": 1,
+        "sim.model_class": "7b", "sim.total_devices": 32, "sim.rollout_devices": 16, "sim.infer_tp": 2,
+        "sim.epochs": 1, "workload.epochs": 2, "lengths.predictor": "mean", "seed": 0}
+WORKLOADS = {
+    "reasoning": {"workload.type": "synthetic", "lengths.max_response_length": 16384, "workload.body_median": 1200,
+                  "workload.body_sigma": 0.6, "workload.tail_fraction": 0.15, "workload.tail_alpha": 1.3,
+                  "workload.tail_scale": 3000},
+    "bimodal": {"workload.type": "synthetic", "lengths.max_response_length": 8192, "workload.body_median": 300,
+                "workload.body_sigma": 0.4, "workload.tail_fraction": 0.3, "workload.tail_alpha": 6.0,
+                "workload.tail_scale": 3500},
+    "azure_code_x8": {"workload.type": "trace", "workload.trace_path": "{data}/azure_llm_trace_2023_code.csv",
+                      "workload.length_scale": 8, "lengths.max_response_length": 16384},
+    "azure_conv_x6": {"workload.type": "trace", "workload.trace_path": "{data}/azure_llm_trace_2023_conv.csv",
+                      "workload.length_scale": 6, "lengths.max_response_length": 16384},
+}
+OFF = {"scheduler.dispatch": "static", "scheduler.reestimate": "false", "rollout.tail_concurrency": "off",
+       "rollout.speculative": "none"}
+SPEC = {"rollout.speculative": "ngram"}
+LOSSLESS = {"scheduler.dispatch": "guided", "scheduler.reestimate": "true", "rollout.tail_concurrency": "auto"}
+# (row label, system policy, overrides): one mechanism added at a time
+ABLATION = [
+    ("fully_async_fifo (as shipped)", "fully_async_fifo", OFF),
+    ("async_sorted (as shipped)", "async_sorted", OFF),
+    ("async_balanced (as shipped)", "async_balanced", OFF),
+    ("asp, static plan (before DESIGN 9)", "asp", OFF),
+    ("+ guided dispatch", "asp", {**OFF, "scheduler.dispatch": "guided"}),
+    ("+ re-estimation", "asp", {**OFF, "scheduler.dispatch": "guided", "scheduler.reestimate": "true"}),
+    ("+ tail-aware concurrency (asp, lossless)", "asp", {**OFF, **LOSSLESS}),
+    ("+ speculative decoding (ngram)", "asp", {**LOSSLESS, **SPEC}),
+    ("fully_async_fifo + speculative", "fully_async_fifo", {**OFF, **SPEC}),
+    ("async_sorted + speculative", "async_sorted", {**OFF, **SPEC}),
+    ("async_balanced + speculative", "async_balanced", {**OFF, **SPEC}),
+    ("asp_partial (S = 1), + speculative", "asp_partial", {**LOSSLESS, **SPEC, "rollout.max_split": 1}),
+    ("fully_async_fifo + speculative + partial (S = 1)", "fully_async_fifo",
+     {**OFF, **SPEC, "rollout.partial_rollout": "true", "rollout.max_split": 1}),
+]
+
+
+def _cfg(workload: str, data: Path, prompts: int, devices: int, over: dict):
+    from asp_ascend.config import load_config
+
+    w = {k: (v.format(data=data) if isinstance(v, str) else v) for k, v in WORKLOADS[workload].items()}
+    split = {"sim.total_devices": devices, "sim.rollout_devices": devices // 2}
+    allk = {**BASE, **w, "workload.num_prompts": prompts, **split, **over}
+    return load_config(None, [f"{k}={v}" for k, v in allk.items()])
+
+
+def _run(cfg, w, name, mismatch=None) -> dict:
+    from asp_ascend.sim.run import simulate_system
+
+    t = time.perf_counter()
+    s = simulate_system(cfg, w, name, record_samples=False, mismatch=mismatch).summary
+    s["wall_s"] = time.perf_counter() - t
+    return s
+
+
+def ablation(args) -> None:
+    from asp_ascend.lengths.workloads import workload_from_config
+
+    print("| workload | devices | system | iter. time (s) | vs fifo, equal engine | throughput vs async_sorted "
+          "(equal engine) | KS mean / max | lag max | stolen | capped | deferred | wall (s) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for wl in args.workloads:
+        for D in args.devices:
+            w = workload_from_config(_cfg(wl, args.data, args.prompts, D, {}))
+            res = {}
+            for label, name, over in ABLATION:
+                res[label] = _run(_cfg(wl, args.data, args.prompts, D, over), w, name)
+            for label, name, over in ABLATION:
+                s = res[label]
+                spec = over.get("rollout.speculative", "none") != "none"
+                fifo = res["fully_async_fifo + speculative" if spec else "fully_async_fifo (as shipped)"]
+                srt = res["async_sorted + speculative" if spec else "async_sorted (as shipped)"]
+                print(f"| {wl} | {D} | {label} | {s['iteration_time_mean']:.1f} | "
+                      f"{100 * (s['iteration_time_mean'] / fifo['iteration_time_mean'] - 1):+.1f}% | "
+                      f"{s['throughput'] / srt['throughput']:.3f} | "
+                      f"{s.get('length_mix_ks_mean', float('nan')):.3f} / {s.get('length_mix_ks_max', float('nan')):.3f} | "
+                      f"{s['policy_lag_max']} | {s['stolen_groups']} | {s.get('tail_capped_groups', 0)} | "
+                      f"{s.get('deferred_groups', 0)} | {s['wall_s']:.1f} |", flush=True)
+
+
+GRID = [("planned costs", {}), ("decode a x0.1", {"decode_a": 0.1}), ("decode a x10", {"decode_a": 10.0}),
+        ("decode b x0.1", {"decode_b": 0.1}), ("decode b x10", {"decode_b": 10.0}),
+        ("decode c x0.1", {"decode_c": 0.1}), ("decode c x10", {"decode_c": 10.0}),
+        ("a, b, c x0.1", {"decode_a": 0.1, "decode_b": 0.1, "decode_c": 0.1}),
+        ("a, b, c x10", {"decode_a": 10.0, "decode_b": 10.0, "decode_c": 10.0}),
+        ("half the planned concurrency", {"concurrency": 0.5}), ("twice the planned concurrency", {"concurrency": 2.0})]
+
+
+def robustness(args) -> None:
+    from asp_ascend.lengths.workloads import workload_from_config
+    from asp_ascend.sim.run import Mismatch
+
+    print("| workload | true costs (plan: configured) | asp iter. time (s) | vs fifo (shared queue) | vs balanced | "
+          "asp static plan vs fifo |")
+    print("|---|---|---|---|---|---|")
+    for wl in args.workloads:
+        D = args.devices[0]
+        w = workload_from_config(_cfg(wl, args.data, args.prompts, D, {}))
+        for label, mm in GRID:
+            m = Mismatch(**mm)
+            asp = _run(_cfg(wl, args.data, args.prompts, D, {**OFF, **LOSSLESS}), w, "asp", m)
+            static = _run(_cfg(wl, args.data, args.prompts, D, OFF), w, "asp", m)
+            fifo = _run(_cfg(wl, args.data, args.prompts, D, OFF), w, "fully_async_fifo", m)
+            bal = _run(_cfg(wl, args.data, args.prompts, D, OFF), w, "async_balanced", m)
+            it = asp["iteration_time_mean"]
+            print(f"| {wl} | {label} | {it:.1f} | {100 * (it / fifo['iteration_time_mean'] - 1):+.1f}% | "
+                  f"{100 * (it / bal['iteration_time_mean'] - 1):+.1f}% | "
+                  f"{100 * (static['iteration_time_mean'] / fifo['iteration_time_mean'] - 1):+.1f}% |", flush=True)
+
+
+def seed(args) -> None:
+    from asp_ascend.config import load_config
+    from asp_ascend.lengths.workloads import workload_from_config
+    from asp_ascend.sim.run import sweep_split
+
+    print("| setup | devices | asp vs sync_colocated (throughput) | asp iter. time vs one_step_off | "
+          "asp_partial (S = 1) vs sync_colocated | asp_partial lag max | lower-bound ratio asp |")
+    print("|---|---|---|---|---|---|---|")
+    for model in ("7b", "32b"):
+        for D in args.devices:
+            base = load_config(ROOT / "configs" / f"sim_{model}.yaml", [])
+            Dr = sweep_split(base, D)
+            over = [f"sim.total_devices={D}", f"sim.rollout_devices={Dr}",
+                    f"workload.num_prompts={args.prompts}"] + [f"{k}={v}" for k, v in LOSSLESS.items()]
+            cfg = load_config(ROOT / "configs" / f"sim_{model}.yaml", over)
+            w = workload_from_config(cfg)
+            s = {n: _run(cfg, w, n) for n in ("sync_colocated", "one_step_off", "asp", "asp_partial")}
+            a = s["asp"]
+            print(f"| sim_{model} | {D} | {a['throughput'] / s['sync_colocated']['throughput']:.2f}x | "
+                  f"{100 * (a['iteration_time_mean'] / s['one_step_off']['iteration_time_mean'] - 1):+.1f}% | "
+                  f"{s['asp_partial']['throughput'] / s['sync_colocated']['throughput']:.2f}x | "
+                  f"{s['asp_partial']['policy_lag_max']} | {a['lower_bound_ratio']:.2f} |", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("what", choices=("ablation", "robustness", "seed"))
+    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data",
+                    help="directory of the Azure LLM trace CSVs")
+    ap.add_argument("--prompts", type=int, default=4096, help="prompts per epoch")
+    ap.add_argument("--devices", type=int, nargs="+", default=None)
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    args = ap.parse_args(argv)
+    args.devices = args.devices or ([128] if args.what == "seed" else [32])
+    {"ablation": ablation, "robustness": robustness, "seed": seed}[args.what](args)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,172 @@
+"""The tail mechanisms (DESIGN 9) in the simulator: hand-computed cases, then properties over
+random workloads, cost models and mechanism mixes."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from asp_ascend.config import load_config
+from asp_ascend.lengths.workloads import workload_from_config
+from asp_ascend.scheduler.cost import CostModel
+from asp_ascend.scheduler.execution import ExecutionSettings
+from asp_ascend.scheduler.speculative import Speculation
+from asp_ascend.sim.engine import Engine, SimJobs, TrainerSpec
+from asp_ascend.sim.mechanisms import SimMechanisms, ks_distance
+from asp_ascend.sim.run import Mismatch, simulate_system
+
+PER_SEQ = CostModel(decode_a=0.0, decode_b=0.0, decode_c=1.0, prefill_per_token=0.0)   # a step: n seconds
+PER_STEP = CostModel(decode_a=1.0, decode_b=0.0, decode_c=0.0, prefill_per_token=0.0)  # a step: 1 second
+FREE_TRAINER = TrainerSpec(train_per_token=0.0, train_per_step=0.0, sync_s=0.0, micro_batch_size=8,
+                           micro_batching="packed")
+
+
+def _jobs(resp, iteration, instance, *, predicted=None, room=None, mini_batch=None):
+    resp = np.asarray(resp, dtype=np.int64).reshape(len(resp), -1)
+    J = resp.shape[0]
+    return SimJobs(epoch=np.zeros(J, np.int64), prompt_id=np.array([f"p{i}" for i in range(J)], dtype=object),
+                   iteration=np.asarray(iteration, np.int64),
+                   mini_batch=np.zeros(J, np.int64) if mini_batch is None else np.asarray(mini_batch, np.int64),
+                   instance=np.asarray(instance, np.int64), dispatch_rank=np.arange(J, dtype=np.int64),
+                   prompt_length=np.zeros(J, np.int64), resp=resp,
+                   predicted_length=None if predicted is None else np.asarray(predicted, float),
+                   room=None if room is None else np.asarray(room, np.int64))
+
+
+def _run(jobs, *, R, mns, k=1, cost=PER_SEQ, trainer=FREE_TRAINER, dispatch="static", mech=None):
+    settings = ExecutionSettings(policy="asp", num_instances=R, max_num_seqs=mns, lag_bound=k,
+                                 group_size=jobs.group_size, dispatch=dispatch)
+    eng = Engine(jobs, settings, cost=cost, kv_capacity=0, trainer=trainer, sync_pause=False, mechanisms=mech)
+    tl = eng.run()
+    return eng, tl.frame("request").set_index("prompt_id"), tl
+
+
+def test_sim_tail_concurrency_isolates_the_tail():
+    # one instance of 4 slots, a step costs 1 s per running sequence. The tail (10 tokens, room 1)
+    # and three short groups (5 tokens). Uncapped, all four share steps of 4 s: the shorts end at
+    # 20 s, the tail runs alone from there and ends at 25 s. Capped to its room, the tail runs alone
+    # (10 x 1 s = 10 s), then the shorts share steps of 3 s: 10 + 5 x 3 = 25 s.
+    jobs = _jobs([10, 5, 5, 5], [0, 0, 0, 0], [0, 0, 0, 0], room=[1, 0, 0, 0])
+    _, off, _ = _run(jobs, R=1, mns=4)
+    assert off.loc[["p0", "p1", "p2", "p3"], "t_finish"].tolist() == [25.0, 20.0, 20.0, 20.0]
+    eng, on, _ = _run(jobs, R=1, mns=4, mech=SimMechanisms(tail_concurrency="auto"))
+    assert on.loc[["p0", "p1", "p2", "p3"], "t_finish"].tolist() == [10.0, 25.0, 25.0, 25.0]
+    assert on.loc[["p1", "p2", "p3"], "t_admit"].tolist() == [10.0, 10.0, 10.0]
+    assert eng.log.counts == {"tail": 1}
+    # a fixed cap N = 2 on the tail's instance: one short at a time beside it (steps of 2 s):
+    # p1 ends at 10 s, p2 beside the tail's last 5 tokens at 20 s, p3 alone at 25 s
+    _, n2, _ = _run(jobs, R=1, mns=4, mech=SimMechanisms(tail_concurrency="2"))
+    assert n2.loc[["p0", "p1", "p2", "p3"], "t_finish"].tolist() == [20.0, 10.0, 20.0, 25.0]
+
+
+def test_sim_guided_dispatch_corrects_a_misprediction():
+    # two instances, one sequence at a time, 1 s per step. The plan thinks every group is 1 token;
+    # instance 0's three are really 10 tokens, instance 1's really 1. Static: instance 0 ends at
+    # 30 s. Guided: instance 1, empty at 3 s, takes instance 0's next group not yet started
+    # (p1: 3 -> 13 s); instance 0 runs p0 (0 -> 10) and p2 (10 -> 20).
+    jobs = _jobs([10, 10, 10, 1, 1, 1], [0] * 6, [0, 0, 0, 1, 1, 1], predicted=[1] * 6)
+    _, static, _ = _run(jobs, R=2, mns=1, cost=PER_STEP)
+    assert static["t_finish"].max() == 30.0
+    eng, guided, _ = _run(jobs, R=2, mns=1, cost=PER_STEP, dispatch="guided")
+    assert guided.loc[["p0", "p1", "p2"], "t_finish"].tolist() == [10.0, 13.0, 20.0]
+    assert guided.loc["p1", "instance"] == 1 and eng.dispatcher.stolen == 1
+    # running groups never move; every group generated exactly once
+    assert sorted(guided.index) == [f"p{i}" for i in range(6)]
+
+
+def test_sim_partial_rollout_defers_and_swaps_exactly_once():
+    # two instances, two slots each, 1 s per step, k = 1, S = 1. Iteration 0 = {A (100 tokens, on
+    # instance 0), B (2)}, iteration 1 = {C (2), D (2)}, iteration 2 = {E (2), F (2)}; one group
+    # per mini-batch, 1 s per optimizer step. B and C finish at 2 s, B trains 2 -> 3; the trainer
+    # then waits on A alone, re-estimated far past the iteration's budget (B's 2 tokens): A is
+    # deferred to iteration 1 and C (finished) takes its slot in iteration 0.
+    jobs = _jobs([100, 2, 2, 2, 2, 2], [0, 0, 1, 1, 2, 2], [0, 1, 1, 1, 1, 1],
+                 predicted=[100, 2, 2, 2, 2, 2], mini_batch=[0, 1, 0, 1, 0, 1])
+    tr = TrainerSpec(train_per_token=0.0, train_per_step=1.0, sync_s=0.5, micro_batch_size=8, micro_batching="packed")
+    mech = SimMechanisms(reestimate=True, partial_rollout=True, max_split=1, max_tokens=4096)
+    eng, req, tl = _run(jobs, R=2, mns=2, cost=PER_STEP, trainer=tr, mech=mech)
+    assert req.loc[["p0", "p1", "p2", "p3"], "iteration"].tolist() == [1, 0, 0, 1]
+    assert eng.log.counts.get("defer") == 1 and eng.log.counts.get("swap") == 1
+    steps = tl.frame("step")
+    trained = [tuple(x) for s in steps["samples"] for x in s]
+    assert sorted(trained) == sorted((0, f"p{i}", 0) for i in range(6))          # exactly once
+    assert [x[1] for x in steps[steps["iteration"] == 0]["samples"].sum()] == ["p1", "p2"]
+    lag = req["iteration"] - req["admission_version"]
+    assert lag.max() <= 1 + 1 and lag["p0"] == 1
+    # without carry-over the same run waits for A in iteration 0
+    _, plain, tl0 = _run(jobs, R=2, mns=2, cost=PER_STEP, trainer=tr)
+    assert plain["iteration"].tolist() == [0, 0, 1, 1, 2, 2]
+    assert tl.frame("sync")["t_end"].iloc[0] < tl0.frame("sync")["t_end"].iloc[0]
+
+
+def test_sim_speculation_divides_the_fixed_step_cost():
+    # one sequence of 12 tokens, 1 s per step; speculation with acceptance 0.5 and one draft
+    # token yields 1.5 tokens per step: 12 / 1.5 = 8 s. Above its batch limit it is off.
+    jobs = _jobs([12], [0], [0])
+    spec = Speculation(acceptance=0.5, draft_tokens=1)
+    _, on, _ = _run(jobs, R=1, mns=4, cost=PER_STEP, mech=SimMechanisms(speculation=spec))
+    assert on.loc["p0", "t_finish"] == pytest.approx(8.0)
+    off = Speculation(acceptance=0.5, draft_tokens=1, max_batch=0)
+    assert off.on(1)
+    capped = SimMechanisms(speculation=Speculation(acceptance=0.5, draft_tokens=1, max_batch=1))
+    two = _jobs([12, 12], [0, 0], [0, 0])
+    _, both, _ = _run(two, R=1, mns=4, cost=PER_STEP, mech=capped)
+    assert both["t_finish"].tolist() == [12.0, 12.0]       # two running > max_batch 1: plain steps
+
+
+def test_ks_distance_hand_computed():
+    ref = np.sort(np.array([1, 2, 3, 4], float))
+    assert ks_distance(np.array([1, 2, 3, 4.0]), ref) == 0.0
+    assert ks_distance(np.array([1.0, 1.0]), ref) == pytest.approx(0.75)
+    assert ks_distance(np.array([4.0]), ref) == pytest.approx(0.75)
+
+
+# ------------------------------------------------------------------ properties
+
+def _cfg(seed, **over):
+    base = {"seed": seed, "workload.type": "synthetic", "workload.num_prompts": 64, "workload.epochs": 2,
+            "lengths.max_response_length": 2048, "workload.body_median": 150, "workload.tail_scale": 500,
+            "train.group_size": 4, "train.global_batch_size": 16, "train.mini_batch_size": 4,
+            "train.micro_batch_size": 4, "rollout.max_num_seqs": 16, "sim.total_devices": 6,
+            "sim.rollout_devices": 3, "sim.infer_tp": 1, "sim.epochs": 1, "sim.model_class": "custom"}
+    base.update(over)
+    return load_config(None, [f"{k}={v}" for k, v in base.items()])
+
+
+@pytest.mark.parametrize("case", range(6))
+def test_sim_mechanisms_keep_exactly_once_and_lag_bounds(case):
+    rng = np.random.default_rng(100 + case)
+    k = int(rng.integers(0, 3)) if case else 1
+    S = int(rng.integers(1, 3))
+    over = {"pipeline.lag_bound": k, "rollout.max_split": S,
+            "scheduler.dispatch": str(rng.choice(["guided", "static"])),
+            "scheduler.reestimate": str(bool(rng.integers(0, 2))).lower(),
+            "rollout.tail_concurrency": str(rng.choice(["auto", "off", "8"])),
+            "rollout.speculative": str(rng.choice(["none", "ngram"])),
+            "rollout.kv_cache_tokens": int(rng.choice([0, 6000])),
+            "cost.decode_a": float(rng.choice([0.002, 0.02, 0.2])), "cost.decode_c": float(rng.choice([1e-5, 1e-3]))}
+    cfg = _cfg(case, **over)
+    w = workload_from_config(cfg)
+    mm = Mismatch(decode_a=float(rng.choice([0.1, 1, 10])), concurrency=float(rng.choice([0.5, 1, 2])))
+    for name in ("asp", "asp_partial", "fully_async_fifo", "async_balanced"):
+        res = simulate_system(cfg, w, name, record_samples=True, mismatch=mm)
+        req = res.timeline.frame("request")
+        keys = list(zip(req["epoch"], req["prompt_id"], req["sample"]))
+        assert len(keys) == len(set(keys)) == w.num_prompts * w.group_size, name
+        trained = [tuple(x) for s in res.timeline.frame("step")["samples"] for x in s]
+        assert sorted(trained) == sorted(keys), name                        # nothing lost, nothing twice
+        lag = (req["iteration"] - req["admission_version"]).to_numpy()
+        bound = k + (S if name == "asp_partial" else 0)
+        assert lag.min() >= 0 and lag.max() <= bound, (name, lag.max(), bound)
+        if name != "asp_partial":                                            # lossless: planned membership
+            assert res.summary.get("deferred_samples", 0) == 0, name
+        it = req.groupby("iteration")["prompt_id"].nunique()
+        assert (it == cfg.train.global_batch_size).all(), name               # every iteration its full batch
+
+
+def test_sim_mechanisms_same_seed_same_summary():
+    over = {"scheduler.dispatch": "guided", "rollout.speculative": "ngram", "rollout.max_split": 2}
+    a = simulate_system(_cfg(3, **over), workload_from_config(_cfg(3, **over)), "asp_partial").summary
+    b = simulate_system(_cfg(3, **over), workload_from_config(_cfg(3, **over)), "asp_partial").summary
+    assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
