@@ -38,6 +38,7 @@ class PlanInputs:
     prediction_quality: dict | None = None
     group_max_factor: float = 1.0
     holdout: dict | None = None      # every predictor on the history's last epoch
+    workload: object | None = None   # the experiment workload (lengths/workloads.Workload), if any
 
 
 def _group_max_factor(spread: float, G: int) -> float:
@@ -72,7 +73,7 @@ def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -
                                q=L.quantile, prior=L.prior)
         q = evaluate(pred, truth)
     return PlanInputs(w.prompt_ids, w.prompt_length.astype(np.float64), pred, truth, w.name, q,
-                      _group_max_factor(w.group_spread, w.group_size))
+                      _group_max_factor(w.group_spread, w.group_size), workload=w)
 
 
 def _dataset_inputs(cfg, prompts, history: pd.DataFrame | None) -> PlanInputs:
@@ -210,7 +211,44 @@ def build_schedule(cfg, prompts=None, history: pd.DataFrame | None = None, *, co
             base[pol] = _short(estimate_schedule(cfg, other, inp, inp.truth if inp.truth is not None else inp.predicted))
         report["baselines"] = base
         report["baselines_judged_on"] = "truth" if inp.truth is not None else "predictions"
+    if compare:
+        sim = simulated_figures(cfg, inp)
+        if sim is not None:
+            report["simulated"] = sim
     return sched, report
+
+
+SIMULATE_LIMIT = 1 << 19  # samples; the event simulator takes about 10 us per sample
+
+
+def simulated_figures(cfg, inp: PlanInputs) -> dict | None:
+    """The event simulator's figures for the configured policy and ``fully_async_fifo`` on an
+    experiment workload of at most SIMULATE_LIMIT samples: the analytic estimate is not within
+    10 % of the simulator (docs/scheduler.md), so the report carries the simulator's figures
+    beside it. Same cost model (``cost.*``), instances and lag bound as the plan; None otherwise."""
+    from dataclasses import replace
+
+    w = inp.workload
+    if w is None or w.num_prompts * w.group_size * max(1, cfg.sim.epochs) > SIMULATE_LIMIT:
+        return None
+    from ..config import summary_key
+    from ..sim.policies import POLICY_NAMES
+    from ..sim.run import simulate_system
+
+    name = summary_key(cfg)
+    if name not in POLICY_NAMES:
+        return None
+    R = cfg.rollout.num_instances
+    train_devices = max(1, cfg.sim.total_devices - cfg.sim.rollout_devices)
+    sim_cfg = replace(cfg, sim=replace(cfg.sim, model_class="custom", infer_tp=1, rollout_devices=R,
+                                       total_devices=R + train_devices,
+                                       logprob_passes=1 + (cfg.train.kl_coef > 0)))
+    keep = PREDICTED_KEYS + ("iteration_time_p99", "throughput")
+    out = {}
+    for system in dict.fromkeys((name, "fully_async_fifo")):
+        s = simulate_system(sim_cfg, w, system, record_samples=False).summary
+        out[system] = {k: float(s[k]) for k in keep if k in s}
+    return {"systems": out, "system": name, "note": "event simulator, same workload, cost model and instances"}
 
 
 def run_schedule(cfg) -> int:
@@ -237,6 +275,8 @@ def format_report(report: dict) -> str:
         rows.append((report["policy"] + " (truth)", report["realized"]))
     for pol, e in report.get("baselines", {}).items():
         rows.append((pol, e))
+    for system, e in (report.get("simulated") or {}).get("systems", {}).items():
+        rows.append((system + " (simulated)", e))
     lines.append(f"  {'policy':22s} {'iter time s':>11s} {'p99 s':>9s} {'padding':>8s} {'skew':>7s} "
                  f"{'sorting':>8s} {'LB ratio':>8s}")
     for name, e in rows:
