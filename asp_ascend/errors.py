@@ -25,6 +25,10 @@ class DataError(AspError):
     """A dataset or length table is malformed: names the file, the row and the fix."""
 
 
+class TrainingDiverged(AspError):
+    """A loss, gradient norm or reward turned NaN/inf: the run stops (names the iteration)."""
+
+
 class BackendMissingError(AspError):
     """An optional backend (torch, ray, vllm, torch_npu, ...) is not installed."""
 

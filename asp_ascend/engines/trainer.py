@@ -222,7 +222,10 @@ class TrainerEngine:
                     diff_sum += float(d.sum())
                     diff_n += int(m.sum())
         gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-        self.opt.step()
+        if torch.isfinite(gn):  # (the norm is global: every data-parallel rank decides alike)
+            self.opt.step()
+        else:  # a NaN/inf gradient would poison the weights: skip the step, the driver stops the run
+            self.opt.zero_grad(set_to_none=True)
         self._steps_in_iteration += 1
         ntok = max(tot["tokens"], 1.0)
         return {"t_start": t_start, "t_end": time.time(), "tokens": tokens, "padded_tokens": padded,
@@ -313,6 +316,11 @@ class TrainerEngine:
         the full weights when the model itself holds only a shard (None: the model's own)."""
         import torch
 
+        bad = [n for n, t in (model_state or self.model.state_dict()).items()
+               if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+        if bad:  # never save weights a run cannot continue from
+            raise FloatingPointError(f"checkpoint {path} not written: non-finite values in {len(bad)} weight "
+                                     f"tensor(s), e.g. {bad[0]}")
         final = Path(path)
         tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
         if tmp.exists():

@@ -33,7 +33,7 @@ from .contracts import RolloutInstance, Trainer, WeightTransport
 from .evaluation import EvalRequest, Evaluator, Prompts
 from .fleet import Fleet, FleetOptions
 from .logger import RunLogger
-from .progress import IterationProgress, WindowMetrics
+from .progress import IterationProgress, WindowMetrics, check_rewards_finite, check_step_finite
 from .sample_queue import SampleQueue
 from ..scheduler.tail_control import TailControl, TailOptions
 from .weight_sync import PendingSync
@@ -233,6 +233,7 @@ class Orchestrator:
         prompts = self.task.prompts
         answer = prompts.answers.get(pid)
         rewards = self.task.rewards(g["samples"], answer)
+        check_rewards_finite(rewards, pid, job.iteration, getattr(self.task.reward_fn, "__name__", "train.reward"))
         adv = group_advantages(rewards, unbiased=self.task.adv_unbiased)
         plen = len(prompts.token_ids[pid])
         for s, rw, a in zip(g["samples"], rewards, adv):
@@ -357,6 +358,7 @@ class Orchestrator:
             return
         st = self.ray.get(ref)
         self.train_call = None
+        check_step_finite(st, i, m)  # a NaN/inf step was not applied; stop before any sync or checkpoint
         self._event("step", t_start=st["t_start"] - self.t0, t_end=st["t_end"] - self.t0, iteration=i,
                     mini_batch=m, version=i, samples=ids, tokens=st["tokens"], padded_tokens=st["padded_tokens"])
         it = self.progress[i]

@@ -1,9 +1,12 @@
 """What the trainer did in one iteration, and the trainer's part of its metrics row."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from ..errors import TrainingDiverged
 
 
 @dataclass
@@ -31,6 +34,29 @@ class IterationProgress:
             "train_time_s": float(sum(s["t_end"] - s["t_start"] for s in steps)),
             "logprob_diff_max": max(diffs) if diffs else None,
         }
+
+
+def check_step_finite(st: dict, iteration: int, mini_batch: int) -> None:
+    """Stop the run at an optimizer step whose loss or gradient norm is NaN/inf (the trainer
+    did not apply that step, so its weights are still those of the last good step)."""
+    bad = {k: st.get(k) for k in ("loss", "grad_norm")
+           if st.get(k) is None or not math.isfinite(float(st[k]))}
+    if bad:
+        got = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in bad.items())
+        raise TrainingDiverged(
+            f"iteration {iteration} (policy version {iteration}), mini-batch {mini_batch}: {got}; training stopped "
+            "before applying this optimizer step, and no checkpoint of it is written. Usual causes: a reward "
+            "that is NaN/inf, train.lr too high, rollout.temperature near 0; resume=true continues from the "
+            "newest checkpoint once the cause is fixed")
+
+
+def check_rewards_finite(rewards: list[float], prompt_id, iteration: int, reward_name: str) -> None:
+    """A NaN/inf reward would turn the group's advantages and then the loss into NaN: stop here."""
+    bad = [r for r in rewards if not math.isfinite(r)]
+    if bad:
+        raise TrainingDiverged(f"iteration {iteration}: the reward function ({reward_name}) returned {bad[0]} for a "
+                               f"sample of prompt {prompt_id!r} ({len(bad)} of {len(rewards)} samples); rewards must "
+                               "be finite numbers: fix train.reward")
 
 
 ROW_BUBBLES = ("padding_bubble", "skew_bubble", "sorting_bubble", "queue_occupancy_cv")
