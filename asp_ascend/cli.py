@@ -26,7 +26,8 @@ def _parser() -> argparse.ArgumentParser:
     for name in ("schedule", "simulate", "train"):
         sp = sub.add_parser(name, help=COMMANDS[name], description=COMMANDS[name])
         sp.add_argument("config", help="YAML config file (e.g. configs/cpu_tiny_grpo.yaml)")
-        sp.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. rollout.num_instances=4")
+        sp.add_argument("overrides", nargs="*", default=[], metavar="key=value",
+                        help="optional dotted overrides, e.g. rollout.num_instances=4")
         if name == "simulate":
             sp.add_argument("--calibrate", metavar="RUN_DIR",
                             help="fit the cost model from RUN_DIR/timeline.jsonl, then simulate that setup")
@@ -60,7 +61,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"asp {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"asp {args.command}: interrupted", file=sys.stderr)
+        msg = "interrupted"
+        if args.command == "train" and getattr(args, "output_dir", None):
+            from .pipeline.rundir import interrupted_message
+
+            msg = interrupted_message(args.config, list(args.overrides), args.output_dir)
+        print(f"asp {args.command}: {msg}", file=sys.stderr)
         return 130
 
 
@@ -96,6 +102,10 @@ def _dispatch(args) -> int | None:
         cfg, _ = translate_file(args.config, [o[4:] if o.startswith("asp.") else o for o in overrides])
     else:
         cfg = load_config(args.config, overrides)
+    from .io import check_output_dir
+
+    check_output_dir(cfg.output_dir)  # a file, or not writable: said before any work
+    args.output_dir = cfg.output_dir  # (for the Ctrl-C message)
     if args.command == "schedule":
         from .scheduler.run import run_schedule
 
@@ -107,7 +117,7 @@ def _dispatch(args) -> int | None:
     if args.command == "train":
         from .pipeline.run import run_train
 
-        return run_train(cfg)
+        return run_train(cfg, overrides)
     raise AssertionError(args.command)
 
 

@@ -20,6 +20,7 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, 0o666 & ~current_umask())  # mkstemp makes 0600; a run is readable as the umask allows
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -30,6 +31,20 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     finally:
         if tmp_path.exists():
             tmp_path.unlink()
+
+
+def current_umask() -> int:
+    """The process's umask (read from /proc where possible: setting it, even briefly, is not thread-safe)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -56,6 +71,28 @@ def write_parquet_atomic(path: str | os.PathLike, df, metadata: dict[str, str] |
     table = table.replace_schema_metadata(meta)
     with atomic_path(path) as tmp:
         pq.write_table(table, tmp)
+
+
+def check_output_dir(path: str | os.PathLike | None, key: str = "output_dir") -> Path:
+    """``path`` can be a run directory: it is one (or can be made), and this user may write there.
+    Checked before any work; nothing is created. Raises ConfigError naming ``key``."""
+    from .errors import ConfigError
+
+    if path is None or not str(path).strip():
+        raise ConfigError([f"{key}: empty; give the run directory, e.g. {key}=runs/my_run"])
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise ConfigError([f"{key}: {p} is a file, not a directory; choose another {key} (or move the file away)"])
+    existing = p
+    while not existing.exists():  # the nearest folder that exists is where the run's folders get made
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigError([f"{key}: {p} cannot be created: {existing} is a file, not a directory; choose another {key}"])
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not writable" if existing == p else f"cannot be created ({existing} is not writable)"
+        raise ConfigError([f"{key}: {p} {what} by this user; choose a directory you can write, e.g. "
+                           f"{key}=$HOME/runs/{p.name or 'run'}"])
+    return p
 
 
 def json_default(o: Any):

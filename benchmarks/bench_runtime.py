@@ -38,7 +38,7 @@ def _train(out: Path, overrides: list[str]) -> Path:
     from asp_ascend.config import load_config
     from asp_ascend.pipeline.run import run_train
 
-    cfg = load_config(ROOT / "configs" / "cpu_tiny_grpo.yaml", overrides + [f"output_dir={out}"])
+    cfg = load_config(ROOT / "configs" / "cpu_tiny_grpo.yaml", overrides + [f"output_dir={out}", "overwrite=true"])
     run_train(cfg)
     return out
 

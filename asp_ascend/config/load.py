@@ -104,7 +104,7 @@ def _build(cls, raw: Any, prefix: str, problems: list[str]):
             val = "on" if val else "off"      # YAML 1.1 reads a bare off/on as a boolean
         ok, conv = _coerce(tp, val)
         if not ok:
-            problems.append(f"{key}: {val!r} is not a valid {_type_name(_strip_optional(tp))}")
+            problems.append(_bad_value(key, val, tp, f.default))
             continue
         choices = f.metadata.get("choices")
         if choices and conv is not None and conv not in choices and not (name == "reward" and ":" in str(conv)):
@@ -112,6 +112,18 @@ def _build(cls, raw: Any, prefix: str, problems: list[str]):
             continue
         kwargs[name] = conv
     return cls(**kwargs)
+
+
+def _bad_value(key: str, val, tp, default) -> str:
+    """The problem line for a value of the wrong type, with the syntax that works."""
+    base = _strip_optional(tp)
+    if val is None:
+        shown = f", e.g. {key}={default}" if default is not dataclasses.MISSING and default is not None else ""
+        return f"{key}: empty; give it a value{shown} (or leave the key out for its default)"
+    if base is list or typing.get_origin(base) is list:
+        return (f"{key}: {val!r} is not a list; write a list in brackets, e.g. {key}=[{val}] or {key}=[a,b] "
+                f"(in a shell, quote it: '{key}=[a,b]')")
+    return f"{key}: {val!r} is not a valid {_type_name(base)}"
 
 
 def _strip_optional(tp):

@@ -280,7 +280,10 @@ class Config:
     seed: int = _f(0, "seed of everything random")
     platform: str = _f("auto", "device platform", choices=("auto", "cpu", "cuda", "npu"))
     resume: bool = _f(False, "continue from the newest complete checkpoint in output_dir/checkpoints, "
-                             "following the run's own schedule.parquet")
+                             "following the run's own schedule.parquet; keys the command leaves out keep the "
+                             "run's values, keys that change what is trained or how it is scheduled are refused")
+    overwrite: bool = _f(False, "asp train: delete the run already in output_dir (its outputs and checkpoints) and "
+                                "start again; without it (or resume) asp train refuses an output_dir holding a run")
     data: DataConfig = _sub(DataConfig, "prompts")
     model: ModelConfig = _sub(ModelConfig, "policy model")
     lengths: LengthsConfig = _sub(LengthsConfig, "length history and predictor")

@@ -21,15 +21,20 @@ from .prompts import PromptSet
 __all__ = ["PromptSet", "load_prompts", "prompts_from_config"]
 
 
-def _prompt_text(val: Any, where: str) -> str:
-    if isinstance(val, str):
-        return val
+def _prompt_text(val: Any, where: str, prompt_key: str) -> str:
+    if isinstance(val, float) and val != val:  # an empty parquet/CSV cell reads as NaN
+        val = ""
     if isinstance(val, np.ndarray):
         val = val.tolist()
     if isinstance(val, list) and all(isinstance(m, dict) and "content" in m for m in val):
-        return "\n".join(str(m["content"]) for m in val)
-    raise DataError(f"{where}: prompt must be a string or a list of chat messages "
-                    f"{{role, content}}, got {type(val).__name__}")
+        val = "\n".join(str(m["content"]) for m in val)
+    if not isinstance(val, str):
+        raise DataError(f"{where}: prompt must be a string or a list of chat messages "
+                        f"{{role, content}}, got {type(val).__name__}")
+    if not val.strip():
+        raise DataError(f"{where}: the prompt in '{prompt_key}' is empty{' (only whitespace)' if val else ''}; "
+                        "fill it in or drop the row (an empty prompt gives the model nothing to answer)")
+    return val
 
 
 def make_prompt_set(records: list[dict], source: str, prompt_key: str, id_key: str, answer_key: str,
@@ -45,7 +50,7 @@ def make_prompt_set(records: list[dict], source: str, prompt_key: str, id_key: s
             keys = ", ".join(map(str, rec.keys())) or "none"
             raise DataError(f"{where}: no '{prompt_key}' field (fields: {keys}); set data.prompt_key to the "
                             "field that holds the prompt")
-        prompts.append(_prompt_text(rec[prompt_key], where))
+        prompts.append(_prompt_text(rec[prompt_key], where, prompt_key))
         pid = rec.get(id_key)
         pid = str(i) if pid is None else str(pid)
         if pid in first_row:
@@ -67,6 +72,8 @@ def load_prompts(path: str | Path, prompt_key: str = "prompt", id_key: str = "id
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: prompts file does not exist; fix data.path")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory; point data.path at a prompts file (.jsonl or .parquet)")
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json", ".ndjson"):
         records = []
@@ -118,7 +125,8 @@ def load_prompts(path: str | Path, prompt_key: str = "prompt", id_key: str = "id
                             "set data.prompt_key to the column that holds the prompt")
         return make_prompt_set(df.to_dict("records"), str(path), prompt_key, id_key, answer_key,
                                row_offset=0, row_word="row")
-    raise DataError(f"{path}: unsupported prompts format '{suffix}'; use .jsonl or .parquet")
+    what = f"extension '{suffix}'" if suffix else "no file extension"
+    raise DataError(f"{path}: unsupported prompts file ({what}); use a .jsonl or .parquet file")
 
 
 def prompts_from_config(cfg) -> tuple[PromptSet, PromptSet | None]:

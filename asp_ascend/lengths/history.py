@@ -25,6 +25,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: file does not exist")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory; point the key at a table file (.parquet, .csv or .jsonl)")
     suffix = path.suffix.lower()
     try:
         if suffix in (".parquet", ".pq"):
@@ -37,7 +39,8 @@ def read_table(path: str | Path) -> pd.DataFrame:
         raise DataError(f"{path}: cannot parse as {suffix.lstrip('.')} ({str(exc).splitlines()[0]})") from None
     except Exception as exc:  # pyarrow raises its own types
         raise DataError(f"{path}: cannot read ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
-    raise DataError(f"{path}: unsupported table format '{suffix}'; use .parquet, .csv or .jsonl")
+    what = f"extension '{suffix}'" if suffix else "no file extension"
+    raise DataError(f"{path}: unsupported table file ({what}); use .parquet, .csv or .jsonl")
 
 
 def _row_label(path: Path, i: int) -> str:
@@ -50,13 +53,22 @@ def _row_label(path: Path, i: int) -> str:
     return f"{path}: row {i}"
 
 
+def cell(value) -> str:
+    """A table cell as a user reads it: ``empty`` for a missing cell, else its plain value."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "empty"
+    if isinstance(value, np.generic):
+        value = value.item()
+    return repr(value)
+
+
 def validate_lengths(df: pd.DataFrame, path: Path, max_response_length: int | None,
                      column: str = "response_length") -> pd.DataFrame:
     vals = pd.to_numeric(df[column], errors="coerce")
     bad = vals.isna().to_numpy() | ~np.isfinite(vals.to_numpy(dtype=float, na_value=np.nan))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise DataError(f"{_row_label(path, i)}: {column} is {df[column].iloc[i]!r}, not a number; "
+        raise DataError(f"{_row_label(path, i)}: {column} is {cell(df[column].iloc[i])}, not a number; "
                         f"fix or drop the row ({int(bad.sum())} such row(s))")
     neg = (vals < 0).to_numpy()
     if neg.any():
@@ -93,7 +105,7 @@ def load_history(path: str | Path, max_response_length: int | None = None) -> pd
             v = pd.to_numeric(df[col], errors="coerce")
             if v.isna().any():
                 i = int(np.flatnonzero(v.isna().to_numpy())[0])
-                raise DataError(f"{_row_label(path, i)}: {col} is {df[col].iloc[i]!r}, not an integer")
+                raise DataError(f"{_row_label(path, i)}: {col} is {cell(df[col].iloc[i])}, not an integer")
             out[col] = v.to_numpy(dtype=np.int64)
         else:
             out[col] = 0 if col == "epoch" else out.groupby("prompt_id").cumcount().to_numpy()
@@ -124,9 +136,16 @@ def restrict_to(history: pd.DataFrame, prompt_ids, source: str = "length history
                 encode: bool = False) -> pd.DataFrame:
     """Keep rows of prompts in ``prompt_ids``; warn with the count of rows skipped. With
     ``encode``, ``prompt_id`` becomes the prompt's position in ``prompt_ids`` (int64): what
-    the predictors group by fastest (pass ``np.arange(len(prompt_ids))`` as their ids)."""
+    the predictors group by fastest (pass ``np.arange(len(prompt_ids))`` as their ids). A
+    history that matches no prompt at all is an error (planning on priors alone would be silent)."""
     pos = positions_in(history, prompt_ids)
     mask = pos >= 0
+    if len(history) and not mask.any():
+        theirs = ", ".join(repr(str(x)) for x in pd.unique(history["prompt_id"])[:3])
+        ours = ", ".join(repr(str(x)) for x in list(prompt_ids)[:3])
+        raise DataError(f"{source}: none of its {history['prompt_id'].nunique()} prompt id(s) ({theirs}, ...) is a "
+                        f"prompt of the dataset ({ours}, ...); the history belongs to another dataset, or the ids "
+                        "differ (data.id_key); fix lengths.path or data.id_key, or drop lengths.path to plan on priors")
     skipped = int((~mask).sum())
     if skipped:
         n_prompts = history.loc[~mask, "prompt_id"].nunique()

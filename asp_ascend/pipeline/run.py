@@ -20,7 +20,8 @@ from .preflight import BACKENDS, check_backends, check_resources  # noqa: F401 -
 
 __all__ = ["BACKENDS", "RUN_FILES", "check_backends", "check_resources", "prepare_model", "run_train"]
 
-RUN_FILES = ("metrics.jsonl", "eval.jsonl", "timeline.jsonl", "warm_start.jsonl", "summary.json", "lengths.parquet")
+RUN_FILES = ("metrics.jsonl", "eval.jsonl", "timeline.jsonl", "warm_start.jsonl", "summary.json", "lengths.parquet",
+             "instances.jsonl")
 
 
 def prepare_model(cfg, train, ev, out: Path) -> Path:
@@ -47,19 +48,28 @@ def prepare_model(cfg, train, ev, out: Path) -> Path:
                             num_kv_heads=m.tiny_num_kv_heads, max_positions=2048, seed=cfg.seed)
 
 
-def run_train(cfg) -> int:
-    """Check inputs, plan, start actors, warm start, train, write the summary. Returns 0."""
+def run_train(cfg, overrides: list[str] | None = None) -> int:
+    """Check inputs, plan, start actors, warm start, train, write the summary. Returns 0.
+
+    ``overrides``: the command line's ``key=value`` list; on ``resume=true`` the keys it leaves
+    out keep the run's saved values (None: every key of ``cfg`` counts as given)."""
     from ..data.datasets import prompts_from_config
     from ..data.rewards import get_reward_fn
+    from ..io import check_output_dir
     from ..scheduler.execution import ExecutionSettings
+    from .rundir import check_run_dir, resolve_resume
 
     # -- everything that can fail on bad input, before Ray starts -----------------------
-    check_backends()
-    resume = None
+    check_output_dir(cfg.output_dir)
+    check_run_dir(cfg)  # a run already there: resume=true or overwrite=true, never mixed
+    resume = attempt = None
     if cfg.resume:  # the newest complete checkpoint and the run's own schedule (pipeline/checkpoint.py)
         from .checkpoint import find_resume
 
         resume = find_resume(Path(cfg.output_dir))
+        attempt = resolve_resume(cfg, overrides)  # the saved config + the changes allowed
+        cfg = attempt.cfg
+    check_backends()
     settings = ExecutionSettings.from_config(cfg)  # k after the sync rule, slots, shared queue: once, here
     train, ev = prompts_from_config(cfg)
     reward_fn = get_reward_fn(cfg.train.reward, train.source.startswith("builtin:"))
@@ -68,13 +78,21 @@ def run_train(cfg) -> int:
         raise ConfigError(["train.warmup_sft_steps: the dataset has no reference answers "
                            f"(data.answer_key={cfg.data.answer_key!r}); set it to 0 or add answers"])
     out = Path(cfg.output_dir)
-    _clear_outputs(out, resume)
+    cleared = _clear_outputs(cfg, out, resume)
     t_start = time.time()
     from .logger import RunLogger
 
     logger = RunLogger(out, tensorboard=cfg.logging.tensorboard, wandb_project=cfg.logging.wandb_project,
                        progress=cfg.logging.progress, total_iterations=0)
     logger.t0 = t_start
+    if cleared:
+        logger.say(f"overwrite=true: deleted the previous run's {', '.join(cleared)}")
+    if attempt is not None:
+        for key, (a, b) in attempt.changed.items():
+            logger.say(f"resume: {key} changed from {a!r} to {b!r}")
+        if attempt.kept:
+            logger.say("resume: kept the run's own " + ", ".join(f"{k}={a!r}" for k, (a, _) in attempt.kept.items())
+                       + " (the command left them out)")
     logger.say(f"preparing: {len(train)} prompts ({train.source}), mode {cfg.pipeline.mode}, "
                f"policy {cfg.scheduler.policy}, k={settings.lag_bound}, {cfg.rollout.num_instances} rollout instance(s)")
 
@@ -86,10 +104,10 @@ def run_train(cfg) -> int:
 
         plan, replan = resume_plan(cfg, settings, out, resume.version), None
         logger.say(f"resuming from {resume.path.name}: version {resume.version}, "
-                   f"{plan.total_iterations} iteration(s) left")
+                   f"{plan.total_iterations} iteration(s) left (attempt {resume.attempt + 1})")
     else:
         plan, replan = _plan(cfg, settings, train, out)
-    logger.total = plan.total_iterations
+    logger.total = plan.end  # the progress line counts the run's iterations, also after a resume
 
     # -- actors, warm start, the loop ----------------------------------------------------
     import ray
@@ -119,15 +137,23 @@ def run_train(cfg) -> int:
     return 0
 
 
-def _clear_outputs(out: Path, resume) -> None:
-    """The run's own files start empty; a resumed attempt's are kept under previous/attempt_<n>/."""
+def _clear_outputs(cfg, out: Path, resume) -> list[str]:
+    """The run's own files start empty; a resumed attempt's are kept under previous/attempt_<n>/
+    (with the config it ran with; the new attempt's resolved config becomes config.yaml).
+    ``overwrite=true``: the old run's outputs are deleted first (their names are returned)."""
+    from ..config import save_resolved
+    from .rundir import clear_run
+
+    cleared = clear_run(out) if cfg.overwrite and out.is_dir() else []
     out.mkdir(parents=True, exist_ok=True)
     if resume is not None:
         from .checkpoint import archive_run_files
 
-        archive_run_files(out, RUN_FILES, resume.attempt)
+        archive_run_files(out, RUN_FILES + ("config.yaml",), resume.attempt)
+        save_resolved(cfg, out)
     for name in RUN_FILES:
         (out / name).unlink(missing_ok=True)
+    return cleared
 
 
 def _tokenize(cfg, model_dir: Path, train, ev):

@@ -21,6 +21,9 @@ def run_report(run_dir, sim_dir=None) -> int:
     out = Path(run_dir)
     if not out.is_dir():
         raise DataError(f"{out} is not a directory: pass the output_dir of `asp simulate` or `asp train`")
+    if (out / "summary.json").is_file():
+        read_json(out / "summary.json", "it is recomputed from timeline.jsonl for a training run; rerun "
+                  "`asp simulate` for a simulation")
     if (out / "simulation.json").is_file() or ((out / "summary.json").is_file() and not (out / "timeline.jsonl").is_file()):
         from .sim_report import write_sim_report
 
@@ -37,6 +40,21 @@ def run_report(run_dir, sim_dir=None) -> int:
                         "`asp simulate` or `asp train`")
     print(f"asp report: wrote {path}")
     return 0
+
+
+def read_json(path: Path, fix: str) -> dict:
+    """A JSON file of a run, or a DataError naming it, the problem and ``fix`` (after "delete it:")."""
+    try:
+        with open(path) as fh:
+            obj = json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg}), e.g. cut off by a crash or a full "
+                        f"disk; delete it: {fix}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"{path}: cannot read ({exc}); delete it: {fix}") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}: expected a JSON object, got {type(obj).__name__}; delete it: {fix}")
+    return obj
 
 
 def _read_metrics(out: Path) -> pd.DataFrame:
@@ -63,8 +81,7 @@ def train_summary(out: Path, tl=None) -> dict:
 
     p = out / "summary.json"
     if p.is_file():
-        with open(p) as fh:
-            s = json.load(fh)
+        s = read_json(p, "it is recomputed from timeline.jsonl")
         s.pop("schema_version", None)
         return s
     tl = tl or Timeline.read_jsonl(out / "timeline.jsonl")
@@ -110,6 +127,29 @@ def tail_decisions(tl) -> list[str]:
     return md + [""]
 
 
+def attempts(out: Path) -> list[tuple[str, pd.DataFrame]]:
+    """(folder, metrics rows) of every attempt of a run, oldest first: the interrupted ones that
+    `resume=true` moved to ``previous/attempt_<n>/``, then the run directory itself."""
+    prev = sorted((p for p in (out / "previous").glob("attempt_*") if p.is_dir() and p.name[8:].isdigit()),
+                  key=lambda p: int(p.name[8:])) if (out / "previous").is_dir() else []
+    return [(f"previous/{p.name}", _read_metrics(p)) for p in prev] + [(".", _read_metrics(out))]
+
+
+def _attempts_section(runs: list[tuple[str, pd.DataFrame]]) -> list[str]:
+    rows = ["## Attempts", "", f"This run was resumed {len(runs) - 1} time(s). Each attempt's files are kept apart "
+            "(the earlier ones under `previous/`); the per-iteration metrics below cover every attempt, the "
+            "summary and the timeline plots the last one.", "",
+            "| attempt | folder | iterations | rows | reward (first -> last) |", "|---|---|---|---|---|"]
+    for n, (folder, m) in enumerate(runs, 1):
+        if m.empty or "iteration" not in m:
+            rows.append(f"| {n} | `{folder}` | none | 0 | |")
+            continue
+        its = f"{int(m['iteration'].min())}-{int(m['iteration'].max())}"
+        rew = (f"{m['reward_mean'].iloc[0]:.3f} -> {m['reward_mean'].iloc[-1]:.3f}" if "reward_mean" in m else "")
+        rows.append(f"| {n} | `{folder}` | {its} | {len(m)} | {rew} |")
+    return rows + [""]
+
+
 def write_train_report(out: Path, sim_dir=None) -> Path:
     from ..metrics.timeline import Timeline
     from . import plots
@@ -117,8 +157,12 @@ def write_train_report(out: Path, sim_dir=None) -> Path:
 
     tl = Timeline.read_jsonl(out / "timeline.jsonl")
     summary = train_summary(out, tl)
-    metrics = _read_metrics(out)
+    runs = attempts(out)
+    metrics = pd.concat([m.assign(attempt=n) for n, (_, m) in enumerate(runs, 1) if not m.empty], ignore_index=True) \
+        if any(not m.empty for _, m in runs) else pd.DataFrame()
     md = ["# Training run report", "", f"Run directory `{out.name}`.", "", "## Summary", "", *summary_table(summary), ""]
+    if len(runs) > 1:
+        md += _attempts_section(runs)
     if sim_dir is not None:
         md += beside_simulation(summary, sim_dir)
     md += tail_decisions(tl)
@@ -134,7 +178,8 @@ def write_train_report(out: Path, sim_dir=None) -> Path:
     figs.append(("Bubble breakdown", plots.bubble_breakdown(summary, out / "bubbles.png")))
     if not metrics.empty:
         figs.append(("Per-iteration metrics", plots.iteration_series(metrics, out / "iterations.png")))
-        md += [f"{len(metrics)} iterations in metrics.jsonl.", ""]
+        md += [f"{len(metrics)} iterations in metrics.jsonl" + (f" ({len(runs)} attempts)." if len(runs) > 1 else "."),
+               ""]
     from .sim_report import write_markdown
 
     return write_markdown(out, md, figs, "Metric definitions: docs/metrics.md.")

@@ -50,8 +50,8 @@ def _uninterrupted_plan(cfg, out: Path) -> dict[int, set]:
     return {int(i): set(zip(g["epoch"].astype(int), g["prompt_id"])) for i, g in sched.groupby("iteration")}
 
 
-def test_resume_trains_exactly_what_the_uninterrupted_run_would(tmp_path):
-    from asp_ascend.config import load_config
+def test_resume_trains_exactly_what_the_uninterrupted_run_would(tmp_path, capfd):
+    from asp_ascend.config import load_config, run_config
     from asp_ascend.pipeline.checkpoint import find_latest, load
     from asp_ascend.pipeline.run import run_train
 
@@ -60,8 +60,16 @@ def test_resume_trains_exactly_what_the_uninterrupted_run_would(tmp_path):
     ck = find_latest(tmp_path / "checkpoints")
     assert ck.name == f"iter_{N:06d}" and load(ck).version == N
 
-    resumed = load_config(CONFIG, BASE + ["resume=true", f"output_dir={tmp_path}"])
-    assert run_train(resumed) == 0
+    # as the command line gives it: the keys it leaves out keep the run's values, so the
+    # run stopped by train.max_iterations is extended explicitly; logging may change
+    overrides = ["resume=true", f"output_dir={tmp_path}", "train.max_iterations=0", "logging.progress=true"]
+    capfd.readouterr()
+    assert run_train(load_config(CONFIG, overrides), overrides) == 0
+    log = capfd.readouterr().err
+    resumed = run_config(tmp_path)  # this attempt's resolved config
+    assert resumed.resume and resumed.train.max_iterations == 0 and resumed.rollout.num_instances == 1
+    assert run_config(tmp_path / "previous" / "attempt_1").train.max_iterations == N
+    assert "resume: train.max_iterations changed from 3 to 0" in log
 
     plan = _uninterrupted_plan(resumed, tmp_path)
     n_iter = len(plan)
@@ -81,6 +89,8 @@ def test_resume_trains_exactly_what_the_uninterrupted_run_would(tmp_path):
     assert all(st["version"] == st["iteration"] for st in after_steps)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == list(range(N, n_iter))
+    # the progress line counts the run's iterations: the last one reads n/n, never past it
+    assert f"iteration {n_iter}/{n_iter} v{n_iter}" in log and f"/{n_iter - N} v" not in log
     assert [r["policy_version"] for r in rows] == list(range(N + 1, n_iter + 1))
     assert max(r["policy_lag_max"] for r in rows) <= resumed.pipeline.lag_bound
     # the instance was given the checkpoint's weights: vLLM's log-probs match the trainer's

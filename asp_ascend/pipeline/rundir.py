@@ -1,0 +1,191 @@
+"""What `asp train` may do with its ``output_dir``, checked before any work (no torch, no Ray).
+
+- A directory that already holds a run is never written into by a new run: ``resume=true``
+  continues it, ``overwrite=true`` deletes its outputs first, anything else is an error. Two
+  runs' files are never mixed.
+- ``resume=true`` compares the command with the run's saved ``config.yaml``: a key the command
+  leaves out keeps the run's value; a key it sets that changes what is trained or how it is
+  scheduled is refused (named); the keys in :data:`RESUME_SAFE` (logging, timeouts, where the
+  processes run, how long to train) may change. Each attempt's resolved config is written
+  (``config.yaml``; the earlier attempts' under ``previous/attempt_<n>/``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+from pathlib import Path
+
+from ..errors import ConfigError
+
+# Files and folders one `asp train` run writes into its output_dir (all of them: overwrite
+# deletes exactly these, so a user's own files beside them are left alone).
+TRAIN_OUTPUTS = ("config.yaml", "schedule.parquet", "schedule_report.json", "metrics.jsonl", "eval.jsonl",
+                 "timeline.jsonl", "warm_start.jsonl", "summary.json", "lengths.parquet", "instances.jsonl",
+                 "train.log", "report.md", "checkpoints", "previous", "tensorboard", "model_init", "wandb")
+# Outputs that only a started training run leaves (a schedule alone, from `asp schedule`, is not a run).
+RUN_MARKERS = ("metrics.jsonl", "timeline.jsonl", "summary.json", "instances.jsonl", "checkpoints", "previous")
+
+# Keys a resumed attempt may change: they do not change what an iteration trains, nor the
+# schedule, nor the sampling (prefixes end in a dot).
+RESUME_SAFE = ("logging.", "sim.", "mindspeed.", "verl.", "resume", "overwrite", "output_dir",
+               "train.max_iterations", "train.checkpoint_every", "train.eval_every", "train.num_cpus",
+               "train.cpu_cores", "rollout.num_cpus", "rollout.cpu_cores", "rollout.kv_cache_space_gib",
+               "rollout.request_timeout_s", "rollout.max_restarts", "weight_sync.timeout_s",
+               "weight_sync.master_port", "weight_sync.transport", "weight_sync.bucket_mb")
+
+
+def is_safe(key: str) -> bool:
+    return any(key == s or (s.endswith(".") and key.startswith(s)) for s in RESUME_SAFE)
+
+
+def describe_run(out: Path) -> str | None:
+    """What run ``out`` holds, in words ("a finished run (summary.json)"), or None when it holds none."""
+    out = Path(out)
+    if not out.is_dir():
+        return None
+    present = [m for m in RUN_MARKERS if (out / m).exists() and not ((out / m).is_dir() and not any((out / m).iterdir()))]
+    if not present:
+        return None
+    if (out / "summary.json").is_file():
+        return "a finished run (summary.json)"
+    from .checkpoint import find_latest
+
+    ck = find_latest(out / "checkpoints")
+    if ck is not None:
+        return f"an interrupted run (its newest checkpoint is checkpoints/{ck.name})"
+    return f"an interrupted run without a checkpoint ({', '.join(present)})"
+
+
+def check_run_dir(cfg) -> None:
+    """``output_dir`` may be written by this `asp train` (see the module docstring)."""
+    out = Path(cfg.output_dir)
+    if cfg.resume and cfg.overwrite:
+        raise ConfigError(["resume / overwrite: both are true; resume=true continues the run in output_dir, "
+                           "overwrite=true deletes it and starts again: choose one"])
+    if cfg.resume or cfg.overwrite:
+        return
+    held = describe_run(out)
+    if held is not None:
+        raise ConfigError([f"output_dir: {out} already holds {held}; a new run would mix its files with that "
+                           "one's. Pass resume=true to continue it, overwrite=true to delete it and start again, or "
+                           "choose another output_dir"])
+
+
+def clear_run(out: Path) -> list[str]:
+    """``overwrite=true``: delete every output a training run writes (and nothing else). Returns the names."""
+    out = Path(out)
+    gone = []
+    for name in TRAIN_OUTPUTS:
+        p = out / name
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        elif p.exists() or p.is_symlink():
+            p.unlink()
+        else:
+            continue
+        gone.append(name)
+    for p in out.glob("*.png"):  # `asp report`'s plots of the old run
+        p.unlink()
+        gone.append(p.name)
+    return gone
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def given_keys(overrides) -> set[str] | None:
+    """The dotted keys a command line sets (``a.b=1`` -> ``a.b``); None = every key (an API caller)."""
+    if overrides is None:
+        return None
+    return {o.partition("=")[0].strip().lstrip("+~") for o in overrides if "=" in o}
+
+
+def _given(key: str, given: set[str] | None) -> bool:
+    return given is None or any(key == g or key.startswith(g + ".") for g in given)
+
+
+@dataclasses.dataclass
+class ResumeConfig:
+    cfg: object                       # the attempt's resolved config
+    changed: dict                     # safe keys the command changed: key -> (saved, new)
+    kept: dict                        # keys the command left out whose saved value differs from its config file
+
+
+def resolve_resume(cfg, overrides=None) -> ResumeConfig:
+    """The config of a resumed attempt: the run's saved ``config.yaml`` with the changes the
+    command asks for, where allowed (ConfigError naming every refused key otherwise).
+
+    ``overrides``: the command's ``key=value`` list; keys it does not name are "left out" and
+    keep the saved value. None (an API caller passing a whole config): every key counts as given."""
+    from ..config import Config, to_dict, validate
+    from ..config.load import _build
+
+    out = Path(cfg.output_dir)
+    path = out / "config.yaml"
+    if not path.is_file():
+        raise ConfigError([f"resume: {path} does not exist, so the run's own config is unknown; start without "
+                           "resume=true (overwrite=true to replace what is there)"])
+    from ..config import load_config
+
+    try:
+        saved = load_config(path, check_files=False)
+    except ConfigError as exc:
+        raise ConfigError([f"resume: the run's saved config {path} does not load: {p}" for p in exc.problems]) from None
+    old, new = _flat(to_dict(saved)), _flat(to_dict(cfg))
+    given = given_keys(overrides)
+    refused, changed, kept = [], {}, {}
+    merged = dict(old)
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b or key in ("resume", "overwrite", "output_dir"):
+            continue
+        if not _given(key, given):
+            kept[key] = (a, b)
+        elif is_safe(key):
+            changed[key] = (a, b)
+            merged[key] = b
+        else:
+            refused.append(f"{key}: the run was made with {a!r}, this command asks for {b!r}; {key} changes what "
+                           "is trained or how it is scheduled, so a resumed run keeps the run's value. Drop the "
+                           "override to resume, or start a new run (another output_dir, or overwrite=true)")
+    if refused:
+        raise ConfigError(refused, f"(resume of {out})")
+    merged.update({"resume": True, "overwrite": False, "output_dir": cfg.output_dir})
+    nested: dict = {}
+    for key, v in merged.items():
+        *parents, leaf = key.split(".")
+        d = nested
+        for p in parents:
+            d = d.setdefault(p, {})
+        d[leaf] = v
+    problems: list[str] = []
+    resolved = _build(Config, nested, "", problems)
+    problems += validate(resolved, check_files=False)
+    if problems:  # cannot happen for values that came from two valid configs; say so if it does
+        raise ConfigError(problems, f"(resume of {out})")
+    return ResumeConfig(resolved, changed, kept)
+
+
+def interrupted_message(config: str, overrides: list[str], output_dir) -> str:
+    """What `asp train` says on Ctrl-C: the checkpoint that exists and the command that resumes
+    from it (or that none exists and how to start again)."""
+    import shlex
+
+    from .checkpoint import find_latest
+
+    out = Path(output_dir)
+    rest = [o for o in overrides if o.partition("=")[0].strip() not in ("resume", "overwrite")]
+    ck = find_latest(out / "checkpoints")
+    if ck is None:
+        again = shlex.join(["asp", "train", config, *rest, "overwrite=true"])
+        return (f"interrupted; no checkpoint was written in {out / 'checkpoints'} (train.checkpoint_every=N saves "
+                f"one every N iterations), so the run cannot be resumed. Start it again with:\n  {again}")
+    cmd = shlex.join(["asp", "train", config, *rest, "resume=true"])
+    return f"interrupted; the newest checkpoint is {ck}. Resume from it with:\n  {cmd}"
