@@ -39,7 +39,9 @@ def read_prompt_index(path: str | Path, prompt_key: str = "prompt",
     if fast is not None:
         ids = _ids_of(*fast)
         if ids is not None:
-            return ids, whitespace_tokens(fast[1])
+            lengths = whitespace_tokens(fast[1])
+            if lengths.size and lengths.min() > 0:  # an empty/blank prompt: load_prompts names its line
+                return ids, lengths
     ps = load_prompts(path, prompt_key, id_key)
     return np.asarray(ps.ids, dtype=object), np.asarray(ps.prompt_lengths, dtype=np.int64)
 

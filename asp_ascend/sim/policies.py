@@ -92,3 +92,37 @@ def system_spec(name: str, *, total_devices: int, rollout_devices: int, infer_tp
         return SystemSpec(name, "fifo", 1, False, False, True, False, False, R, tp, D - Dr, max_num_seqs)
     return SystemSpec(name, _DISPATCH[name], lag_bound, True, False, False, False, name == "asp_adaptive",
                       R, tp, D - Dr, max_num_seqs, partial=name == "asp_partial")
+
+
+def check_points(cfg, names: list[str]) -> None:
+    """Every simulated point (the main one, each ``sim.sweep_devices`` and
+    ``sim.sweep_rollout_devices`` entry) is valid, checked before any output is written;
+    ConfigError naming the key the user set and every problem at once."""
+    s = cfg.sim
+    tp, D, Dr = int(s.infer_tp), int(s.total_devices), int(s.rollout_devices)
+    p: list[str] = []
+    bad = [n for n in names if n not in POLICY_NAMES]
+    if bad or not names:
+        p.append(f"sim.policies: unknown {', '.join(map(repr, bad)) if bad else 'empty list'}; valid: "
+                 f"{', '.join(POLICY_NAMES)} (e.g. sim.policies=[asp,fully_async_fifo])")
+    if tp >= 1:
+        if 1 <= Dr < D and Dr % tp:
+            p.append(f"sim.infer_tp: {tp} does not divide sim.rollout_devices={Dr}: {Dr // tp} instance(s) would use "
+                     f"{Dr // tp * tp} devices and {Dr % tp} would idle; use an infer_tp that divides {Dr}, or "
+                     f"rollout_devices={max(tp, Dr // tp * tp)}")
+        if "sync_colocated" in names and D % tp:
+            p.append(f"sim.infer_tp: {tp} does not divide sim.total_devices={D} (sync_colocated runs D / infer_tp "
+                     f"replicas; {D % tp} device(s) would idle)")
+    for v in s.sweep_devices:
+        if not isinstance(v, int) or isinstance(v, bool) or v < max(2, tp + 1):
+            p.append(f"sim.sweep_devices: {v!r} is not a device count of at least {max(2, tp + 1)} (one rollout "
+                     f"instance of sim.infer_tp={tp} devices plus one trainer device)")
+        elif "sync_colocated" in names and tp >= 1 and v % tp:
+            p.append(f"sim.sweep_devices: {v} is not a multiple of sim.infer_tp={tp} (sync_colocated would idle "
+                     f"{v % tp} device(s))")
+    for v in s.sweep_rollout_devices:
+        if not isinstance(v, int) or isinstance(v, bool) or not tp <= v < D or (tp >= 1 and v % tp):
+            p.append(f"sim.sweep_rollout_devices: {v!r} must be a multiple of sim.infer_tp={tp} between {tp} and "
+                     f"sim.total_devices-1={D - 1}")
+    if p:
+        raise ConfigError(p)

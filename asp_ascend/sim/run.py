@@ -23,13 +23,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..errors import AspError, ConfigError
+from ..errors import AspError
 from ..metrics import summarize
 from .bounds import lower_bounds
 from .costs import SimCosts, system_costs
 from .engine import Engine, SimJobs, SimTimeline, TrainerSpec, minibatch_tokens
 from .mechanisms import SimMechanisms, tail_summary
-from .policies import POLICY_NAMES, SystemSpec, system_spec
+from .policies import SystemSpec, system_spec
 
 log = logging.getLogger(__name__)
 TIMELINE_AUTO_LIMIT = 50_000
@@ -322,12 +322,12 @@ def run_simulate(cfg) -> int:
     from ..io import write_json_atomic
     from ..lengths.workloads import workload_from_config
 
+    from .policies import check_points
+
+    names = list(cfg.sim.policies)
+    check_points(cfg, names)  # every key, sweeps included, before any output exists
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    names = list(cfg.sim.policies)
-    bad = [n for n in names if n not in POLICY_NAMES]
-    if bad or not names:
-        raise ConfigError([f"sim.policies: unknown {bad or 'empty list'}; valid: {', '.join(POLICY_NAMES)}"])
     names += own_system(cfg, names)
     if cfg.sim.calibrate:
         from .calibrate import calibrate_run

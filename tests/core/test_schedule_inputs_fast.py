@@ -97,8 +97,13 @@ def test_jsonl_fast_path_taken_and_declined(tmp_path):
 
 def test_parquet_fast_path_equals_load_prompts(tmp_path):
     p = tmp_path / "p.parquet"
-    pd.DataFrame({"prompt": ["a b", "\u3000c", ""], "id": [3, None, 5]}).to_parquet(p)
+    pd.DataFrame({"prompt": ["a b", "\u3000c", "d"], "id": [3, None, 5]}).to_parquet(p)
     same_as_reference(p)
+    blank = tmp_path / "blank.parquet"  # an empty prompt: the same error from both
+    pd.DataFrame({"prompt": ["a b", "\u3000"], "id": [3, 4]}).to_parquet(blank)
+    for read in (load_prompts, read_prompt_index):
+        with pytest.raises(DataError, match=r"blank.parquet:row 1: the prompt in 'prompt' is empty"):
+            read(blank)
     q = tmp_path / "chat.parquet"
     pd.DataFrame({"prompt": [[{"role": "user", "content": "x y"}]], "answer": ["1"]}).to_parquet(q)
     same_as_reference(q)

@@ -138,3 +138,22 @@ def test_files_respect_the_umask(tmp_path, umask):
         os.umask(old)
     for name in ("a.json", "b.txt"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
+
+
+SIM = ["workload.type=synthetic", "workload.num_prompts=32", "workload.epochs=2", "train.group_size=2",
+       "train.global_batch_size=8", "train.mini_batch_size=8", "sim.total_devices=8", "sim.rollout_devices=4",
+       "sim.infer_tp=1"]
+
+
+@pytest.mark.parametrize("bad,expect", [
+    (["sim.sweep_devices=[0,-4]"], "sim.sweep_devices: 0 is not a device count"),
+    (["sim.infer_tp=3", "sim.rollout_devices=4"], "sim.infer_tp: 3 does not divide sim.rollout_devices=4"),
+    (["sim.policies=[asp,nope]"], "sim.policies: unknown 'nope'"),
+    (["sim.sweep_rollout_devices=[9]"], "sim.sweep_rollout_devices: 9 must be"),
+])
+def test_simulate_checks_every_key_before_any_output(tmp_path, capsys, bad, expect):
+    out = tmp_path / "sim"
+    assert main(["simulate", str(_empty_yaml(tmp_path)), f"output_dir={out}", *SIM, *bad]) == 2
+    err = capsys.readouterr().err
+    assert expect in err and "sim.rollout_devices: -1" not in err and "Traceback" not in err
+    assert not out.exists()  # nothing written, not even an empty folder
