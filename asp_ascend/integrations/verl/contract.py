@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from ..apicheck import Checker, Exists, Finding, Params, Ref, Report, installed_root, ours_root
+from ..apicheck import Checker, Exists, Finding, Params, Pattern, Ref, Report, installed_root, ours_root
 from ..apicheck.expect import ConfigKeys
 from .config_bridge import TRANSLATION
 
@@ -70,9 +70,18 @@ EXPECTATIONS = (
     Exists(V(PROTO, "DataProto.repeat"), "method", why="interleaved repeat keeps a prompt's samples adjacent"),
     Exists(V(OSO, "OneStepOffRayTrainer"), "class", why="asp_trainer_class(OneStepOffRayTrainer) for one_step_off"),
     Exists(V(OSO, "OneStepOffRayTrainer._create_dataloader"), "method"),
-    Exists(V(FA, "FullyAsyncRollouter"), "class", why="the fully async feed (not wired yet, docs/verl.md)"),
+    Exists(V(FA, "FullyAsyncRollouter"), "ray_actor", why="AspRollouter subclasses its __ray_actor_class__"),
     Exists(V(FA, "FullyAsyncRollouter._should_pause_generation"), "method"),
-    Exists(V(FA, "FullyAsyncRollouter.reset_staleness"), "method"),
+    Params(V(FA, "FullyAsyncRollouter.reset_staleness"), (), exact=True,
+           why="overridden: each call publishes the next version to the ASP gate"),
+    Pattern(V(FA, "FullyAsyncRollouter.__init__"), "self._create_dataloader(_, _, _, train_sampler)",
+            why="the rollouter's dataloader takes our sampler through the overridden _create_dataloader"),
+    Pattern(V(FA, "FullyAsyncRollouter.__init__"), "self.pending_queue = asyncio.Queue(maxsize=_)",
+            why="replaced after __init__ by the AdmissionQueue"),
+    Pattern(V(FA, "FullyAsyncRollouter._processor_worker"), "await self.pending_queue.get()",
+            why="verl's processor takes each prompt through the queue's get: where ASP admission waits"),
+    Pattern(V(FA, "FullyAsyncRollouter._create_continuous_iterator"), "iter(self.train_dataloader)",
+            why="the feed walks the dataloader in its sampler's order"),
     Exists(V(MQ, "MessageQueue"), "class"),
     Params(V(ROUTER, "GlobalRequestLoadBalancer.acquire_server"), ("request_id",)),
 )

@@ -108,9 +108,10 @@ class VerlSchedule:
         write_parquet_atomic(self.path, self.frame, {"policy": cfg.scheduler.policy, "adaptive": "true"})
         return df
 
-    def sampler(self, num_samples: int, iteration_size: Optional[int] = None, trainer_dp: int = 1) -> Any:
+    def sampler(self, num_samples: int, iteration_size: Optional[int] = None, trainer_dp: int = 1,
+                layout: Optional[str] = None) -> Any:
         from .sampler import AspSampler
 
         return AspSampler(self.frame, iteration_size or self.cfg.train.global_batch_size, num_samples,
-                          layout=self.cfg.verl.batch_layout, trainer_dp=trainer_dp,
+                          layout=layout or self.cfg.verl.batch_layout, trainer_dp=trainer_dp,
                           plan_epoch=self.plan_epoch if self.adaptive else None)

@@ -1,0 +1,127 @@
+"""Fully async verl with the ASP schedule: the admission gate (pure), then verl's real rollouter code on
+CPU -- its ``_feed_samples`` and ``_create_continuous_iterator`` feeding our queue from a dataloader over
+the ASP sampler, and its ``reset_staleness`` publishing versions to the gate."""
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+
+import pytest
+
+from asp_ascend.integrations.verl.fully_async import AdmissionQueue, LagGate
+from asp_ascend.scheduler.admission import LagViolation
+
+
+def test_gate_admits_iteration_i_only_from_version_i_minus_k():
+    g = LagGate(prompts_per_version=2, lag_bound=1)
+    g.on_sync()                               # the initial weights: version 0
+    assert [g.take() for _ in range(4)] == [0, 0, 0, 0]    # iterations 0 and 1
+    assert not g.admissible() and g.next_iteration == 2
+    with pytest.raises(LagViolation):
+        g.take()
+    assert g.on_sync() == 1 and g.admissible()
+    g.take()
+    assert g.admitted[-1] == (2, 1)
+
+
+def test_queue_blocks_until_the_next_sync_and_passes_the_end_signal():
+    async def run():
+        q = AdmissionQueue(LagGate(1, 0), maxsize=8)
+        q.on_sync()
+        for x in ("a", "b", None):
+            q.put_nowait(x)
+        assert await q.get() == "a"
+        waiter = asyncio.ensure_future(q.get())
+        await asyncio.sleep(0.01)
+        assert not waiter.done()               # "b" is iteration 1, the rollouter holds version 0
+        q.on_sync()
+        assert await asyncio.wait_for(waiter, 1) == "b"
+        assert await q.get() is None
+    asyncio.run(run())
+
+
+from verl_fixtures import HAVE_VERL, SKIP_REASON, base_overrides, compose, tokenizer, train_dataset  # noqa: E402
+
+needs_verl = [pytest.mark.verl, pytest.mark.skipif(not HAVE_VERL, reason=SKIP_REASON)]
+
+
+class _Queue:
+    """The message queue client's one call reset_staleness makes."""
+
+    async def get_queue_size(self):
+        return 0
+
+
+def _rollouter(tmp_path, k: int, per_version: int = 4):
+    """Our AspRollouter over verl's real FullyAsyncRollouter class, its state set as verl's __init__ sets
+    what _feed_samples, _create_continuous_iterator and reset_staleness read (the rest of __init__ starts
+    Ray workers and servers)."""
+    from omegaconf import OmegaConf
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from asp_ascend.integrations.verl.config_bridge import translate
+    from asp_ascend.integrations.verl.fully_async import asp_rollouter_class
+    from asp_ascend.integrations.verl.lengths import IndexedDataset
+    from asp_ascend.integrations.verl.plan import VerlSchedule, prompt_set_from_dataset
+
+    overrides = base_overrides(tmp_path, n=24, batch=per_version, mini=per_version, epochs=1)
+    cfg_verl = compose(overrides)
+    raw = OmegaConf.to_container(cfg_verl, resolve=True)
+    cfg, _ = translate(raw, [f"pipeline.lag_bound={k}", "pipeline.mode=async"])
+    tok = tokenizer()
+    ds = IndexedDataset(train_dataset(cfg_verl, tok))
+    asp = VerlSchedule(cfg, prompt_set_from_dataset(ds))
+    cls = asp_rollouter_class()
+    ro = cls.__new__(cls)
+    ro.asp, ro.config = asp, cfg_verl
+    sampler = asp.sampler(len(ds), layout="dispatch")
+    ro.train_dataloader = StatefulDataLoader(ds, batch_size=1, sampler=sampler, collate_fn=collate_fn)
+    ro.asp_gate = LagGate(cfg.train.global_batch_size, k)
+    ro.pending_queue = AdmissionQueue(ro.asp_gate, maxsize=128)
+    ro.global_steps, ro.total_rollout_steps = 0, len(ro.train_dataloader)
+    ro.lock, ro._resume_event, ro.paused, ro.active_tasks = asyncio.Lock(), asyncio.Event(), False, set()
+    ro.message_queue_client = _Queue()
+    ro.step_start_time = ro.idle_start_time = time.time()
+    ro._step_generated_samples, ro._completed_steps = 0, 0
+    ro._step_samples_history, ro._STEP_HISTORY_SIZE = collections.deque(maxlen=10), 10
+    ro._active_count_history = [(time.time(), 0, 1)]
+    ro.max_concurrent_samples = 1
+    return ro, asp, sampler
+
+
+@pytest.mark.parametrize("k", [0, 1])
+@pytest.mark.verl
+@pytest.mark.skipif(not HAVE_VERL, reason=SKIP_REASON)
+def test_verls_feed_runs_in_schedule_order_and_admission_keeps_the_lag_bound(tmp_path, k):
+    ro, asp, sampler = _rollouter(tmp_path, k)
+    b = ro.asp_gate.b
+    order = sampler.order(0)
+
+    async def run():
+        feeder = asyncio.ensure_future(ro._feed_samples())        # verl's own feed loop
+        await ro.reset_staleness()                                # the sync before fit: version 0
+        taken, version = [], 0
+        while True:
+            sample = await ro.pending_queue.get()                 # what verl's processor loop does
+            if sample is None:
+                break
+            taken.append((sample, ro.asp_gate.admitted[-1]))
+            # the trainer: once iteration `version` is complete and the next one is blocked, it trains and syncs
+            done = sum(1 for _, (it, _v) in taken if it == version)
+            if done == b and not ro.asp_gate.admissible() or ro.pending_queue.empty() and done == b:
+                await ro.reset_staleness()
+                version += 1
+        await feeder
+        return taken
+
+    taken = asyncio.run(run())
+    ids = [int(s.full_batch.non_tensor_batch["extra_info"][0]["asp_prompt_id"]) for s, _ in taken]
+    assert ids == [int(p) for p in order]                 # the schedule's dispatch order, iteration by iteration
+    assert len(ids) == len(order) and len(order) % b == 0
+    lags = [it - v for _, (it, v) in taken]
+    assert max(lags) == k and min(lags) >= 0              # the bound holds and, with k = 1, is used
+    for n, (_, (it, _v)) in enumerate(taken):
+        assert it == n // b
+    assert all(len(s.full_batch) == ro.config.actor_rollout_ref.rollout.n for s, _ in taken)
