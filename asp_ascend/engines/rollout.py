@@ -54,6 +54,7 @@ class _Group:
     t_admit: float
     version: int
     samples: dict = field(default_factory=dict)
+    sent: dict = field(default_factory=dict)      # sample -> tokens already reported by poll
 
 
 def pin_process(cores: list[int]) -> None:
@@ -117,23 +118,45 @@ class RolloutEngine:
     # ------------------------------------------------------------------ requests
     def submit(self, group_id: str, prompt_token_ids: list[int], n: int, max_tokens: int,
                temperature: float, top_p: float, seed: int, stop_token_ids: list[int],
-               meta: dict | None = None) -> int:
-        """Start ``n`` samples of one prompt; returns the version held at admission."""
+               meta: dict | None = None, prefix: list[dict] | None = None) -> int:
+        """Start ``n`` samples of one prompt; returns the version held at admission.
+
+        ``prefix`` (partial rollout: a group that ran on a failed instance resumes here): per
+        sample, the ``token_ids``, ``logprobs`` and ``segments`` generated so far and whether it
+        ``finished``. An unfinished sample continues as a request for prompt + its prefix with
+        the remaining token budget (the prefix is prefilled under this instance's weights; its
+        tokens keep their recorded versions and behaviour log-probs). The group's admission
+        version is then the oldest version behind any of its tokens."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         with self._lock:
             self._raise_background()
-            g = _Group(group_id, dict(meta or {}), n, time.time(), self.version)
+            now = time.time()
+            oldest = [int(p["segments"][0][1]) for p in (prefix or []) if p.get("token_ids") and p.get("segments")]
+            g = _Group(group_id, dict(meta or {}), n, now, min(oldest + [self.version]))
             self._groups[group_id] = g
             for s in range(n):
-                sp = SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens,
+                pre = (prefix or [])[s] if prefix and s < len(prefix) else {}
+                done_tokens = list(pre.get("token_ids", []))
+                rec = {"sample": s, "token_ids": done_tokens, "logprobs": list(pre.get("logprobs", [])),
+                       "t_first_token": now if done_tokens else None, "t_finish": None,
+                       "version_first": int(pre["segments"][0][1]) if done_tokens else self.version,
+                       "segments": [list(x) for x in pre.get("segments", [])] if done_tokens else [], "steps": 0,
+                       "resumed_at": len(done_tokens), "_drawn": bool(done_tokens)}
+                g.samples[s] = rec
+                g.sent[s] = len(done_tokens)
+                if pre.get("finished") or len(done_tokens) >= max_tokens:
+                    rec["t_finish"], rec["version_last"] = now, int(rec["segments"][-1][1]) if done_tokens else self.version
+                    rec["finish_reason"] = pre.get("finish_reason") or "length"
+                    continue
+                sp = SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens - len(done_tokens),
                                     logprobs=0, seed=seed * 1000 + s, output_kind=RequestOutputKind.DELTA,
                                     detokenize=False, stop_token_ids=list(stop_token_ids))
                 rid = f"{group_id}#{s}"
-                g.samples[s] = {"sample": s, "token_ids": [], "logprobs": [], "t_first_token": None,
-                                "t_finish": None, "version_first": self.version, "segments": [], "steps": 0}
-                self.engine.add_request(rid, self._prompt(prompt_token_ids), sp)
+                # the salt of the current version: a prefix resubmitted under v + 1 never reuses KV of v
+                self.engine.add_request(rid, self._prompt(list(prompt_token_ids) + done_tokens), sp)
+            self._finish_group_if_done(group_id)
         self._wake.set()
         return g.version
 
@@ -167,14 +190,26 @@ class RolloutEngine:
 
     def _progress(self) -> list[dict]:
         """Per running group: ``key`` (its meta's epoch and prompt id), ``finished`` (sample ->
-        length) and ``tokens`` (tokens so far of each unfinished sample)."""
+        length), ``tokens`` (tokens so far of each unfinished sample) and ``new`` (sample ->
+        [token ids, log-probs, segments, finish reason or None]: what it drew since the last poll, so the
+        caller holds every sample's prefix should this instance fail)."""
         out = []
         for g in self._groups.values():
             if g.meta.get("eval") or "prompt_id" not in g.meta:
                 continue
+            new = {}
+            for s, r in g.samples.items():
+                k = g.sent.get(s, 0)
+                if k < 0:        # finished and reported
+                    continue
+                if len(r["token_ids"]) > k or r["t_finish"] is not None:
+                    new[s] = [r["token_ids"][k:], r["logprobs"][k:], r["segments"],
+                              (r.get("finish_reason") or "stop") if r["t_finish"] is not None else None]
+                    g.sent[s] = len(r["token_ids"]) if r["t_finish"] is None else -1
             out.append({"key": [g.meta.get("epoch", 0), g.meta["prompt_id"]],
                         "finished": {s: len(r["token_ids"]) for s, r in g.samples.items() if r["t_finish"] is not None},
-                        "tokens": [len(r["token_ids"]) for r in g.samples.values() if r["t_finish"] is None]})
+                        "tokens": [len(r["token_ids"]) for r in g.samples.values() if r["t_finish"] is None],
+                        "new": new})
         return out
 
     # ------------------------------------------------------------------ weights
@@ -288,20 +323,31 @@ class RolloutEngine:
                 rec["t_finish"] = now
                 rec.setdefault("version_last", rec["version_first"])
                 spans = getattr(comp, "weight_versions", None) if self._labels else None
-                if spans:  # the engine core's own labels of the weights behind each token
-                    rec["segments"] = [[int(sp.start), int(sp.version)] for sp in spans]
-                    rec["version_first"], rec["version_last"] = int(spans[0].version), int(spans[-1].version)
+                if spans:  # the engine core's own labels of the weights behind each token (of this
+                    # request: a resumed sample's kept prefix comes first)
+                    at = rec["resumed_at"]
+                    kept = [x for x in rec["segments"] if x[0] < at]
+                    rec["segments"] = [x for i, x in enumerate(seg := kept + [[at + int(sp.start), int(sp.version)]
+                                                                            for sp in spans])
+                                       if i == 0 or x[1] != seg[i - 1][1]]
+                    rec["version_first"] = int(rec["segments"][0][1])
+                    rec["version_last"] = int(spans[-1].version)
                 rec["finish_reason"] = comp.finish_reason
                 rec.pop("_drawn", None)
                 if rec["t_first_token"] is None:
                     rec["t_first_token"] = now
-                if all(x["t_finish"] is not None for x in g.samples.values()):
-                    del self._groups[gid]
-                    self._done.append({"group_id": gid, "meta": g.meta, "instance": self.instance,
-                                       "admission_version": g.version, "t_admit": g.t_admit,
-                                       "speculative_tokens": int(self.speculative.get("num_speculative_tokens", 0)),
-                                       "samples": [g.samples[i] for i in range(g.size)]})
-                    self._has_done.set()
+                self._finish_group_if_done(gid)
+
+    def _finish_group_if_done(self, gid: str) -> None:
+        """Hand group ``gid`` to the next poll once all its samples are finished (lock held)."""
+        g = self._groups[gid]
+        if all(x["t_finish"] is not None for x in g.samples.values()):
+            del self._groups[gid]
+            self._done.append({"group_id": gid, "meta": g.meta, "instance": self.instance,
+                               "admission_version": g.version, "t_admit": g.t_admit,
+                               "speculative_tokens": int(self.speculative.get("num_speculative_tokens", 0)),
+                               "samples": [g.samples[i] for i in range(g.size)]})
+            self._has_done.set()
 
 
 def rollout_actor_class():

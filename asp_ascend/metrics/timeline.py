@@ -21,7 +21,8 @@
   ``speculative``: t, instance, epoch, prompt_id, tokens, steps, tokens_per_step, draft_tokens,
   accepted_per_step (a group drawn with speculative decoding).
   ``request`` events may carry ``segments`` ([[first token, version], ...]: the weights
-  behind each token of the sample).
+  behind each token of the sample) and ``resumed_at`` (partial rollout: tokens kept from a
+  failed instance, the sample continued from there).
 
 Times are seconds from the run's start. :class:`Timeline` keeps events columnar
 (lists of dicts per kind) and converts to pandas frames for the metric functions.

@@ -244,7 +244,8 @@ class Orchestrator:
                         sample=s["sample"], admission_version=v, t_admit=g["t_admit"] - self.t0,
                         t_first_token=s["t_first_token"] - self.t0, t_finish=s["t_finish"] - self.t0,
                         prompt_length=plen, response_length=len(s["token_ids"]),
-                        segments=s.get("segments") or [[0, v]], finish_reason=s.get("finish_reason"))
+                        segments=s.get("segments") or [[0, v]], finish_reason=s.get("finish_reason"),
+                        resumed_at=int(s.get("resumed_at", 0)))
             self.history.append({"prompt_id": pid, "epoch": epoch, "sample": s["sample"],
                                  "prompt_length": plen, "response_length": len(s["token_ids"])})
         g["iteration"], g["epoch"], g["prompt_id"] = job.iteration, epoch, pid
@@ -285,10 +286,14 @@ class Orchestrator:
             self.queue.reserve()
             self.fleet.watch.on_submit(r, self.now(), had_work=self.feeder.inflight[r] > 1)
             seed = zlib.crc32(f"{sp.seed}:{job.epoch}:{job.prompt_id}".encode()) & 0x7FFFFFFF
+            prefix = self.tail.prefix((job.epoch, job.prompt_id))  # partial rollout: resume a failed instance's group
+            if prefix is not None:
+                self.log.say(f"prompt {job.prompt_id}: resuming {sum(len(p['token_ids']) for p in prefix)} "
+                             f"generated token(s) on instance {r}")
             self.submit_refs.append(self.instances[r].submit.remote(
                 f"{job.epoch}:{job.prompt_id}", self.task.prompts.token_ids[job.prompt_id], sp.group_size,
                 sp.max_tokens, sp.temperature, sp.top_p, seed, sp.stop_token_ids,
-                {"epoch": job.epoch, "prompt_id": job.prompt_id}))
+                {"epoch": job.epoch, "prompt_id": job.prompt_id}, **({"prefix": prefix} if prefix else {})))
         self.tail.record_steals()
 
     def _start_train_step(self) -> None:

@@ -69,6 +69,9 @@ class TailControl:
         self.carry = CarryOver(self._slots(plan.iterations), options.max_split) if options.partial_rollout else None
         self.rooms = dict(options.rooms)
         self._reported: dict[Key, set] = {}     # samples whose finish the estimator has seen
+        # partial rollout: every running group's samples so far (token ids, log-probs, version
+        # segments, finished), so a group whose instance fails resumes from its prefix
+        self.prefixes: dict[Key, dict[int, dict]] = {}
         self._steals_seen = len(self.disp.steals)
         self.iteration_lengths: dict[int, list[int]] = {}   # finished sample lengths per (current) iteration
 
@@ -122,14 +125,32 @@ class TailControl:
         """An instance's per-group progress: ``{"key": (epoch, prompt_id), "finished": {sample: length},
         "tokens": [tokens so far of each unfinished sample]}``."""
         est = self.estimator
-        if est is None:
-            return
         for rep in reports:
             key = tuple(rep["key"])
-            if key not in est.groups:
+            if self.carry is not None and rep.get("new"):
+                self._extend_prefix(key, rep["new"])
+            if est is None or key not in est.groups:
                 continue
             self._finish_samples(key, rep["finished"])
             est.on_progress(key, rep["tokens"][: self.G - len(est.groups[key].finished)])
+
+    def _extend_prefix(self, key: Key, new: dict) -> None:
+        pre = self.prefixes.setdefault(key, {})
+        for s, (tokens, logprobs, segments, finished) in new.items():
+            p = pre.setdefault(int(s), {"token_ids": [], "logprobs": [], "segments": [], "finished": False})
+            p["token_ids"].extend(tokens)
+            p["logprobs"].extend(logprobs)
+            p["segments"], p["finished"] = [list(x) for x in segments], bool(finished)
+            if finished:
+                p["finish_reason"] = str(finished)
+
+    def prefix(self, key: Key) -> list[dict] | None:
+        """The samples of ``key`` generated so far on an instance that failed (None: none kept)."""
+        pre = self.prefixes.get(key)
+        if not pre or not any(p["token_ids"] for p in pre.values()):
+            return None
+        return [pre.get(s, {"token_ids": [], "logprobs": [], "segments": [], "finished": False})
+                for s in range(self.G)]
 
     def _finish_samples(self, key: Key, finished: dict) -> None:
         seen = self._reported.setdefault(key, set())
@@ -144,6 +165,7 @@ class TailControl:
             self._finish_samples(key, dict(enumerate(lengths)))
             self.estimator.on_group_finish(key)
         self._reported.pop(key, None)
+        self.prefixes.pop(key, None)
         if self.governor is not None:
             self.governor.on_finish(key)
         if self.carry is not None:

@@ -136,3 +136,22 @@ def test_late_groups_latest_first_and_carry_over_add():
     co = CarryOver([("a", 0, 0)], 1)
     co.add([("b", 1, 0)])
     assert co.iteration_of("b") == 1 and co.members[(1, 0)] == ["b"]
+
+
+def test_partial_rollout_keeps_each_running_groups_prefix_until_it_finishes():
+    plan = _plan([_job(0, 0, "a", 0, 5.0)], R=1)
+    ctl, _ = _control(plan, reestimate=True, partial_rollout=True)
+    feeder = plan.feeder()
+    _fill(feeder, ctl)
+    assert ctl.prefix((0, "a")) is None
+    ctl.on_progress([{"key": [0, "a"], "finished": {}, "tokens": [2, 1],
+                      "new": {0: [[7, 8], [-0.1, -0.2], [[0, 0]], None], 1: [[9], [-0.3], [[0, 0]], None]}}])
+    ctl.on_progress([{"key": [0, "a"], "finished": {1: 2}, "tokens": [3],
+                      "new": {0: [[5], [-0.5], [[0, 0], [2, 1]], None], 1: [[2], [-0.4], [[0, 0]], "stop"]}}])
+    pre = ctl.prefix((0, "a"))
+    assert pre[0] == {"token_ids": [7, 8, 5], "logprobs": [-0.1, -0.2, -0.5], "segments": [[0, 0], [2, 1]],
+                      "finished": False}
+    assert pre[1]["token_ids"] == [9, 2] and pre[1]["finished"] and pre[1]["finish_reason"] == "stop"
+    feeder.finished(0, "a")
+    ctl.on_finish((0, "a"), [3, 2])
+    assert ctl.prefix((0, "a")) is None
