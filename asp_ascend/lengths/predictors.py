@@ -39,8 +39,11 @@ def predict_lengths(history: pd.DataFrame | None, prompt_ids, prompt_lengths=Non
     if method not in METHODS:
         raise ValueError(f"unknown predictor {method!r}; valid: {', '.join(METHODS)}")
     ids = np.asarray(prompt_ids)
-    # integer ids (positions, see history.restrict_to(encode=True)) are kept as they are
-    ids = pd.Index(ids if ids.dtype.kind in "iu" else ids.astype(object).astype(str))
+    # integer ids against an integer-keyed history (positions, see history.restrict_to(encode=True))
+    # are kept as they are; anything else is compared as text
+    encoded = (ids.dtype.kind in "iu" and history is not None and "prompt_id" in history.columns
+               and history["prompt_id"].dtype.kind in "iu")
+    ids = pd.Index(ids if encoded else ids.astype(object).astype(str))
     n = len(ids)
     plen = None if prompt_lengths is None else np.asarray(prompt_lengths, dtype=float)
     if history is None or history.empty:
