@@ -28,7 +28,12 @@ Invariants (each checked by tests/runtime/test_fsdp_trainer.py):
 
 pi_prox and the KL reference are sharded copies (built from the model's config, loaded from
 the sharded state dict; no gather). Left out: tensor/sequence parallelism, CPU offload of
-parameters, mixed-precision policies (the model trains in ``model.dtype``).
+parameters.
+
+Precision: the sharded master weights and AdamW state are float32; a 16-bit ``model.dtype``
+is FSDP2's ``MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=float32)`` (parameters
+all-gathered in 16 bits for forward/backward, gradients reduced in float32), the single
+trainer's rule in FSDP's own terms.
 """
 from __future__ import annotations
 
@@ -36,7 +41,6 @@ import functools
 import json
 from pathlib import Path
 
-from ..algos.grpo import token_logprobs
 from .trainer import TrainerEngine, plan_micro_batches, step_denominator
 
 
@@ -80,7 +84,6 @@ class FSDPTrainerRank(TrainerEngine):
                                     rank=self.rank, world_size=self.world,
                                     timeout=datetime.timedelta(seconds=timeout_s))
         TrainerEngine.__init__(self, model_dir, **kw)
-        self._dtype = kw.get("dtype", "float32")
         return self.rank
 
     def _mesh(self):
@@ -90,15 +93,26 @@ class FSDPTrainerRank(TrainerEngine):
             self._mesh_obj = init_device_mesh(self.platform.device_type, (self.world,))
         return self._mesh_obj
 
+    def _autocast(self):
+        """FSDP2's mixed-precision policy casts the parameters itself (see _wrap_model)."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
     def _wrap_model(self, model):
         """fully_shard each decoder layer (``model.model.layers``, Qwen2/Llama style), then the root;
         gradients are summed across ranks (each rank's loss is already divided by the global count)."""
         from torch.distributed.fsdp import fully_shard
 
+        import torch
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
         mesh = self._mesh()
         layers = getattr(getattr(model, "model", None), "layers", None)
+        mp = (MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
+              if self.compute_dtype != torch.float32 else MixedPrecisionPolicy())
         for m in list(layers or []) + [model]:
-            fully_shard(m, mesh=mesh)
+            fully_shard(m, mesh=mesh, mp_policy=mp)
             m.set_gradient_divide_factor(1.0)  # per FSDP module: sum, do not average
             m.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
         return model
@@ -120,7 +134,7 @@ class FSDPTrainerRank(TrainerEngine):
         from transformers import AutoModelForCausalLM
 
         with self.device:  # initialised on the device (fast on GPUs); the weights come from the shards below
-            copy = AutoModelForCausalLM.from_config(self.model.config, dtype=getattr(torch, self._dtype))
+            copy = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32)
         copy = self._wrap_model(copy)
         copy.load_state_dict(self.model.state_dict())
         return copy.eval()
@@ -176,7 +190,7 @@ class FSDPTrainerRank(TrainerEngine):
             mine = batch[self.rank::self.world] or [([self.pad_id, self.pad_id], [])]
             ids, att = self._pad([p + a for p, a in mine])
             mask = self._response_tensor([[1.0] * len(a) for _, a in mine], [len(p) for p, _ in mine], ids.shape[1])
-            logp = token_logprobs(self.model, ids, att)
+            logp = self._logprobs(self.model, ids, att)
             loss = -(logp * mask).sum() / denom
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -210,13 +224,14 @@ class FSDPTrainerRank(TrainerEngine):
         full = dict(self._named_weights())
         osd = get_optimizer_state_dict(self.model, self.opt,
                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        reference = self._reference_state()
         if self.rank != 0:
             return str(path)
         names = self._param_names()
         index = {n: i for i, n in enumerate(names)}
         osd = {"state": {index[n]: v for n, v in osd["state"].items()},
                "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]}
-        return self._write_checkpoint(path, full, osd, {"devices": self.world, **state})
+        return self._write_checkpoint(path, full, osd, {"devices": self.world, **state}, reference)
 
     def load_checkpoint(self, path: str) -> int:
         """Optimizer (rank 0 reads the full state, the ranks take their shards), version, RNG."""
@@ -234,8 +249,32 @@ class FSDPTrainerRank(TrainerEngine):
                                  options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
         if (p / "rng.pt").is_file():
             self._set_rng_state(torch.load(p / "rng.pt", weights_only=False))
+        self._load_reference(p)
         self.version = int(json.loads((p / "trainer_state.json").read_text())["version"])
         return self.version
+
+    def _reference_state(self) -> dict | None:
+        """The reference's full weights on rank 0 (None elsewhere, or without one). Collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if self.ref_model is None:
+            return None
+        sd = get_model_state_dict(self.ref_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return {k: v.clone() for k, v in sd.items()} if self.rank == 0 else None
+
+    def _load_reference(self, path: Path) -> None:
+        """The checkpoint's reference, sharded like the model (rank 0 reads, the ranks take shards)."""
+        from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        if self.loss_cfg.kl_coef <= 0:
+            return
+        f = self._reference_file(path)
+        self.ref_model = self._sharded_copy()
+        sd = load_file(str(f)) if self.rank == 0 else {}
+        set_model_state_dict(self.ref_model, sd,
+                             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        self._reshard(self.ref_model)
 
     def shutdown(self) -> None:
         import torch.distributed as dist

@@ -15,6 +15,13 @@ Off-policy correction needs pi_prox, the trainer's weights at the start of the i
 for the iteration's first optimizer step these are the current weights (no extra pass);
 later steps use a frozen copy taken at ``begin_iteration`` (only when an iteration has
 several mini-batches). A reference copy for the KL term is kept only when ``kl_coef > 0``.
+
+Precision: the weights the optimizer updates (master weights) and AdamW's state are always
+float32. ``dtype`` (``model.dtype``) is the compute precision: with a 16-bit dtype forward
+and backward run under autocast in that dtype (a sharded trainer: FSDP2's
+``MixedPrecisionPolicy``), and the weights published to the rollout instances are cast to it.
+Updating 16-bit weights directly would round most small AdamW updates away (at lr 1e-6 about
+2 % of bf16 weights change over ten steps).
 """
 from __future__ import annotations
 
@@ -29,6 +36,9 @@ from ..algos.grpo import LossConfig, policy_loss, token_logprobs
 from ..platforms.attention import packed_attention
 from ..scheduler.microbatch import MODES, plan_step
 from .packing import build_micro_batch, micro_batch_logprobs, packing_supported
+
+
+REFERENCE_FILE = "reference.safetensors"  # the KL reference's weights in a checkpoint (kl_coef > 0)
 
 
 class TrainerEngine:
@@ -52,11 +62,15 @@ class TrainerEngine:
             torch.set_num_threads(len(cpu_cores))
         self.platform.manual_seed(seed)
         self.device = self.platform.torch_device(0)
+        self.compute_dtype = getattr(torch, dtype)
+        if self.compute_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"model.dtype: {dtype!r} is not one of float32, bfloat16, float16")
         if micro_batching not in ("auto", *MODES):
             raise ValueError(f"train.micro_batching: {micro_batching!r} is not one of auto, {', '.join(MODES)}")
         attn, self.varlen = (packed_attention(self.platform.name) if micro_batching in ("auto", "packed")
                              else (None, False))
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype),
+        # float32 master weights (and so float32 AdamW state) whatever the compute dtype
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                      **({"attn_implementation": attn} if attn else {}))
         self.micro_batching = self._resolve_micro_batching(micro_batching, model.to(self.device), attn)
         self.max_tokens = int(max_tokens_per_micro_batch)
@@ -92,6 +106,20 @@ class TrainerEngine:
                              "use train.micro_batching=sorted (or auto)")
         self.varlen = False
         return "sorted"
+
+    def _autocast(self):
+        """Forward/backward in the compute dtype (the master weights stay float32)."""
+        import contextlib
+
+        import torch
+
+        if self.compute_dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
+
+    def _logprobs(self, model, ids, att, temperature: float = 1.0, top_p: float = 1.0):
+        with self._autocast():
+            return token_logprobs(model, ids, att, temperature, top_p)
 
     # ------------------------------------------------------------------ batches
     def micro_batch_settings(self) -> tuple[str, int, int]:
@@ -139,7 +167,7 @@ class TrainerEngine:
             batch = [examples[i] for i in pick]
             ids, att = self._pad([p + a for p, a in batch])
             mask = self._response_tensor([[1.0] * len(a) for _, a in batch], [len(p) for p, _ in batch], ids.shape[1])
-            logp = token_logprobs(self.model, ids, att)
+            logp = self._logprobs(self.model, ids, att)
             loss = -(logp * mask).sum() / mask.sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -197,16 +225,18 @@ class TrainerEngine:
                 tw = batch.per_sequence([1.0 / max(c, 1) for c in counts], offs, counts)
             behav = batch.per_token([s["behav_logprobs"] for s in mb], offs)
             adv = batch.per_sequence([float(s["advantage"]) for s in mb], offs, counts)
-            logp = micro_batch_logprobs(self.model, batch, self.temperature, self.top_p)
+            with self._autocast():
+                logp = micro_batch_logprobs(self.model, batch, self.temperature, self.top_p)
             prox = ref = None
             if self.loss_cfg.off_policy != "none":
                 if first or self.prox_model is None:
                     prox = logp.detach()
                 else:
                     with torch.no_grad():
-                        prox = micro_batch_logprobs(self.prox_model, batch, self.temperature, self.top_p)
+                        with self._autocast():
+                            prox = micro_batch_logprobs(self.prox_model, batch, self.temperature, self.top_p)
             if self.ref_model is not None:
-                with torch.no_grad():
+                with torch.no_grad(), self._autocast():
                     ref = micro_batch_logprobs(self.ref_model, batch, self.temperature, self.top_p)
             loss, st = policy_loss(logp, behav, adv, mask, self.loss_cfg, prox, ref, token_weight=tw)
             (loss / denom).backward()
@@ -248,10 +278,14 @@ class TrainerEngine:
         ticket carries only the bucket layout; the weights wait here until ``send_weights``
         broadcasts them to the instances that were handed the ticket.
         """
+        import torch
+
         from ..platforms.transport import RayObjectStoreTransport, WeightTicket, plan_buckets, specs_of
 
         self.version = version
         named = self._named_weights()
+        if self.compute_dtype != torch.float32:  # the instances run (and receive) the compute dtype
+            named = [(n, t.to(self.compute_dtype) if t.is_floating_point() else t) for n, t in named]
         if transport == "object_store":  # (a pending broadcast of this version stays available)
             return RayObjectStoreTransport().prepare(version, named)
         if transport != "broadcast":
@@ -303,18 +337,47 @@ class TrainerEngine:
 
         ids, att = self._pad([list(prompt_ids) + list(response_ids)])
         with torch.no_grad():
-            lp = token_logprobs(self.model, ids, att, 1.0)[0]
+            lp = self._logprobs(self.model, ids, att, 1.0)[0]
         return [float(x) for x in lp[len(prompt_ids) - 1:]]
 
     def save_checkpoint(self, path: str, state: dict) -> str:
-        """Model + tokenizer + optimizer + ``state`` into ``path`` (written aside, then renamed)."""
-        return self._write_checkpoint(path, None, self.opt.state_dict(), state)
+        """Model + tokenizer + optimizer + ``state`` (+ the KL reference) into ``path`` (written
+        aside, then renamed)."""
+        return self._write_checkpoint(path, None, self.opt.state_dict(), state, self._reference_state())
 
-    def _write_checkpoint(self, path: str, model_state: dict | None, opt_state: dict, state: dict) -> str:
+    def _reference_state(self) -> dict | None:
+        """The KL reference's full weights (None without one). A sharded trainer gathers them."""
+        if self.ref_model is None:
+            return None
+        return {k: v.detach().to("cpu").clone() for k, v in self.ref_model.state_dict().items()}
+
+    def _load_reference(self, path: Path) -> None:
+        """The KL reference of the checkpoint at ``path`` (``kl_coef > 0``): the policy after the
+        warm start, not the resumed weights (docs/runtime.md)."""
+        from safetensors.torch import load_file
+
+        if self.loss_cfg.kl_coef <= 0:
+            return
+        f = self._reference_file(path)
+        self.ref_model = copy.deepcopy(self.model).eval()
+        self.ref_model.load_state_dict(load_file(str(f), device=str(self.device)))
+
+    def _reference_file(self, path: Path) -> Path:
+        f = Path(path) / REFERENCE_FILE
+        if not f.is_file():
+            raise RuntimeError(f"{path}: no {REFERENCE_FILE}, the KL reference (train.kl_coef="
+                               f"{self.loss_cfg.kl_coef} needs it): the checkpoint was written with "
+                               "train.kl_coef=0; resume with train.kl_coef=0 or start a new run")
+        return f
+
+    def _write_checkpoint(self, path: str, model_state: dict | None, opt_state: dict, state: dict,
+                          reference: dict | None = None) -> str:
         """The checkpoint folder (HF weights, tokenizer, ``optimizer.pt``, ``rng.pt``,
-        ``trainer_state.json``), written aside and renamed when complete. ``model_state``:
-        the full weights when the model itself holds only a shard (None: the model's own)."""
+        ``trainer_state.json``, ``reference.safetensors`` when there is a KL reference), written
+        aside and renamed when complete. ``model_state``: the full weights when the model itself
+        holds only a shard (None: the model's own)."""
         import torch
+        from safetensors.torch import save_file
 
         bad = [n for n, t in (model_state or self.model.state_dict()).items()
                if t.is_floating_point() and not bool(torch.isfinite(t).all())]
@@ -329,6 +392,8 @@ class TrainerEngine:
         self.tokenizer.save_pretrained(tmp)
         torch.save(opt_state, tmp / "optimizer.pt")
         torch.save(self._rng_state(), tmp / "rng.pt")
+        if reference is not None:
+            save_file({k: v.contiguous() for k, v in reference.items()}, str(tmp / REFERENCE_FILE))
         (tmp / "trainer_state.json").write_text(json.dumps({"schema_version": 1, "version": self.version, **state}))
         if final.exists():
             shutil.rmtree(final)
@@ -336,14 +401,16 @@ class TrainerEngine:
         return str(final)
 
     def load_checkpoint(self, path: str) -> int:
-        """Restore optimizer, policy version and RNG states from ``path`` (a folder written by
-        ``save_checkpoint``; the weights were loaded from it at construction). Returns the version."""
+        """Restore optimizer, policy version, RNG states and the KL reference from ``path`` (a
+        folder written by ``save_checkpoint``; the weights were loaded from it at construction).
+        Returns the version."""
         import torch
 
         p = Path(path)
         self.opt.load_state_dict(torch.load(p / "optimizer.pt", map_location=self.device, weights_only=False))
         if (p / "rng.pt").is_file():
             self._set_rng_state(torch.load(p / "rng.pt", weights_only=False))
+        self._load_reference(p)
         self.version = int(json.loads((p / "trainer_state.json").read_text())["version"])
         return self.version
 

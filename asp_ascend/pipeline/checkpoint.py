@@ -6,6 +6,7 @@ Layout (``output_dir/checkpoints``)::
       config.json, model.safetensors, tokenizer files     (the trainer: save_pretrained)
       optimizer.pt, rng.pt                                (the trainer: AdamW state, RNG states)
       trainer_state.json                                  (the trainer: policy version)
+      reference.safetensors                               (the trainer: KL reference, train.kl_coef > 0)
       run_state.json                                      (the driver: schedule cursor, length history)
     latest                  the name of the newest complete checkpoint, written last
 

@@ -188,3 +188,77 @@ def test_masked_samples_add_nothing(tiny):
     a = _total_gradient(tr, [samples[:3]], None)
     b = _total_gradient(tr, [samples[:3] + [{**samples[3], "masked": True, "advantage": 5.0}]], None)
     assert all(torch.allclose(x, y, rtol=1e-5, atol=1e-10) for x, y in zip(a, b))
+
+
+# ----------------------------------------------------------------- fp32 master weights (item 2)
+
+def _share_moved(dtype: str, tiny) -> tuple[float, object]:
+    """Ten optimizer steps at lr 1e-6: the share of weight elements that changed."""
+    import torch
+
+    from asp_ascend.algos.grpo import LossConfig
+    from asp_ascend.engines.trainer import TrainerEngine
+
+    tr = TrainerEngine(str(tiny), lr=1e-6, weight_decay=0.0, loss=LossConfig(off_policy="none"), micro_batch_size=8,
+                       temperature=1.0, seed=0, dtype=dtype)
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    samples = [{**s, "advantage": (-1.0) ** k} for k, s in enumerate(_iteration())]
+    for i in range(10):
+        tr.begin_iteration(i, 1)
+        tr.train_step(samples)
+    moved = sum(int((p.detach() != b).sum()) for p, b in zip(tr.model.parameters(), before))
+    return moved / sum(b.numel() for b in before), tr
+
+
+@pytest.mark.runtime
+def test_16bit_config_moves_as_many_weights_as_fp32(tiny):
+    """model.dtype=bfloat16 keeps float32 master weights and AdamW state: ten small steps move the
+    same share of weights as float32 (bf16 weights updated in place round most of them away);
+    the instances still receive bf16 weights."""
+    import torch
+
+    from asp_ascend.platforms.transport import RayObjectStoreTransport
+
+    full, _ = _share_moved("float32", tiny)
+    half, tr = _share_moved("bfloat16", tiny)
+    assert full > 0.9
+    assert half >= 0.95 * full, (half, full)
+    assert all(p.dtype == torch.float32 for p in tr.model.parameters())
+    assert all(v.dtype == torch.float32 for st in tr.opt.state.values() for v in st.values() if v.dim())
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        sent = dict(RayObjectStoreTransport().recv(tr.publish(10)))
+    finally:
+        if started:
+            ray.shutdown()
+    assert {t.dtype for t in sent.values() if t.is_floating_point()} == {torch.bfloat16}
+
+
+# ----------------------------------------------------------------- KL reference on resume (item 3)
+
+@pytest.mark.runtime
+def test_resumed_trainer_keeps_the_kl_reference(tiny, tmp_path):
+    """The KL reference is the policy of the run's first iteration, also after resume=true: a
+    trainer resumed from a checkpoint computes the same KL as the uninterrupted one."""
+    from asp_ascend.algos.grpo import LossConfig
+    from asp_ascend.engines.trainer import TrainerEngine
+
+    kw = dict(lr=1e-2, weight_decay=0.0, loss=LossConfig(off_policy="none", kl_coef=0.1), micro_batch_size=8,
+              temperature=1.0, seed=0)
+    samples = _iteration()
+    tr = TrainerEngine(str(tiny), **kw)
+    for i in range(2):
+        tr.begin_iteration(i, 1)
+        tr.train_step(samples)
+    tr.save_checkpoint(str(tmp_path / "ck"), {"iteration": 2})
+    tr.begin_iteration(2, 1)
+    kl = tr.train_step(samples)["kl"]
+    assert kl > 1e-4  # the policy moved away from its reference
+
+    resumed = TrainerEngine(str(tmp_path / "ck"), **kw)
+    assert resumed.load_checkpoint(str(tmp_path / "ck")) == 1
+    resumed.begin_iteration(2, 1)
+    assert resumed.train_step(samples)["kl"] == pytest.approx(kl, rel=1e-4)
