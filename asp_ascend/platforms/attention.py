@@ -114,5 +114,5 @@ def _varlen_sdpa_forward(module, query, key, value, attention_mask, dropout: flo
             q[index].transpose(1, 2), k[index].transpose(1, 2), v[index].transpose(1, 2),
             attn_mask=None if mask is None else mask.to(dev), is_causal=mask is None,
             dropout_p=dropout, scale=scaling)
-        out = out.index_put((index[valid],), o.transpose(1, 2)[valid])
+        out = out.index_put((index[valid],), o.transpose(1, 2)[valid].to(out.dtype))  # autocast: o may be 16-bit
     return out.unsqueeze(0), None
