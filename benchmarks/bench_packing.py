@@ -20,9 +20,9 @@ x the step's longest sequence, and a fixed budget): trainer seconds per iteratio
 over the timed iterations, the first iteration of each being a warm-up that is not timed),
 padding bubble (pad slots / all slots, metrics.bubbles.padding_bubble over every step),
 micro-batches per step, real tokens per trainer second, and the speed-up over ``padded`` at the
-default budget. A least-squares fit over every timed step (seconds = per padded slot + per packed
-token + per micro-batch + per step) gives what a packed token costs in padded slots: the
-simulator's packed trainer cost (sim/costs.py ``PACKED_TOKEN_COST``). Written to
+default budget. Seconds per packed token over seconds per padded/sorted slot, per workload and
+budget, give what a packed token costs in padded slots: the simulator's packed trainer cost
+(sim/costs.py ``PACKED_TOKEN_COST``). Written to
 ``OUT/bench_packing.json``; the table is printed as markdown (docs/runtime.md holds a copy).
 """
 from __future__ import annotations
@@ -140,25 +140,22 @@ def bench_config(path: str, out: Path, iterations: int, threads: int, budgets: l
             "micro_batch_size": t.micro_batch_size}
 
 
-def fit_step_cost(steps: list[dict]) -> dict:
-    """Least squares over every timed step: seconds = s_slot * padded-row slots
-    + s_packed * packed tokens + s_mb * micro-batches + s_step. ``packed_token_cost`` =
-    s_packed / s_slot: what a packed token costs in padded slots (the simulator's packed cost)."""
-    X = np.array([[0 if st["mode"] == "packed" else st["tokens"] + st["padded_tokens"],
-                   st["tokens"] if st["mode"] == "packed" else 0, st["micro_batches"], 1.0] for st in steps], float)
-    y = np.array([st["seconds"] for st in steps])
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
-    resid = y - X @ coef
-    cov = np.linalg.pinv(X.T @ X) * float(resid @ resid) / max(1, len(y) - X.shape[1])
-    se = np.sqrt(np.maximum(np.diag(cov), 0.0))
-    ratio = coef[1] / coef[0]
-    # delta method on s_packed / s_slot (the two coefficients' covariance included)
-    g = np.array([-coef[1] / coef[0] ** 2, 1.0 / coef[0], 0.0, 0.0])
-    return {"s_per_padded_slot": float(coef[0]), "s_per_packed_token": float(coef[1]),
-            "s_per_micro_batch": float(coef[2]), "s_per_step": float(coef[3]),
-            "stderr": [float(x) for x in se], "packed_token_cost": float(ratio),
-            "packed_token_cost_stderr": float(np.sqrt(max(g @ cov @ g, 0.0))), "steps": len(y),
-            "r2": float(1 - resid @ resid / max(((y - y.mean()) ** 2).sum(), 1e-12))}
+def packed_token_cost(results: list[dict]) -> dict:
+    """What a packed token costs in padded slots: per workload and budget, trainer seconds per
+    packed token (packed steps) over seconds per slot (padded and sorted steps); mean and
+    standard deviation over the pairs (the simulator's ``PACKED_TOKEN_COST``)."""
+    pairs = {}
+    for res in results:
+        by = {}
+        for st in res["steps"]:
+            k = (st["budget"], st["mode"] == "packed")
+            sec, units = by.get(k, (0.0, 0))
+            by[k] = (sec + st["seconds"], units + st["tokens"] + (0 if k[1] else st["padded_tokens"]))
+        for b in {k[0] for k in by}:
+            (sp, up), (ss, us) = by[b, True], by[b, False]
+            pairs[f"{Path(res['config']).stem}@{b}"] = (sp / up) / (ss / us)
+    v = np.array(list(pairs.values()))
+    return {"pairs": pairs, "mean": float(v.mean()), "std": float(v.std(ddof=1)) if v.size > 1 else 0.0}
 
 
 def table(results: list[dict]) -> str:
@@ -189,15 +186,13 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     results = [bench_config(c, out, a.iterations, a.threads, a.budgets) for c in a.configs]
-    fit = fit_step_cost([st for r in results for st in r["steps"]])
+    cost = packed_token_cost(results)
     meta = {"schema_version": 1, "iterations": a.iterations, "threads": a.threads, "elapsed_s": time.time() - t0,
-            "load_average_end": os.getloadavg(), "step_cost_fit": fit, "results": results}
+            "load_average_end": os.getloadavg(), "packed_token_cost": cost, "results": results}
     write_json_atomic(out / "bench_packing.json", meta)
     print(table(results))
-    print(f"\nstep cost fit over {fit['steps']} steps (R^2 {fit['r2']:.3f}): "
-          f"{fit['s_per_padded_slot'] * 1e6:.1f} us / padded slot, {fit['s_per_packed_token'] * 1e6:.1f} us / packed "
-          f"token, {fit['s_per_micro_batch'] * 1e3:.1f} ms / micro-batch, {fit['s_per_step'] * 1e3:.1f} ms / step; "
-          f"a packed token costs {fit['packed_token_cost']:.3f} +- {fit['packed_token_cost_stderr']:.3f} padded slots")
+    print(f"\na packed token costs {cost['mean']:.3f} +- {cost['std']:.3f} padded slots "
+          f"({', '.join(f'{k} {v:.3f}' for k, v in cost['pairs'].items())})")
     print(f"\n{json.dumps({'elapsed_s': round(meta['elapsed_s'], 1), 'load_average_end': meta['load_average_end']})}")
     return 0
 

@@ -17,6 +17,7 @@ import pandas as pd
 
 from ..metrics.bubbles import iteration_lower_bounds
 from ..scheduler.cost import CostModel
+from .costs import trainer_slots
 
 
 def group_latencies(prompt_length: np.ndarray, resp: np.ndarray, cm: CostModel) -> np.ndarray:
@@ -25,8 +26,10 @@ def group_latencies(prompt_length: np.ndarray, resp: np.ndarray, cm: CostModel) 
 
 
 def lower_bounds(jobs, mb_table: pd.DataFrame, train_per_token: float, train_per_step: float, cm: CostModel,
-                 num_instances: int, max_num_seqs: int, kv_capacity: int, lag_bound: int) -> np.ndarray:
-    """LB_i for every iteration of ``jobs`` (a :class:`~asp_ascend.sim.engine.SimJobs`)."""
+                 num_instances: int, max_num_seqs: int, kv_capacity: int, lag_bound: int,
+                 micro_batching: str = "padded") -> np.ndarray:
+    """LB_i for every iteration of ``jobs`` (a :class:`~asp_ascend.sim.engine.SimJobs`); the trainer
+    pays for ``mb_table``'s micro-batches as the simulated trainer does (costs.trainer_slots)."""
     it = jobs.iteration.astype(np.int64)
     n_it = int(it.max()) + 1
     G = jobs.resp.shape[1]
@@ -39,7 +42,7 @@ def lower_bounds(jobs, mb_table: pd.DataFrame, train_per_token: float, train_per
         conc = np.maximum(1.0, np.minimum(conc, kv_capacity / np.maximum(ctx, 1.0)))
     peak = cm.peak_throughput(conc, ctx)
     decode_s = tok / (num_instances * peak)
-    tt = mb_table["tokens"].to_numpy(float) + mb_table["padded_tokens"].to_numpy(float)
+    tt = trainer_slots(mb_table["tokens"], mb_table["padded_tokens"], micro_batching)
     train_s = np.bincount(mb_table["iteration"].to_numpy(np.int64),
                           weights=train_per_token * tt + train_per_step, minlength=n_it)
     lat = np.zeros(n_it)

@@ -207,7 +207,7 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     tl = eng.run()
     mbt = minibatch_tokens(jobs, tr.micro_batch_size, tr.micro_batching)
     lb = lower_bounds(jobs, mbt, tr.train_per_token, tr.train_per_step, true_cm, spec.num_instances,
-                      settings.max_num_seqs, costs.kv_capacity, spec.lag_bound)
+                      settings.max_num_seqs, costs.kv_capacity, spec.lag_bound, tr.micro_batching)
     lag_bound = spec.lag_bound + (mech.max_split if mech.partial_rollout else 0)
     summ = summarize(tl, num_instances=spec.num_instances, max_num_seqs=settings.max_num_seqs,
                      lag_bound=lag_bound, lower_bounds=lb)

@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from .costs import trainer_slots
 from .jobs import SimJobs, minibatch_tokens
 
 PUBLISH, TRAIN = 0, 1     # event kinds (see engine.py)
@@ -53,7 +54,7 @@ class Trainer:
         self.mbt = mbt = minibatch_tokens(jobs, spec.micro_batch_size, spec.micro_batching)
         self.mb_iter = mbt["iteration"].to_numpy().tolist()
         self.mb_groups = mbt["groups"].to_numpy().tolist()
-        self.mb_dur = (spec.train_per_token * (mbt["tokens"] + mbt["padded_tokens"]).to_numpy(float)
+        self.mb_dur = (spec.train_per_token * trainer_slots(mbt["tokens"], mbt["padded_tokens"], spec.micro_batching)
                        + spec.train_per_step).tolist()
         index = {(int(i), int(m)): x for x, (i, m) in enumerate(zip(mbt["iteration"], mbt["mini_batch"]))}
         self.job_mb = [index[(int(i), int(m))] for i, m in zip(jobs.iteration.tolist(), jobs.mini_batch.tolist())]
@@ -192,4 +193,5 @@ class Trainer:
         row = minibatch_tokens(sub, spec.micro_batch_size, spec.micro_batching).iloc[0]
         self.mbt.iat[x, self.mbt.columns.get_loc("tokens")] = row["tokens"]
         self.mbt.iat[x, self.mbt.columns.get_loc("padded_tokens")] = row["padded_tokens"]
-        self.mb_dur[x] = spec.train_per_token * float(row["tokens"] + row["padded_tokens"]) + spec.train_per_step
+        self.mb_dur[x] = (spec.train_per_token * float(trainer_slots(row["tokens"], row["padded_tokens"],
+                                                                      spec.micro_batching)) + spec.train_per_step)

@@ -144,3 +144,4 @@ def test_two_ranks_get_equal_micro_batch_counts_and_near_equal_tokens(mode):
             spread += cost
         bound = max(size(s) for s in samples) if mode == "packed" else max(spread) - min(spread)
         assert abs(slots[0] - slots[1]) <= bound
+
