@@ -136,3 +136,34 @@ def test_length_history_from_verl_batches_feeds_the_adaptive_replan(tmp_path):
     e1 = asp.frame[asp.frame.epoch == 1].set_index("prompt_id").predicted_length
     want = h0.groupby("prompt_id").response_length.mean()
     assert np.allclose(e1.loc[want.index], want)
+
+
+def test_one_step_off_trainer_feeds_the_schedule_iterations(tmp_path):
+    """verl's OneStepOffRayTrainer (separate rollout, one version of lag) with the ASP hooks: its own
+    _create_continuous_iterator walks the dataloader built around the sampler, and every batch is one
+    schedule iteration laid out as its mini-batches, epoch after epoch."""
+    from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
+    from verl.trainer.ppo.ray_trainer import ResourcePoolManager
+    from verl.trainer.ppo.utils import Role
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from asp_ascend.integrations.verl.layout import update_steps
+    from asp_ascend.integrations.verl.trainer import asp_trainer_class
+
+    overrides = base_overrides(tmp_path) + ["actor_rollout_ref.hybrid_engine=false"]
+    cfg_verl, asp, tok = _asp(tmp_path, overrides, ["verl.mode=one_step_off"])
+    assert asp.cfg.pipeline.lag_bound == 1 and asp.cfg.pipeline.mode == "async"
+    ds = train_dataset(cfg_verl, tok)
+    tr = asp_trainer_class(OneStepOffRayTrainer)(
+        config=cfg_verl, tokenizer=tok, role_worker_mapping={Role.ActorRollout: object},
+        resource_pool_manager=ResourcePoolManager(resource_pool_spec={}, mapping={}), train_dataset=ds,
+        val_dataset=ds, collate_fn=collate_fn, asp=asp)
+    tr.asp_sampler.set_trainer_dp(2)
+    batches = [_ids(b) for _epoch, b in tr._create_continuous_iterator()]
+    assert len(batches) == 10
+    sched = asp.frame
+    for k, ids in enumerate(batches):
+        epoch, it = divmod(k, 5)
+        rows = sched[(sched.epoch == epoch) & (sched.iteration == sched[sched.epoch == epoch].iteration.min() + it)]
+        planned = [sorted(g.prompt_id.astype(int)) for _, g in rows.groupby("mini_batch")]
+        assert [sorted(s) for s in update_steps(ids, 4, 2)] == planned

@@ -49,6 +49,15 @@ def _task_runner_class():
 
         def run(self, config):
             from omegaconf import OmegaConf
+
+            mode = ((config.get("asp") or {}).get("verl") or {}).get("mode", "sync")
+            if mode == "one_step_off":
+                return self.run_one_step_off(config)
+            if mode != "sync":
+                from ...errors import ConfigError
+
+                raise ConfigError([f"asp.verl.mode: {mode} has no entry yet (sync and one_step_off do; fully async: "
+                                   f"asp_ascend.integrations.verl.fully_async.asp_rollouter_class, docs/verl.md)"])
             from verl.trainer.ppo.ray_trainer import RayPPOTrainer
             from verl.trainer.ppo.utils import create_rl_dataset, need_critic, need_reference_policy
             from verl.utils.config import validate_config
@@ -77,6 +86,37 @@ def _task_runner_class():
             trainer.fit()
             asp.recorder.consolidate()
 
+        def run_one_step_off(self, config):
+            """verl's one-step-off recipe (its OneStepTaskRunner's steps) with the ASP trainer hooks."""
+            import asyncio
+
+            from omegaconf import OmegaConf
+            from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
+            from verl.experimental.separation.utils import create_resource_pool_manager, create_role_worker_mapping
+            from verl.trainer.ppo.utils import create_rl_dataset, need_critic, need_reference_policy
+            from verl.utils.config import validate_config
+            from verl.utils.dataset.rl_dataset import collate_fn
+
+            from .trainer import asp_trainer_class
+
+            OmegaConf.resolve(config)
+            role_worker_mapping, group_cls = create_role_worker_mapping(config)
+            validate_config(config=config, use_reference_policy=need_reference_policy(config),
+                            use_critic=need_critic(config))
+            cfg, tokenizer, asp = prepare(config)
+            data = {split: create_rl_dataset(config.data[f"{split}_files"], config.data, tokenizer, None,
+                                             is_train=split == "train",
+                                             max_samples=config.data.get(f"{split}_max_samples", -1))
+                    for split in ("train", "val")}
+            trainer = asp_trainer_class(OneStepOffRayTrainer)(
+                config=config, tokenizer=tokenizer, role_worker_mapping=role_worker_mapping,
+                resource_pool_manager=create_resource_pool_manager(config, role_worker_mapping.keys()),
+                ray_worker_group_cls=group_cls, train_dataset=data["train"], val_dataset=data["val"],
+                collate_fn=collate_fn, device_name=config.trainer.device, asp=asp)
+            trainer.init_workers()
+            asyncio.run(trainer.fit())
+            asp.recorder.consolidate()
+
     return ray.remote(num_cpus=1)(AspTaskRunner)
 
 
@@ -101,6 +141,12 @@ def main(argv=None) -> int:
                 cfg, _, asp = prepare(config)
                 print(f"asp verl: schedule {asp.path} ({len(asp.frame)} rows); config in {cfg.output_dir}")
                 return
+            mode = ((config.get("asp") or {}).get("verl") or {}).get("mode", "sync")
+            if mode not in ("sync", "one_step_off"):
+                from ...errors import ConfigError
+
+                raise ConfigError([f"asp.verl.mode: {mode} has no entry yet (sync and one_step_off do); the fully "
+                                   f"async rollouter is asp_ascend.integrations.verl.fully_async (docs/verl.md)"])
             run_ppo(config, task_runner_class=_task_runner_class())
         except AspError as exc:
             print(f"asp verl: error: {exc}", file=sys.stderr)
