@@ -11,9 +11,12 @@ exactly what the simulator admitted, in the same order. The trainer, which would
 runtime's sample queue, is not part of this, so the queue's backpressure is set out of reach.
 
 Cases: every dispatch policy (shared queue or per-instance queues), static and guided dispatch,
-k = 0, 1, 2, ``pipeline.mode: sync``, and two-epoch schedules (the boundary between epochs).
+k = 0, 1, 2, ``pipeline.mode: sync``, two-epoch schedules (the boundary between epochs), and
+tail-aware concurrency (the planner's rooms through the shared TailControl).
 Not here, because only the runtime has them: instance failures, restarts and rejoins
-(``tests/runtime``, ``tests/reliability``), resume from a checkpoint, and adaptive re-planning.
+(``tests/runtime``, ``tests/reliability``), resume from a checkpoint, adaptive re-planning; and
+re-estimation, whose input (the instances' progress reports) differs between a simulated and a
+real instance by nature.
 """
 from __future__ import annotations
 
@@ -27,14 +30,20 @@ from asp_ascend.pipeline.orchestrator import Orchestrator, Prompts, RunOutputs, 
 from asp_ascend.scheduler.cost import CostModel
 from asp_ascend.scheduler.execution import ExecutionPlan, ExecutionSettings
 from asp_ascend.scheduler.planner import plan
+from asp_ascend.scheduler.tail_control import TailOptions
 from asp_ascend.sim.engine import Engine, SimJobs, TrainerSpec
+from asp_ascend.sim.mechanisms import SimMechanisms
 
 G, R = 2, 2
+COST = CostModel(decode_a=0.01, decode_b=1e-5, decode_c=1e-3, prefill_per_token=1e-4)
 
 
-def schedule_and_lengths(policy: str, k: int, seed: int = 1, epochs: int = 1):
+def schedule_and_lengths(policy: str, k: int, seed: int = 1, epochs: int = 1, tail: str = "off",
+                         max_num_seqs: int = 4):
     """``epochs`` epochs of 24 prompts, each planned on its own (as ``scheduler/run.plan_epochs``
-    does), with true lengths that the predictions get wrong (so guided dispatch has work to do)."""
+    does), with true lengths that the predictions get wrong (so guided dispatch has work to do).
+    ``tail`` (rollout.tail_concurrency): the planner sizes rooms for the groups that set their
+    iteration's floor (the ``room`` column)."""
     rng = np.random.default_rng(seed)
     n = 24
     ids = np.array([f"p{i}" for i in range(n)], dtype=object)
@@ -43,8 +52,8 @@ def schedule_and_lengths(policy: str, k: int, seed: int = 1, epochs: int = 1):
         truth = rng.integers(1, 40, (n, G))
         predicted = truth.mean(axis=1) * rng.uniform(0.3, 3.0, n)
         sched = plan(ids, predicted, np.full(n, 4.0), policy=policy, group_size=G, global_batch_size=6,
-                     mini_batch_size=3, num_instances=R, max_num_seqs=4, lag_bound=k, epoch=e,
-                     iteration_offset=offset, seed=seed)
+                     mini_batch_size=3, num_instances=R, max_num_seqs=max_num_seqs, lag_bound=k, epoch=e,
+                     iteration_offset=offset, seed=seed, **({} if tail == "off" else {"tail": tail, "cost": COST}))
         offset = int(sched["iteration"].max()) + 1
         rows = {p: i for i, p in enumerate(ids)}
         frames.append(sched)
@@ -52,17 +61,23 @@ def schedule_and_lengths(policy: str, k: int, seed: int = 1, epochs: int = 1):
     return pd.concat(frames, ignore_index=True), np.concatenate(resps)
 
 
-def simulate(sched, resp, settings) -> list:
+def rooms_of(sched) -> dict:
+    capped = sched[sched["room"] > 0] if "room" in sched else sched.iloc[:0]
+    return {(int(e), str(p)): int(n) for e, p, n in zip(capped["epoch"], capped["prompt_id"], capped["room"])}
+
+
+def simulate(sched, resp, settings, tail: str = "off") -> list:
     jobs = SimJobs(epoch=sched["epoch"].to_numpy(np.int64), prompt_id=sched["prompt_id"].to_numpy(object),
                    iteration=sched["iteration"].to_numpy(np.int64), mini_batch=sched["mini_batch"].to_numpy(np.int64),
                    instance=sched["instance"].to_numpy(np.int64),
                    dispatch_rank=sched["dispatch_rank"].to_numpy(np.int64),
                    prompt_length=np.full(len(sched), 4, np.int64), resp=np.asarray(resp, np.int64),
-                   predicted_length=sched["predicted_length"].to_numpy(float))
+                   predicted_length=sched["predicted_length"].to_numpy(float),
+                   room=sched["room"].to_numpy(np.int64) if "room" in sched else None)
     trace: list = []
-    cm = CostModel(decode_a=0.01, decode_b=1e-5, decode_c=1e-3, prefill_per_token=1e-4)
-    Engine(jobs, settings, cost=cm, kv_capacity=0, trainer=TrainerSpec(1e-3, 0.05, 0.02, 4, "packed"),
-           stream_train=not settings.sync_mode, sync_pause=False, group_slots=True, trace=trace).run()
+    Engine(jobs, settings, cost=COST, kv_capacity=0, trainer=TrainerSpec(1e-3, 0.05, 0.02, 4, "packed"),
+           stream_train=not settings.sync_mode, sync_pause=False, group_slots=True, trace=trace,
+           mechanisms=SimMechanisms(tail_concurrency=tail)).run()
     return trace
 
 
@@ -139,7 +154,7 @@ class MindSpeedInstance:
                                           "version": g["admission_version"]}} for g in done]}
 
 
-def replay_runtime(sched, settings, blks, versions, tmp_path) -> list[list]:
+def replay_runtime(sched, settings, blks, versions, tmp_path, tail: str = "off") -> list[list]:
     submitted: list = []
     handles = [RuntimeInstance(r, submitted) for r in range(R)]
     ids = sched["prompt_id"].tolist()
@@ -147,7 +162,8 @@ def replay_runtime(sched, settings, blks, versions, tmp_path) -> list[list]:
                 lambda ids: "", Sampling(G, 8, 1.0, 1.0, [], 0))
     logger = RunLogger(tmp_path, tensorboard=False, wandb_project=None, progress=False, total_iterations=0)
     orch = Orchestrator(handles, None, ExecutionPlan.from_schedule(sched, settings), task,
-                        RunOutputs(tmp_path / "timeline.jsonl", logger, 0.0), weight_sync=object())
+                        RunOutputs(tmp_path / "timeline.jsonl", logger, 0.0), weight_sync=object(),
+                        tail=TailOptions(tail_concurrency=tail, rooms=rooms_of(sched)))
     orch.ray = RayStandIn()
     for r in range(R):
         orch.poll_refs[r] = handles[r].poll.remote(0.0)
@@ -167,11 +183,12 @@ def replay_runtime(sched, settings, blks, versions, tmp_path) -> list[list]:
     return got
 
 
-def replay_mindspeed(sched, settings, blks, versions) -> list[list]:
+def replay_mindspeed(sched, settings, blks, versions, tail: str = "off") -> list[list]:
     submitted: list = []
     insts = [MindSpeedInstance(r, submitted) for r in range(R)]
     src = DispatcherSource(ExecutionPlan.from_schedule(sched, settings), insts, lambda pid: ([1, 2, 3, 4], {}),
-                           sampling={}, poll_interval_s=0.0)
+                           sampling={}, poll_interval_s=0.0,
+                           tail=TailOptions(tail_concurrency=tail, rooms=rooms_of(sched)))
     got = []
     for events, _ in blks:
         published = [ev[1] for ev in events if ev[0] == "publish"]
@@ -215,3 +232,23 @@ def test_simulator_runtime_and_mindspeed_admit_alike(policy, dispatch, k, mode, 
     if dispatch == "guided":
         assert any(r != inst for r, (e, p) in ((a[0], a[1:]) for a in sum(want, []))
                    for inst in sched.loc[(sched.epoch == e) & (sched.prompt_id == p), "instance"])
+
+
+@pytest.mark.parametrize("policy,dispatch,tail,epochs", [("asp", "static", "2", 1), ("asp", "guided", "2", 2),
+                                                         ("asp", "static", "auto", 2)])
+def test_tail_rooms_admit_alike(policy, dispatch, tail, epochs, tmp_path):
+    """Tail-aware concurrency (rollout.tail_concurrency, DESIGN 9 c): the planner's rooms cap an
+    instance running a floor-setting group, through the same TailControl in all three loops."""
+    sched, resp = schedule_and_lengths(policy, 1, epochs=epochs, tail=tail, max_num_seqs=8)
+    assert rooms_of(sched)
+    settings = ExecutionSettings(policy=policy, lag_bound=1, group_size=G, max_num_seqs=8, num_instances=R,
+                                 dispatch=dispatch, epochs=epochs, queue_capacity=10 ** 6)
+    trace = simulate(sched, resp, settings, tail)
+    blks = blocks(trace)
+    versions = {(e[2], e[3]): e[4] for e in trace if e[0] == "admit"}
+    want = [admits for _, admits in blks]
+    assert sum(map(len, want)) == len(sched)
+    assert replay_runtime(sched, settings, blks, versions, tmp_path, tail) == want
+    assert replay_mindspeed(sched, settings, blks, versions, tail) == want
+    uncapped = [e[1:4] for e in simulate(sched, resp, settings) if e[0] == "admit"]
+    assert uncapped != sum(want, [])       # the rooms changed what was admitted when

@@ -5,17 +5,22 @@ it drives rollout instances (anything with the runtime's ``RolloutEngine`` metho
 ``submit`` / ``poll``) through an :class:`~asp_ascend.scheduler.execution.ExecutionPlan` and its
 :class:`~asp_ascend.scheduler.execution.Feeder`, the admission path of the simulator and the
 runtime (lag bound after the sync rule, ``max_num_seqs // G`` groups in flight per instance, the
-policy's shared queue, ``scheduler.dispatch``), and buffers finished groups per iteration.
+policy's shared queue, ``scheduler.dispatch``) and the same tail glue
+(:class:`~asp_ascend.scheduler.tail_control.TailControl`: the planned rooms of tail-aware
+concurrency, re-estimation from the instances' progress reports), and buffers finished groups
+per iteration.
 :func:`build_async_rollout` builds it on NPUs from the runtime's rollout actor.
 """
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from collections import defaultdict
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from ...errors import AspError, ConfigError
 from ...scheduler.execution import ExecutionPlan, ExecutionSettings
+from ...scheduler.tail_control import TailControl, TailOptions
 from .async_loop import LoopSettings, SampleGroup
 
 
@@ -29,19 +34,24 @@ class DispatcherSource:
     """SampleSource over live instances: schedule order, lag bound, bounded in-flight work.
 
     ``plan``: the schedule from the resume position on (its settings carry k, G, the group
-    slots, the shared queue and guided dispatch); ``trace``: a list the feeder records every admission
-    and event in."""
+    slots, the shared queue and guided dispatch); ``tail``: the tail keys and planned rooms
+    (``rollout.tail_concurrency``, ``scheduler.reestimate``; partial rollout is refused on this
+    path by the config bridge); ``trace``: a list the feeder records every admission and event in."""
 
     def __init__(self, plan: ExecutionPlan, instances: Sequence[InstanceHandle],
                  prompt_of: Callable[[str], tuple[list[int], dict]], sampling: dict,
                  poll_interval_s: float = 0.01, timeout_s: float = 3600.0,
-                 clock: Callable[[], float] = time.time, trace: list | None = None):
+                 clock: Callable[[], float] = time.time, trace: list | None = None,
+                 tail: TailOptions | None = None, max_tokens: int = 1 << 30):
         self.instances = list(instances)
         if len(self.instances) != plan.settings.num_instances:
             raise ValueError(f"{len(self.instances)} instances for a plan over {plan.settings.num_instances}")
         self.plan, self.n, self.sampling = plan, plan.settings.group_size, dict(sampling)
         self.prompt_of, self.poll_interval_s, self.timeout_s, self.clock = prompt_of, poll_interval_s, timeout_s, clock
         self.feeder = plan.feeder(trace)
+        self.tail_events: list[tuple[str, dict]] = []     # tail decisions (rooms, steals), for inspection
+        self.tail = TailControl(plan, tail or TailOptions(), max_tokens=max_tokens,
+                                event=lambda kind, **row: self.tail_events.append((kind, row)), now=clock)
         self.ready: dict[int, list[SampleGroup]] = defaultdict(list)
 
     @property
@@ -49,7 +59,8 @@ class DispatcherSource:
         return self.feeder.inflight
 
     def _fill(self) -> None:
-        for i, job, version in self.feeder.fill():
+        for i, job, version in self.feeder.fill(None, self.tail.room_rule(self.feeder)):
+            self.tail.on_admit(i, job)
             prompt, extras = self.prompt_of(job.prompt_id)
             meta = {"epoch": job.epoch, "prompt_id": job.prompt_id, "iteration": job.iteration,
                     "mini_batch": job.mini_batch, "prompt": list(prompt), "extras": extras, "version": version}
@@ -58,7 +69,9 @@ class DispatcherSource:
     def _poll(self) -> int:
         got = 0
         for i, inst in enumerate(self.instances):
-            for g in inst.poll().get("groups", []):
+            res = inst.poll()
+            self.tail.on_progress(res.get("progress", ()))
+            for g in res.get("groups", []):
                 m = g["meta"]
                 samples = g["samples"]
                 self.ready[m["iteration"]].append(SampleGroup(
@@ -70,6 +83,7 @@ class DispatcherSource:
                     sample_t_first_token=[float(s.get("t_first_token") or g["t_admit"]) for s in samples],
                     sample_t_finish=[float(s["t_finish"]) for s in samples]))
                 self.feeder.finished(m["epoch"], m["prompt_id"])
+                self.tail.on_finish((m["epoch"], m["prompt_id"]), [len(s["token_ids"]) for s in samples])
                 got += 1
         return got
 
@@ -173,6 +187,8 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
             seed=cfg.seed + i, dtype="bfloat16", instance=i, worker_extension_cls=RECEIVER, platform="npu",
             tensor_parallel_size=tp, engine_args=instance_engine_args()))
     ray.get([a.ready.remote() for a in actors])
+    from ...pipeline.run import tail_options
+
     settings = ExecutionSettings.from_config(cfg)
     plan = ExecutionPlan.from_schedule(pd.read_parquet(schedule_path), settings, start=start_iteration)
     fetch = train_ds.__getitem__
@@ -197,7 +213,7 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
         plan, [_RayHandle(a) for a in actors], prompt_of,
         sampling={"max_tokens": cfg.lengths.max_response_length, "temperature": cfg.rollout.temperature,
                   "top_p": cfg.rollout.top_p, "seed": cfg.seed, "stop_token_ids": [int(tokenizer.eod)]},
-        push=push)
+        push=push, tail=tail_options(cfg, Path(schedule_path)), max_tokens=cfg.lengths.max_response_length)
     settings = LoopSettings(global_batch_size=cfg.train.global_batch_size, group_size=n,
                             lag_bound=settings.lag_bound, iterations=0, off_policy=cfg.train.off_policy,
                             tis_cap=cfg.train.tis_cap, dataset_additional_keys=tuple(dataset_additional_keys),
