@@ -8,7 +8,7 @@ simulator policy name) are computed once in :mod:`.derived`.
 No torch/ray/vllm imports here: ``asp --help`` and ``asp schedule`` stay fast.
 """
 from .derived import ASYNC_SYSTEM_POLICIES, lag_bound_of, summary_key, system_policy_name
-from .load import describe, load_config, run_config, save_resolved, to_dict, to_yaml
+from .load import build_config, describe, load_config, run_config, save_resolved, to_dict, to_yaml
 from .schema import (
     CostConfig, Config, DataConfig, LengthsConfig, LoggingConfig, MindSpeedConfig, ModelConfig, PipelineConfig,
     RolloutConfig, SchedulerConfig, SimConfig, SyntheticTaskConfig, TrainConfig, VerlConfig, WeightSyncConfig,
@@ -17,7 +17,7 @@ from .schema import (
 from .validate import parse_speculative_max_batch, parse_tail_concurrency, validate
 
 __all__ = [
-    "ASYNC_SYSTEM_POLICIES", "Config", "CostConfig", "DataConfig", "LengthsConfig", "LoggingConfig",
+    "ASYNC_SYSTEM_POLICIES", "Config", "build_config", "CostConfig", "DataConfig", "LengthsConfig", "LoggingConfig",
     "MindSpeedConfig", "ModelConfig", "PipelineConfig", "RolloutConfig", "SchedulerConfig", "SimConfig",
     "SyntheticTaskConfig", "TrainConfig", "VerlConfig", "WeightSyncConfig", "WorkloadConfig", "describe",
     "lag_bound_of", "load_config", "parse_speculative_max_batch", "parse_tail_concurrency", "run_config",

@@ -65,6 +65,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return cfg
 
 
+def build_config(raw: dict, problems: list[str]) -> Config:
+    """A :class:`Config` from a nested dict of values (dotted keys as nested mappings); every
+    unknown key or bad value is appended to ``problems`` (it then keeps its default). No
+    cross-field checks: call :func:`.validate.validate` on the result."""
+    return _build(Config, raw, "", problems)
+
+
 def run_config(run_dir: str | Path) -> Config:
     """A run directory's resolved ``config.yaml`` read through the schema (so a key the file
     lacks takes the schema's default, as it did in the run); the defaults when there is none."""

@@ -124,8 +124,7 @@ def resolve_resume(cfg, overrides=None) -> ResumeConfig:
 
     ``overrides``: the command's ``key=value`` list; keys it does not name are "left out" and
     keep the saved value. None (an API caller passing a whole config): every key counts as given."""
-    from ..config import Config, to_dict, validate
-    from ..config.load import _build
+    from ..config import build_config, to_dict, validate
 
     out = Path(cfg.output_dir)
     path = out / "config.yaml"
@@ -166,7 +165,7 @@ def resolve_resume(cfg, overrides=None) -> ResumeConfig:
             d = d.setdefault(p, {})
         d[leaf] = v
     problems: list[str] = []
-    resolved = _build(Config, nested, "", problems)
+    resolved = build_config(nested, problems)
     problems += validate(resolved, check_files=False)
     if problems:  # cannot happen for values that came from two valid configs; say so if it does
         raise ConfigError(problems, f"(resume of {out})")
