@@ -57,7 +57,7 @@ class SimProgress:
 
     def __init__(self, control, inst, job_of: dict):
         self.tc, self.inst, self.job_of = control, inst, job_of
-        self._cache: dict = {}      # key -> ((instance step, finished samples), remaining)
+        self._cache: dict = {}      # key -> (instance step, samples left, remaining) at the last report
 
     def remaining(self, key) -> float:
         est = self.tc.estimator
@@ -65,10 +65,12 @@ class SimProgress:
             return 0.0
         inst, G = self.inst, self.inst.G
         j = self.job_of[key]
-        state = (inst.S[inst.seq_inst[j * G]], inst.job_left[j])
+        # like the runtime's periodic polls, a group's progress is re-reported only when a sample
+        # finished or its tokens grew by an eighth (at least 64) since the last report
+        step, left = inst.S[inst.seq_inst[j * G]], inst.job_left[j]
         hit = self._cache.get(key)
-        if hit is not None and hit[0] == state:
-            return hit[1]
+        if hit is not None and hit[1] == left and step - hit[0] < max(64, (step - inst.s0[j * G]) // 8):
+            return hit[2]
         finished, tokens = {}, []
         for smp in range(G):
             s = j * G + smp
@@ -80,7 +82,7 @@ class SimProgress:
                 tokens.append(inst.g0[s])       # waiting (or preempted: its tokens so far kept)
         self.tc.on_progress([{"key": key, "finished": finished, "tokens": tokens}])
         rem = est.remaining(key)
-        self._cache[key] = (state, rem)
+        self._cache[key] = (step, left, rem)
         return rem
 
 

@@ -215,9 +215,9 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     summ["throughput_per_device"] = summ["throughput"] / max(1, spec.devices)
     summ["preemptions"] = int(sum(eng.preemptions))
     summ["stolen_groups"] = int(eng.dispatcher.stolen)
-    if mech.any_control or mech.speculation is not None:
-        summ.update(tail_summary(tl.frame("request"), np.repeat(jobs.iteration, jobs.group_size),
-                                 eng.inst.ver_fin, spec.lag_bound, eng.log))
+    # every system: the mechanisms' counters (0 when off) and the per-iteration length mix (KS)
+    summ.update(tail_summary(tl.frame("request"), np.repeat(jobs.iteration, jobs.group_size),
+                             eng.inst.ver_fin, spec.lag_bound, eng.log))
     return SimResult(name, spec, costs, tl, summ, int(sum(eng.preemptions)), time.perf_counter() - t0)
 
 
