@@ -5,7 +5,8 @@
 # (configs/cpu_tiny_grpo.yaml): a tiny Qwen2 model built locally, a short supervised warm
 # start, then GRPO with one vLLM instance on core 0 and the trainer on core 1.
 # Outputs: runs/cpu_tiny_grpo/ (metrics.jsonl, timeline.jsonl, summary.json, tensorboard/,
-# checkpoints/); afterwards `asp report runs/cpu_tiny_grpo` renders plots.
+# checkpoints/); afterwards `asp report runs/cpu_tiny_grpo` renders plots. To run again into the
+# same directory add overwrite=true (or resume=true to continue a stopped run).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

@@ -279,9 +279,19 @@ class RolloutEngine:
         return self.collective_rpc("asp_worker_info")
 
     def shutdown(self) -> None:
+        """Stop the step loop, then the vLLM engine: its engine-core process exits cleanly and
+        unlinks its shared-memory queues (a process killed with the actor would leave them in /dev/shm)."""
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=10)
+        from .shm import segments_of_children, unlink
+
+        owned = segments_of_children()  # the engine core's queues (it never unlinks them itself)
+        core = getattr(self.engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            with self._lock:
+                core.shutdown()
+        unlink(owned)
 
     # ------------------------------------------------------------------ loop
     def _raise_background(self) -> None:

@@ -12,6 +12,41 @@ from pathlib import Path
 from ..io import json_default
 
 
+def warnings_to_file(path: Path):
+    """Python warnings of the driver (third-party deprecations and the like) go to ``path``
+    (``train.log``) instead of the terminal, so the progress lines stay readable. Returns the
+    function that restores the previous behaviour."""
+    import logging
+
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    log = logging.getLogger("py.warnings")
+    log.addHandler(handler)
+    propagate, log.propagate = log.propagate, False
+    logging.captureWarnings(True)
+
+    def restore() -> None:
+        logging.captureWarnings(False)
+        log.removeHandler(handler)
+        log.propagate = propagate
+        handler.close()
+
+    return restore
+
+
+def actor_env(kv_cache_gib: str, tty: bool) -> dict:
+    """Environment of the rollout and trainer actors: quiet vLLM, no progress bars (their lines
+    reach the driver's terminal through Ray, where bars nest and garble), no colour codes when
+    the driver's output is not a terminal."""
+    import os
+
+    env = {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"), "TOKENIZERS_PARALLELISM": "false",
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", kv_cache_gib), "TQDM_DISABLE": "1"}
+    if not tty:
+        env.update({"NO_COLOR": "1", "VLLM_LOGGING_COLOR": "0"})
+    return env
+
+
 class _Null:
     def add_scalar(self, *a, **k):
         pass

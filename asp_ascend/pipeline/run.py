@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -113,7 +114,11 @@ def run_train(cfg, overrides: list[str] | None = None) -> int:
     # -- actors, warm start, the loop ----------------------------------------------------
     import ray
 
+    from .logger import warnings_to_file
+
+    restore_warnings = warnings_to_file(out / "train.log")
     owns_ray = _ray_init(cfg)
+    instances: list = []
     try:
         instances, trainer = _start_actors(cfg, model_dir, cores, tok_ids, ev_ids, logger)
         wsync, ticket = _warm_up(cfg, trainer, instances, train, tok, tok_ids, resume, logger)
@@ -131,10 +136,11 @@ def run_train(cfg, overrides: list[str] | None = None) -> int:
             orch.history = list(resume.history)  # the length history observed before the interruption
         orch.run()
         _finish(cfg, orch, plan, out, settings.lag_bound, logger, t_start)
+    finally:  # also on an error or Ctrl-C: engines closed before Ray goes, so nothing stays in /dev/shm
         _shutdown(instances)
-    finally:
         if owns_ray:
             ray.shutdown()
+        restore_warnings()
     return 0
 
 
@@ -282,13 +288,20 @@ def _finish(cfg, orch, plan, out: Path, k: int, logger, t_start: float) -> dict:
 
 
 def _shutdown(instances) -> None:
+    """Every instance stops its vLLM engine (its engine-core process unlinks its shared memory);
+    in parallel, best effort (an instance may be dead)."""
     import ray
 
+    refs = []
     for i in instances:
         try:
-            ray.get(i.shutdown.remote(), timeout=15)
-        except Exception:  # noqa: BLE001 - best effort at shutdown (an instance may be dead)
+            refs.append(i.shutdown.remote())
+        except Exception:  # noqa: BLE001
             pass
+    try:
+        ray.wait(refs, num_returns=len(refs), timeout=30)
+    except Exception:  # noqa: BLE001 - best effort at shutdown
+        pass
 
 
 def _plan(cfg, settings, train, out: Path):
@@ -350,9 +363,9 @@ def _start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | Non
                            f"{plat.ray_resource} + {cfg.train.devices} trainer rank(s) need {dev_need} "
                            f"{plat.ray_resource}s; the Ray cluster has {dev_have:g}"])
     gib = str(max(1, int(round(cfg.rollout.kv_cache_space_gib))))
-    env = {"env_vars": {"VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR"),
-                        "TOKENIZERS_PARALLELISM": "false",
-                        "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", gib)}}
+    from .logger import actor_env
+
+    env = {"env_vars": actor_env(gib, sys.stderr.isatty())}
     inst_opts["runtime_env"] = tr_opts["runtime_env"] = env
     logger.say(f"starting {R} vLLM instance(s) and the trainer (engine start takes ~20-40 s)")
     Rollout = rollout_actor_class()
