@@ -42,7 +42,7 @@ def make_prompt_set(records: list[dict], source: str, prompt_key: str, id_key: s
     if not records:
         raise DataError(f"{source}: the dataset is empty; add prompts (one per {row_word}) or drop data.path "
                         "to use the built-in synthetic task")
-    ids, prompts, answers = [], [], []
+    ids, prompts, answers, messages = [], [], [], []
     first_row: dict[str, int] = {}
     for i, rec in enumerate(records):
         where = f"{source}:{row_word} {i + row_offset}"
@@ -51,6 +51,7 @@ def make_prompt_set(records: list[dict], source: str, prompt_key: str, id_key: s
             raise DataError(f"{where}: no '{prompt_key}' field (fields: {keys}); set data.prompt_key to the "
                             "field that holds the prompt")
         prompts.append(_prompt_text(rec[prompt_key], where, prompt_key))
+        messages.append(_chat_messages(rec[prompt_key]))
         pid = rec.get(id_key)
         pid = str(i) if pid is None else str(pid)
         if pid in first_row:
@@ -63,7 +64,34 @@ def make_prompt_set(records: list[dict], source: str, prompt_key: str, id_key: s
             ans = rec["reward_model"].get("ground_truth")
         answers.append(None if ans is None else str(ans))
     lengths = np.fromiter((len(p.split()) for p in prompts), dtype=np.int64, count=len(prompts))
-    return PromptSet(ids, prompts, answers, lengths, None, source)
+    extra = {"messages": messages} if any(m is not None for m in messages) else {}
+    return PromptSet(ids, prompts, answers, lengths, None, source, extra)
+
+
+def _chat_messages(val: Any) -> list[dict] | None:
+    """The {role, content} messages of a chat-format prompt (None for a plain string), kept so
+    the runtime can render them with the model's chat template (``data.chat_template``)."""
+    if isinstance(val, np.ndarray):
+        val = val.tolist()
+    if isinstance(val, list):
+        return [{"role": str(m.get("role", "user")), "content": str(m["content"])} for m in val]
+    return None
+
+
+def encode_prompts(tok, prompts: PromptSet, chat_template: str = "auto") -> dict[str, list[int]]:
+    """Token ids per prompt id. ``chat_template: auto``: chat-format prompts are rendered with the
+    tokenizer's chat template (generation prompt added) when it has one; otherwise (and for
+    plain strings, or ``none``) the text is tokenized as it is, without special tokens."""
+    messages = prompts.extra.get("messages") or [None] * len(prompts)
+    use = chat_template == "auto" and bool(getattr(tok, "chat_template", None))
+    out = {}
+    for pid, text, msgs in zip(prompts.ids, prompts.prompts, messages):
+        if use and msgs is not None:
+            ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+            out[pid] = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        else:
+            out[pid] = tok(text, add_special_tokens=False).input_ids
+    return out
 
 
 def load_prompts(path: str | Path, prompt_key: str = "prompt", id_key: str = "id",

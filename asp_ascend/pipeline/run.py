@@ -166,14 +166,15 @@ def _clear_outputs(cfg, out: Path, resume) -> list[str]:
 def _tokenize(cfg, model_dir: Path, train, ev):
     """(tokenizer, train prompt token ids, eval prompt token ids or None); the train prompts'
     lengths become token counts."""
+    from ..data.datasets import encode_prompts
     from ..engines.tiny_model import load_tokenizer
 
     tok = load_tokenizer(model_dir)
-    tok_ids = {pid: tok(p, add_special_tokens=False).input_ids for pid, p in zip(train.ids, train.prompts)}
+    tok_ids = encode_prompts(tok, train, cfg.data.chat_template)  # chat prompts: the model's template
     train.prompt_lengths = np.asarray([len(tok_ids[p]) for p in train.ids], dtype=np.int64)
     ev_ids = None
     if ev is not None and cfg.train.eval_every:
-        ev_ids = {pid: tok(p, add_special_tokens=False).input_ids for pid, p in zip(ev.ids, ev.prompts)}
+        ev_ids = encode_prompts(tok, ev, cfg.data.chat_template)
     return tok, tok_ids, ev_ids
 
 

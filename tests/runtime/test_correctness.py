@@ -262,3 +262,53 @@ def test_resumed_trainer_keeps_the_kl_reference(tiny, tmp_path):
     assert resumed.load_checkpoint(str(tmp_path / "ck")) == 1
     resumed.begin_iteration(2, 1)
     assert resumed.train_step(samples)["kl"] == pytest.approx(kl, rel=1e-4)
+
+
+# ----------------------------------------------------------------- top-p on CUDA (item 8)
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("top_p", [0.3, 0.8, 0.95])
+def test_trainer_nucleus_matches_vllm_sampler_on_cuda(top_p):
+    """On CUDA with Triton, vLLM's sampler masks the nucleus with its Triton kernel
+    (``apply_top_k_top_p`` -> ``apply_top_k_top_p_triton``), not the PyTorch rule the CPU test
+    checks: the trainer's nucleus must drop exactly the tokens that kernel drops."""
+    torch = pytest.importorskip("torch")
+    ops = pytest.importorskip("vllm.v1.sample.ops.topk_topp_sampler")
+    from asp_ascend.algos.grpo import nucleus_drop_mask
+    from asp_ascend.platforms import CudaPlatform
+
+    if not CudaPlatform().is_available():
+        pytest.skip("no CUDA device")
+    dev = CudaPlatform().torch_device(0)
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(64, 1000, generator=g) * 3).to(dev)
+    theirs = ops.apply_top_k_top_p(logits.clone(), None, torch.full((64,), top_p, device=dev))
+    ours = logits.masked_fill(nucleus_drop_mask(logits, top_p), float("-inf"))
+    assert torch.equal(torch.isinf(theirs), torch.isinf(ours))
+    assert torch.allclose(ours.log_softmax(-1)[~torch.isinf(ours)], theirs.log_softmax(-1)[~torch.isinf(theirs)],
+                          atol=1e-5)
+
+
+# ----------------------------------------------------------------- chat template (item 7)
+
+@pytest.mark.runtime
+def test_chat_prompts_rendered_with_the_models_chat_template(tiny, tmp_path):
+    """data.chat_template=auto: a chat-format prompt goes through the tokenizer's template
+    (generation prompt included); none (or a tokenizer without a template) joins the contents."""
+    import json
+
+    from asp_ascend.data.datasets import encode_prompts, load_prompts
+    from asp_ascend.engines.tiny_model import load_tokenizer
+
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps({"id": "c", "prompt": [{"role": "user", "content": "a b"}]}) + "\n"
+                 + json.dumps({"id": "s", "prompt": "a b"}) + "\n")
+    ps = load_prompts(f)
+    tok = load_tokenizer(tiny)
+    plain = encode_prompts(tok, ps, "auto")
+    assert plain["c"] == plain["s"] == tok("a b", add_special_tokens=False).input_ids  # no template
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} c {% endfor %}{% if add_generation_prompt %}d{% endif %}"
+    chat = encode_prompts(tok, ps, "auto")
+    assert chat["c"] == tok("a b c d", add_special_tokens=False).input_ids
+    assert chat["s"] == plain["s"]  # plain strings are never templated
+    assert encode_prompts(tok, ps, "none")["c"] == plain["c"]
