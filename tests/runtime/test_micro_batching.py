@@ -145,3 +145,17 @@ def test_two_ranks_get_equal_micro_batch_counts_and_near_equal_tokens(mode):
         bound = max(size(s) for s in samples) if mode == "packed" else max(spread) - min(spread)
         assert abs(slots[0] - slots[1]) <= bound
 
+
+@pytest.mark.runtime
+def test_asp_train_packs_by_default_on_the_cpu(async_run):
+    """The shared end-to-end run (conftest.async_run) leaves train.micro_batching at auto: on the
+    CPU every optimizer step is packed, so the run's padding bubble is zero."""
+    import json
+
+    from asp_ascend.metrics import Timeline
+
+    out, cfg = async_run
+    assert cfg.train.micro_batching == "auto"
+    steps = Timeline.read_jsonl(out / "timeline.jsonl").events["step"]
+    assert steps and all(st["padded_tokens"] == 0 and st["tokens"] > 0 for st in steps)
+    assert json.loads((out / "summary.json").read_text())["asp_adaptive"]["padding_bubble"] == 0.0
