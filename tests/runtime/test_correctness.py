@@ -312,3 +312,43 @@ def test_chat_prompts_rendered_with_the_models_chat_template(tiny, tmp_path):
     assert chat["c"] == tok("a b c d", add_special_tokens=False).input_ids
     assert chat["s"] == plain["s"]  # plain strings are never templated
     assert encode_prompts(tok, ps, "none")["c"] == plain["c"]
+
+
+@pytest.mark.slow
+@pytest.mark.runtime
+def test_16bit_fsdp_ranks_keep_float32_master_weights(tiny, tmp_path):
+    """train.devices=2 with model.dtype=bfloat16: FSDP2's MixedPrecisionPolicy over float32 shards;
+    ten lr-1e-6 steps move as many weights as one float32 trainer, the instances get bf16."""
+    import os
+
+    import torch
+    from safetensors.torch import load_file
+
+    ray = pytest.importorskip("ray")
+    from asp_ascend.algos.grpo import LossConfig
+    from asp_ascend.engines.fsdp_trainer import TrainerGroup
+    from asp_ascend.platforms.transport import RayObjectStoreTransport
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+        group = TrainerGroup(str(tiny), 2, actor_options={"num_cpus": 0.5}, cores_per_rank=[[cores[0]], [cores[-1]]],
+                             lr=1e-6, weight_decay=0.0, loss=LossConfig(off_policy="none"), micro_batch_size=8,
+                             temperature=1.0, seed=0, dtype="bfloat16")
+        samples = [{**s, "advantage": (-1.0) ** k} for k, s in enumerate(_iteration())]
+        for i in range(10):
+            ray.get(group.begin_iteration.remote(i, 1))
+            ray.get(group.train_step.remote(samples))
+        sent = dict(RayObjectStoreTransport().recv(ray.get(group.publish.remote(10))))
+        ray.get(group.save_checkpoint.remote(str(tmp_path / "ck"), {"iteration": 10}))
+        group.kill()
+    finally:
+        if started:
+            ray.shutdown()
+    assert {t.dtype for t in sent.values() if t.is_floating_point()} == {torch.bfloat16}
+    after = load_file(str(tmp_path / "ck" / "model.safetensors"))
+    before = load_file(str(tiny / "model.safetensors"))
+    moved = sum(int((after[k] != before[k]).sum()) for k in before)
+    assert moved / sum(v.numel() for v in before.values()) > 0.9
