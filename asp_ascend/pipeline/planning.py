@@ -1,0 +1,73 @@
+"""The run's plan: the schedule written before the actors start, the adaptive re-planner, and
+the tail keys the loop reads from the schedule (used by ``pipeline/run.py: run_train``)."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+__all__ = ["plan_run", "replanner", "tail_options"]
+
+
+def plan_run(cfg, settings, train, out: Path):
+    """(the execution plan, the adaptive re-planner or None): the schedule of all epochs, or of
+    epoch 0 when adaptive (the later ones are planned during the run)."""
+    from ..config import save_resolved
+    from ..io import write_json_atomic, write_parquet_atomic
+    from ..scheduler.execution import ExecutionPlan
+    from ..scheduler.run import build_schedule
+
+    plan_cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=1)) if settings.adaptive else cfg
+    sched, report = build_schedule(plan_cfg, train, None, compare=False)
+    # schedule.parquet keeps the whole plan: a run stopped by train.max_iterations can be resumed
+    write_parquet_atomic(out / "schedule.parquet", sched, {"policy": cfg.scheduler.policy})
+    plan = ExecutionPlan.from_schedule(sched, settings, max_iterations=cfg.train.max_iterations)
+    write_json_atomic(out / "schedule_report.json", report)
+    save_resolved(cfg, out)
+    return plan, (replanner(cfg, train, settings.lag_bound, out, sched) if settings.adaptive else None)
+
+
+def replanner(cfg, train, k: int, out: Path, first):
+    """``scheduler.adaptive``: plan epoch e from the response lengths observed so far."""
+    import pandas as pd
+
+    from ..io import write_parquet_atomic
+    from ..scheduler.admission import Job
+    from ..scheduler.cost import CostModel
+    from ..scheduler.execution import jobs_from_schedule
+    from ..scheduler.planner import plan
+    from ..scheduler.run import inputs_from_config
+
+    frames = [first]
+    t, r = cfg.train, cfg.rollout
+
+    def replan(epoch: int, history: list[dict], offset: int) -> list[Job]:
+        inp = inputs_from_config(cfg, train, pd.DataFrame(history) if history else None)
+        df = plan(inp.prompt_ids, inp.predicted, inp.prompt_lengths, policy=cfg.scheduler.policy,
+                  group_size=t.group_size, global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
+                  num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=k,
+                  cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0)), epoch=epoch,
+                  iteration_offset=offset, seed=cfg.seed)
+        frames.append(df)
+        write_parquet_atomic(out / "schedule.parquet", pd.concat(frames, ignore_index=True),
+                             {"policy": cfg.scheduler.policy, "adaptive": "true"})
+        return jobs_from_schedule(df)
+
+    return replan
+
+
+def tail_options(cfg, schedule_path: Path):
+    """The tail keys for the loop (DESIGN 9); the planned rooms come from the schedule's
+    ``room`` column (0: no cap)."""
+    import pandas as pd
+
+    from ..scheduler.tail_control import TailOptions
+
+    rooms = {}
+    if schedule_path.is_file():
+        sched = pd.read_parquet(schedule_path)
+        if "room" in sched:
+            capped = sched[sched["room"] > 0]
+            rooms = {(int(e), str(p)): int(n) for e, p, n in zip(capped["epoch"], capped["prompt_id"], capped["room"])}
+    r = cfg.rollout
+    return TailOptions(reestimate=cfg.scheduler.reestimate, tail_concurrency=str(r.tail_concurrency),
+                       partial_rollout=r.partial_rollout, max_split=r.max_split, rooms=rooms)
