@@ -125,3 +125,57 @@ def test_verls_feed_runs_in_schedule_order_and_admission_keeps_the_lag_bound(tmp
     for n, (_, (it, _v)) in enumerate(taken):
         assert it == n // b
     assert all(len(s.full_batch) == ro.config.actor_rollout_ref.rollout.n for s, _ in taken)
+
+
+def test_gate_restored_at_a_checkpoint_version_admits_from_that_version():
+    g = LagGate(prompts_per_version=2, lag_bound=1)
+    g.restore(3)
+    assert g.next_iteration == 3
+    assert not g.admissible()                 # nothing synced yet
+    assert g.on_sync() == 3                   # verl's sync before fit holds the checkpoint's version
+    assert [g.take() for _ in range(4)] == [3, 3, 3, 3]    # iterations 3 and 4
+    assert not g.admissible() and g.next_iteration == 5
+    assert g.on_sync() == 4 and g.admissible()
+    with pytest.raises(RuntimeError):
+        g.restore(1)
+
+
+@pytest.mark.verl
+@pytest.mark.skipif(not HAVE_VERL, reason=SKIP_REASON)
+def test_verls_resume_restores_the_gate_at_the_checkpoints_version(tmp_path):
+    """verl's own FullyAsyncRollouter.load_checkpoint (global_step_2 folder + its dataloader state), then
+    the gate: the first admitted prompt belongs to iteration 2 and is generated with version 2."""
+    import torch
+    from omegaconf import open_dict
+
+    ro, asp, sampler = _rollouter(tmp_path, 1)
+    b = ro.asp_gate.b
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "global_step_2").mkdir(parents=True)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("2")
+    it = iter(ro.train_dataloader)
+    for _ in range(2 * b):
+        next(it)
+    torch.save(ro.train_dataloader.state_dict(), ckpt / "global_step_2" / "data.pt")
+    with open_dict(ro.config):
+        ro.config.trainer.resume_mode = "auto"
+        ro.config.trainer.default_local_dir = str(ckpt)
+        ro.config.trainer.default_hdfs_dir = None
+        ro.config.async_training = {"trigger_parameter_sync_step": 1}
+    ro.required_samples = b
+    ro.load_checkpoint()                                   # verl's resume, then ours
+    assert ro.global_steps == 2 * b + 1
+    assert ro.asp_gate.next_iteration == 2 and not ro.asp_gate.admissible()
+
+    async def run():
+        feeder = asyncio.ensure_future(ro._feed_samples())
+        await ro.reset_staleness()                         # the sync before fit: version 2
+        first = await ro.pending_queue.get()
+        ro.pending_queue.put_nowait(None)
+        feeder.cancel()
+        return first
+
+    first = asyncio.run(run())
+    assert ro.asp_gate.admitted[0] == (2, 2)
+    pid = int(first.full_batch.non_tensor_batch["extra_info"][0]["asp_prompt_id"])
+    assert pid == int(sampler.order(0)[2 * b])             # the dataloader resumed where the checkpoint was

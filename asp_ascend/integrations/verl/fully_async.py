@@ -65,6 +65,19 @@ class LagGate:
         self.admitted.append((it, version))
         return version
 
+    def restore(self, version: int) -> None:
+        """Resume at parameter version ``version`` (verl's ``global_step_{version}`` checkpoint): the trainer
+        has consumed ``version x prompts_per_version`` prompts, so the next prompt admitted is the first of
+        iteration ``version``, and the next sync (verl's sync before ``fit``) holds ``version``. Prompts verl
+        had drawn but not finished when it saved are not counted (verl does not restore them either)."""
+        if self.syncs or self.taken:
+            raise RuntimeError(f"LagGate.restore({version}) after {self.syncs} syncs and {self.taken} prompts; "
+                               f"restore before the first sync (verl loads checkpoints before fit)")
+        if version < 0:
+            raise ValueError(f"version must be >= 0, got {version}")
+        self.start, self.taken = int(version), int(version) * self.b
+        self.adm = AdmissionController(self.adm.k, 1)
+
     def on_sync(self) -> int:
         """verl synced its rollout servers (``reset_staleness``): the first sync holds the starting
         version, every later one the next. Returns the version now held."""
@@ -129,6 +142,14 @@ def asp_rollouter_class(base: Optional[type] = None) -> type:
             dataset = train_dataset if isinstance(train_dataset, IndexedDataset) else IndexedDataset(train_dataset)
             self.asp_sampler = self.asp.sampler(len(dataset), layout="dispatch")
             return super()._create_dataloader(dataset, val_dataset, collate_fn, self.asp_sampler)
+
+        def load_checkpoint(self):
+            """verl's resume (``global_steps`` from ``global_step_{version}``, the dataloader state), then the
+            gate resumes at that parameter version."""
+            out = super().load_checkpoint()
+            per_version = self.required_samples * self.config.async_training.trigger_parameter_sync_step
+            self.asp_gate.restore((self.global_steps - 1) // per_version)
+            return out
 
         async def reset_staleness(self):
             out = await super().reset_staleness()
