@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 from ..algos.grpo import group_advantages, iteration_denominator
@@ -32,9 +30,9 @@ from ..scheduler.execution import ExecutionPlan
 from .contracts import RolloutInstance, Trainer, WeightTransport
 from .evaluation import EvalRequest, Evaluator, Prompts
 from .fleet import Fleet, FleetOptions
-from .logger import RunLogger
 from .progress import IterationProgress, WindowMetrics, check_rewards_finite, check_step_finite
 from .sample_queue import SampleQueue
+from .task import RunOutputs, Sampling, Task, score_response  # noqa: F401 - importable from here too
 from ..scheduler.tail_control import TailControl, TailOptions
 from .weight_sync import PendingSync
 
@@ -43,62 +41,6 @@ __all__ = ["Orchestrator", "Prompts", "Sampling", "Task", "RunOutputs", "FleetOp
 
 
 SYNC_TRIES = 3  # broadcasts of one version before the run stops
-
-
-@dataclass
-class Sampling:
-    group_size: int
-    max_tokens: int
-    temperature: float
-    top_p: float
-    stop_token_ids: list[int]
-    seed: int
-
-
-@dataclass
-class Task:
-    """What the instances generate and how a sample is scored.
-
-    ``truncated`` (``train.truncated``): what a sample cut at ``max_tokens`` (vLLM's
-    ``finish_reason == "length"``) gets: ``keep`` (scored like the others; the built-in rewards
-    never give it full credit), ``mask`` (in its group's statistics, out of the loss),
-    ``zero_reward``. ``loss_agg`` (``train.loss_agg``) and ``adv_unbiased`` (``train.adv_std``):
-    see algos/grpo.py."""
-    prompts: Prompts
-    reward_fn: Callable
-    decode: Callable[[list[int]], str]
-    sampling: Sampling
-    truncated: str = "keep"
-    loss_agg: str = "token-mean-step"
-    adv_unbiased: bool = True
-
-    def rewards(self, samples: list[dict], answer) -> list[float]:
-        """Each sample's reward under the ``truncated`` rule (a sample dict: token_ids, finish_reason)."""
-        out = []
-        for s in samples:
-            cut = s.get("finish_reason") == "length"
-            if cut and self.truncated == "zero_reward":
-                out.append(0.0)
-            else:
-                out.append(float(score_response(self.reward_fn, self.decode(s["token_ids"]), answer, cut)))
-        return out
-
-
-def score_response(reward_fn: Callable, text: str, answer, truncated: bool) -> float:
-    """``reward_fn(text, answer)``; a reward that takes ``truncated`` (the built-in ones) is told."""
-    if getattr(reward_fn, "takes_truncated", False):
-        return reward_fn(text, answer, truncated=truncated)
-    return reward_fn(text, answer)
-
-
-@dataclass
-class RunOutputs:
-    """Where the loop writes: the timeline, the log, checkpoints; ``t0`` is the run's time zero."""
-    timeline_path: Path
-    logger: RunLogger
-    t0: float
-    checkpoint_every: int = 0
-    checkpoint_dir: Path | None = None
 
 
 class Orchestrator:
