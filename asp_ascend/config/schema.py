@@ -199,9 +199,9 @@ class SchedulerConfig:
     policy: str = _f("asp", "dispatch policy", choices=("asp", "fifo", "random", "sorted", "balanced"))
     adaptive: bool = _f(False, "re-plan each epoch from the lengths observed so far")
     length_stat: str = _f("mean", "group statistic the planner balances on", choices=("mean", "max"))
-    dispatch: str = _f("static", "per-instance schedules (asp, balanced): guided = an instance that can admit takes its "
+    dispatch: str = _f("guided", "per-instance schedules (asp, balanced): guided (default) = an instance that can admit takes its "
                        "own highest-priority admissible group, else the highest-priority admissible group not yet "
-                       "started of the instance with the most (re-estimated) remaining work; static = only its own",
+                       "started of the instance with the most (re-estimated) remaining work; static = only its own (the binding as planned)",
                        choices=("guided", "static"))
     reestimate: bool = _f(True, "re-estimate a running group's remaining length from its finished siblings and its "
                           "tokens so far (feeds guided dispatch and tail-aware concurrency)")
