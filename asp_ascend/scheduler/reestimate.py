@@ -105,6 +105,13 @@ class GroupEstimator:
         self.groups: dict[Hashable, _Group] = {}
         self._within = [0, 0.0]       # pooled within-group: degrees of freedom, sum of squares
         self._err = _Pooled()         # log(observed group mean / prediction)
+        self._params: tuple | None = None   # (sigma, tau, bias) until the next learnt group
+
+    def _learnt(self) -> tuple[float, float, float]:
+        """(sigma, tau, bias), computed once per learnt group (hot path of guided dispatch)."""
+        if self._params is None:
+            self._params = (self.sigma, self.tau, self.bias)
+        return self._params
 
     # learnt parameters ------------------------------------------------------------
     @property
@@ -159,16 +166,18 @@ class GroupEstimator:
         self._within[0] += len(logs) - 1
         self._within[1] += sum((x - mu) ** 2 for x in logs)
         self._err.add(math.log(sum(g.finished) / len(g.finished)) - math.log(g.predicted))
+        self._params = None
 
     # decisions ------------------------------------------------------------------------
     def predict(self, predicted_length: float) -> float:
         """Expected sample length of a group not yet started (the prediction, bias-corrected)."""
-        return self._cap(max(1.0, float(predicted_length)) * math.exp(self.bias))
+        return self._cap(max(1.0, float(predicted_length)) * math.exp(self._learnt()[2]))
 
     def _posterior(self, g: _Group) -> tuple[float, float]:
         """Posterior mean and variance of the group's log-location."""
-        s2, t2 = self.sigma ** 2, self.tau ** 2
-        m0 = math.log(g.predicted) + self.bias - 0.5 * (s2 + t2)   # prior predictive mean = pred
+        sigma, tau, bias = self._learnt()
+        s2, t2 = sigma ** 2, tau ** 2
+        m0 = math.log(g.predicted) + bias - 0.5 * (s2 + t2)   # prior predictive mean = pred
         fin = [math.log(x) for x in g.finished]
         cens = [math.log(t) for t in g.tokens if t >= 1]
         prec = 1.0 / t2 + (len(fin) + len(cens)) / s2
@@ -184,7 +193,7 @@ class GroupEstimator:
         """Expected sample length of the group (finished siblings and tokens so far included)."""
         g = self.groups[key]
         m, v = self._posterior(g)
-        return self._cap(math.exp(m + 0.5 * (self.sigma ** 2 + v)))
+        return self._cap(math.exp(m + 0.5 * (self._learnt()[0] ** 2 + v)))
 
     def remaining(self, key: Hashable) -> float:
         """Expected tokens until the group's last unfinished sample finishes (0 if none is left)."""
@@ -193,10 +202,14 @@ class GroupEstimator:
         if n <= 0:
             return 0.0
         m, v = self._posterior(g)
-        s = self.sigma
-        tokens = list(g.tokens) + [0] * (n - len(g.tokens))
+        s = self._learnt()[0]
+        # equal token counts give equal estimates: each distinct count once (unfinished
+        # siblings are padded with 0 up to n)
+        tokens = set(g.tokens)
+        if len(g.tokens) < n:
+            tokens.add(0)
         out = 0.0
-        for t in tokens:
+        for t in sorted(tokens):
             # the expected largest of n (Blom's quantile (n - 3/8) / (n + 1/4) of this sample's
             # distribution above t; the conditional mean when one is left); the uncertainty of
             # the group's location scales it by exp(v / 2)
