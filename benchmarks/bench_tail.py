@@ -3,6 +3,7 @@
     python benchmarks/bench_tail.py ablation   [--data DIR] [--prompts N] [--devices 32 64]
     python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N]
     python benchmarks/bench_tail.py seed       [--devices 128]
+    python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...]
 
 ``ablation``: per heavy-tailed workload (reasoning-like synthetic, bimodal synthetic, Azure
 code trace x8 and conversation trace x6 from ``--data``, the repository's ../shared/data by
@@ -12,6 +13,11 @@ same engine features (speculative decoding). ``robustness``: ASP (every lossless
 planned on the configured costs and executed on other ones (decode coefficients x0.1 / x10,
 half / twice the planned concurrency) against ``fully_async_fifo`` and ``async_balanced``
 executed on the same. ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices.
+``speed``: the issue-14 speed target, seconds of ``simulate_system`` per policy (workload
+generation and planning included) for 100k prompts x G = 8 on 64 rollout instances (TP 2, 128
+rollout of 256 devices) on the reasoning-like workload with every mechanism on (guided dispatch,
+re-estimation, tail-aware concurrency, ngram speculative decoding; asp_partial adds carry-over);
+target <= 30 s per policy.
 Prints markdown tables (docs/scheduler.md holds a copy).
 """
 from __future__ import annotations
@@ -158,17 +164,45 @@ def seed(args) -> None:
                   f"{s['asp_partial']['policy_lag_max']} | {a['lower_bound_ratio']:.2f} |", flush=True)
 
 
+SPEED_TARGET_S = 30.0
+
+
+def speed(args) -> None:
+    from asp_ascend.lengths.workloads import workload_from_config
+    from asp_ascend.sim.run import simulate_system
+
+    D = args.devices[0]
+    over = {**LOSSLESS, **SPEC, "rollout.max_split": 1}
+    cfg = _cfg("reasoning", args.data, args.prompts, D, over)
+    t = time.perf_counter()
+    w = workload_from_config(cfg)
+    print(f"workload: {args.prompts} prompts x {cfg.train.group_size} on {D // 2 // cfg.sim.infer_tp} instances, "
+          f"{time.perf_counter() - t:.1f} s to generate")
+    print("| policy | wall (s) | target (s) | met | iter. time (s) | stolen | capped | deferred |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.policies:
+        t = time.perf_counter()
+        s = simulate_system(cfg, w, name, record_samples=False).summary
+        wall = time.perf_counter() - t
+        print(f"| {name} | {wall:.1f} | {SPEED_TARGET_S:.0f} | {'yes' if wall <= SPEED_TARGET_S else 'NO'} | "
+              f"{s['iteration_time_mean']:.1f} | {s['stolen_groups']} | {s.get('tail_capped_groups', 0)} | "
+              f"{s.get('deferred_groups', 0)} |", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("ablation", "robustness", "seed"))
+    ap.add_argument("what", choices=("ablation", "robustness", "seed", "speed"))
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data",
                     help="directory of the Azure LLM trace CSVs")
-    ap.add_argument("--prompts", type=int, default=4096, help="prompts per epoch")
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per epoch (default 4096; speed: 100000)")
+    ap.add_argument("--policies", nargs="+", default=["fully_async_fifo", "async_sorted", "asp", "asp_partial"],
+                    help="speed: the system policies to time")
     ap.add_argument("--devices", type=int, nargs="+", default=None)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     args = ap.parse_args(argv)
-    args.devices = args.devices or ([128] if args.what == "seed" else [32])
-    {"ablation": ablation, "robustness": robustness, "seed": seed}[args.what](args)
+    args.devices = args.devices or ([128] if args.what == "seed" else [256] if args.what == "speed" else [32])
+    args.prompts = args.prompts or (100000 if args.what == "speed" else 4096)
+    {"ablation": ablation, "robustness": robustness, "seed": seed, "speed": speed}[args.what](args)
     return 0
 
 
