@@ -227,8 +227,9 @@ class SimConfig:
     host_bandwidth_gbps: float = _f(20.0, "device<->host bandwidth for colocated offload/onload, GB/s")
     colocated_switch_s: float = _f(0.0, "sync_colocated: train<->infer switch per iteration, s (0 = derived from host bandwidth)")
     logprob_passes: int = _f(2, "extra forward passes per token on the trainer (old + reference log-probs)")
-    micro_batching: str = _f("padded", "trainer micro-batches: padded in schedule order, sorted by length, or packed",
-                             choices=("padded", "sorted", "packed"))
+    micro_batching: str = _f("auto", "trainer micro-batches to simulate: auto (what train.micro_batching resolves to "
+                             "in the run: packed for train.micro_batching auto or packed), padded in schedule order, "
+                             "sorted by length, or packed", choices=("auto", "padded", "sorted", "packed"))
     rollout_sync_pause: bool = _f(True, "async policies: instances pause generation during each weight sync")
     write_timeline: str = _f("auto", "write timeline_<policy>.jsonl: auto (<= 50k samples) | always | never",
                              choices=("auto", "always", "never"))

@@ -30,6 +30,7 @@ from .costs import SimCosts, system_costs
 from .engine import Engine, SimJobs, SimTimeline, TrainerSpec, minibatch_tokens
 from .mechanisms import SimMechanisms, tail_summary
 from .policies import SystemSpec, system_spec
+from .trainer import resolve_micro_batching
 
 log = logging.getLogger(__name__)
 TIMELINE_AUTO_LIMIT = 50_000
@@ -193,7 +194,7 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     if record_samples is None:
         record_samples = jobs.resp.size <= TIMELINE_AUTO_LIMIT
     tr = TrainerSpec(costs.train_per_token, costs.train_per_step, costs.sync_s, cfg.train.micro_batch_size,
-                     cfg.sim.micro_batching, costs.switch_s, publish_s=costs.publish_s,
+                     resolve_micro_batching(cfg.sim.micro_batching, cfg.train.micro_batching), costs.switch_s, publish_s=costs.publish_s,
                      step_latency_s=costs.step_latency_s, admit_latency_s=costs.admit_latency_s)
     settings = spec.execution(jobs.group_size, dispatch=cfg.scheduler.dispatch)
     true_cm = costs.instance

@@ -41,6 +41,16 @@ class TrainerSpec:
     #                                  (and, with group_slots, a new group this long after a slot frees)
 
 
+def resolve_micro_batching(sim_mode: str, train_mode: str) -> str:
+    """The micro-batching the simulator prices: ``sim.micro_batching``, or for ``auto`` what the
+    run's ``train.micro_batching`` resolves to. The runtime's ``auto`` packs wherever the loaded
+    model's attention keeps packed sequences apart (every platform has a varlen attention,
+    platforms/attention.py), so ``auto`` is ``packed`` here; ``padded``/``sorted`` stay as set."""
+    if sim_mode != "auto":
+        return sim_mode
+    return "packed" if train_mode in ("auto", "packed") else train_mode
+
+
 class Trainer:
     """The trainer's state. ``push(t, kind, x)`` queues an event; ``start_sync(t, version)``
     is called when an iteration is trained (the engine pauses instances if it must)."""

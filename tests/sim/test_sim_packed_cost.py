@@ -51,3 +51,31 @@ def test_step_time_padded_against_packed(resp, pad_free):
     assert times["padded"] == pytest.approx(0.1 * slots)
     assert times["packed"] == pytest.approx(0.1 * PACKED_TOKEN_COST * tokens)
     assert (times["packed"] > times["padded"]) == pad_free
+
+
+@pytest.mark.parametrize("sim_mode, train_mode, want", [
+    ("auto", "auto", "packed"), ("auto", "packed", "packed"), ("auto", "sorted", "sorted"),
+    ("auto", "padded", "padded"), ("padded", "auto", "padded"), ("sorted", "packed", "sorted")])
+def test_sim_follows_the_runs_micro_batching(sim_mode, train_mode, want):
+    from asp_ascend.sim.trainer import resolve_micro_batching
+
+    assert resolve_micro_batching(sim_mode, train_mode) == want
+
+
+def test_default_config_simulates_packed_like_the_run():
+    """sim.micro_batching defaults to auto and train.micro_batching to auto (packed where the run
+    packs): the simulated run has no padding; pinning both to padded brings the padding back."""
+    from asp_ascend.config import load_config
+    from asp_ascend.lengths.workloads import workload_from_config
+    from asp_ascend.sim.run import simulate_system
+
+    small = ["workload.type=synthetic", "workload.num_prompts=32", "workload.epochs=1", "train.group_size=4",
+             "train.global_batch_size=8", "train.mini_batch_size=4", "train.micro_batch_size=4",
+             "sim.total_devices=4", "sim.rollout_devices=2", "sim.infer_tp=1", "sim.epochs=1"]
+    cfg = load_config(None, small)
+    assert cfg.sim.micro_batching == "auto" and cfg.train.micro_batching == "auto"
+    auto = simulate_system(cfg, workload_from_config(cfg), "asp").summary
+    padded_cfg = load_config(None, small + ["train.micro_batching=padded"])
+    padded = simulate_system(padded_cfg, workload_from_config(padded_cfg), "asp").summary
+    assert auto["padding_bubble"] == 0.0
+    assert padded["padding_bubble"] > 0.0

@@ -38,6 +38,7 @@ SETUPS = {
               "lengths.max_response_length": 2048, "workload.body_median": 200, "workload.tail_scale": 600,
               "train.group_size": 4, "train.global_batch_size": 16, "train.mini_batch_size": 4,
               "train.micro_batch_size": 4, "rollout.max_num_seqs": 16, "pipeline.lag_bound": 2,
+              "sim.micro_batching": "padded",
               "sim.total_devices": 8, "sim.rollout_devices": 4, "sim.infer_tp": 1, "sim.epochs": 2},
     # KV pressure (preemptions), no pause during syncs, guided dispatch (stealing), sorted micro-batches
     "kv_guided": {"workload.type": "synthetic", "workload.num_prompts": 128, "workload.epochs": 2,
