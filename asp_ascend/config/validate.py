@@ -5,14 +5,96 @@ reports them all at once. Also the parsers of keys that take a word or a number.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
+import typing
 from pathlib import Path
 
 from .schema import Config
+
+# Range of every float key not checked by a cross-field rule in ``validate``: (low, low
+# inclusive, high, high inclusive); None = unbounded. Non-finite values (.nan, .inf) are
+# refused for every float key before these ranges are looked at.
+_FLOAT_RANGES: dict[str, tuple] = {
+    "data.synthetic.tail_alpha": (0.0, False, None, False),
+    "workload.body_median": (0.0, False, None, False),
+    "workload.body_sigma": (0.0, True, None, False),
+    "workload.tail_scale": (0.0, False, None, False),
+    "workload.group_spread": (0.0, True, None, False),
+    "workload.drift": (-1.0, False, None, False),
+    "workload.prompt_median": (0.0, False, None, False),
+    "workload.prompt_sigma": (0.0, True, None, False),
+    "workload.prompt_response_correlation": (-1.0, True, 1.0, True),
+    "cost.prefill_per_token": (0.0, True, None, False),
+    "cost.train_per_step": (0.0, True, None, False),
+    "cost.logprob_per_token": (0.0, True, None, False),
+    "cost.sync_s": (0.0, True, None, False),
+    "cost.publish_s": (0.0, True, None, False),
+    "cost.step_latency_s": (0.0, True, None, False),
+    "cost.admit_latency_s": (0.0, True, None, False),
+    "rollout.kv_cache_space_gib": (0.0, False, None, False),
+    "rollout.request_timeout_s": (0.0, True, None, False),
+    "rollout.num_cpus": (0.0, True, None, False),
+    "train.lr": (0.0, False, None, False),
+    "train.weight_decay": (0.0, True, None, False),
+    "train.clip_eps": (0.0, False, None, False),
+    "train.kl_coef": (0.0, True, None, False),
+    "train.tis_cap": (0.0, False, None, False),
+    "train.num_cpus": (0.0, True, None, False),
+    "train.warmup_sft_lr": (0.0, False, None, False),
+    "sim.tp_efficiency": (0.0, False, 1.0, True),
+    "sim.tp_efficiency_internode": (0.0, False, 1.0, True),
+    "sim.sync_bandwidth_gbps": (0.0, False, None, False),
+    "sim.sync_latency_s": (0.0, True, None, False),
+    "sim.host_bandwidth_gbps": (0.0, False, None, False),
+    "sim.colocated_switch_s": (0.0, True, None, False),
+}
+
+
+def _float_fields(obj, prefix: str = ""):
+    """(dotted key, value, default) of every float (or optional float) key of the config."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        val, tp = getattr(obj, f.name), hints[f.name]
+        if dataclasses.is_dataclass(val):
+            yield from _float_fields(val, f"{prefix}{f.name}.")
+        elif tp is float or tp == typing.Optional[float]:
+            default = f.default if f.default is not dataclasses.MISSING else None
+            yield f"{prefix}{f.name}", val, default
+
+
+def _range_text(lo, lo_in, hi, hi_in) -> str:
+    if hi is None:
+        return f"{'>=' if lo_in else '>'} {lo:g}"
+    return f"in {'[' if lo_in else '('}{lo:g}, {hi:g}{']' if hi_in else ')'}"
+
+
+def _validate_floats(cfg: Config, p: list[str]) -> set[str]:
+    """Every float key is a finite number in its range (NaN compares false with everything, so
+    a range check alone lets ``.nan`` through). Returns the keys found non-finite."""
+    bad: set[str] = set()
+    for key, val, default in _float_fields(cfg):
+        if val is None:
+            continue
+        fix = f"use e.g. {key}={default!r} (the default)" if default is not None else f"remove {key}"
+        if not math.isfinite(val):
+            bad.add(key)
+            p.append(f"{key}: {val!r} must be a finite number; {fix}")
+            continue
+        rng = _FLOAT_RANGES.get(key)
+        if rng is None:
+            continue
+        lo, lo_in, hi, hi_in = rng
+        ok = (val >= lo if lo_in else val > lo) and (hi is None or (val <= hi if hi_in else val < hi))
+        if not ok:
+            p.append(f"{key}: {val!r} must be {_range_text(*rng)}; {fix}")
+    return bad
 
 
 def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
     """Cross-field checks in one place. Returns every problem found."""
     p: list[str] = []
+    nonfinite = _validate_floats(cfg, p)
     t, r, pl = cfg.train, cfg.rollout, cfg.pipeline
 
     def pos(key, val, minimum=1):
@@ -84,7 +166,8 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
                          ("workload.trace_path", cfg.workload.trace_path if w.type == "trace" else None)):
             if val and not Path(val).exists():
                 p.append(f"{key}: {val} does not exist; fix the path or remove the key")
-    return p
+    # A non-finite value is reported once (the range checks below it would repeat it).
+    return [m for m in p if m.split(":", 1)[0] not in nonfinite or "must be a finite number" in m]
 
 
 def _nearest_divisor(n: int, target: int) -> int:

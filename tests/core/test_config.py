@@ -82,3 +82,40 @@ def test_weight_sync_keys_checked(empty_yaml):
     assert "weight_sync.bucket_mb: 0 must be >= 1" in msg
     assert "weight_sync.transport" in msg
     assert load_config(empty_yaml, []).weight_sync.master_port == 0  # a free port per group by default
+
+
+@pytest.mark.parametrize("value", [".nan", ".inf", "-.inf", "0", "-1e-5"])
+def test_learning_rate_must_be_finite_and_positive(empty_yaml, value):
+    with pytest.raises(ConfigError) as ei:
+        load_config(empty_yaml, [f"train.lr={value}"])
+    assert len(ei.value.problems) == 1, str(ei.value)
+    msg = ei.value.problems[0]
+    assert msg.startswith("train.lr: ") and "use e.g. train.lr=1e-05" in msg, msg
+    assert ("must be a finite number" in msg) if "n" in value else ("must be > 0" in msg), msg
+
+
+def test_every_float_key_refuses_nan_once(empty_yaml):
+    # NaN compares false with every bound, so a range check alone accepts it: each float key of
+    # the schema must refuse it, with one message naming the key.
+    from asp_ascend.config.validate import _float_fields
+    keys = [k for k, _, _ in _float_fields(Config())]
+    assert "train.lr" in keys and "rollout.top_p" in keys and "cost.publish_s" in keys
+    with pytest.raises(ConfigError) as ei:
+        load_config(empty_yaml, [f"{k}=.nan" for k in keys])
+    problems = ei.value.problems
+    assert sorted(m.split(":", 1)[0] for m in problems) == sorted(keys), problems
+    assert all("must be a finite number" in m for m in problems), problems
+
+
+def test_float_key_ranges(empty_yaml):
+    with pytest.raises(ConfigError) as ei:
+        load_config(empty_yaml, ["train.weight_decay=-0.1", "train.clip_eps=0", "sim.tp_efficiency=1.5",
+                                 "rollout.kv_cache_space_gib=0", "cost.sync_s=-1", "train.warmup_sft_lr=0"])
+    msg = str(ei.value)
+    assert len(ei.value.problems) == 6, msg
+    assert "train.weight_decay: -0.1 must be >= 0; use e.g. train.weight_decay=0.0" in msg
+    assert "train.clip_eps: 0.0 must be > 0" in msg
+    assert "sim.tp_efficiency: 1.5 must be in (0, 1]" in msg
+    assert "rollout.kv_cache_space_gib: 0.0 must be > 0" in msg
+    assert "cost.sync_s: -1.0 must be >= 0" in msg
+    assert "train.warmup_sft_lr: 0.0 must be > 0" in msg
