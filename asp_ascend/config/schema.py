@@ -50,7 +50,7 @@ class ModelConfig:
     tiny_num_layers: int = _f(2, "layers of the tiny model")
     tiny_num_heads: int = _f(4, "attention heads of the tiny model")
     tiny_num_kv_heads: int = _f(2, "KV heads of the tiny model")
-    dtype: str = _f("float32", "trainer dtype", choices=("float32", "bfloat16", "float16"))
+    dtype: str = _f("float32", "trainer compute dtype (float16 is rejected: no loss scaler; use bfloat16)", choices=("float32", "bfloat16", "float16"))
 
 
 @dataclass

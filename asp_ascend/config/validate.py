@@ -113,6 +113,10 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
                  "divides logits by it); use e.g. rollout.temperature=1.0")
     if not 0.0 < r.top_p <= 1.0:
         p.append(f"rollout.top_p: {r.top_p!r} must be in (0, 1] (1.0 = no nucleus); use e.g. rollout.top_p=1.0")
+    if cfg.model.dtype == "float16":
+        p.append("model.dtype: 'float16' is not supported for training: float16 gradients need a loss scaler "
+                 "(GradScaler) to avoid underflow/overflow and the trainers have none; use model.dtype=bfloat16 "
+                 "(same memory, float32's exponent range) or float32")
     pos("train.global_batch_size", t.global_batch_size)
     pos("train.mini_batch_size", t.mini_batch_size)
     pos("train.micro_batch_size", t.micro_batch_size)

@@ -63,8 +63,11 @@ class TrainerEngine:
         self.platform.manual_seed(seed)
         self.device = self.platform.torch_device(0)
         self.compute_dtype = getattr(torch, dtype)
-        if self.compute_dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise ValueError(f"model.dtype: {dtype!r} is not one of float32, bfloat16, float16")
+        if self.compute_dtype == torch.float16:
+            raise ValueError("model.dtype: 'float16' is not supported for training (float16 gradients need a loss "
+                             "scaler and this trainer has none); use model.dtype=bfloat16 or float32")
+        if self.compute_dtype not in (torch.float32, torch.bfloat16):
+            raise ValueError(f"model.dtype: {dtype!r} is not one of float32, bfloat16")
         if micro_batching not in ("auto", *MODES):
             raise ValueError(f"train.micro_batching: {micro_batching!r} is not one of auto, {', '.join(MODES)}")
         attn, self.varlen = (packed_attention(self.platform.name) if micro_batching in ("auto", "packed")

@@ -30,6 +30,21 @@ def test_sampling_and_group_checks_name_the_key_and_the_fix(empty_yaml, override
     assert "use e.g." in problem  # the fix
 
 
+def test_float16_rejected_for_training(empty_yaml, tiny):
+    """float16 without a loss scaler under/overflows gradients: the config and the trainer refuse it,
+    naming the key and pointing at bfloat16."""
+    from asp_ascend.algos.grpo import LossConfig
+    from asp_ascend.engines.trainer import TrainerEngine
+
+    with pytest.raises(ConfigError) as ei:
+        load_config(empty_yaml, ["model.dtype=float16"])
+    (problem,) = [p for p in ei.value.problems if p.startswith("model.dtype")]
+    assert "float16" in problem and "bfloat16" in problem
+    with pytest.raises(ValueError, match="model.dtype: 'float16'.*bfloat16"):
+        TrainerEngine(str(tiny), lr=1e-3, weight_decay=0.0, loss=LossConfig(), micro_batch_size=2,
+                      temperature=1.0, seed=0, dtype="float16")
+
+
 def test_new_keys_validated(empty_yaml):
     cfg = load_config(empty_yaml)
     assert (cfg.train.loss_agg, cfg.train.truncated, cfg.train.adv_std, cfg.data.chat_template) == \
