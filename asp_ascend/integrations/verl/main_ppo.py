@@ -2,6 +2,8 @@
 
     python -m asp_ascend.integrations.verl.main_ppo [verl overrides ...] [+asp=default] [+asp.KEY=VALUE ...]
     python -m asp_ascend.integrations.verl.main_ppo --config-path configs/verl --config-name grpo_qwen25_7b_asp_npu
+    python -m asp_ascend.integrations.verl.main_ppo --config-path <verl>/experimental/fully_async_policy/config \
+        --config-name fully_async_ppo_trainer +asp=default asp.verl.mode=fully_async asp.verl.batch_layout=dispatch
 
 The same Hydra config verl's ``python -m verl.trainer.main_ppo`` reads (default config
 ``asp_ppo_trainer`` = verl's ``ppo_trainer`` + the ``asp`` group). Steps: translate the
@@ -9,6 +11,9 @@ The same Hydra config verl's ``python -m verl.trainer.main_ppo`` reads (default 
 key), start Ray with verl's runtime env (``verl.trainer.main_ppo.run_ppo``) and run
 :class:`AspTaskRunner`, which builds verl's worker mapping with the helpers of verl's own
 ``TaskRunner``, plans (or reloads) the schedule and trains ``asp_trainer_class(RayPPOTrainer)``.
+``asp.verl.mode=fully_async`` (verl's ``fully_async_ppo_trainer`` config + the ``asp`` group; it sets
+``hydra.searchpath`` itself, so it must be the primary config): verl's ``FullyAsyncTaskRunner`` with :class:`~.fully_async` ``AspRollouter`` in place
+of ``FullyAsyncRollouter`` (:func:`fully_async_runner_class`).
 ``asp.dry_run=true``: translate, plan and write ``output_dir`` (schedule.parquet, config.yaml), no Ray.
 """
 from __future__ import annotations
@@ -56,8 +61,8 @@ def _task_runner_class():
             if mode != "sync":
                 from ...errors import ConfigError
 
-                raise ConfigError([f"asp.verl.mode: {mode} has no entry yet (sync and one_step_off do; fully async: "
-                                   f"asp_ascend.integrations.verl.fully_async.asp_rollouter_class, docs/verl.md)"])
+                raise ConfigError([f"asp.verl.mode: {mode} is not run by this task runner (sync, one_step_off); "
+                                   f"fully_async runs through fully_async_runner_class (main() picks it)"])
             from verl.trainer.ppo.ray_trainer import RayPPOTrainer
             from verl.trainer.ppo.utils import create_rl_dataset, need_critic, need_reference_policy
             from verl.utils.config import validate_config
@@ -120,6 +125,56 @@ def _task_runner_class():
     return ray.remote(num_cpus=1)(AspTaskRunner)
 
 
+def fully_async_runner_class():
+    """verl's ``FullyAsyncTaskRunner`` (undecorated, then ``ray.remote`` as verl does) whose rollouter is the
+    ASP one: ``_create_rollouter`` plans (or reloads) the schedule and creates ``AspRollouter`` with verl's
+    actor options and arguments plus ``asp=``; every other step (trainer, message queue, checkpoint
+    loading, the sync before ``fit``, the training loop) is verl's."""
+    import ray
+    from verl.experimental.fully_async_policy.fully_async_main import FullyAsyncTaskRunner
+    from verl.experimental.fully_async_policy.fully_async_rollouter import FullyAsyncRollouter
+
+    from .fully_async import asp_rollouter_class
+
+    rollouter_cls = ray.remote(**FullyAsyncRollouter._default_options)(asp_rollouter_class())
+
+    class AspFullyAsyncTaskRunner(FullyAsyncTaskRunner.__ray_actor_class__):
+        """verl's fully async task runner with the ASP rollouter."""
+
+        rollouter_class = rollouter_cls
+
+        def _create_rollouter(self, config) -> None:
+            _, _, asp = prepare(config)
+            self.components["asp"] = asp
+            rollouter = self.rollouter_class.remote(
+                config=config, tokenizer=self.components["tokenizer"], processor=self.components["processor"],
+                device_name=config.trainer.device, asp=asp)
+            if "hybrid_worker_group" in self.components:      # before init_workers, as verl requires
+                ray.get(rollouter.set_hybrid_worker_group.remote(self.components["hybrid_worker_group"]))
+            ray.get(rollouter.init_workers.remote())
+            ray.get(rollouter.set_max_required_samples.remote())
+            self.components["rollouter"] = rollouter
+
+    AspFullyAsyncTaskRunner.__name__ = AspFullyAsyncTaskRunner.__qualname__ = "AspFullyAsyncTaskRunner"
+    return ray.remote(num_cpus=1)(AspFullyAsyncTaskRunner)
+
+
+def fully_async_config(config):
+    """verl's fully async entry's config steps (rollout node counts from ``rollout:``, legacy reward keys)."""
+    from omegaconf import open_dict
+    from verl.experimental.reward_loop import migrate_legacy_reward_impl
+
+    if "async_training" not in config:
+        from ...errors import ConfigError
+
+        raise ConfigError(["asp.verl.mode: fully_async needs verl's fully async config (async_training:, rollout:); "
+                           "start from verl's fully_async_ppo_trainer config (docs/verl.md)"])
+    with open_dict(config):
+        config.actor_rollout_ref.rollout.nnodes = config.rollout.nnodes
+        config.actor_rollout_ref.rollout.n_gpus_per_node = config.rollout.n_gpus_per_node
+    return migrate_legacy_reward_impl(config)
+
+
 def main(argv=None) -> int:
     from . import require_verl
 
@@ -142,11 +197,13 @@ def main(argv=None) -> int:
                 print(f"asp verl: schedule {asp.path} ({len(asp.frame)} rows); config in {cfg.output_dir}")
                 return
             mode = ((config.get("asp") or {}).get("verl") or {}).get("mode", "sync")
+            if mode == "fully_async":
+                run_ppo(fully_async_config(config), task_runner_class=fully_async_runner_class())
+                return
             if mode not in ("sync", "one_step_off"):
                 from ...errors import ConfigError
 
-                raise ConfigError([f"asp.verl.mode: {mode} has no entry yet (sync and one_step_off do); the fully "
-                                   f"async rollouter is asp_ascend.integrations.verl.fully_async (docs/verl.md)"])
+                raise ConfigError([f"asp.verl.mode: unknown value {mode!r}; choose sync, one_step_off or fully_async"])
             run_ppo(config, task_runner_class=_task_runner_class())
         except AspError as exc:
             print(f"asp verl: error: {exc}", file=sys.stderr)
