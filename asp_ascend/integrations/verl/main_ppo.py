@@ -43,6 +43,16 @@ def prepare(config) -> tuple[Any, Any, Any]:
     return cfg, tokenizer, VerlSchedule(cfg, prompt_set_from_dataset(train))
 
 
+def _datasets(config, tokenizer) -> dict[str, Any]:
+    """verl's train and val datasets, built as its own task runners build them."""
+    from verl.trainer.ppo.utils import create_rl_dataset
+
+    return {split: create_rl_dataset(config.data[f"{split}_files"], config.data, tokenizer, None,
+                                     is_train=split == "train",
+                                     max_samples=config.data.get(f"{split}_max_samples", -1))
+            for split in ("train", "val")}
+
+
 def _task_runner_class():
     import ray
     from verl.trainer.main_ppo_v0 import TaskRunner
@@ -64,7 +74,7 @@ def _task_runner_class():
                 raise ConfigError([f"asp.verl.mode: {mode} is not run by this task runner (sync, one_step_off); "
                                    f"fully_async runs through fully_async_runner_class (main() picks it)"])
             from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-            from verl.trainer.ppo.utils import create_rl_dataset, need_critic, need_reference_policy
+            from verl.trainer.ppo.utils import need_critic, need_reference_policy
             from verl.utils.config import validate_config
             from verl.utils.dataset.rl_dataset import collate_fn
 
@@ -79,10 +89,7 @@ def _task_runner_class():
             validate_config(config=config, use_reference_policy=need_reference_policy(config),
                             use_critic=need_critic(config))
             cfg, tokenizer, asp = prepare(config)
-            data = {split: create_rl_dataset(config.data[f"{split}_files"], config.data, tokenizer, None,
-                                             is_train=split == "train",
-                                             max_samples=config.data.get(f"{split}_max_samples", -1))
-                    for split in ("train", "val")}
+            data = _datasets(config, tokenizer)
             trainer = asp_trainer_class(RayPPOTrainer)(
                 config=config, tokenizer=tokenizer, role_worker_mapping=self.role_worker_mapping,
                 resource_pool_manager=self.init_resource_pool_mgr(config), ray_worker_group_cls=group_cls,
@@ -98,7 +105,7 @@ def _task_runner_class():
             from omegaconf import OmegaConf
             from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
             from verl.experimental.separation.utils import create_resource_pool_manager, create_role_worker_mapping
-            from verl.trainer.ppo.utils import create_rl_dataset, need_critic, need_reference_policy
+            from verl.trainer.ppo.utils import need_critic, need_reference_policy
             from verl.utils.config import validate_config
             from verl.utils.dataset.rl_dataset import collate_fn
 
@@ -109,10 +116,7 @@ def _task_runner_class():
             validate_config(config=config, use_reference_policy=need_reference_policy(config),
                             use_critic=need_critic(config))
             cfg, tokenizer, asp = prepare(config)
-            data = {split: create_rl_dataset(config.data[f"{split}_files"], config.data, tokenizer, None,
-                                             is_train=split == "train",
-                                             max_samples=config.data.get(f"{split}_max_samples", -1))
-                    for split in ("train", "val")}
+            data = _datasets(config, tokenizer)
             trainer = asp_trainer_class(OneStepOffRayTrainer)(
                 config=config, tokenizer=tokenizer, role_worker_mapping=role_worker_mapping,
                 resource_pool_manager=create_resource_pool_manager(config, role_worker_mapping.keys()),
