@@ -78,3 +78,19 @@ def assert_trained_exactly_once(out, cfg, tl) -> None:
     assert set(trained) == expected and set(trained.values()) == {1}
     req = tl.frame("request")
     assert ((req["iteration"] - req["admission_version"]) <= cfg.pipeline.lag_bound).all()
+
+
+def ignores_positions(inner):
+    """`inner` behind a forward that drops position_ids and the varlen kwargs: packed sequences
+    then read as one long causal sequence and attend to each other (what the packing probe must refuse)."""
+    import torch
+
+    class IgnoresPositions(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner, self.config = inner, inner.config
+
+        def forward(self, input_ids, attention_mask=None, **_):
+            return self.inner(input_ids=input_ids, attention_mask=attention_mask)
+
+    return IgnoresPositions()

@@ -23,6 +23,7 @@ from asp_ascend.engines.packing import build_micro_batch, micro_batch_logprobs  
 from asp_ascend.engines.tiny_model import build_tiny_model, task_vocabulary  # noqa: E402
 from asp_ascend.engines.trainer import TrainerEngine  # noqa: E402
 from asp_ascend.platforms.attention import VARLEN_SDPA  # noqa: E402
+from rt_common import ignores_positions  # noqa: E402
 
 WORDS = " ".join(str(i) for i in range(40))
 
@@ -102,21 +103,10 @@ def test_trainer_packed_logprobs_equal_padded(tiny):
     torch.testing.assert_close(got[1], got[0], rtol=0, atol=1e-5)
 
 
-class _IgnoresPositions(torch.nn.Module):
-    """Drops position_ids and the varlen kwargs: one long causal sequence, packed sequences mixed."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner, self.config = inner, inner.config
-
-    def forward(self, input_ids, attention_mask=None, **_):
-        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
-
-
 def test_auto_sorts_and_packed_refuses_when_attention_mixes_sequences(tiny):
     tr = _trainer(tiny, "padded")
     assert tr.micro_batching == "padded"
-    bad = _IgnoresPositions(tr.model)
+    bad = ignores_positions(tr.model)
     assert tr._resolve_micro_batching("auto", bad, "sdpa") == "sorted"
     with pytest.raises(ValueError, match="train.micro_batching: packed.*sorted"):
         tr._resolve_micro_batching("packed", bad, "sdpa")

@@ -15,6 +15,7 @@ pytest.importorskip("transformers")
 
 from asp_ascend.engines.packing import build_micro_batch, micro_batch_logprobs, packing_supported  # noqa: E402
 from asp_ascend.platforms.attention import VARLEN_SDPA, length_classes, register_varlen_sdpa  # noqa: E402
+from rt_common import ignores_positions  # noqa: E402
 
 VOCAB = 48
 
@@ -99,24 +100,13 @@ def test_varlen_kwargs():
     assert mb.forward_kwargs["max_length_k"] == 3
 
 
-class _IgnoresPositions(torch.nn.Module):
-    """A model whose forward drops position_ids: one long causal sequence, sequences mixed."""
-
-    def __init__(self, inner):
-        super().__init__()
-        self.inner, self.config = inner, inner.config
-
-    def forward(self, input_ids, attention_mask=None, **_):
-        return self.inner(input_ids=input_ids, attention_mask=attention_mask)
-
-
 def test_probe_accepts_sdpa_and_eager_refuses_mixing():
     for attn in ("sdpa", "eager"):
         ok, diff = packing_supported(_model(attn))
         assert ok and diff < 1e-5, (attn, diff)
     ok, diff = packing_supported(_model(VARLEN_SDPA), varlen=True)
     assert ok and diff < 1e-5, diff
-    ok, diff = packing_supported(_IgnoresPositions(_model()))
+    ok, diff = packing_supported(ignores_positions(_model()))
     assert not ok and diff > 1e-3
 
 
