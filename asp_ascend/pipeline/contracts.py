@@ -47,7 +47,13 @@ class RolloutInstance(Protocol):
 class PendingWeights(Protocol):
     version: int
     ticket: Any
-    refs: dict
+    refs: dict                        # instance -> its update_weights ref, until it resolves
+    send: Any                         # the trainer's broadcast ref (broadcast only), until it resolves
+    t_start: float
+    t_end: float
+    failed: BaseException | None      # the first error of this try (a broken broadcast group)
+    tries: int
+    synced: set                       # instances that hold ``version``
 
     @property
     def in_flight(self) -> bool: ...

@@ -34,13 +34,9 @@ from .progress import IterationProgress, WindowMetrics, check_rewards_finite, ch
 from .sample_queue import SampleQueue
 from .task import RunOutputs, Sampling, Task, score_response  # noqa: F401 - importable from here too
 from ..scheduler.tail_control import TailControl, TailOptions
-from .weight_sync import PendingSync
+from .sync_retry import PendingSyncs
 
 __all__ = ["Orchestrator", "Prompts", "Sampling", "Task", "RunOutputs", "FleetOptions", "Evaluator", "TailOptions"]
-
-
-
-SYNC_TRIES = 3  # broadcasts of one version before the run stops
 
 
 class Orchestrator:
@@ -78,7 +74,7 @@ class Orchestrator:
         self.queue = SampleQueue(plan.settings.queue_capacity, on_event=lambda **ev: self._event("queue", **ev))
         self.iteration = self.first_iter          # the trainer's iteration (= its version)
         self.train_call = None                    # (ref, iteration, mini_batch, keys)
-        self.syncs: list[PendingSync] = []        # weight syncs in flight, oldest first
+        self.syncs = PendingSyncs(weight_sync, self.fleet.live, self._trainer_holds, self.log.say)  # oldest first
         self.poll_refs: dict[int, Any] = {}
         self.submit_refs: list = []
         self.pending_rows: dict[int, dict] = {}   # iteration -> metrics row awaiting its sync
@@ -241,7 +237,7 @@ class Orchestrator:
     def _start_train_step(self) -> None:
         if self.train_call is not None or self.iteration >= self.last_iteration:
             return
-        if any(s.send is not None for s in self.syncs):
+        if self.syncs.broadcasting:
             return  # a broadcast is in flight: the weights must stay those of its version until it lands
         planned = self.plan.iterations.get(self.iteration)
         if planned is None:  # adaptive: the next epoch is not planned yet
@@ -324,54 +320,21 @@ class Orchestrator:
         self.feeder.published(v)
         for r in joining:  # restarted instances that waited for this broadcast to catch up
             self.fleet.joins(r, sync.refs.pop(r), v)
-        self.syncs.append(sync)
+        self.syncs.add(sync)
         self.pending_rows[i] = it.row(i)
         if self.out.checkpoint_every and v % self.out.checkpoint_every == 0 and self.out.checkpoint_dir is not None:
             self.save_checkpoint(v)
         self.iteration = v
 
     def _finish_syncs(self) -> None:
-        while self.syncs:
-            s = self.syncs[0]
-            for r in s.poll(self.ray, self.t0, self._instance_failed):
-                self.feeder.synced(r, s.version)
-            if s.in_flight or (s.failed is not None and self._retry_sync(s)):
-                return
-            self.syncs.pop(0)
-            self._event("sync", t_start=s.t_start, t_end=s.t_end, version=s.version)
-            self._log_iteration(s.version - 1, s.t_end)
-            if self.evaluator is not None and self.evaluator.due(s.version, self.last_iteration):
-                self._evaluate(s.version)
+        self.syncs.finish(self.ray, self.t0, on_synced=self.feeder.synced, on_dead=self._instance_failed,
+                          on_done=self._sync_done)
 
-    def _retry_sync(self, s: PendingSync) -> bool:
-        """A sync failed for some live instances (a member died mid-broadcast, its group broke).
-        Returns True if the version is sent again to them, over a new group; False if the sync
-        ends without them: they keep their older version (admission keeps their lag within k)
-        and catch up at the next sync.
-
-        The object store keeps every published version, so its tickets can always be sent
-        again. A broadcast sent again needs the trainer to hold exactly that version: no
-        optimizer step starts while a broadcast is in flight, but one may start once it has
-        failed, and then the version is gone. Skipping it is safe for k >= 1 (the missed
-        instances still admit work within the bound); with k = 0 the trainer cannot have
-        stepped, since it waits for samples drawn with this version."""
-        missing = [r for r in self.fleet.live() if r not in s.synced]
-        if not missing:
-            return False
-        if self.wsync.broadcast and (s.version != self.adm.published or not self._trainer_holds_published()):
-            self.log.say(f"weight sync of version {s.version} failed for instance(s) {missing} "
-                         f"({type(s.failed).__name__}); the trainer has moved on, they catch up at the next sync")
-            return False
-        if s.tries >= SYNC_TRIES:
-            raise RuntimeError(f"weight sync of version {s.version} failed {s.tries} times "
-                               f"(last error: {s.failed!r}); resume from the last checkpoint with resume=true, "
-                               "or set weight_sync.transport=object_store") from s.failed
-        self.log.say(f"weight sync of version {s.version} failed ({type(s.failed).__name__}); "
-                     f"sending it again to instance(s) {missing}")
-        self.wsync.regroup()
-        s.failed, s.tries = None, s.tries + 1
-        self.wsync.push(s, missing)
-        return True
+    def _sync_done(self, s) -> None:
+        self._event("sync", t_start=s.t_start, t_end=s.t_end, version=s.version)
+        self._log_iteration(s.version - 1, s.t_end)
+        if self.evaluator is not None and self.evaluator.due(s.version, self.last_iteration):
+            self._evaluate(s.version)
 
     def _log_iteration(self, i: int, t_sync_end: float) -> None:
         row = self.pending_rows.pop(i)
@@ -390,8 +353,7 @@ class Orchestrator:
         refs = list(self.poll_refs.values())
         if self.train_call is not None:
             refs.append(self.train_call[0])
-        for s in self.syncs:
-            refs.extend(s.waiting())
+        refs.extend(self.syncs.waiting())
         if refs:
             self.ray.wait(refs, num_returns=1, timeout=self.opts.poll_s)
 
@@ -430,6 +392,9 @@ class Orchestrator:
         exactly the newest published version."""
         it = self.progress.get(self.adm.published)
         return self.train_call is None and (it is None or not it.done)
+
+    def _trainer_holds(self, version: int) -> bool:
+        return version == self.adm.published and self._trainer_holds_published()
 
     def save_checkpoint(self, version: int) -> None:
         """Weights, optimizer, RNG, version, schedule cursor and length history (pipeline/checkpoint.py)."""

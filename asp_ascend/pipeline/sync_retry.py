@@ -1,0 +1,89 @@
+"""Weight syncs in flight, oldest first: each finishes in order, and a failed one is sent again.
+
+A sync finishes when every live instance it was sent to holds its version (or died). One that
+failed for some live instances (a member died mid-broadcast, its group broke) is sent again to
+them over a new group, at most ``SYNC_TRIES`` times in all, or ends without them when the
+trainer no longer holds its version: they keep their older version (admission keeps their lag
+within k) and catch up at the next sync.
+
+The object store keeps every published version, so its tickets can always be sent again. A
+broadcast sent again needs the trainer to hold exactly that version: no optimizer step starts
+while a broadcast is in flight (:attr:`PendingSyncs.broadcasting`), but one may start once it
+has failed, and then the version is gone. Skipping it is safe for k >= 1 (the missed instances
+still admit work within the bound); with k = 0 the trainer cannot have stepped, since it waits
+for samples drawn with this version.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from .contracts import PendingWeights, WeightTransport
+
+SYNC_TRIES = 3  # broadcasts of one version before the run stops
+
+
+class PendingSyncs:
+    """``live()``: the live instances now. ``trainer_holds(v)``: the trainer's weights are exactly
+    version v (no optimizer step since v was published). ``say``: a line for the run's log."""
+
+    def __init__(self, transport: WeightTransport, live: Callable[[], list[int]],
+                 trainer_holds: Callable[[int], bool], say: Callable[[str], None]):
+        self.transport = transport
+        self.live, self.trainer_holds, self.say = live, trainer_holds, say
+        self.pending: list[PendingWeights] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.pending)
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def add(self, sync: PendingWeights) -> None:
+        """A version just published (``transport.start``), after every one already pending."""
+        self.pending.append(sync)
+
+    @property
+    def broadcasting(self) -> bool:
+        """A broadcast is in flight: the trainer's weights must stay those of its version."""
+        return any(s.send is not None for s in self.pending)
+
+    def waiting(self) -> list:
+        """Every reference a pending sync waits on (for the loop's ``ray.wait``)."""
+        return [ref for s in self.pending for ref in s.waiting()]
+
+    def finish(self, ray: Any, t0: float, *, on_synced: Callable[[int, int], None],
+               on_dead: Callable[[int, BaseException], None],
+               on_done: Callable[[PendingWeights], None]) -> None:
+        """Take what finished, oldest sync first: ``on_synced(instance, version)`` for each instance
+        that now holds a version, ``on_dead(instance, error)`` for one that died, ``on_done(sync)``
+        for each sync that ended, in order; stops at the first still in flight or sent again."""
+        while self.pending:
+            s = self.pending[0]
+            for r in s.poll(ray, t0, on_dead):
+                on_synced(r, s.version)
+            if s.in_flight or (s.failed is not None and self.retry(s)):
+                return
+            self.pending.pop(0)
+            on_done(s)
+
+    def retry(self, s: PendingWeights) -> bool:
+        """Returns True if ``s.version`` is sent again to the live instances that lack it; False if
+        the sync ends without them (none missing, or the trainer has moved past the version).
+        Raises after ``SYNC_TRIES`` tries, naming how to go on."""
+        missing = [r for r in self.live() if r not in s.synced]
+        if not missing:
+            return False
+        if self.transport.broadcast and not self.trainer_holds(s.version):
+            self.say(f"weight sync of version {s.version} failed for instance(s) {missing} "
+                     f"({type(s.failed).__name__}); the trainer has moved on, they catch up at the next sync")
+            return False
+        if s.tries >= SYNC_TRIES:
+            raise RuntimeError(f"weight sync of version {s.version} failed {s.tries} times "
+                               f"(last error: {s.failed!r}); resume from the last checkpoint with resume=true, "
+                               "or set weight_sync.transport=object_store") from s.failed
+        self.say(f"weight sync of version {s.version} failed ({type(s.failed).__name__}); "
+                 f"sending it again to instance(s) {missing}")
+        self.transport.regroup()
+        s.failed, s.tries = None, s.tries + 1
+        self.transport.push(s, missing)
+        return True

@@ -1,0 +1,121 @@
+"""Weight syncs in flight (pipeline/sync_retry.py) over real Ray actors and the real WeightSync.
+
+The instance and trainer actors are small real fakes: their ``update_weights`` / ``publish`` /
+``send_weights`` answer like the real ones (engines/rollout.py, engines/trainer.py) without a
+model, and fail when told to, so each way a sync can end is driven through Ray's own errors.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from asp_ascend.pipeline.sync_retry import SYNC_TRIES, PendingSyncs  # noqa: E402
+from asp_ascend.pipeline.weight_sync import WeightSync  # noqa: E402
+
+
+@ray.remote(num_cpus=0)
+class Instance:
+    def __init__(self, failures: int):
+        self.failures, self.calls = failures, 0
+
+    def update_weights(self, ticket, group=None):
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise RuntimeError(f"broadcast group broken (call {self.calls})")
+        return {"version": ticket["version"], "t_end": time.time()}
+
+
+@ray.remote(num_cpus=0)
+class Trainer:
+    def publish(self, version, transport):
+        return {"version": version, "transport": transport}
+
+    def send_weights(self, version, group):
+        return {"version": version}
+
+    def node_ip(self):
+        return "127.0.0.1"
+
+    def free_port(self):
+        return 29500
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+class Run:
+    """The loop's side: live instances, the trainer's version, what the callbacks saw."""
+
+    def __init__(self, failures: list[int], transport: str = "object_store", holds: bool = True):
+        self.instances = [Instance.remote(f) for f in failures]
+        self.wsync = WeightSync(Trainer.remote(), self.instances, transport, "cpu")
+        self.alive = list(range(len(failures)))
+        self.holds = holds
+        self.lines: list[str] = []
+        self.synced: list[tuple[int, int]] = []
+        self.dead: list[int] = []
+        self.done: list = []
+        self.syncs = PendingSyncs(self.wsync, lambda: list(self.alive), lambda v: self.holds, self.lines.append)
+
+    def on_dead(self, r, exc):
+        self.dead.append(r)
+        if r in self.alive:
+            self.alive.remove(r)
+
+    def drive(self, version: int = 1, within_s: float = 60.0) -> None:
+        self.syncs.add(self.wsync.start(version, list(self.alive), 0.0))
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline:
+            self.syncs.finish(ray, 0.0, on_synced=lambda r, v: self.synced.append((r, v)), on_dead=self.on_dead,
+                              on_done=self.done.append)
+            if not self.syncs:
+                return
+            ray.wait(self.syncs.waiting(), num_returns=len(self.syncs.waiting()), timeout=0.2)
+        raise AssertionError("the sync never ended")
+
+
+def test_failed_update_is_sent_again_until_it_lands(ray_session):
+    run = Run([0, SYNC_TRIES - 1])
+    run.drive()
+    assert sorted(run.synced) == [(0, 1), (1, 1)]
+    assert [s.version for s in run.done] == [1] and run.done[0].tries == SYNC_TRIES
+    assert run.done[0].synced == {0, 1}
+    assert sum("sending it again to instance(s) [1]" in line for line in run.lines) == SYNC_TRIES - 1
+
+
+def test_sync_failing_every_try_stops_the_run_naming_the_way_on(ray_session):
+    run = Run([0, SYNC_TRIES])
+    with pytest.raises(RuntimeError, match=f"failed {SYNC_TRIES} times.*resume=true"):
+        run.drive()
+    assert run.done == [] and (0, 1) in run.synced
+
+
+def test_broadcast_ends_without_instances_once_the_trainer_moved_on(ray_session):
+    run = Run([0, 5], transport="broadcast", holds=False)
+    assert run.syncs.broadcasting is False
+    run.syncs.add(run.wsync.start(1, [0, 1], 0.0))
+    assert run.syncs.broadcasting        # no optimizer step may start while it is in flight
+    run.syncs.pending.clear()
+    run.drive()
+    assert run.synced == [(0, 1)] and run.done[0].tries == 1 and run.done[0].synced == {0}
+    assert any("the trainer has moved on" in line for line in run.lines)
+
+
+def test_dead_instance_ends_the_sync_without_it_and_syncs_finish_in_order(ray_session):
+    run = Run([0, 0])
+    ray.kill(run.instances[1])
+    run.syncs.add(run.wsync.start(1, [0, 1], 0.0))
+    run.drive(version=2)
+    assert set(run.dead) == {1} and run.alive == [0]
+    assert [s.version for s in run.done] == [1, 2]
+    assert sorted(run.synced) == [(0, 1), (0, 2)]
