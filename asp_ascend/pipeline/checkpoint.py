@@ -18,7 +18,13 @@ new one; a left-over ``*.tmp-*`` folder or a folder missing a file is never take
 
 What a resume restores: the weights, the optimizer, the policy version (= the number of
 trained iterations: the schedule cursor), the trainer's RNG states and the length history
-observed so far; the schedule is the run's own ``schedule.parquet``. The driver draws no
+observed so far; the schedule is the run's own ``schedule.parquet``. With partial rollout
+(``rollout.partial_rollout``) the schedule is not the whole story: carry-over may have deferred
+groups of trained iterations into later ones and swapped finished groups of later iterations
+into trained ones. ``run_state.json`` then also holds ``carry_over`` (:func:`carry_state`): the
+membership of every iteration from the checkpoint's version on, the deferred groups with their
+planned iterations, the groups already trained ahead of their plan, and every swap so far; a
+resume trains that membership (:func:`resume_plan`), not the schedule's. The driver draws no
 random numbers (each prompt's sampling seed is derived from (seed, epoch, prompt_id)), so a
 resumed run generates each remaining prompt with the same seeds as the uninterrupted one.
 """
@@ -45,6 +51,7 @@ class Resume:
     version: int                # policy version = iterations already trained
     history: list[dict] = field(default_factory=list)  # observed lengths (the run's length history)
     attempt: int = 1            # how many times this run directory has been resumed
+    carry: dict | None = None   # partial rollout: the carry-over state at the checkpoint (carry_state)
 
 
 # ---------------------------------------------------------------------- writing
@@ -81,18 +88,61 @@ def save(root: Path, version: int, write_trainer, run_state: dict) -> Path:
     return final
 
 
-def run_state(history: list[dict], version: int, total_iterations: int) -> dict:
-    """The driver's part of a checkpoint: schedule cursor and the length history so far."""
-    return {"trained_iterations": int(version), "next_iteration": int(version),
-            "total_iterations": int(total_iterations), "history": history}
+def run_state(history: list[dict], version: int, total_iterations: int, carry: dict | None = None) -> dict:
+    """The driver's part of a checkpoint: schedule cursor, the length history so far and, with
+    partial rollout, the carry-over state (:func:`carry_state`)."""
+    state = {"trained_iterations": int(version), "next_iteration": int(version),
+             "total_iterations": int(total_iterations), "history": history}
+    if carry is not None:
+        state["carry_over"] = carry
+    return state
+
+
+def driver_state(history: list[dict], iterations: dict, version: int, total_iterations: int, carry=None) -> dict:
+    """What the orchestrator saves at version ``version``: :func:`run_state` with the history of
+    the groups trained so far. ``carry`` (a :class:`~asp_ascend.scheduler.carryover.CarryOver`,
+    partial rollout): "trained" follows its membership, not the plan's ``iterations``, and its
+    state is saved (:func:`carry_state`)."""
+    trained = iterations if carry is None else carry.iterations()
+    return run_state(trained_history(history, trained, version), version, total_iterations,
+                     None if carry is None else carry_state(carry, version))
+
+
+def carry_state(carry, version: int) -> dict:
+    """The carry-over state of a :class:`~asp_ascend.scheduler.carryover.CarryOver` at a checkpoint
+    of ``version`` (iterations < ``version`` trained), as JSON:
+
+    - ``members``: ``[iteration, mini_batch, [[epoch, prompt_id], ...]]`` for every iteration from
+      ``version`` up to ``end`` (one past the last the carry-over covers), in the trainer's order
+      (what the resumed run trains, instead of the schedule's);
+    - ``deferred``: ``[epoch, prompt_id, planned iteration, iteration]`` of the groups among them
+      that carry-over moved later than planned (their lag bound counts from the planned one);
+    - ``trained_ahead``: the same for groups planned at >= ``version`` already trained in an earlier
+      iteration (swapped in): the resumed run does not train them again;
+    - ``swaps``: every swap so far, ``[[deferred key], [swapped-in key], iteration, mini_batch,
+      to_iteration, to_mini_batch]`` (the record; the resume needs only the three above).
+    """
+    its = carry.iterations()
+    members = [[i, m, [list(k) for k in keys]] for i in sorted(its) if i >= version for m, keys in sorted(its[i].items())]
+    deferred = [[*k, carry.planned[k], i] for i, _m, keys in members for k in map(tuple, keys) if carry.planned[k] < i]
+    ahead = [[*k, carry.planned[k], carry.where[k][0]] for k in carry.trained
+             if carry.planned[k] >= version and carry.where[k][0] < version]
+    swaps = [[list(s.deferred), list(s.swapped_in), s.iteration, s.mini_batch, s.to_iteration, s.to_mini_batch]
+             for s in carry.swaps]
+    end = 1 + max(carry.planned.values(), default=version - 1)  # one past the last iteration it covers
+    return {"version": int(version), "end": int(end), "members": members, "deferred": deferred,
+            "trained_ahead": sorted(ahead), "swaps": swaps}
 
 
 def trained_history(history: list[dict], iterations: dict, version: int) -> list[dict]:
     """The length-history rows of prompts already trained (iterations < ``version``).
 
-    ``iterations``: an :class:`~asp_ascend.scheduler.execution.ExecutionPlan`'s (iteration ->
-    mini-batch -> keys). Groups of later iterations that finished before the checkpoint are
-    generated again after a resume; leaving them out keeps the history free of duplicates."""
+    ``iterations``: iteration -> mini-batch -> keys, as trained: an
+    :class:`~asp_ascend.scheduler.execution.ExecutionPlan`'s, or with partial rollout the
+    carry-over's current membership (``CarryOver.iterations()``: a deferred group is not trained
+    yet, a group swapped into a trained iteration is). Groups of later iterations that finished
+    before the checkpoint are generated again after a resume; leaving them out keeps the history
+    free of duplicates."""
     later = {key for i, mbs in iterations.items() if i >= version for mb in mbs.values() for key in mb}
     return [h for h in history if (int(h["epoch"]), str(h["prompt_id"])) not in later]
 
@@ -142,7 +192,8 @@ def find_latest(root: Path) -> Path | None:
 
 def load(path: Path) -> Resume:
     st = json.loads((Path(path) / STATE_FILE).read_text())
-    return Resume(path=Path(path), version=int(st["version"]), history=list(st["history"]))
+    return Resume(path=Path(path), version=int(st["version"]), history=list(st["history"]),
+                  carry=st.get("carry_over"))
 
 
 def find_resume(out: Path) -> Resume:
@@ -172,10 +223,13 @@ def archive_run_files(out: Path, names, attempt: int) -> Path:
     return dest
 
 
-def resume_plan(cfg, settings, out: Path, start: int):
+def resume_plan(cfg, settings, out: Path, start: int, carry: dict | None = None):
     """The run's own schedule as an :class:`~asp_ascend.scheduler.execution.ExecutionPlan` from
     iteration ``start`` on (every instance taken to hold version ``start``); the dispatch policy
-    is the one the schedule was planned with."""
+    is the one the schedule was planned with. ``carry`` (a checkpoint's ``carry_over``, partial
+    rollout): the iterations from ``start`` on train the saved membership instead of the
+    schedule's (:func:`carried_schedule`); ``plan.carried`` holds each deferred group's planned
+    iteration."""
     import dataclasses
 
     import pandas as pd
@@ -196,8 +250,47 @@ def resume_plan(cfg, settings, out: Path, start: int):
                            f"{int(sched['instance'].max()) + 1} instances; resume with the run's own instance count"])
     if report.get("policy") in SHARED_QUEUE:
         settings = dataclasses.replace(settings, policy=report["policy"])
+    if carry is not None:
+        if not cfg.rollout.partial_rollout:
+            raise ConfigError([f"resume: the checkpoint at version {start} holds carry-over state (groups deferred "
+                               "by partial rollout); resume with rollout.partial_rollout=true"])
+        planned_pred = sched.groupby("iteration")["predicted_length"].sum()
+        sched, order, carried = carried_schedule(sched, carry, start, out / "schedule.parquet")
     plan = ExecutionPlan.from_schedule(sched, settings, start=start, max_iterations=cfg.train.max_iterations)
+    if carry is not None:
+        for (i, m), keys in order.items():
+            if i in plan.iterations:
+                plan.iterations[i][m] = list(keys)  # the trainer's order at the checkpoint
+        # a step's loss normaliser uses the plan's predicted tokens of its iteration, as planned
+        plan.predicted.update({int(i): float(x) for i, x in planned_pred.items() if int(i) in plan.predicted})
+        plan.carried = carried
     if plan.total_iterations <= 0:
         raise ConfigError([f"resume: the checkpoint at version {start} has already trained every iteration of "
                            f"{out / 'schedule.parquet'} (up to iteration {plan.end - 1}); nothing to resume"])
     return plan
+
+
+def carried_schedule(sched, carry: dict, start: int, where="schedule.parquet"):
+    """The schedule rewritten to a checkpoint's carry-over state: each group of the saved
+    ``members`` moved to its saved (iteration, mini-batch), the groups trained ahead of their plan
+    dropped. Returns (schedule, (iteration, mini_batch) -> keys in order, key -> planned iteration
+    of the deferred groups). A state that does not fit the schedule is a ConfigError."""
+    sched = sched.copy()
+    keys = list(zip(sched["epoch"].astype(int), sched["prompt_id"].astype(str)))
+    planned = dict(zip(keys, sched["iteration"].astype(int)))
+    order = {(int(i), int(m)): [(int(e), str(p)) for e, p in ks] for i, m, ks in carry["members"]}
+    slot = {k: im for im, ks in order.items() for k in ks}
+    ahead = {(int(e), str(p)) for e, p, *_ in carry.get("trained_ahead", [])}
+    bad = [k for k in [*slot, *ahead] if k not in planned]
+    end = int(carry.get("end", max(planned.values(), default=start) + 1))  # iterations the state covers
+    missing = [k for k, it in planned.items() if start <= it < end and k not in slot and k not in ahead]
+    if bad or missing or int(carry.get("version", start)) != int(start):
+        raise ConfigError([f"resume: the checkpoint's carry-over state (version {carry.get('version')}) does not match "
+                           f"{where} at version {start}: groups {(bad or missing)[:3]} "
+                           f"{'are not in the schedule' if bad else 'are neither in a later iteration nor trained'}; "
+                           "resume from a checkpoint of this run"])
+    sched["iteration"] = [slot[k][0] if k in slot else it for k, it in zip(keys, sched["iteration"].astype(int))]
+    sched["mini_batch"] = [slot[k][1] if k in slot else m for k, m in zip(keys, sched["mini_batch"].astype(int))]
+    sched = sched[[k not in ahead for k in keys]]
+    carried = {k: planned[k] for k, (i, _m) in slot.items() if planned[k] < i}
+    return sched.reset_index(drop=True), order, carried

@@ -397,11 +397,12 @@ class Orchestrator:
         return version == self.adm.published and self._trainer_holds_published()
 
     def save_checkpoint(self, version: int) -> None:
-        """Weights, optimizer, RNG, version, schedule cursor and length history (pipeline/checkpoint.py)."""
+        """Weights, optimizer, RNG, version, schedule cursor, length history and, with partial
+        rollout, the carry-over state (who was deferred or swapped where; pipeline/checkpoint.py)."""
         from . import checkpoint
 
-        state = checkpoint.run_state(checkpoint.trained_history(self.history, self.plan.iterations, version), version,
-                                     self.last_iteration)
+        state = checkpoint.driver_state(self.history, self.plan.iterations, version, self.last_iteration,
+                                        self.tail.carry)
         checkpoint.save(self.out.checkpoint_dir, version,
                         lambda tmp: self.ray.get(self.trainer.save_checkpoint.remote(str(tmp), {"iteration": version})),
                         state)

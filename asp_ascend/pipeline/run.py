@@ -149,7 +149,7 @@ def _plan_or_resume(cfg, settings, train, out: Path, resume, logger):
     if resume is not None:
         from .checkpoint import resume_plan
 
-        plan, replan = resume_plan(cfg, settings, out, resume.version), None
+        plan, replan = resume_plan(cfg, settings, out, resume.version, resume.carry), None
         logger.say(f"resuming from {resume.path.name}: version {resume.version}, "
                    f"{plan.total_iterations} iteration(s) left (attempt {resume.attempt + 1})")
         return plan, replan

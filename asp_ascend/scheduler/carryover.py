@@ -125,6 +125,27 @@ class CarryOver:
         self.members.setdefault(slot, []).append(key)
         self.where[key] = slot
 
+    def iterations(self) -> dict[int, dict[int, list[Hashable]]]:
+        """The current membership, iteration -> mini-batch -> keys (the trainer's order), trained
+        mini-batches included: what a checkpoint saves and a resume continues from."""
+        out: dict[int, dict[int, list[Hashable]]] = {}
+        for (i, m), keys in sorted(self.members.items()):
+            out.setdefault(i, {})[m] = list(keys)
+        return out
+
+    def restore_planned(self, planned: dict) -> None:
+        """A resume: groups that sit in a later iteration than their schedule's (deferred before
+        the checkpoint) get back their planned iteration, so the bounds ``k + S`` and "at most S
+        iterations after the planned one" count from where the uninterrupted run counts."""
+        for key, it in planned.items():
+            if key not in self.where:
+                raise KeyError(f"restored deferral of unknown group {key!r}")
+            cur = self.where[key][0]
+            if not cur - self.S <= int(it) <= cur:
+                raise ValueError(f"group {key!r} in iteration {cur} cannot have been planned for iteration {it} "
+                                 f"with max_split {self.S}")
+            self.planned[key] = int(it)
+
     def lag_bound_of(self, key: Hashable, lag_bound: int) -> int:
         """The largest lag this group can be trained with: k + (its iteration - planned)."""
         return lag_bound + max(0, self.where[key][0] - self.planned[key])

@@ -100,6 +100,7 @@ class ExecutionPlan:
         self.start = int(start)
         self.iterations: dict[int, dict[int, list[Key]]] = {}
         self.predicted: dict[int, float] = {}  # iteration -> sum of its prompts' predicted lengths
+        self.carried: dict[Key, int] = {}  # resume with partial rollout: a deferred group's planned iteration
         jobs = list(jobs)
         self._book(jobs)
         self.end = int(end) if end is not None else (max(self.iterations) + 1 if self.iterations else self.start)

@@ -67,6 +67,8 @@ class TailControl:
         self.governor = (TailGovernor(s.max_num_seqs, options.tail_concurrency)
                          if str(options.tail_concurrency) != "off" else None)
         self.carry = CarryOver(self._slots(plan.iterations), options.max_split) if options.partial_rollout else None
+        if self.carry is not None and plan.carried:  # a resume: groups deferred before the checkpoint
+            self.carry.restore_planned(plan.carried)
         self.rooms = dict(options.rooms)
         self._reported: dict[Key, set] = {}     # samples whose finish the estimator has seen
         # partial rollout: every running group's samples so far (token ids, log-probs, version
