@@ -4,9 +4,9 @@ together, and :class:`~asp_ascend.engines.fsdp_trainer.TrainerGroup` that drives
 engines/fsdp_trainer.py."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from . import checkpoint_io
 from .trainer import TrainerEngine
 
 __all__ = ["DUMMY_TOKENS", "FSDPTrainerRank"]
@@ -192,36 +192,29 @@ class FSDPTrainerRank(TrainerEngine):
         full = dict(self._named_weights())
         osd = get_optimizer_state_dict(self.model, self.opt,
                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        reference = self._reference_state()
+        reference = self.reference_state()
         if self.rank != 0:
             return str(path)
-        names = self._param_names()
-        index = {n: i for i, n in enumerate(names)}
-        osd = {"state": {index[n]: v for n, v in osd["state"].items()},
-               "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in osd["param_groups"]]}
-        return self._write_checkpoint(path, full, osd, {"devices": self.world, **state}, reference)
+        return checkpoint_io.write_checkpoint(path, self.model, self.tokenizer,
+                                              checkpoint_io.indexed_optimizer_state(osd, self._param_names()),
+                                              {"version": self.version, "devices": self.world, **state},
+                                              model_state=full, reference=reference)
 
     def load_checkpoint(self, path: str) -> int:
         """Optimizer (rank 0 reads the full state, the ranks take their shards), version, RNG."""
-        import torch
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        p = Path(path)
         osd = {}
         if self.rank == 0:
-            raw = torch.load(p / "optimizer.pt", map_location="cpu", weights_only=False)
-            names = self._param_names()
-            osd = {"state": {names[int(i)]: v for i, v in raw["state"].items()},
-                   "param_groups": [{**g, "params": [names[int(i)] for i in g["params"]]} for g in raw["param_groups"]]}
+            osd = checkpoint_io.named_optimizer_state(checkpoint_io.read_optimizer(path), self._param_names())
         set_optimizer_state_dict(self.model, self.opt, optim_state_dict=osd,
                                  options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-        if (p / "rng.pt").is_file():
-            self._set_rng_state(torch.load(p / "rng.pt", weights_only=False))
-        self._load_reference(p)
-        self.version = int(json.loads((p / "trainer_state.json").read_text())["version"])
+        checkpoint_io.restore_rng(path)
+        self.load_reference(Path(path))
+        self.version = checkpoint_io.read_version(path)
         return self.version
 
-    def _reference_state(self) -> dict | None:
+    def reference_state(self) -> dict | None:
         """The reference's full weights on rank 0 (None elsewhere, or without one). Collective."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -230,14 +223,14 @@ class FSDPTrainerRank(TrainerEngine):
         sd = get_model_state_dict(self.ref_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v.clone() for k, v in sd.items()} if self.rank == 0 else None
 
-    def _load_reference(self, path: Path) -> None:
+    def load_reference(self, path: Path) -> None:
         """The checkpoint's reference, sharded like the model (rank 0 reads, the ranks take shards)."""
         from safetensors.torch import load_file
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
         if self.loss_cfg.kl_coef <= 0:
             return
-        f = self._reference_file(path)
+        f = checkpoint_io.reference_file(path, self.loss_cfg.kl_coef)
         self.ref_model = self._sharded_copy()
         sd = load_file(str(f)) if self.rank == 0 else {}
         set_model_state_dict(self.ref_model, sd,

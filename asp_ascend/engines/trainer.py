@@ -26,19 +26,14 @@ Updating 16-bit weights directly would round most small AdamW updates away (at l
 from __future__ import annotations
 
 import copy
-import json
-import os
-import shutil
 import time
 from pathlib import Path
 
 from ..algos.grpo import LossConfig, policy_loss, token_logprobs
 from ..platforms.attention import packed_attention
 from ..scheduler.microbatch import MODES, plan_step
+from . import checkpoint_io
 from .packing import build_micro_batch, micro_batch_logprobs, packing_supported
-
-
-REFERENCE_FILE = "reference.safetensors"  # the KL reference's weights in a checkpoint (kl_coef > 0)
 
 
 class TrainerEngine:
@@ -344,98 +339,38 @@ class TrainerEngine:
         return [float(x) for x in lp[len(prompt_ids) - 1:]]
 
     def save_checkpoint(self, path: str, state: dict) -> str:
-        """Model + tokenizer + optimizer + ``state`` (+ the KL reference) into ``path`` (written
-        aside, then renamed)."""
-        return self._write_checkpoint(path, None, self.opt.state_dict(), state, self._reference_state())
+        """Model + tokenizer + optimizer + RNG + ``state`` (+ the KL reference) into ``path``
+        (engines/checkpoint_io.py: written aside, then renamed)."""
+        return checkpoint_io.write_checkpoint(path, self.model, self.tokenizer, self.opt.state_dict(),
+                                              {"version": self.version, **state},
+                                              reference=self.reference_state())
 
-    def _reference_state(self) -> dict | None:
+    def reference_state(self) -> dict | None:
         """The KL reference's full weights (None without one). A sharded trainer gathers them."""
         if self.ref_model is None:
             return None
         return {k: v.detach().to("cpu").clone() for k, v in self.ref_model.state_dict().items()}
 
-    def _load_reference(self, path: Path) -> None:
+    def load_reference(self, path: Path) -> None:
         """The KL reference of the checkpoint at ``path`` (``kl_coef > 0``): the policy after the
         warm start, not the resumed weights (docs/runtime.md)."""
         from safetensors.torch import load_file
 
         if self.loss_cfg.kl_coef <= 0:
             return
-        f = self._reference_file(path)
+        f = checkpoint_io.reference_file(path, self.loss_cfg.kl_coef)
         self.ref_model = copy.deepcopy(self.model).eval()
         self.ref_model.load_state_dict(load_file(str(f), device=str(self.device)))
-
-    def _reference_file(self, path: Path) -> Path:
-        f = Path(path) / REFERENCE_FILE
-        if not f.is_file():
-            raise RuntimeError(f"{path}: no {REFERENCE_FILE}, the KL reference (train.kl_coef="
-                               f"{self.loss_cfg.kl_coef} needs it): the checkpoint was written with "
-                               "train.kl_coef=0; resume with train.kl_coef=0 or start a new run")
-        return f
-
-    def _write_checkpoint(self, path: str, model_state: dict | None, opt_state: dict, state: dict,
-                          reference: dict | None = None) -> str:
-        """The checkpoint folder (HF weights, tokenizer, ``optimizer.pt``, ``rng.pt``,
-        ``trainer_state.json``, ``reference.safetensors`` when there is a KL reference), written
-        aside and renamed when complete. ``model_state``: the full weights when the model itself
-        holds only a shard (None: the model's own)."""
-        import torch
-        from safetensors.torch import save_file
-
-        bad = [n for n, t in (model_state or self.model.state_dict()).items()
-               if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-        if bad:  # never save weights a run cannot continue from
-            raise FloatingPointError(f"checkpoint {path} not written: non-finite values in {len(bad)} weight "
-                                     f"tensor(s), e.g. {bad[0]}")
-        final = Path(path)
-        tmp = final.with_name(final.name + f".tmp-{os.getpid()}")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        self.model.save_pretrained(tmp, state_dict=model_state, safe_serialization=True)
-        self.tokenizer.save_pretrained(tmp)
-        torch.save(opt_state, tmp / "optimizer.pt")
-        torch.save(self._rng_state(), tmp / "rng.pt")
-        if reference is not None:
-            save_file({k: v.contiguous() for k, v in reference.items()}, str(tmp / REFERENCE_FILE))
-        (tmp / "trainer_state.json").write_text(json.dumps({"schema_version": 1, "version": self.version, **state}))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        return str(final)
 
     def load_checkpoint(self, path: str) -> int:
         """Restore optimizer, policy version, RNG states and the KL reference from ``path`` (a
         folder written by ``save_checkpoint``; the weights were loaded from it at construction).
         Returns the version."""
-        import torch
-
-        p = Path(path)
-        self.opt.load_state_dict(torch.load(p / "optimizer.pt", map_location=self.device, weights_only=False))
-        if (p / "rng.pt").is_file():
-            self._set_rng_state(torch.load(p / "rng.pt", weights_only=False))
-        self._load_reference(p)
-        self.version = int(json.loads((p / "trainer_state.json").read_text())["version"])
+        self.opt.load_state_dict(checkpoint_io.read_optimizer(path, self.device))
+        checkpoint_io.restore_rng(path)
+        self.load_reference(Path(path))
+        self.version = checkpoint_io.read_version(path)
         return self.version
-
-    @staticmethod
-    def _rng_state() -> dict:
-        import random
-
-        import numpy as np
-        import torch
-
-        return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-
-    @staticmethod
-    def _set_rng_state(st: dict) -> None:
-        import random
-
-        import numpy as np
-        import torch
-
-        torch.set_rng_state(st["torch"])
-        np.random.set_state(st["numpy"])
-        random.setstate(st["python"])
 
     def ready(self) -> int:
         return self.version
