@@ -23,7 +23,7 @@ import time
 import zlib
 from typing import Any, Callable
 
-from ..algos.grpo import group_advantages, iteration_denominator
+from ..algos.grpo import group_advantages
 from ..metrics import Timeline, TimelineWriter
 from ..scheduler.admission import LagViolation
 from ..scheduler.execution import ExecutionPlan
@@ -41,18 +41,22 @@ __all__ = ["Orchestrator", "Prompts", "Sampling", "Task", "RunOutputs", "FleetOp
 
 class Orchestrator:
     """``replan`` (adaptive): epoch e + 1 is planned from the lengths observed so far once
-    epoch e is dispatched. ``ticket``: the reference of version 0's weights (for restarts)."""
+    epoch e is dispatched. ``ticket``: the reference of version 0's weights (for restarts).
+    ``trace``: a list the plan's Feeder records every admission and admission event in.
+
+    :meth:`run` is the whole loop. A driver that steps it itself (the execution-path tests)
+    calls :meth:`start`, then the phases :meth:`collect_rollouts` and :meth:`dispatch`."""
 
     def __init__(self, instances: list[RolloutInstance], trainer: Trainer, plan: ExecutionPlan, task: Task,
                  outputs: RunOutputs, *, weight_sync: WeightTransport, ticket: Any = None,
                  fleet: FleetOptions | None = None, evaluator: Evaluator | None = None,
-                 replan: Callable | None = None, tail: TailOptions | None = None):
+                 replan: Callable | None = None, tail: TailOptions | None = None, trace: list | None = None):
         self.instances = instances
         self.trainer = trainer
         self.wsync = weight_sync
         self.plan = plan
         self.settings = plan.settings
-        self.feeder = plan.feeder()
+        self.feeder = plan.feeder(trace)
         self.dispatcher = plan.dispatcher
         self.adm = plan.dispatcher.adm
         self.k = plan.settings.lag_bound
@@ -98,7 +102,8 @@ class Orchestrator:
         return self.first_iter + self.n_iters
 
     # ------------------------------------------------------------------ main loop
-    def run(self) -> dict:
+    def start(self) -> None:
+        """The first poll of every instance, the run's window, the evaluation of the start version."""
         import ray
 
         self.ray = ray
@@ -107,26 +112,30 @@ class Orchestrator:
         self.last_sync_end = self.now()
         self.window.start = self.last_sync_end
         self._evaluate(self.adm.published)
+
+    def run(self) -> dict:
+        self.start()
         while self.iteration < self.last_iteration or self.syncs:
-            self._collect_rollouts()
+            self.collect_rollouts()
             self._fail_hung_instances()
             self._rejoin_instances()
             self.fleet.check_not_stranded(bool(self.syncs))
             self._finish_train_step()
             self._finish_syncs()
-            self._dispatch()
+            self.dispatch()
             self._start_train_step()
             self._wait()
         if self.evaluator is not None:
             self._evaluate(self.adm.published)
             while self.evaluator.pending:
-                self._collect_rollouts()
+                self.collect_rollouts()
                 self._wait()
         self._writer.close()
         return {"iterations": self.n_iters, "final_version": self.adm.published}
 
     # ------------------------------------------------------------------ phases
-    def _collect_rollouts(self) -> None:
+    def collect_rollouts(self) -> None:
+        """Take every instance's finished groups (scored, into the sample queue); a dead instance fails."""
         ray = self.ray
         refs = {ref: r for r, ref in self.poll_refs.items()}
         ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
@@ -213,7 +222,8 @@ class Orchestrator:
         self.log.say(f"epoch {self.next_epoch} re-planned from {len(self.history)} observed lengths")
         self.next_epoch += 1
 
-    def _dispatch(self) -> None:
+    def dispatch(self) -> None:
+        """Admit through the plan's Feeder (and re-plan the next epoch when adaptive)."""
         self._plan_next_epoch()
         # backpressure: the sample queue holds room for every admitted group (the trainer's
         # current iteration is exempt)
@@ -273,24 +283,12 @@ class Orchestrator:
                 it.lags.append(lag)
         if not it.done:
             self.trainer.begin_iteration.remote(self.iteration, len(mbs))
-        denom = self._iteration_denominator(self.iteration, mbs)
+        denom = self.task.iteration_denominator(self.plan.predicted.get(self.iteration, 0.0),
+                                                sum(len(keys) for keys in mbs.values()), len(mbs))
         ref = (self.trainer.train_step.remote(samples) if denom is None
                else self.trainer.train_step.remote(samples, denom))
         ids = [[g["epoch"], g["prompt_id"], s["sample"]] for g in groups for s in g["samples"]]
         self.train_call = (ref, self.iteration, m, ids)
-
-    def _iteration_denominator(self, i: int, mbs: dict) -> float | None:
-        """``token-mean-iteration``: what every optimizer step of iteration i divides by, the
-        iteration's response tokens / its mini-batches. The tokens of groups still generating
-        are not known when its first step runs, so the count is the plan's: every sample at its
-        prompt's predicted length (clamped to [1, max_tokens]; max_tokens where the plan has no
-        prediction). Every token of the iteration then weighs the same whatever mini-batch it
-        lands in; the scale is close to a token mean's. None: the trainer's own rule."""
-        if self.task.loss_agg != "token-mean-iteration":
-            return None
-        return iteration_denominator(getattr(self.plan, "predicted", {}).get(i, 0.0),
-                                     sum(len(keys) for keys in mbs.values()), self.sp.group_size, len(mbs),
-                                     self.sp.max_tokens)
 
     def _finish_train_step(self) -> None:
         if self.train_call is None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..algos.grpo import iteration_denominator
 from .evaluation import Prompts
 from .logger import RunLogger
 
@@ -38,6 +39,19 @@ class Task:
     truncated: str = "keep"
     loss_agg: str = "token-mean-step"
     adv_unbiased: bool = True
+
+    def iteration_denominator(self, predicted: float, groups: int, mini_batches: int) -> float | None:
+        """``token-mean-iteration``: what every optimizer step of an iteration divides by, the
+        iteration's response tokens / its mini-batches. The tokens of groups still generating
+        are not known when its first step runs, so the count is the plan's: every sample at its
+        prompt's predicted length (``predicted``: the iteration's sum; clamped to [1, max_tokens];
+        max_tokens where the plan has no prediction). Every token of the iteration then weighs
+        the same whatever mini-batch it lands in; the scale is close to a token mean's. None:
+        the trainer's own rule."""
+        if self.loss_agg != "token-mean-iteration":
+            return None
+        return iteration_denominator(predicted, groups, self.sampling.group_size, mini_batches,
+                                     self.sampling.max_tokens)
 
     def rewards(self, samples: list[dict], answer) -> list[float]:
         """Each sample's reward under the ``truncated`` rule (a sample dict: token_ids, finish_reason)."""

@@ -58,7 +58,8 @@ class DispatcherSource:
     def inflight(self) -> list[int]:
         return self.feeder.inflight
 
-    def _fill(self) -> None:
+    def fill(self) -> None:
+        """Admit through the plan's Feeder and submit each admitted group to its instance."""
         for i, job, version in self.feeder.fill(None, self.tail.room_rule(self.feeder)):
             self.tail.on_admit(i, job)
             prompt, extras = self.prompt_of(job.prompt_id)
@@ -66,7 +67,8 @@ class DispatcherSource:
                     "mini_batch": job.mini_batch, "prompt": list(prompt), "extras": extras, "version": version}
             self.instances[i].submit(f"{job.epoch}:{job.prompt_id}", list(prompt), self.n, meta=meta, **self.sampling)
 
-    def _poll(self) -> int:
+    def collect(self) -> int:
+        """Take every instance's finished groups into the per-iteration buffers; returns how many."""
         got = 0
         for i, inst in enumerate(self.instances):
             res = inst.poll()
@@ -90,8 +92,8 @@ class DispatcherSource:
     def get_groups(self, iteration: int, count: int) -> list[SampleGroup]:
         deadline = self.clock() + self.timeout_s
         while len(self.ready[iteration]) < count:
-            self._fill()
-            if self._poll() == 0:
+            self.fill()
+            if self.collect() == 0:
                 if self.clock() > deadline:
                     raise AspError(f"iteration {iteration}: {len(self.ready[iteration])}/{count} groups after "
                                    f"{self.timeout_s:.0f} s; instances in flight {self.inflight}")
@@ -106,7 +108,7 @@ class DispatcherSource:
         self.feeder.published(version)
         for i in range(len(self.instances)):
             self.feeder.synced(i, version)
-        self._fill()
+        self.fill()
 
 
 class _RayHandle:
