@@ -45,17 +45,18 @@ WORDS = ["a", "b", "c", "d", "e", "f", "g", "h"]
 @ray.remote(num_cpus=0)
 class ScriptedInstance:
     """A rollout instance: a group's samples have their true lengths (``lengths[group_id]``) and
-    finish ``TICK`` s per token after admission; versions are what the weight syncs set.
+    finish ``tick`` s per token after admission; versions are what the weight syncs set.
     ``die_after``: the process exits at the first poll after it handed back that many groups
     (its first life only: once Ray restarted it, it lives)."""
 
-    def __init__(self, r: int, lengths: dict, die_after: int = 0):
+    def __init__(self, r: int, lengths: dict, die_after: int = 0, tick: float = TICK):
         self.r, self.lengths, self.version, self.running, self.delivered = r, lengths, 0, [], 0
+        self.tick = tick
         self.die_after = 0 if ray.get_runtime_context().was_current_actor_reconstructed else die_after
 
     async def submit(self, group_id, token_ids, n, max_tokens, temperature, top_p, seed, stop, meta, **kw):
         now = time.time()
-        self.running.append((now + TICK * max(self.lengths[group_id]), group_id, meta, now, self.version))
+        self.running.append((now + self.tick * max(self.lengths[group_id]), group_id, meta, now, self.version))
         return 0
 
     async def poll(self, wait_s: float = 0.0) -> dict:
@@ -120,9 +121,9 @@ def lengths_of(sched, resp) -> dict:
 
 
 def run_loop(trainer, plan_, lengths: dict, out, *, version: int = 0, die_after=(0, 0), restarts: int = 0,
-             replan=None, history=None, checkpoint_every: int = 0) -> Orchestrator:
+             replan=None, history=None, checkpoint_every: int = 0, tick: float = TICK) -> Orchestrator:
     """The runtime's loop over fresh instances, from ``version`` (the trainer's weights pushed first)."""
-    insts = [ScriptedInstance.options(max_restarts=restarts).remote(r, lengths, die_after[r]) for r in range(R)]
+    insts = [ScriptedInstance.options(max_restarts=restarts).remote(r, lengths, die_after[r], tick) for r in range(R)]
     ray.get([i.ready.remote() for i in insts])
     wsync = WeightSync(trainer, insts, "object_store", "cpu")
     first = wsync.start(version, list(range(R)))
@@ -165,7 +166,7 @@ def test_instance_dies_and_ray_restarts_it(cluster, trainer, tmp_path, restarts)
     settings = settings_for()
     sched, resp = schedule_and_lengths("asp", K, epochs=EPOCHS)
     orch = run_loop(trainer, ExecutionPlan.from_schedule(sched, settings), lengths_of(sched, resp), tmp_path,
-                    die_after=(0, 2), restarts=restarts)
+                    die_after=(0, 2), restarts=restarts, tick=TICK * (1 + 2 * restarts))  # time to come back
     trained, lags, times = runtime_trained([orch.timeline])
     assert set(times.values()) == {1} and len(times) == len(sched) * G
     assert_agree(sched, K, (trained, lags), *others(sched, resp, settings))
