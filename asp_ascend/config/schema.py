@@ -124,9 +124,10 @@ class RolloutConfig:
     num_cpus: float = _f(1.0, "Ray CPUs reserved per instance when not pinned (pinned: one per listed core)")
     max_restarts: int = _f(0, "Ray restarts of a dead or hung rollout instance; a restarted instance receives "
                               "the newest published weights before it is given work")
-    tail_concurrency: str = _f("auto", "asp: an instance running a group that will set its iteration's floor caps its "
-                               "other admissions so that group decodes faster: auto (the planner sizes the room from "
-                               "the cost model) | off | N (at most N sequences on such an instance)", yaml_bool=True)
+    tail_concurrency: str = _f("off", "asp: an instance running a group that will set its iteration's floor caps its "
+                               "other admissions so that group decodes faster: off (default: in the simulator's "
+                               "ablation auto never beat off, docs/scheduler.md) | auto (the planner sizes the room "
+                               "from the cost model) | N (at most N sequences on such an instance)", yaml_bool=True)
     speculative: str = _f("none", "speculative decoding, vLLM's methods (rejection sampling keeps the sampling "
                           "distribution exact)", choices=("none", "ngram", "eagle", "eagle3", "medusa", "mlp_speculator",
                                                           "draft_model", "mtp"))

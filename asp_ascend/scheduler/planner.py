@@ -107,6 +107,25 @@ def _stratified_iterations(order: np.ndarray, work: np.ndarray, B: int, rng: np.
     return perm[iteration]
 
 
+def _lightest_floor_first(iteration: np.ndarray, latency: np.ndarray, n_iter: int, partial_last: bool) -> np.ndarray:
+    """Swap the iteration whose longest group has the shortest predicted latency into the first
+    place (a partial last iteration stays last). The first iteration fills the pipeline: no
+    earlier iteration's training overlaps its generation, so its longest group is paid in full,
+    while later iterations hide theirs behind the trainer (the stratified iterations all carry
+    one group of the top length stratum; which one comes first is otherwise a seeded draw)."""
+    full = n_iter - (1 if partial_last else 0)
+    if full < 2:
+        return iteration
+    floor = np.zeros(n_iter)
+    np.maximum.at(floor, iteration, latency)
+    j = int(np.argmin(floor[:full]))
+    if j == 0:
+        return iteration
+    out = iteration.copy()
+    out[iteration == 0], out[iteration == j] = j, 0
+    return out
+
+
 def _place(iteration: np.ndarray, pick_rank: np.ndarray, work: np.ndarray, R: int, n_iter: int,
            carry: bool) -> np.ndarray:
     """Instance of each prompt. Within each iteration, prompts are taken in ``pick_rank``
@@ -205,12 +224,12 @@ def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_ite
     n = pred.shape[0]
     by_len = _desc_order(pred, rng)
     len_rank = _rank_of(by_len)
-    iteration = _stratified_iterations(by_len, work, B, rng)
+    lat = cost.group_latency(plen, pred, G)
+    iteration = _lightest_floor_first(_stratified_iterations(by_len, work, B, rng), lat, n_iter, n % B != 0)
     counts = np.bincount(iteration, minlength=n_iter)
     n_mb = -(-counts // m)
     mini_batch = _mini_batches(iteration, pred + plen, counts, m, rng)
     room = np.zeros(n, dtype=np.int64)
-    lat = cost.group_latency(plen, pred, G)
     if tail == "off":
         is_tail = np.zeros(n, dtype=bool)
         # a group holds its instance for at least part of its own latency: balancing on

@@ -23,12 +23,13 @@ ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = ["epoch", "prompt_id", "iteration", "mini_batch", "instance", "dispatch_rank"]
 
 # configs/cpu_tiny_grpo.yaml with train.epochs=2 rollout.num_instances=2 rollout.tail_concurrency=off (the
-# planner as it was before the tail mechanisms): sha256 of the schedule's columns
-SCHEDULES = {"asp": "fef9be07d877783a", "fifo": "8a9e5245dc58eac6", "random": "df7217608fbd1938",
+# default): sha256 of the schedule's columns. asp's changed on purpose after cd67c1e: the iteration
+# whose longest group is the shortest goes first (it fills the pipeline; planner._lightest_floor_first)
+SCHEDULES = {"asp": "0f782b9333114c97", "fifo": "8a9e5245dc58eac6", "random": "df7217608fbd1938",
              "sorted": "0b8448e53cd0fe18", "balanced": "f9a889ff327beeda",
-             # the default rollout.tail_concurrency=auto: asp places and orders the groups that set their
+             # rollout.tail_concurrency=auto (opt-in): asp places and orders the groups that set their
              # iteration's floor differently (tail rooms, DESIGN 9 c; pinned when that landed, not at cd67c1e)
-             "asp+tail_auto": "aed170736210fecd"}
+             "asp+tail_auto": "7dc107e137755e64"}
 
 
 def schedule_digest(name: str) -> str:

@@ -98,3 +98,9 @@ def test_config_key(value, ok, empty_yaml):
     else:
         with pytest.raises(ConfigError, match="rollout.tail_concurrency"):
             load_config(empty_yaml, [f"rollout.tail_concurrency={value}"])
+
+
+def test_tail_concurrency_defaults_to_off(empty_yaml):
+    """Tail-aware concurrency is opt-in: in bench_tail.py's ablation (docs/scheduler.md) auto never
+    beat off, and with a wrong decode cost it capped instances into a loss against fifo."""
+    assert load_config(empty_yaml, []).rollout.tail_concurrency == "off"
