@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 
 import numpy as np
@@ -39,6 +40,7 @@ from asp_ascend.scheduler.execution import ExecutionPlan, ExecutionSettings, job
 from asp_ascend.scheduler.planner import plan  # noqa: E402
 
 K, EPOCHS, TICK = 1, 2, 0.006    # lag bound; epochs of 4 iterations; seconds per generated token
+RUN_TIMEOUT_S = 180               # a loop that lost a group would wait for it forever
 WORDS = ["a", "b", "c", "d", "e", "f", "g", "h"]
 
 
@@ -140,7 +142,21 @@ def run_loop(trainer, plan_, lengths: dict, out, *, version: int = 0, die_after=
                         replan=replan)
     if history is not None:
         orch.history = list(history)
-    orch.run()
+    result: dict = {}
+
+    def loop():
+        try:
+            result["done"] = orch.run()
+        except BaseException as exc:  # re-raised below, in the test
+            result["error"] = exc
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    thread.join(RUN_TIMEOUT_S)
+    assert not thread.is_alive(), (f"the loop did not finish in {RUN_TIMEOUT_S} s: trainer at iteration "
+                                   f"{orch.iteration} of {orch.last_iteration}, groups in flight {orch.feeder.inflight}")
+    if "error" in result:
+        raise result["error"]
     logger.close()
     return orch
 
