@@ -91,6 +91,23 @@ def _validate_floats(cfg: Config, p: list[str]) -> set[str]:
     return bad
 
 
+def _validate_workload(cfg: Config, p: list[str]) -> None:
+    """The simulator's synthetic workload (``workload.*``) and where its lengths come from."""
+    w = cfg.workload
+    if not -1.0 <= w.epoch_correlation <= 1.0:
+        p.append(f"workload.epoch_correlation: {w.epoch_correlation} must be in [-1, 1]")
+    if not 0.0 <= w.tail_fraction <= 1.0:
+        p.append(f"workload.tail_fraction: {w.tail_fraction} must be in [0, 1]")
+    if w.tail_alpha <= 0:
+        p.append(f"workload.tail_alpha: {w.tail_alpha} must be > 0")
+    if w.length_scale <= 0:
+        p.append(f"workload.length_scale: {w.length_scale} must be > 0")
+    if w.type == "trace" and not w.trace_path:
+        p.append("workload.trace_path: required when workload.type=trace; point it at a CSV/parquet/JSONL length table")
+    if w.type == "history" and not cfg.lengths.path:
+        p.append("lengths.path: required when workload.type=history")
+
+
 def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
     """Cross-field checks in one place. Returns every problem found."""
     p: list[str] = []
@@ -141,19 +158,7 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
         p.append(f"lengths.ema_alpha: {cfg.lengths.ema_alpha} must be in (0, 1]")
     if not 0.0 <= cfg.lengths.quantile <= 1.0:
         p.append(f"lengths.quantile: {cfg.lengths.quantile} must be in [0, 1]")
-    w = cfg.workload
-    if not -1.0 <= w.epoch_correlation <= 1.0:
-        p.append(f"workload.epoch_correlation: {w.epoch_correlation} must be in [-1, 1]")
-    if not 0.0 <= w.tail_fraction <= 1.0:
-        p.append(f"workload.tail_fraction: {w.tail_fraction} must be in [0, 1]")
-    if w.tail_alpha <= 0:
-        p.append(f"workload.tail_alpha: {w.tail_alpha} must be > 0")
-    if w.length_scale <= 0:
-        p.append(f"workload.length_scale: {w.length_scale} must be > 0")
-    if w.type == "trace" and not w.trace_path:
-        p.append("workload.trace_path: required when workload.type=trace; point it at a CSV/parquet/JSONL length table")
-    if w.type == "history" and not cfg.lengths.path:
-        p.append("lengths.path: required when workload.type=history")
+    _validate_workload(cfg, p)
     for key, val in (("cost.decode_a", cfg.cost.decode_a), ("cost.decode_b", cfg.cost.decode_b),
                      ("cost.decode_c", cfg.cost.decode_c), ("cost.train_per_token", cfg.cost.train_per_token)):
         if val < 0:
@@ -167,7 +172,7 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
     if check_files:
         for key, val in (("data.path", cfg.data.path), ("data.eval_path", cfg.data.eval_path),
                          ("lengths.path", cfg.lengths.path), ("model.path", cfg.model.path),
-                         ("workload.trace_path", cfg.workload.trace_path if w.type == "trace" else None)):
+                         ("workload.trace_path", cfg.workload.trace_path if cfg.workload.type == "trace" else None)):
             if val and not Path(val).exists():
                 p.append(f"{key}: {val} does not exist; fix the path or remove the key")
     # A non-finite value is reported once (the range checks below it would repeat it).
