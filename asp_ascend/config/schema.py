@@ -231,6 +231,12 @@ class SimConfig:
     micro_batching: str = _f("auto", "trainer micro-batches to simulate: auto (what train.micro_batching resolves to "
                              "in the run: packed for train.micro_batching auto or packed), padded in schedule order, "
                              "sorted by length, or packed", choices=("auto", "padded", "sorted", "packed"))
+    colocated_micro_batching: str = _f("auto", "sync_colocated (the MindSpeed-RL baseline) trainer micro-batches: "
+                                       "auto (as sim.micro_batching), padded_to_dispatch (MindSpeed-RL's default, "
+                                       "use_remove_padding false: every sequence of a rank's dispatched share of the "
+                                       "iteration padded to its longest, ranks in lockstep), padded, sorted, packed "
+                                       "(use_remove_padding true)",
+                                       choices=("auto", "padded_to_dispatch", "padded", "sorted", "packed"))
     rollout_sync_pause: bool = _f(True, "async policies: instances pause generation during each weight sync")
     write_timeline: str = _f("auto", "write timeline_<policy>.jsonl: auto (<= 50k samples) | always | never",
                              choices=("auto", "always", "never"))

@@ -17,8 +17,8 @@ Pipeline with lag bound k (versions published at V_0 = 0 < V_1 < ...):
   D_i  = max(V_i + train_i, Gen_i + train_i / n_minibatches_i),  V_{i+1} = D_i + sync
 Bubbles: skew = instance time idle or in its own long tail while others still generate
 iteration i; lag-blocked = the rest of its idle; sorting = trainer idle waiting for
-samples (V_i + train_i < Gen_i + tail); padding = pad slots of padded micro-batches
-(groups in dispatch order within each mini-batch, ``micro_batch_size`` sequences each).
+samples (V_i + train_i < Gen_i + tail); padding = pad slots of the trainer's micro-batches as the
+runtime cuts them (none when packed, the default: see ``_trainer``).
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ import numpy as np
 from ..metrics.bubbles import (iteration_lower_bounds, iteration_time_stats, lower_bound_ratio, padding_bubble,
                                ratio)
 from .cost import CostModel
+from .microbatch import PACKED_TOKEN_COST, step_slots
 
 
 def _dense_codes(sorted_keys: np.ndarray) -> tuple[np.ndarray, int]:
@@ -59,8 +60,11 @@ class _Rollout:
 
 def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_lengths, *, group_size: int,
              num_instances: int, max_num_seqs: int, lag_bound: int, micro_batch_size: int,
-             cost: CostModel, group_max_factor: float = 1.0, kv_cache_tokens: int = 0) -> dict:
-    """Predicted run figures for a schedule whose groups have mean lengths ``lengths``."""
+             cost: CostModel, group_max_factor: float = 1.0, kv_cache_tokens: int = 0,
+             micro_batching: str = "padded", max_tokens_per_micro_batch: int = 0) -> dict:
+    """Predicted run figures for a schedule whose groups have mean lengths ``lengths``;
+    ``micro_batching``/``max_tokens_per_micro_batch``: how the trainer cuts micro-batches (the
+    runtime's mode, ``microbatch.resolve_mode(train.micro_batching)``)."""
     it = np.asarray(iteration, dtype=np.int64)
     it = it - it.min()
     rank = np.asarray(dispatch_rank, dtype=np.int64)
@@ -70,8 +74,9 @@ def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_len
     n_iter = int(it.max()) + 1
     ro = _rollout(it, np.asarray(instance, dtype=np.int64), rank, L, P, n_iter, G=group_size, R=num_instances,
                   S=max_num_seqs, cost=cost, group_max_factor=group_max_factor, kv_cache_tokens=kv_cache_tokens)
-    tr = _trainer(it, np.asarray(mini_batch, dtype=np.int64), rank, P + L, n_iter, G=group_size,
-                  micro_batch_size=micro_batch_size, cost=cost, group_max_factor=group_max_factor)
+    tr = _trainer(it, np.asarray(mini_batch, dtype=np.int64), rank, P, L, n_iter, G=group_size,
+                  micro_batch_size=micro_batch_size, micro_batching=micro_batching, max_tokens=max_tokens_per_micro_batch,
+                  cost=cost, group_max_factor=group_max_factor)
     pipe = _pipeline(ro, it[ro.order], tr["train"], tr["tail"], n_iter, k=lag_bound, sync_s=cost.sync_s)
     lb = iteration_lower_bounds(np.bincount(it, weights=ro.work, minlength=n_iter) / num_instances,
                                 tr["train_unpadded"], _longest_solo(it, P, L * group_max_factor, group_size, cost,
@@ -118,35 +123,41 @@ def _rollout(it, inst, rank, L, P, n_iter, *, G, R, S, cost: CostModel, group_ma
                     cost.prefill_per_token * Po * G, Lg, W, work)
 
 
-def _trainer(it, mb, rank, tok, n_iter, *, G, micro_batch_size, cost: CostModel, group_max_factor) -> dict:
-    """Per iteration: trainer time on padded micro-batches (groups in dispatch order inside
-    each mini-batch, ``micro_batch_size`` sequences each), unpadded, real tokens, slots."""
+def _trainer(it, mb, rank, P, L, n_iter, *, G, micro_batch_size, micro_batching, max_tokens, cost: CostModel,
+             group_max_factor) -> dict:
+    """Per iteration: trainer time on the runtime's micro-batches (``scheduler.microbatch.step_slots``,
+    the cut the simulator's and the runtime's trainers make), unpadded, real tokens, slots.
+
+    ``packed`` (what ``train.micro_batching: auto`` runs): no pad, PACKED_TOKEN_COST slots per real
+    token. ``padded``/``sorted``: each group's G sequences in dispatch order within each mini-batch,
+    every one as long as the group's longest (prompt + mean length x ``group_max_factor``), cut as
+    plan_step cuts them; real tokens from the mean."""
     n = it.shape[0]
     M = int(rank.max()) + 1
     n_mb_max = int(mb.max()) + 1
     mb_key = it * n_mb_max + mb
     mb_order = np.argsort(mb_key * M + rank)
-    key_it = it[mb_order]
     mbcode, n_mbs = _dense_codes(mb_key[mb_order])
-    first = np.searchsorted(mbcode, np.arange(n_mbs))
-    seq_before = (np.arange(n) - first[mbcode]) * G
-    micro = mbcode.astype(np.int64) * (1 + (G * n) // max(1, micro_batch_size)) + seq_before // micro_batch_size
-    n_micro, mcode = _dense_codes(micro)
-    tok_o = tok[mb_order] * group_max_factor
-    mmax = np.zeros(mcode)
-    np.maximum.at(mmax, n_micro, tok_o)
-    mseqs = np.bincount(n_micro, weights=np.full(n, float(G)), minlength=mcode)
-    real_tok_micro = np.bincount(n_micro, weights=G * tok[mb_order], minlength=mcode)
-    micro_iter = np.zeros(mcode, dtype=np.int64)
-    micro_iter[n_micro] = key_it
-    real_i = np.bincount(micro_iter, weights=real_tok_micro, minlength=n_iter)
-    slots_i = np.bincount(micro_iter, weights=mmax * mseqs, minlength=n_iter)
     mb_iter = np.zeros(n_mbs, dtype=np.int64)
-    mb_iter[mbcode] = key_it
+    mb_iter[mbcode] = it[mb_order]
+    real_g = G * (P + L)[mb_order]
+    real_mb = np.bincount(mbcode, weights=real_g, minlength=n_mbs)
+    if micro_batching == "packed":
+        slots_mb = PACKED_TOKEN_COST * real_mb
+    else:
+        longest = np.repeat(np.ceil(P + L * group_max_factor)[mb_order], G)
+        tok, pad = step_slots(np.repeat(mbcode, G), longest, mode=micro_batching, micro=micro_batch_size,
+                              max_tokens=max_tokens)
+        slots_mb = real_mb + np.maximum(0.0, tok + pad - real_mb)
+    real_i = np.bincount(mb_iter, weights=real_mb, minlength=n_iter)
+    slots_i = np.bincount(mb_iter, weights=slots_mb, minlength=n_iter)
     n_steps = np.bincount(mb_iter, minlength=n_iter)
     train = cost.train_time(slots_i, n_steps)
+    # padding bubble counts pad slots only (a packed token's kernel overhead is not padding)
+    pad_i = np.bincount(mb_iter, weights=(slots_mb - real_mb) if micro_batching != "packed" else np.zeros(n_mbs),
+                        minlength=n_iter)
     return {"train": train, "train_unpadded": cost.train_time(real_i, n_steps),
-            "tail": train / np.maximum(n_steps, 1), "real": real_i, "slots": slots_i}
+            "tail": train / np.maximum(n_steps, 1), "real": real_i, "slots": real_i + pad_i}
 
 
 def _pipeline(ro: _Rollout, it_o, train, tail, n_iter, *, k, sync_s) -> dict:

@@ -40,7 +40,56 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 MODES = ("padded", "sorted", "packed")
+
+# What one packed token costs the trainer, in padded token slots: padded and sorted micro-batches
+# pay train_per_token per slot (pads included), packed ones PACKED_TOKEN_COST x train_per_token
+# per real token. Measured by benchmarks/bench_packing.py on the CPU trainer (one seed, the
+# quickstart and heavy-tail workloads, default and 1024-token budgets): packed tokens/s against the
+# padded and sorted slots/s of the same workload and budget, 1.11 +- 0.05 over the four pairs
+# (varlen attention gathers each length class of a row into a block, one kernel call per class;
+# docs/runtime.md has the table). Used by the simulator's trainer and the analytic estimate.
+PACKED_TOKEN_COST = 1.11
+
+
+def resolve_mode(train_mode: str) -> str:
+    """What ``train.micro_batching`` runs as: ``auto`` packs (every platform has a varlen
+    attention that keeps packed sequences apart, platforms/attention.py)."""
+    return "packed" if train_mode in ("auto", "packed") else train_mode
+
+
+def step_slots(step, lengths, *, mode: str, micro: int, max_tokens: int = 0) -> tuple:
+    """(tokens, pad slots) per optimizer step, vectorised, as :func:`plan_step` cuts each step with
+    one rank (``world`` = 1). ``step``: the step code of every sequence (0..n-1, each step's
+    sequences contiguous, in their order); ``lengths``: their prompt + response tokens. Budget:
+    ``max_tokens``, or when 0 ``micro`` x the step's longest sequence (what the runtime's trainer
+    uses, engines/trainer.plan_micro_batches), at most ``micro`` sequences per padded/sorted
+    micro-batch. With the default budget the cut is exactly every ``micro`` sequences (in order;
+    longest first for ``sorted``): no smaller count reaches micro x longest. ``packed``: no pad."""
+    step = np.asarray(step, dtype=np.int64)
+    seq = np.asarray(lengths, dtype=np.int64)
+    n = int(step.max(initial=-1)) + 1
+    tokens = np.bincount(step, weights=seq, minlength=n).astype(np.int64)
+    if mode == "packed" or seq.size == 0:
+        return tokens, np.zeros(n, dtype=np.int64)
+    if mode not in MODES:
+        raise ValueError(f"train.micro_batching: {mode!r} is not one of {', '.join(MODES)}")
+    starts = np.searchsorted(step, np.arange(n))
+    counts = np.bincount(step, minlength=n)
+    if max_tokens > 0:
+        pad = [plan_step(seq[a:a + c], mode=mode, max_tokens=int(max_tokens), max_seqs=int(micro)).padded_tokens
+               if c else 0 for a, c in zip(starts.tolist(), counts.tolist())]
+        return tokens, np.asarray(pad, dtype=np.int64)
+    if mode == "sorted":
+        seq = seq[np.lexsort((-seq, step))]
+    pos = np.arange(seq.size) - starts[step]
+    first = np.r_[True, (step[1:] != step[:-1]) | (pos[1:] % int(micro) == 0)]
+    mstart = np.flatnonzero(first)
+    mcnt = np.diff(np.r_[mstart, seq.size])
+    mpad = np.maximum.reduceat(seq, mstart) * mcnt - np.add.reduceat(seq, mstart)
+    return tokens, np.bincount(step[mstart], weights=mpad, minlength=n).astype(np.int64)
 
 
 def slots(lengths: Sequence[int], members: Sequence[int], mode: str) -> int:

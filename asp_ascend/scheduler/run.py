@@ -22,6 +22,7 @@ import pandas as pd
 from ..errors import ConfigError, DataError
 from .cost import CostModel
 from .estimate import estimate
+from .microbatch import resolve_mode
 from .execution import lag_bound_of
 from .planner import POLICIES, SHARED_QUEUE, plan_columns, schedule_frame
 
@@ -161,7 +162,8 @@ def estimate_schedule(cfg, sched, inp: PlanInputs, lengths: np.ndarray) -> dict:
                     np.asarray(lengths)[pos], inp.prompt_lengths[pos], group_size=t.group_size,
                     num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=lag_bound_of(cfg),
                     micro_batch_size=t.micro_batch_size, cost=cost, group_max_factor=inp.group_max_factor,
-                    kv_cache_tokens=r.kv_cache_tokens)
+                    kv_cache_tokens=r.kv_cache_tokens, micro_batching=resolve_mode(t.micro_batching),
+                    max_tokens_per_micro_batch=t.max_tokens_per_micro_batch)
 
 
 PREDICTED_KEYS = ("iteration_time_mean", "padding_bubble", "skew_bubble", "sorting_bubble", "lower_bound_ratio")
@@ -215,7 +217,27 @@ def build_schedule(cfg, prompts=None, history: pd.DataFrame | None = None, *, co
         sim = simulated_figures(cfg, inp)
         if sim is not None:
             report["simulated"] = sim
+    report["headline"] = headline(report)
     return sched, report
+
+
+HEADLINE_TOLERANCE = 0.10   # issue 14: the analytic estimate should be within 10 % of the simulator
+
+
+def headline(report: dict) -> dict:
+    """The figures to quote for the configured policy: the analytic estimate (on the true lengths
+    when known) where it is within HEADLINE_TOLERANCE of the event simulator's mean iteration time
+    on the same workload, the simulator's figures where it is not (``source`` says which, and
+    ``analytic_over_simulated`` by how much they differ). Without a simulation (a real dataset)
+    the estimate is all there is: ``analytic_over_simulated`` is None."""
+    analytic = report.get("realized", report["predicted"])
+    sim = (report.get("simulated") or {}).get("systems", {}).get((report.get("simulated") or {}).get("system"))
+    if not sim:
+        return {"source": "analytic", "analytic_over_simulated": None, **analytic}
+    ratio = float(analytic["iteration_time_mean"]) / max(float(sim["iteration_time_mean"]), 1e-12)
+    if abs(ratio - 1.0) <= HEADLINE_TOLERANCE:
+        return {"source": "analytic", "analytic_over_simulated": ratio, **analytic}
+    return {"source": "simulator", "system": report["simulated"]["system"], "analytic_over_simulated": ratio, **sim}
 
 
 SIMULATE_LIMIT = 1 << 19  # samples; the event simulator takes about 10 us per sample
@@ -277,6 +299,13 @@ def format_report(report: dict) -> str:
         rows.append((pol, e))
     for system, e in (report.get("simulated") or {}).get("systems", {}).items():
         rows.append((system + " (simulated)", e))
+    h = report.get("headline")
+    if h:
+        r = h.get("analytic_over_simulated")
+        why = ("no true lengths to simulate: the analytic estimate" if r is None else
+               f"analytic / simulated = {r:.3f}: " + ("the analytic estimate" if h["source"] == "analytic" else
+                                                       f"more than {HEADLINE_TOLERANCE:.0%} off, the event simulator"))
+        lines.append(f"  headline ({why}): mean iteration time {h['iteration_time_mean']:.2f} s")
     lines.append(f"  {'policy':22s} {'iter time s':>11s} {'p99 s':>9s} {'padding':>8s} {'skew':>7s} "
                  f"{'sorting':>8s} {'LB ratio':>8s}")
     for name, e in rows:

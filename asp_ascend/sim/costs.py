@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..scheduler.cost import CostModel
+from ..scheduler.microbatch import PACKED_TOKEN_COST  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -98,14 +99,8 @@ def tp_speedup(tp: int, efficiency: float, efficiency_internode: float | None = 
     return tp * efficiency ** intra * ex ** inter
 
 
-# What one packed token costs the trainer, in padded token slots: padded and sorted micro-batches
-# pay train_per_token per slot (pads included), packed ones PACKED_TOKEN_COST x train_per_token
-# per real token. Measured by benchmarks/bench_packing.py on the CPU trainer (one seed, the
-# quickstart and heavy-tail workloads, default and 1024-token budgets): packed tokens/s against the
-# padded and sorted slots/s of the same workload and budget, 1.11 +- 0.05 over the four pairs
-# (varlen attention gathers each length class of a row into a block, one kernel call per class;
-# docs/runtime.md has the table).
-PACKED_TOKEN_COST = 1.11
+# PACKED_TOKEN_COST: what one packed token costs the trainer in padded slots (scheduler/microbatch.py,
+# measured by benchmarks/bench_packing.py); shared with the analytic estimate.
 
 
 def trainer_slots(tokens, padded_tokens, micro_batching: str) -> np.ndarray:

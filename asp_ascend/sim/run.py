@@ -27,10 +27,10 @@ from ..errors import AspError
 from ..metrics import summarize
 from .bounds import lower_bounds
 from .costs import SimCosts, system_costs
-from .engine import Engine, SimJobs, SimTimeline, TrainerSpec, minibatch_tokens
+from .engine import Engine, SimJobs, SimTimeline, TrainerSpec
 from .mechanisms import SimMechanisms, tail_summary
 from .policies import SystemSpec, system_spec
-from .trainer import resolve_micro_batching
+from .trainer import micro_batch_table, resolve_micro_batching
 
 log = logging.getLogger(__name__)
 TIMELINE_AUTO_LIMIT = 50_000
@@ -161,6 +161,16 @@ def planning_cost(costs: SimCosts):
                    train_per_step=costs.train_per_step, sync_s=costs.sync_s)
 
 
+def system_micro_batching(cfg, spec: SystemSpec) -> str:
+    """How system ``spec``'s trainer cuts micro-batches: what the run's ``train.micro_batching``
+    resolves to (``sim.micro_batching``), except ``sync_colocated`` with
+    ``sim.colocated_micro_batching`` set (the MindSpeed-RL baseline as it ships)."""
+    own = resolve_micro_batching(cfg.sim.micro_batching, cfg.train.micro_batching)
+    if spec.colocated and cfg.sim.colocated_micro_batching != "auto":
+        return cfg.sim.colocated_micro_batching
+    return own
+
+
 def mechanisms_for(cfg, spec: SystemSpec, costs: SimCosts, workload) -> SimMechanisms:
     """The tail mechanisms (DESIGN 9) that system ``spec`` runs with under ``cfg``: tail rooms and
     guided dispatch for per-instance schedules (asp; balanced gets guided dispatch too), carry-over
@@ -194,8 +204,9 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     if record_samples is None:
         record_samples = jobs.resp.size <= TIMELINE_AUTO_LIMIT
     tr = TrainerSpec(costs.train_per_token, costs.train_per_step, costs.sync_s, cfg.train.micro_batch_size,
-                     resolve_micro_batching(cfg.sim.micro_batching, cfg.train.micro_batching), costs.switch_s, publish_s=costs.publish_s,
-                     step_latency_s=costs.step_latency_s, admit_latency_s=costs.admit_latency_s)
+                     system_micro_batching(cfg, spec), costs.switch_s, publish_s=costs.publish_s,
+                     step_latency_s=costs.step_latency_s, admit_latency_s=costs.admit_latency_s,
+                     max_tokens_per_micro_batch=int(cfg.train.max_tokens_per_micro_batch))
     settings = spec.execution(jobs.group_size, dispatch=cfg.scheduler.dispatch)
     true_cm = costs.instance
     if mismatch is not None:
@@ -206,7 +217,7 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
                  sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples,
                  mechanisms=mech)
     tl = eng.run()
-    mbt = minibatch_tokens(jobs, tr.micro_batch_size, tr.micro_batching)
+    mbt = micro_batch_table(jobs, tr.micro_batch_size, tr.micro_batching, tr.max_tokens_per_micro_batch)
     lb = lower_bounds(jobs, mbt, tr.train_per_token, tr.train_per_step, true_cm, spec.num_instances,
                       settings.max_num_seqs, costs.kv_capacity, spec.lag_bound, tr.micro_batching)
     lag_bound = spec.lag_bound + (mech.max_split if mech.partial_rollout else 0)

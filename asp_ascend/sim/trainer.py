@@ -5,6 +5,11 @@ soon as that mini-batch's groups are all generated (``stream``) or once the whol
 generated; then a weight sync publishes version i + 1. The trainer's sample queue (groups
 generated, not yet trained) is recorded for the queue-occupancy metric.
 
+Micro-batches (:func:`micro_batch_table`): each optimizer step is cut as the runtime's trainer
+cuts it (``scheduler.microbatch.plan_step`` with ``train.max_tokens_per_micro_batch``, or
+``micro_batch_size`` x the step's longest sequence when 0); packed micro-batches carry no pad.
+``padded_to_dispatch`` is the MindSpeed-RL baseline as it ships (``use_remove_padding: false``).
+
 Runtime overheads (:class:`TrainerSpec`; zero by default, fitted by ``asp simulate --calibrate``):
 an optimizer step starts ``step_latency_s`` after its mini-batch is generated and the trainer is
 free; after an iteration's last step the trainer is busy for ``publish_s`` (its share of the
@@ -17,9 +22,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 
+from ..scheduler.microbatch import step_slots
 from .costs import trainer_slots
-from .jobs import SimJobs, minibatch_tokens
+from .jobs import SimJobs
 
 PUBLISH, TRAIN = 0, 1     # event kinds (see engine.py)
 
@@ -31,7 +38,7 @@ class TrainerSpec:
     train_per_step: float
     sync_s: float
     micro_batch_size: int = 8
-    micro_batching: str = "padded"   # padded | sorted | packed
+    micro_batching: str = "padded"   # padded | sorted | packed | padded_to_dispatch (see micro_batch_table)
     switch_s: float = 0.0            # colocated: train<->infer switch per iteration
     # runtime overheads (calibrated from a real run; 0/None = an ideal runtime):
     publish_s: float | None = None   # trainer busy after an iteration's last step (None: the whole sync);
@@ -39,6 +46,7 @@ class TrainerSpec:
     step_latency_s: float = 0.0      # an optimizer step starts this long after its data and the trainer are ready
     admit_latency_s: float = 0.0     # an instance admits work of a new version this long after its sync
     #                                  (and, with group_slots, a new group this long after a slot frees)
+    max_tokens_per_micro_batch: int = 0   # train.max_tokens_per_micro_batch: the token budget (0 = micro x longest)
 
 
 def resolve_micro_batching(sim_mode: str, train_mode: str) -> str:
@@ -51,6 +59,58 @@ def resolve_micro_batching(sim_mode: str, train_mode: str) -> str:
     return "packed" if train_mode in ("auto", "packed") else train_mode
 
 
+SIM_MODES = ("padded", "sorted", "packed", "padded_to_dispatch")
+
+
+def micro_batch_table(jobs: SimJobs, micro_batch_size: int, mode: str, max_tokens: int = 0) -> pd.DataFrame:
+    """Per optimizer step (iteration, mini_batch): ``groups``, real ``tokens`` (prompt + response
+    of its sequences) and ``padded_tokens`` (pad slots the trainer computes on).
+
+    ``padded``/``sorted``/``packed``: the micro-batches ``scheduler.microbatch.plan_step`` makes of
+    the step's sequences, as the runtime's trainer does (``engines/trainer.plan_micro_batches``):
+    token budget ``max_tokens``, or when 0 ``micro_batch_size`` x the step's longest sequence, at
+    most ``micro_batch_size`` sequences per padded/sorted micro-batch. Sequences in schedule order
+    (a mini-batch's prompts by ``train_rank``/``dispatch_rank``, samples in order); ``sorted`` takes
+    them longest first. ``packed`` has no pad whatever the cut. With the default budget the cut is
+    exactly every ``micro_batch_size`` sequences (no smaller count reaches micro x longest), which
+    is computed vectorised (``scheduler.microbatch.step_slots``, shared with the analytic
+    estimate); an explicit budget calls ``plan_step`` per step.
+
+    ``padded_to_dispatch``: MindSpeed-RL as it ships (``use_remove_padding: false``): each
+    data-parallel rank takes its share of the iteration in one dispatch (``actor_update_dispatch_size``
+    = global batch x G / DP) from the TransferDock, padded to that share's longest sequence, and
+    splits it into fixed micro-batches of that width; the ranks meet at every optimizer step, so
+    the rank holding the iteration's longest sequence sets the pace: every sequence of the
+    iteration costs the iteration's longest.
+    """
+    if mode not in SIM_MODES:
+        raise ValueError(f"sim micro-batching: {mode!r} is not one of {', '.join(SIM_MODES)}")
+    if micro_batch_size < 1:
+        raise ValueError(f"train.micro_batch_size: must be >= 1, got {micro_batch_size}")
+    J, G = jobs.resp.shape
+    rank = jobs.dispatch_rank if jobs.train_rank is None else jobs.train_rank
+    order = np.lexsort((rank, jobs.mini_batch, jobs.iteration))
+    n_mb = int(jobs.mini_batch.max(initial=0)) + 1
+    jkey = jobs.iteration.astype(np.int64)[order] * n_mb + jobs.mini_batch.astype(np.int64)[order]
+    key = np.repeat(jkey, G)
+    seq_len = (jobs.resp[order] + jobs.prompt_length[order, None]).reshape(-1).astype(np.int64)
+    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    counts = np.diff(np.r_[starts, key.size])
+    tokens = np.add.reduceat(seq_len, starts)
+    skey = key[starts]
+    if mode == "padded_to_dispatch":
+        it_of = skey // n_mb
+        longest = np.zeros(int(it_of.max()) + 1, dtype=np.int64)
+        np.maximum.at(longest, it_of, np.maximum.reduceat(seq_len, starts))
+        pad = counts * longest[it_of] - tokens
+    else:
+        _, pad = step_slots(np.repeat(np.arange(starts.size), counts), seq_len, mode=mode, micro=micro_batch_size,
+                            max_tokens=max_tokens)
+    groups = np.diff(np.r_[np.flatnonzero(np.r_[True, jkey[1:] != jkey[:-1]]), J])
+    return pd.DataFrame({"iteration": skey // n_mb, "mini_batch": skey % n_mb, "tokens": tokens,
+                         "padded_tokens": pad, "groups": groups})
+
+
 class Trainer:
     """The trainer's state. ``push(t, kind, x)`` queues an event; ``start_sync(t, version)``
     is called when an iteration is trained (the engine pauses instances if it must)."""
@@ -61,7 +121,8 @@ class Trainer:
         self.waiting = waiting         # called when the trainer waits on an iteration (carry-over)
         self.jobs = jobs
         self.members: dict | None = None   # (iteration, mini_batch) -> job indices, once groups were swapped
-        self.mbt = mbt = minibatch_tokens(jobs, spec.micro_batch_size, spec.micro_batching)
+        self.mbt = mbt = micro_batch_table(jobs, spec.micro_batch_size, spec.micro_batching,
+                                           spec.max_tokens_per_micro_batch)
         self.mb_iter = mbt["iteration"].to_numpy().tolist()
         self.mb_groups = mbt["groups"].to_numpy().tolist()
         self.mb_dur = (spec.train_per_token * trainer_slots(mbt["tokens"], mbt["padded_tokens"], spec.micro_batching)
@@ -200,7 +261,9 @@ class Trainer:
                       mini_batch=np.zeros(len(js), np.int64), instance=jobs.instance[js],
                       dispatch_rank=np.arange(len(js), dtype=np.int64), prompt_length=jobs.prompt_length[js],
                       resp=jobs.resp[js])
-        row = minibatch_tokens(sub, spec.micro_batch_size, spec.micro_batching).iloc[0]
+        # padded_to_dispatch (colocated only) never swaps; here it would pad to this mini-batch's longest
+        row = micro_batch_table(sub, spec.micro_batch_size, spec.micro_batching,
+                                spec.max_tokens_per_micro_batch).iloc[0]
         self.mbt.iat[x, self.mbt.columns.get_loc("tokens")] = row["tokens"]
         self.mbt.iat[x, self.mbt.columns.get_loc("padded_tokens")] = row["padded_tokens"]
         self.mb_dur[x] = (spec.train_per_token * float(trainer_slots(row["tokens"], row["padded_tokens"],

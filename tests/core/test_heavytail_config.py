@@ -44,4 +44,7 @@ def test_schedules():
     cfg = load_config(CONFIGS / "cpu_tiny_heavytail.yaml")
     sched, report = build_schedule(cfg, compare=False)
     assert sched["iteration"].nunique() == cfg.train.epochs * 256 // cfg.train.global_batch_size
-    assert report["predicted"]["padding_bubble"] > 0
+    # the run packs (train.micro_batching auto): the estimate prices no pad, as the trainer computes none
+    assert cfg.train.micro_batching == "auto" and report["predicted"]["padding_bubble"] == 0
+    padded = load_config(CONFIGS / "cpu_tiny_heavytail.yaml", ["train.micro_batching=padded"])
+    assert build_schedule(padded, compare=False)[1]["predicted"]["padding_bubble"] > 0

@@ -158,7 +158,9 @@ def test_build_schedule_equals_plan_and_estimate(tmp_path):
     est = estimate(expect["iteration"], expect["instance"], expect["mini_batch"],
                    expect["epoch"] * (len(expect) + 1) + expect["dispatch_rank"], np.tile(pred, 2), plen,
                    group_size=8, num_instances=3, max_num_seqs=cfg.rollout.max_num_seqs, lag_bound=1,
-                   micro_batch_size=cfg.train.micro_batch_size, cost=cost)
+                   micro_batch_size=cfg.train.micro_batch_size, cost=cost,
+                   micro_batching="packed")   # train.micro_batching auto runs packed
+    assert cfg.train.micro_batching == "auto"
     assert report["predicted"]["iteration_time_mean"] == est["iteration_time_mean"]
     assert set(report["baselines"]) == {"fifo", "random", "sorted", "balanced"}
 
@@ -228,3 +230,24 @@ def test_report_carries_the_simulators_figures_for_small_workloads():
     from asp_ascend.scheduler.run import inputs_from_config, simulated_figures
 
     assert simulated_figures(big, inputs_from_config(big)) is None  # past SIMULATE_LIMIT samples
+
+
+def test_headline_is_the_simulator_where_the_estimate_is_more_than_10_percent_off():
+    from asp_ascend.scheduler.run import format_report, headline
+
+    est = {"iteration_time_mean": 10.0, "padding_bubble": 0.0, "skew_bubble": 0.1, "sorting_bubble": 0.0,
+           "lower_bound_ratio": 1.2}
+    sim = {"asp": {**est, "iteration_time_mean": 9.5}, "fully_async_fifo": {**est, "iteration_time_mean": 20.0}}
+    close = {"predicted": est, "simulated": {"system": "asp", "systems": sim}}
+    h = headline(close)
+    assert h["source"] == "analytic" and h["iteration_time_mean"] == 10.0
+    assert h["analytic_over_simulated"] == pytest.approx(10 / 9.5)
+    far = {"predicted": {**est, "iteration_time_mean": 1.0}, "realized": est,
+           "simulated": {"system": "asp", "systems": {**sim, "asp": {**est, "iteration_time_mean": 8.0}}}}
+    h = headline(far)   # the estimate on the true lengths (realized) against the simulator: 10 / 8
+    assert h["source"] == "simulator" and h["iteration_time_mean"] == 8.0 and h["system"] == "asp"
+    assert h["analytic_over_simulated"] == pytest.approx(1.25)
+    assert headline({"predicted": est}) == {"source": "analytic", "analytic_over_simulated": None, **est}
+    report = {"num_prompts": 1, "epochs": 1, "iterations": 1, "num_instances": 1, "policy": "asp", "lag_bound": 1,
+              "elapsed_s": 0.0, "predictor": "mean", **far, "headline": headline(far)}
+    assert "more than 10% off, the event simulator): mean iteration time 8.00 s" in format_report(report)
