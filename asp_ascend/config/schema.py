@@ -263,6 +263,10 @@ class MindSpeedConfig:
                           choices=("instance", "dispatch"))
     trainer: str = _f("async", "async: rollout instances + AsyncGRPOTrainer; sync: stock RayGRPOTrainer fed by the schedule",
                       choices=("async", "sync"))
+    weight_push: str = _f("hf", "async trainer -> instances: hf (no vLLM engine on the trainer; Megatron shards gathered "
+                                "into HF-named full tensors, loaded by vLLM's own loaders) | resharding (MindSpeed-RL's "
+                                "colocated engine and resharding manager kept on every trainer rank)",
+                          choices=("hf", "resharding"))
 
 
 @dataclass

@@ -12,9 +12,24 @@ vLLM mixes this class into its worker; methods are called through ``collective_r
 
 ``model_runner.reload_weights`` is vLLM's own in-place reload (full HF tensors; its weight
 loaders shard them for tensor parallelism); calling ``model.load_weights`` directly is wrong
-on CPU, where the loader post-processes parameters after loading.
+on CPU, where the loader post-processes parameters after loading. vLLM releases whose runner
+has no ``reload_weights(weights_iterator=...)`` (vLLM 0.11 and vllm-ascend's ``NPUModelRunner``,
+the MindSpeed-RL stack) get ``model.load_weights`` itself, which is what that reload wraps: the
+same vLLM loaders; on vllm-ascend nothing is post-processed after loading while
+``VLLM_ASCEND_ENABLE_NZ`` is 0 (MindSpeed-RL's runtime env; ``AscendUnquantizedLinearMethod``).
 """
 from __future__ import annotations
+
+import inspect
+
+
+def load_hf_weights(model_runner, named: list) -> None:
+    """Full HF-named tensors into the running model through vLLM's own loaders."""
+    reload = getattr(model_runner, "reload_weights", None)
+    if reload is not None and "weights_iterator" in inspect.signature(reload).parameters:
+        reload(weights_iterator=iter(named))
+    else:
+        model_runner.model.load_weights(iter(named))
 
 
 class WeightReloadExtension:
@@ -27,7 +42,7 @@ class WeightReloadExtension:
         from ..platforms.transport import deserialize_state
 
         named = deserialize_state(blob)
-        self.model_runner.reload_weights(weights_iterator=iter(named))
+        load_hf_weights(self.model_runner, named)
         return len(named)
 
     def asp_recv_broadcast(self, layout: list, version: int, group: dict):
@@ -58,5 +73,5 @@ class WeightReloadExtension:
         # receive every bucket before loading: the broadcast must complete on every rank even
         # if the loader stops early
         named = list(rx.recv(WeightTicket.from_layout(version, layout)))
-        self.model_runner.reload_weights(weights_iterator=iter(named))
+        load_hf_weights(self.model_runner, named)
         return len(named)

@@ -160,18 +160,30 @@ def test_asp_cli_reads_a_mindspeed_yaml_without_torch(tmp_path):
     assert out.stdout.split() == ["2", "False"]
 
 
-def test_moe_and_partial_rollout_are_refused_by_name_on_the_async_path():
+def test_moe_is_refused_by_name_on_the_async_path():
     raw = raw7b()
     raw["model"] = {"qwen25_7b": {"num_experts": 128}}
     raw["generate_config"]["infer_expert_parallel_size"] = 4
     raw["generate_config"]["enable_expert_parallel"] = True
-    raw["asp"].setdefault("rollout", {})["partial_rollout"] = True
     with pytest.raises(ConfigError) as e:
         translate(raw)
     text = str(e.value)
     for key in ("model.qwen25_7b.num_experts: 128", "generate_config.infer_expert_parallel_size: 4",
-                "generate_config.enable_expert_parallel: true", "asp.rollout.partial_rollout: true"):
+                "generate_config.enable_expert_parallel: true"):
         assert key in text, key
-    del raw["asp"]["rollout"]["partial_rollout"]
     cfg, _ = translate(raw, mode="sync")   # the stock trainer (colocated generation) takes MoE models
     assert cfg.platform == "npu"
+
+
+def test_partial_rollout_maps_onto_the_asp_carry_over():
+    raw = raw7b()
+    raw["asp"].setdefault("rollout", {}).update(partial_rollout=True, max_split=2)
+    cfg, _ = translate(raw)
+    assert cfg.rollout.partial_rollout and cfg.rollout.max_split == 2 and cfg.mindspeed.weight_push == "hf"
+    raw["asp"].setdefault("scheduler", {})["reestimate"] = False
+    with pytest.raises(ConfigError, match="asp.rollout.partial_rollout: true needs asp.scheduler.reestimate"):
+        translate(raw)
+    raw = raw7b()
+    raw["rl_config"]["partial_rollout_max_split"] = 3     # MindSpeed-RL's own mechanism: refused, pointing at ours
+    with pytest.raises(ConfigError, match="asp.rollout.max_split: N - 1"):
+        translate(raw)

@@ -153,3 +153,62 @@ def test_a_plan_from_the_first_iteration_stalls_a_resumed_trainer():
                            sampling=SAMPLING, poll_interval_s=0.0, timeout_s=0.05)
     with pytest.raises(AspError, match="iteration 3: 0/6 groups"):
         src.get_groups(3, 6)
+
+
+class LengthInstance(StepInstance):
+    """StepInstance whose group lengths come from a table (prompt id -> decode steps)."""
+
+    def __init__(self, idx, lengths):
+        super().__init__(idx)
+        self.lengths = lengths
+
+    def submit(self, group_id, prompt_token_ids, n, max_tokens, temperature, top_p, seed, stop_token_ids, meta=None):
+        v = super().submit(group_id, prompt_token_ids, n, max_tokens, temperature, top_p, seed, stop_token_ids, meta)
+        g = self.running[-1]
+        g["left"] = g["len"] = self.lengths[meta["prompt_id"]]
+        return v
+
+
+def test_partial_rollout_carries_a_late_group_over_exactly_once_within_k_plus_s():
+    """DESIGN 9 e on the MindSpeed-RL path: iteration 0 waits only on prompt 1 (40 decode steps, predicted 40);
+    it is deferred to iteration 1 and a finished group of iteration 1 takes its slot; every group is handed
+    out exactly once, each within lag k + its deferral <= k + S."""
+    from asp_ascend.integrations.mindspeed_rl.async_loop import AsyncGRPOLoop, LoopPorts, LoopSettings
+    from asp_ascend.scheduler.admission import LagViolation
+    from asp_ascend.scheduler.tail_control import TailOptions
+
+    gbs, n, k, S = 4, 2, 1, 1
+    lengths = {str(p): (40 if p == 1 else 2 + p % 2) for p in range(12)}
+    rows = [dict(epoch=0, prompt_id=str(p), iteration=p // gbs, mini_batch=(p % gbs) // 2, instance=p % 2,
+                 dispatch_rank=p, predicted_length=float(lengths[str(p)])) for p in range(12)]
+    s = ExecutionSettings(policy="asp", lag_bound=k, group_size=n, max_num_seqs=4 * n, num_instances=2)
+    p = ExecutionPlan.from_schedule(pd.DataFrame(rows), s)
+    insts = [LengthInstance(0, lengths), LengthInstance(1, lengths)]
+    src = DispatcherSource(p, insts, lambda pid: ([int(pid), 1], {}), sampling={}, poll_interval_s=0.0,
+                           tail=TailOptions(reestimate=True, partial_rollout=True, max_split=S), max_tokens=64)
+    trained = []
+    for i in range(3):
+        groups = src.get_groups(i, gbs)
+        for g in groups:
+            late = i - g.planned_iteration
+            assert g.iteration == i and late <= S
+            assert 0 <= i - g.admission_version <= k + max(0, late)
+        trained.append(sorted(g.prompt_id for g in groups))
+        for inst in insts:
+            inst.version = i + 1
+        src.on_published(i + 1)
+    assert "1" not in trained[0] and "1" in trained[1]                 # carried over one iteration
+    assert len(trained[0]) == gbs and any(int(x) >= gbs for x in trained[0])   # a group of iteration 1 took its slot
+    assert sorted(x for t in trained for x in t) == sorted(str(q) for q in range(12))   # exactly once
+    assert [e for e, _ in src.tail_events].count("defer") == 1
+
+    # the loop holds the carried-over group to max_split (checked before anything is written)
+    g = groups[0]
+    g.planned_iteration = 0
+    one = type("One", (), {"get_groups": lambda self, i, c: [g] * c})()
+    loop = AsyncGRPOLoop(LoopPorts(actor=None, store=None, samples=one, compute_rewards=None,
+                                   compute_advantage=None, publish_weights=None),
+                         LoopSettings(global_batch_size=1, group_size=n, lag_bound=k, iterations=3, start_iteration=2,
+                                      max_split=S))
+    with pytest.raises(LagViolation, match="2 iterations late, rollout.max_split allows 1"):
+        loop.run_iteration(2)

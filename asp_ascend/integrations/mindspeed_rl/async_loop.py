@@ -24,7 +24,9 @@ advantages by w gives exactly the decoupled-PPO objective (Hilton et al. 2021) w
 pi_old as the proximal policy, and leaves the stock loss and worker code untouched.
 
 Lag: a sample trained in iteration i was admitted at version v; the admission controller
-guarantees ``i - v <= k``. The loop re-checks it and raises ``LagViolation`` otherwise.
+guarantees ``i - v <= k``, and partial rollout (DESIGN 9 e: a group carried over from its planned
+iteration p to i <= p + S) ``i - v <= k + (i - p) <= k + S``. The loop re-checks both and raises
+``LagViolation`` otherwise.
 MindSpeed-RL's ``RayActorGroup`` satisfies :class:`ActorGroup` and :class:`RefGroup`
 as is; :mod:`.trainer` wires the rest. Torch is used only through the ``store``.
 """
@@ -58,6 +60,8 @@ class SampleGroup:
     t_finish: float = 0.0                     # the group's last sample
     sample_t_first_token: Optional[list[float]] = None   # per sample, when the instance reports them
     sample_t_finish: Optional[list[float]] = None
+    planned_iteration: Optional[int] = None   # the schedule's iteration; later than ``iteration`` never, earlier
+                                              # when partial rollout carried the group over (by <= max_split)
 
 
 @runtime_checkable
@@ -115,6 +119,7 @@ class LoopSettings:
     dataset_additional_keys: tuple[str, ...] = ()
     mini_batch_size: int = 0        # prompts per optimizer step (0: the whole batch)
     trainer_dp: int = 1             # data-parallel size of the trainer (row layout, see dp_group_order)
+    max_split: int = 0              # S with rollout.partial_rollout (a group may be trained S iterations late), else 0
 
 
 def dp_group_order(num_groups: int, mini_batch_size: int, dp: int) -> list[int]:
@@ -242,9 +247,15 @@ class AsyncGRPOLoop:
             lag = i - g.admission_version
             if g.iteration != i:
                 raise RuntimeError(f"prompt {g.prompt_id!r} is scheduled for iteration {g.iteration}, not {i}")
-            if lag > s.lag_bound or lag < 0:
+            late = i - (g.planned_iteration if g.planned_iteration is not None else i)
+            if late > s.max_split:
+                raise LagViolation(f"prompt {g.prompt_id!r} planned for iteration {g.planned_iteration} is trained "
+                                   f"in {i}: {late} iterations late, rollout.max_split allows {s.max_split}")
+            bound = s.lag_bound + max(0, late)
+            if lag > bound or lag < 0:
                 raise LagViolation(f"prompt {g.prompt_id!r}: lag {lag} in iteration {i} (admitted at "
-                                   f"v{g.admission_version}) exceeds the bound {s.lag_bound}")
+                                   f"v{g.admission_version}) exceeds the bound {bound} (k={s.lag_bound}, "
+                                   f"carried over {max(0, late)})")
             lags.extend([lag] * s.group_size)
         groups = sorted(groups, key=lambda g: (g.mini_batch, g.instance, g.t_finish))
         if s.trainer_dp > 1:

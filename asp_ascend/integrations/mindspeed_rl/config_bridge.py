@@ -44,7 +44,10 @@ MINDSPEED_GROUPS = ("megatron_training", "actor_config", "rl_config", "generate_
 # rl_config values the async adapter cannot run with: key -> (required value, why)
 ASYNC_REQUIREMENTS: dict[str, tuple[Any, str]] = {
     "rl_config.use_integrated_worker": (True, "the adapter subclasses IntegratedWorker for weight push"),
-    "rl_config.partial_rollout_max_split": (1, "partial rollout and the async instances both own generation"),
+    "rl_config.partial_rollout_max_split": (1, "MindSpeed-RL's partial rollout lives in its colocated generation and a "
+                                               "2 x gbs TransferDock, neither of which the async path uses; use "
+                                               "asp.rollout.partial_rollout: true and asp.rollout.max_split: N - 1 "
+                                               "(docs/ascend.md, Partial rollout)"),
     "rl_config.data_strategy": ("td", "the off-policy correction reads and rewrites TransferDock columns"),
     "rl_config.guarantee_order": (True, "the update must take rows in the order that lays out the ASP mini-batches"),
     "rl_config.shuffle_mini_batch": (False, "a shuffle would undo the ASP mini-batches"),
@@ -189,10 +192,10 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
             problems.append(f"rl_config.mini_batch_size: {mb} prompts cannot be split over the trainer's {dp} "
                             f"data-parallel ranks; use a multiple of {dp}")
         problems.extend(moe_problems(raw))
-        if _get(asp, "rollout.partial_rollout")[1]:
-            problems.append("asp.rollout.partial_rollout: true is not supported with mindspeed.trainer=async yet (the "
-                            "MindSpeed-RL loop trains each iteration's planned groups; carry-over runs in `asp train`); "
-                            "remove it, or use the asp runtime for partial rollout")
+        if _get(asp, "rollout.partial_rollout")[1] and _get(asp, "scheduler.reestimate") == (True, False):
+            problems.append("asp.rollout.partial_rollout: true needs asp.scheduler.reestimate: true (a group is carried "
+                            "over when its re-estimated remaining length is past the iteration's budget; without "
+                            "re-estimation nothing is ever deferred)")
         found, dispatch, _ = lookup(raw, "rl_config.actor_update_dispatch_size")
         if found and dispatch and gbs and dispatch != gbs * n // dp:
             problems.append(f"rl_config.actor_update_dispatch_size: {dispatch} must be unset or global_batch_size x "

@@ -19,6 +19,7 @@ L = "mindspeed_rl/workers/scheduler/launcher.py"
 IW = "mindspeed_rl/workers/integrated_worker.py"
 AHW = "mindspeed_rl/workers/actor_hybrid_worker.py"
 SM = "mindspeed_rl/workers/resharding/megatron_sharding_manager.py"
+OFF = "mindspeed_rl/workers/resharding/megatron_off_loader.py"
 WC = "mindspeed_rl/workers/resharding/vllm_weight_container.py"
 VPS = "mindspeed_rl/models/rollout/vllm_adapter/vllm_parallel_state.py"
 MWL = "mindspeed_rl/models/rollout/vllm_adapter/megatron_weight_loaders.py"
@@ -69,6 +70,18 @@ SYMBOLS = (
     *(Exists(M(SM, f"MegatronShardingManager.{m}"), "method") for m in (
         "onload_infer_params", "offload_infer_params", "enter_forward_mode", "exit_forward_mode")),
     Exists(M(SM, "MegatronShardingManager.vllm_weight_container"), "attr"),
+    # the engine-free trainer (asp.mindspeed.weight_push: hf)
+    Params(M(AHW, "ActorHybridWorkerBase._build_rollout"), (), exact=True,
+           why="overridden: returns None, no colocated vLLM engine on the trainer"),
+    Params(M(AHW, "ActorHybridWorkerBase._build_sharding_manager"), (), exact=True,
+           why="overridden: TrainOnlyShardingManager in the resharding manager's place"),
+    *(Exists(M(SM, f"MegatronShardingManager.{m}"), "method", why="TrainOnlyShardingManager mirrors it")
+      for m in ("enter_train_mode", "exit_train_mode")),
+    *(Exists(M(OFF, f"MegatronOffLoader.{m}"), "method", why="TrainOnlyShardingManager calls it")
+      for m in ("onload_param", "offload_param", "onload_optimizer", "offload_optimizer", "onload_grad",
+                "offload_grad")),
+    *(Exists(M(AHW, f"ActorHybridWorkerBase.{a}"), "attr", why="read by the engine-free push")
+      for a in ("actor_offloader", "parallel_state", "model")),
     Exists(M(WC, "MegatronStyleVllmWeightContainer.get_infer_params"), "method", why="inference-layout weights"),
     Exists(M(LOSS, "GRPOActorLossFunc"), "class"),
     Exists(M(LFF, "LossFuncFactory"), "class"),
@@ -198,6 +211,11 @@ MEANINGS = (
             why="a read through get_experience waits until the rows are written"),
     Pattern(M(TD, "GRPOTransferDock.__init__"), "self.experience_consumers = ['trainer', ...]",
             why="the consumer TransferDockStore reads as (none of MindSpeed-RL's GRPO stages reads it)"),
+    Order(M(AHW, "ActorHybridWorkerBase.initialize"), "self.actor_offloader = MegatronOffLoader(...)",
+          "self.sharding_manager = self._build_sharding_manager()",
+          why="our _build_sharding_manager reads actor_offloader: it must exist by then"),
+    Pattern(M(AHW, "ActorHybridWorkerBase.initialize"), "self.inference_model = self._build_rollout()",
+            why="the only place the colocated engine is built: overriding _build_rollout removes it"),
     Order(M(VE, "VLLMInferEngine.__init__"), "update_megatron_weight_loader()", "LLM(...)",
           why="loaders are bound to each parameter when its layer is built: patch first"),
     Pattern(M(MWL, "update_megatron_weight_loader"), "layer_class.weight_loader = weight_loader",

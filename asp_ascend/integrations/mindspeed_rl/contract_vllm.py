@@ -72,6 +72,10 @@ TRANSPORT = (
     Exists(VA(PYHCCL, "PyHcclCommunicator.device"), "attr"),
     Exists(VA(NPU_WORKER, "NPUWorker.model_runner"), "attr", why="the receiver loads into model_runner.model"),
     Exists(VA("vllm_ascend/worker/model_runner_v1.py", "NPUModelRunner.model"), "attr"),
+    Exists(V("vllm/model_executor/models/qwen2.py", "Qwen2ForCausalLM.load_weights"), "method",
+           why="the engine-free push's receiver (engines/vllm_ext.load_hf_weights) loads HF-named full tensors "
+               "with the model's own loader where the runner has no reload_weights(weights_iterator=...)"),
+    Exists(V("vllm/model_executor/models/llama.py", "LlamaForCausalLM.load_weights"), "method"),
     Pattern(VA(NPU_WORKER, "NPUWorker.__init__"), "WEIGHT_LOADER_V2_SUPPORTED.remove('UnquantizedLinearMethod')",
             why="vllm-ascend builds linear layers with the v1 weight_loader, the one MindSpeed-RL's loaders patch"),
 )

@@ -172,7 +172,7 @@ def _train(msrl: dict, cfg_dict: dict, schedule_path: str, root: str) -> None:
                               prompt_type_path=actor_config.prompt_type_path)
     gbs, n = actor_config.global_batch_size, rl_config.n_samples_per_prompt
     actor = RayActorGroup(
-        worker=make_trainer_worker_class() if asynchronous else IntegratedWorker, placement_group=None,
+        worker=make_trainer_worker_class(cfg.mindspeed.weight_push == "hf") if asynchronous else IntegratedWorker, placement_group=None,
         megatron_config=actor_config, rl_config=rl_config, generate_config=generate_config,
         model_provider=gpt_model_provider, profiler_config=parsed["profiler_config"]["integrated"],
         msprobe_config=parsed["msprobe_config"], tokenizer=tokenizer, initialize_func=initialize_megatron,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from collections import defaultdict
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from ...errors import AspError, ConfigError
@@ -35,8 +34,17 @@ class DispatcherSource:
 
     ``plan``: the schedule from the resume position on (its settings carry k, G, the group
     slots, the shared queue and guided dispatch); ``tail``: the tail keys and planned rooms
-    (``rollout.tail_concurrency``, ``scheduler.reestimate``; partial rollout is refused on this
-    path by the config bridge); ``trace``: a list the feeder records every admission and event in."""
+    (``rollout.tail_concurrency``, ``scheduler.reestimate``, ``rollout.partial_rollout`` /
+    ``max_split``); ``trace``: a list the feeder records every admission and event in.
+
+    Partial rollout (DESIGN 9 e) is the runtime's own carry-over, :class:`TailControl`'s
+    :class:`~asp_ascend.scheduler.carryover.CarryOver`: when iteration i waits only on late groups
+    (re-estimated remaining tokens past its budget), they are deferred to i + 1 and the same number of
+    finished groups of i + 1 take their mini-batch slots. :meth:`get_groups` hands out iteration i's
+    members as the carry-over has them (every group exactly once; a group carries its planned
+    iteration, so the loop allows it lag k + its deferral <= k + S). A deferred group keeps generating
+    on its instance across weight pushes (tokens after a push come from the newer weights, each with its
+    behaviour log-prob; its admission version is the oldest)."""
 
     def __init__(self, plan: ExecutionPlan, instances: Sequence[InstanceHandle],
                  prompt_of: Callable[[str], tuple[list[int], dict]], sampling: dict,
@@ -52,7 +60,7 @@ class DispatcherSource:
         self.tail_events: list[tuple[str, dict]] = []     # tail decisions (rooms, steals), for inspection
         self.tail = TailControl(plan, tail or TailOptions(), max_tokens=max_tokens,
                                 event=lambda kind, **row: self.tail_events.append((kind, row)), now=clock)
-        self.ready: dict[int, list[SampleGroup]] = defaultdict(list)
+        self.done: dict[tuple, SampleGroup] = {}      # finished, not yet handed out: (epoch, prompt_id) -> group
 
     @property
     def inflight(self) -> list[int]:
@@ -76,30 +84,50 @@ class DispatcherSource:
             for g in res.get("groups", []):
                 m = g["meta"]
                 samples = g["samples"]
-                self.ready[m["iteration"]].append(SampleGroup(
+                self.done[(m["epoch"], m["prompt_id"])] = (SampleGroup(
                     epoch=m["epoch"], prompt_id=m["prompt_id"], iteration=m["iteration"], mini_batch=m["mini_batch"],
                     instance=i, admission_version=min(int(g["admission_version"]), int(m["version"])),
                     prompt=m["prompt"], responses=[s["token_ids"] for s in samples],
                     rollout_log_probs=[s["logprobs"] for s in samples], extras=m["extras"],
                     t_admit=float(g["t_admit"]), t_finish=max(float(s["t_finish"]) for s in samples),
                     sample_t_first_token=[float(s.get("t_first_token") or g["t_admit"]) for s in samples],
-                    sample_t_finish=[float(s["t_finish"]) for s in samples]))
+                    sample_t_finish=[float(s["t_finish"]) for s in samples],
+                    planned_iteration=m["iteration"]))
                 self.feeder.finished(m["epoch"], m["prompt_id"])
                 self.tail.on_finish((m["epoch"], m["prompt_id"]), [len(s["token_ids"]) for s in samples])
                 got += 1
         return got
 
+    def _members(self, iteration: int) -> dict:
+        planned = self.plan.iterations.get(iteration)
+        if planned is None:
+            raise RuntimeError(f"iteration {iteration} is not in the plan (iterations {min(self.plan.iterations)}.."
+                               f"{max(self.plan.iterations)})")
+        return self.tail.members(iteration, planned)
+
     def get_groups(self, iteration: int, count: int) -> list[SampleGroup]:
+        """The complete groups iteration ``iteration`` trains (with partial rollout: as carried over)."""
         deadline = self.clock() + self.timeout_s
-        while len(self.ready[iteration]) < count:
+        members = self._members(iteration)
+        while not all(k in self.done for keys in members.values() for k in keys):
             self.fill()
             if self.collect() == 0:
+                if self.tail.maybe_defer(iteration):        # waits only on late groups: carry them over
+                    members = self._members(iteration)
+                    continue
                 if self.clock() > deadline:
-                    raise AspError(f"iteration {iteration}: {len(self.ready[iteration])}/{count} groups after "
+                    have = sum(k in self.done for keys in members.values() for k in keys)
+                    raise AspError(f"iteration {iteration}: {have}/{count} groups after "
                                    f"{self.timeout_s:.0f} s; instances in flight {self.inflight}")
                 time.sleep(self.poll_interval_s)
-        out = self.ready.pop(iteration)
-        if len(out) > count:
+        out = []
+        for m in sorted(members):
+            for key in members[m]:
+                g = self.done.pop(key)
+                g.iteration, g.mini_batch = iteration, m
+                out.append(g)
+            self.tail.on_trained(iteration, m)
+        if len(out) != count:
             raise RuntimeError(f"iteration {iteration}: {len(out)} groups, the schedule has {count}")
         return out
 
@@ -155,10 +183,12 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
     """Rollout instances on their own NPUs + the HCCL weight push, for ``AsyncGRPOTrainer``.
 
     Each instance is the runtime's rollout actor narrowed to its own devices
-    (:func:`.rollout_groups.instance_actor_class`), with ``worker_extension_cls`` = :data:`RECEIVER`,
-    ``tensor_parallel_size`` = ``rollout.devices_per_instance``, vLLM's multiprocessing executor and
-    dummy weights; the weight push reaches its vLLM workers through ``RolloutEngine.collective_rpc``
-    (they load Megatron-layout shards with MindSpeed-RL's loaders; :mod:`.vllm_receiver`). The plan
+    (:func:`.rollout_groups.instance_actor_class`), ``tensor_parallel_size`` =
+    ``rollout.devices_per_instance``, vLLM's multiprocessing executor and dummy weights. With
+    ``mindspeed.weight_push: hf`` (default) its vLLM workers run the runtime's receiver
+    (``engines/vllm_ext.py``) and load the HF-named full tensors of :mod:`.hf_push` with vLLM's own
+    loaders (``RolloutEngine.update_weights``); with ``resharding`` they run :data:`RECEIVER` and load
+    Megatron-layout shards with MindSpeed-RL's loaders (:mod:`.vllm_receiver`, :mod:`.weight_push`). The plan
     starts at ``start_iteration`` (the trainer's checkpointed iteration) and the trainer's weights are
     pushed as that version before the first admission (:func:`wire_source`).
     """
@@ -168,8 +198,7 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
     from ...platforms import get_platform
     from .rollout_groups import (check_capacity, check_instances_fit_nodes, create_instance_placement_groups,
                                  instance_actor_class, instance_actor_options, instance_engine_args, instance_env)
-    from .vllm_receiver import loaders_path
-    from .weight_push import weight_push_fn
+    from ...engines.rollout import EXTENSION
 
     if not cfg.weight_sync.master_port:
         raise ConfigError(["asp.weight_sync.master_port: 0 (pick a free port) works only for the asp runtime; the "
@@ -179,14 +208,20 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
     r, tp = cfg.rollout.num_instances, cfg.rollout.devices_per_instance
     check_instances_fit_nodes([n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")], platform, tp)
     check_capacity(ray.cluster_resources(), platform, r, tp, trainer_devices)
-    env = instance_env(str(loaders_path(mindspeed_root)))
+    engine_free = cfg.mindspeed.weight_push == "hf"
+    if engine_free:   # HF-named full tensors, vLLM's own loaders: the runtime's receiver, no loader patch
+        env, receiver = None, EXTENSION
+    else:
+        from .vllm_receiver import loaders_path
+
+        env, receiver = instance_env(str(loaders_path(mindspeed_root))), RECEIVER
     pgs = create_instance_placement_groups(platform, r, tp)
     cls = instance_actor_class()
     actors = []
     for i, pg in enumerate(pgs):
         actors.append(cls.options(**instance_actor_options(platform, pg, tp, env)).remote(
             cfg.model.path, max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=cfg.lengths.max_response_length * 2,
-            seed=cfg.seed + i, dtype="bfloat16", instance=i, worker_extension_cls=RECEIVER, platform="npu",
+            seed=cfg.seed + i, dtype="bfloat16", instance=i, worker_extension_cls=receiver, platform="npu",
             tensor_parallel_size=tp, engine_args=instance_engine_args()))
     ray.get([a.ready.remote() for a in actors])
     from ...pipeline.run import tail_options
@@ -209,8 +244,20 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
             return self.a.collective_rpc.remote("asp_recv_megatron_weights",
                                                 (manifests, version, base_port, self.idx, world, tp))
 
-    push = weight_push_fn(actor_group, [_Instance(a, i) for i, a in enumerate(actors)],
-                          cfg.weight_sync.master_port, cfg.weight_sync.bucket_mb << 20)
+    if engine_free:
+        import json
+
+        from .hf_push import hf_push_fn
+
+        hf_config = json.loads((Path(cfg.model.path) / "config.json").read_text())
+        push = hf_push_fn(actor_group, actors, platform="npu", base_port=cfg.weight_sync.master_port, tp=tp,
+                          bucket_bytes=cfg.weight_sync.bucket_mb << 20, hf_config=hf_config,
+                          timeout_s=max(600.0, cfg.weight_sync.timeout_s))
+    else:
+        from .weight_push import weight_push_fn
+
+        push = weight_push_fn(actor_group, [_Instance(a, i) for i, a in enumerate(actors)],
+                              cfg.weight_sync.master_port, cfg.weight_sync.bucket_mb << 20)
     source, publish = wire_source(
         plan, [_RayHandle(a) for a in actors], prompt_of,
         sampling={"max_tokens": cfg.lengths.max_response_length, "temperature": cfg.rollout.temperature,
@@ -219,5 +266,6 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
     settings = LoopSettings(global_batch_size=cfg.train.global_batch_size, group_size=n,
                             lag_bound=settings.lag_bound, iterations=0, off_policy=cfg.train.off_policy,
                             tis_cap=cfg.train.tis_cap, dataset_additional_keys=tuple(dataset_additional_keys),
-                            mini_batch_size=cfg.train.mini_batch_size, trainer_dp=trainer_dp)
+                            mini_batch_size=cfg.train.mini_batch_size, trainer_dp=trainer_dp,
+                            max_split=cfg.rollout.max_split if cfg.rollout.partial_rollout else 0)
     return source, publish, settings

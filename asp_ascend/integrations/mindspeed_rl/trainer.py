@@ -9,9 +9,11 @@ connects it to MindSpeed-RL's objects:
   the TransferDock gets an extra column ``rollout_log_prob``; ``skip_actor_log_prob`` is
   forced off (old log-probs are always recomputed: the default skip would treat the
   current policy as the behaviour policy, wrong for stale samples).
-- ``AspIntegratedWorker``: MindSpeed-RL's ``IntegratedWorker`` plus two methods that push
-  the trainer's weights, in vLLM layout (its own resharding: ``get_infer_params``), to the
-  rollout instances over HCCL (:mod:`.weight_push`); registered in ``launcher.resource_mapping``
+- ``AspIntegratedWorker``: MindSpeed-RL's ``IntegratedWorker`` plus the weight push to the
+  rollout instances over HCCL. Default (``asp.mindspeed.weight_push: hf``): no colocated vLLM
+  engine at all; the ranks gather their Megatron shards into HF-named full tensors and broadcast
+  them (:mod:`.hf_push`). ``resharding``: the colocated engine is kept and its resharding manager
+  (``get_infer_params``) feeds :mod:`.weight_push`. Registered in ``launcher.resource_mapping``
   (keyed by Ray actor class name, otherwise a renamed worker gets 0 NPUs).
 - ``register_offpolicy_loss``: registers, as ``('ray_grpo', 'actor')``, a GRPO loss that
   refuses to run without recomputed ``old_log_prob`` (the stock loss silently falls back to
@@ -94,10 +96,17 @@ def register_offpolicy_loss():
     return AspGRPOActorLossFunc
 
 
-def make_trainer_worker_class():
-    """``AspIntegratedWorker``: IntegratedWorker + weight push, registered in resource_mapping."""
-    if "worker" in _CACHE:
-        return _CACHE["worker"]
+def make_trainer_worker_class(engine_free: bool = True):
+    """``AspIntegratedWorker``: IntegratedWorker + weight push, registered in resource_mapping.
+
+    ``engine_free`` (``asp.mindspeed.weight_push: hf``, the default): the worker builds no vLLM engine
+    (``_build_rollout`` returns None) and a :class:`.train_only.TrainOnlyShardingManager` takes the
+    sharding manager's place; weights leave through :mod:`.hf_push` (``asp_hf_manifest`` /
+    ``asp_hf_push``). Otherwise (``resharding``) MindSpeed-RL's colocated engine is kept and its
+    resharding manager feeds :mod:`.weight_push` (``asp_weight_manifest`` / ``asp_push_weights``)."""
+    key = f"worker_{'hf' if engine_free else 'resharding'}"
+    if key in _CACHE:
+        return _CACHE[key]
     require_mindspeed("the trainer worker")
     import ray
     from mindspeed_rl.workers.integrated_worker import IntegratedWorker
@@ -112,6 +121,72 @@ def make_trainer_worker_class():
             register_offpolicy_loss()
             return super().initialize()
 
+        # ---------------------------------------------------------------- engine-free (hf)
+        def _build_rollout(self):
+            if not engine_free:
+                return super()._build_rollout()
+            return None   # no colocated vLLM engine: generation runs on the rollout instances
+
+        def _build_sharding_manager(self):
+            if not engine_free:
+                return super()._build_sharding_manager()
+            from .train_only import TrainOnlyShardingManager
+
+            g = self.generate_config
+            return TrainOnlyShardingManager(self.actor_offloader, g.offload_train_optimizer, g.offload_train_grad,
+                                            g.offload_train_param, self.rl_config.share_backbone)
+
+        def _asp_hf_pusher(self, hf_config: dict):
+            if getattr(self, "_asp_hf", None) is None:
+                import torch.distributed as dist
+
+                from .hf_push import HfPusher, RankRole
+                from .hf_weights import ModelLayout
+
+                if len(self.model) != 1:
+                    raise RuntimeError(f"the engine-free weight push supports one model chunk per rank, this rank has "
+                                       f"{len(self.model)} (virtual pipeline stages); unset "
+                                       f"num_layers_per_virtual_pipeline_stage or use asp.mindspeed.weight_push=resharding")
+                ps, chunk = self.parallel_state, self.model[0]
+                core = chunk
+                while hasattr(core, "module"):
+                    core = core.module
+                layers = getattr(getattr(core, "decoder", None), "layers", [])
+                layer_map = {i: int(layer.layer_number) - 1 for i, layer in enumerate(layers)}
+                pp_group = ps.get_pipeline_model_parallel_group()
+                role = RankRole(first_replica=ps.get_data_parallel_rank(with_context_parallel=True) == 0,
+                                tp_rank=ps.get_tensor_model_parallel_rank(),
+                                tp_size=ps.get_tensor_model_parallel_world_size(),
+                                pp_rank=ps.get_pipeline_model_parallel_rank(),
+                                pp_size=ps.get_pipeline_model_parallel_world_size(),
+                                tp_group=ps.get_tensor_model_parallel_group(), pp_group=pp_group,
+                                pp_ranks=tuple(dist.get_process_group_ranks(pp_group)))
+                self._asp_hf = HfPusher(role, list(chunk.named_parameters()), layer_map,
+                                        ModelLayout.from_hf_config(hf_config))
+                self._asp_hf_endpoint = None
+            return self._asp_hf
+
+        def asp_hf_manifest(self, bucket_bytes: int, hf_config: dict):
+            """(bucket plan, node IP) on the sender, None elsewhere; collective over the trainer ranks."""
+            from .hf_push import manifest_reply
+
+            return manifest_reply(self._asp_hf_pusher(hf_config), bucket_bytes, ray.util.get_node_ip_address())
+
+        def asp_hf_push(self, version: int, group: dict):
+            """Every trainer rank: gather, convert and (sender) broadcast this version's HF tensors."""
+            from .hf_push import SenderEndpoint, push_version
+
+            pusher = self._asp_hf
+            if pusher.role.sender and self._asp_hf_endpoint is None:
+                self._asp_hf_endpoint = SenderEndpoint(int(ray.get_runtime_context().get_accelerator_ids()["NPU"][0]))
+            sm = self.sharding_manager
+            sm.enter_forward_mode()       # parameters on the device (when offload_train_param moved them)
+            try:
+                return push_version(pusher, self._asp_hf_endpoint, group)
+            finally:
+                sm.exit_forward_mode()
+
+        # ---------------------------------------------------------------- colocated (resharding)
         def _asp_first_dp_group(self) -> Optional[int]:
             """This rank's inference-TP index if it belongs to the first inference DP group, else None."""
             import torch.distributed as dist
@@ -163,7 +238,7 @@ def make_trainer_worker_class():
     AspIntegratedWorker.__name__ = AspIntegratedWorker.__qualname__ = "AspIntegratedWorker"
     remote_cls = ray.remote(resources={"NPU": 0.7})(AspIntegratedWorker)
     launcher.resource_mapping[AspIntegratedWorker.__name__] = lambda config: config.actor_resource
-    _CACHE["worker"] = remote_cls
+    _CACHE[key] = remote_cls
     return remote_cls
 
 

@@ -1,0 +1,214 @@
+"""Engine-free weight push: Megatron shards -> HF-named full tensors -> bucketed broadcast.
+
+The trainer ranks of the first data-parallel replica (data-parallel and context-parallel rank 0)
+take part; the others return at once. For every Megatron parameter, in pipeline-stage order:
+
+1. the ranks of the owning stage all-gather its tensor-parallel shards (their TP group);
+2. the stage's TP rank 0 turns the unsharded tensor into HF tensors (:mod:`.hf_weights`);
+3. stage 0's TP rank 0, the *sender*, streams them into flat buckets and broadcasts each bucket
+   over the weight-sync communicator (HCCL on NPU, gloo on CPU); other stages' TP rank 0 hand
+   their HF tensors to the sender point-to-point first (``send``/``recv`` in the trainer's own
+   process group).
+
+At most one unsharded parameter and one bucket are alive at a time on any rank. Every rollout
+instance's vLLM worker receives the same full tensors and loads them with vLLM's own loaders,
+which shard them for the instance's tensor parallelism: the receiver is the runtime's
+:class:`asp_ascend.engines.vllm_ext.WeightReloadExtension` (``asp_recv_broadcast``), the same
+code on CPU (vLLM-CPU, gloo) and on NPU (vllm-ascend, HCCL). The trainer builds no vLLM engine.
+
+The bucket plan (the manifest) is made once, from the parameters' metadata alone (names, local
+shapes, dtypes, partition dims; the conversion runs on ``meta`` tensors), and gathered to the
+sender over the pipeline group. :class:`RankRole` is what a rank knows about its place; the
+MindSpeed-RL worker fills it from Megatron's ``parallel_state`` (:mod:`.trainer`), the CPU test
+from its own gloo groups.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+from .hf_weights import ModelLayout, global_layer_name, hf_specs, merge_tp, to_hf
+
+
+@dataclass(frozen=True)
+class RankRole:
+    first_replica: bool            # data-parallel (with context-parallel) rank 0
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+    tp_group: Any = None           # torch.distributed group of this rank's TP peers
+    pp_group: Any = None           # ... of its pipeline peers (same TP rank, same replica)
+    pp_ranks: tuple = (0,)         # global ranks of pp_group, by stage
+
+    @property
+    def sender(self) -> bool:
+        return self.first_replica and self.tp_rank == 0 and self.pp_rank == 0
+
+
+def partition_dim(param) -> Optional[int]:
+    """Megatron marks tensor-parallel parameters with ``tensor_model_parallel`` and ``partition_dim``."""
+    return int(param.partition_dim) if getattr(param, "tensor_model_parallel", False) else None
+
+
+class HfPusher:
+    """One trainer rank's part of the engine-free push. ``named_params``: this rank's
+    (local name, parameter) pairs; ``layer_map``: local decoder layer index -> global index."""
+
+    def __init__(self, role: RankRole, named_params, layer_map: dict[int, int], layout: ModelLayout):
+        self.role, self.layout = role, layout
+        self.entries = [(global_layer_name(n, layer_map), p, partition_dim(p)) for n, p in named_params]
+        self._stage_specs: Optional[list[list[list[tuple]]]] = None   # sender: stage -> entry -> HF specs
+        self.buckets: Optional[tuple] = None                          # sender: the bucket plan
+
+    def _meta(self) -> list[tuple]:
+        return [(n, tuple(p.shape), str(p.dtype).removeprefix("torch."), d, self.role.tp_size)
+                for n, p, d in self.entries]
+
+    def manifest(self, bucket_bytes: int):
+        """Collective over the first replica's TP-rank-0 ranks: the bucket plan on the sender, else None."""
+        import torch.distributed as dist
+
+        from ...platforms.transport import plan_buckets
+
+        r = self.role
+        if not r.first_replica or r.tp_rank != 0:
+            return None
+        meta = self._meta()
+        stages = [meta]
+        if r.pp_size > 1:
+            stages = [None] * r.pp_size
+            dist.all_gather_object(stages, meta, group=r.pp_group)
+        if not r.sender:
+            return None
+        self._stage_specs = [[hf_specs([e], self.layout) for e in stage] for stage in stages]
+        flat = [s for stage in self._stage_specs for per in stage for s in per]
+        self.buckets = plan_buckets(flat, bucket_bytes)
+        return self.buckets
+
+    def stream(self, device=None) -> Iterator[tuple[str, Any]]:
+        """The HF tensors in manifest order (on the sender); elsewhere drives the collectives, yields nothing."""
+        import torch
+        import torch.distributed as dist
+
+        r = self.role
+        if not r.first_replica:
+            return
+        if r.sender and self._stage_specs is None:
+            raise RuntimeError("HfPusher.stream before manifest(): the sender has no bucket plan")
+        for s in range(r.pp_size):
+            if s == r.pp_rank:
+                for name, p, pdim in self.entries:
+                    local = p.detach()
+                    if pdim is not None and r.tp_size > 1:
+                        parts = [torch.empty_like(local) for _ in range(r.tp_size)]
+                        dist.all_gather(parts, local.contiguous(), group=r.tp_group)
+                        full = merge_tp(name, parts, pdim)
+                    else:
+                        full = local
+                    if r.tp_rank != 0:
+                        continue
+                    for hf, t in to_hf(name, full, self.layout):
+                        if r.sender:
+                            yield hf, t
+                        else:
+                            dist.send(t.contiguous(), dst=r.pp_ranks[0])
+            elif r.sender:
+                for per in self._stage_specs[s]:
+                    for hf, shape, dtype in per:
+                        buf = torch.empty(shape, dtype=getattr(torch, dtype), device=device)
+                        dist.recv(buf, src=r.pp_ranks[s])
+                        yield hf, buf
+
+    def push(self, comm=None, synchronize=None) -> int:
+        """Broadcast the HF tensors over ``comm`` (sender: rank 0), bucket by bucket; every rank of the
+        first replica calls it. Returns the number of tensors the sender broadcast."""
+        import torch
+
+        stream = self.stream(getattr(comm, "device", None) if self.role.sender else None)
+        if not self.role.sender:
+            for _ in stream:
+                pass
+            return 0
+        sent = 0
+        for b in self.buckets:
+            flat = torch.empty(b.numel, dtype=getattr(torch, b.dtype), device=comm.device)
+            for spec in b.tensors:
+                name, t = next(stream)
+                if name != spec.name or tuple(t.shape) != tuple(spec.shape):
+                    raise RuntimeError(f"weight push: {name} {tuple(t.shape)} arrived where the plan has "
+                                       f"{spec.name} {tuple(spec.shape)}")
+                flat[spec.offset:spec.offset + spec.numel].copy_(t.reshape(-1))
+                sent += 1
+            comm.broadcast(flat, src=0)
+        for extra in stream:
+            raise RuntimeError(f"weight push: {extra[0]} is not in the bucket plan")
+        if synchronize is not None:
+            synchronize()
+        return sent
+
+
+class SenderEndpoint:
+    """The sender's end of the weight-sync communicator (rank 0; it hosts the rendezvous store at
+    ``group["host"]``), created on the first push and kept while the group's generation stays."""
+
+    def __init__(self, device_index: int = 0):
+        self.device_index = int(device_index)
+        self._comm, self._gen = None, None
+
+    def comm(self, group: dict):
+        from ...platforms.transport import create_communicator
+
+        if self._comm is None or self._gen != group["gen"]:
+            self._comm = None
+            self._comm = create_communicator(group["platform"], group["host"], int(group["port"]), 0,
+                                             int(group["world"]), self.device_index,
+                                             float(group.get("timeout_s", 300.0)))
+            self._gen = group["gen"]
+        return self._comm
+
+
+def manifest_reply(pusher: HfPusher, bucket_bytes: int, host: str):
+    """A trainer rank's ``asp_hf_manifest``: (bucket plan, sender IP) on the sender, else None."""
+    buckets = pusher.manifest(bucket_bytes)
+    return None if buckets is None else (buckets, host)
+
+
+def push_version(pusher: HfPusher, endpoint: Optional[SenderEndpoint], group: dict) -> int:
+    """A trainer rank's ``asp_hf_push``: the sender broadcasts, the rest drive the gathers."""
+    if not pusher.role.sender:
+        return pusher.push()
+    from ...platforms import get_platform
+
+    return pusher.push(endpoint.comm(group), get_platform(group["platform"], check=False).synchronize)
+
+
+def hf_push_fn(actor_group, instances, *, platform: str, base_port: int, tp: int, bucket_bytes: int,
+               hf_config: dict, timeout_s: float = 600.0):
+    """``publish_weights(version)`` for the async trainer over the engine-free push.
+
+    Trainer ranks implement ``asp_hf_manifest(bucket_bytes, hf_config) -> (buckets, IP) | None`` (the sender
+    returns its plan and node IP) and ``asp_hf_push(version, group)``; instance r is the runtime's
+    rollout actor (``update_weights(ticket, group)``), its vLLM workers being ranks
+    ``1 + r*tp .. r*tp + tp`` of the group (the runtime's layout, engines/rollout.py)."""
+    import ray
+
+    from ...platforms.transport import WeightTicket
+
+    state: dict[str, Any] = {}
+
+    def publish(version: int) -> None:
+        if not state:
+            plans = [o for o in actor_group.execute_sync_command("asp_hf_manifest", bucket_bytes, hf_config) if o is not None]
+            if len(plans) != 1:
+                raise RuntimeError(f"{len(plans)} trainer ranks reported themselves as the weight sender; expected 1")
+            buckets, host = plans[0]
+            state.update(buckets=tuple(buckets), group={"gen": 0, "host": host, "port": int(base_port),
+                                                        "world": 1 + tp * len(instances), "platform": platform,
+                                                        "timeout_s": float(timeout_s)})
+        ticket, group = WeightTicket(int(version), state["buckets"]), state["group"]
+        refs = [inst.update_weights.remote(ticket, {**group, "rank": 1 + r * tp}) for r, inst in enumerate(instances)]
+        actor_group.execute_sync_command("asp_hf_push", int(version), group)
+        ray.get(refs)
+
+    return publish
