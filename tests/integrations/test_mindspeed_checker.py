@@ -105,7 +105,8 @@ def test_every_site_in_the_contract_exists_in_our_code():
             assert tree.find_scope(e.site.path, e.site.function) is not None, e.site
 
 
-needs_src = pytest.mark.skipif(not SRC, reason="set ASP_MINDSPEED_SRC to a MindSpeed-RL checkout")
+needs_src = pytest.mark.skipif(not SRC, reason=("ASP_MINDSPEED_SRC is not set: point it at a MindSpeed-RL checkout at 05a90d7 (and ASP_VLLM_ASCEND_SRC at "
+          "vllm-ascend 1b16c01); docs/ascend.md, 'Running the real-tree tests', says how to fetch them"))
 
 
 @needs_src

@@ -18,8 +18,8 @@ from asp_ascend.integrations.mindspeed_rl.hf_weights import (  # noqa: E402
 from megatron_ref import layer_map, megatron_shards, tiny_qwen2  # noqa: E402
 
 SRC = os.environ.get("ASP_MINDSPEED_SRC")
-SRC_REASON = ("ASP_MINDSPEED_SRC is not set: point it at a MindSpeed-RL checkout at the pinned commit "
-              "(docs/ascend.md, 'Running the real-tree tests')")
+SRC_REASON = ("ASP_MINDSPEED_SRC is not set: point it at a MindSpeed-RL checkout at 05a90d7; docs/ascend.md, "
+              "'Running the real-tree tests', says how to fetch it")
 
 
 def convert(shards: dict, cfg, tp: int, pp: int) -> dict:

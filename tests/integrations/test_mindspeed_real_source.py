@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 SRC = os.environ.get("ASP_MINDSPEED_SRC")
-pytestmark = pytest.mark.skipif(not SRC, reason="set ASP_MINDSPEED_SRC to a MindSpeed-RL checkout")
+pytestmark = pytest.mark.skipif(not SRC, reason=("ASP_MINDSPEED_SRC is not set: point it at a MindSpeed-RL checkout at 05a90d7 (and ASP_VLLM_ASCEND_SRC at "
+          "vllm-ascend 1b16c01); docs/ascend.md, 'Running the real-tree tests', says how to fetch them"))
 
 torch = pytest.importorskip("torch")
 ray = pytest.importorskip("ray")
