@@ -184,8 +184,10 @@ def test_partial_rollout_carries_a_late_group_over_exactly_once_within_k_plus_s(
     s = ExecutionSettings(policy="asp", lag_bound=k, group_size=n, max_num_seqs=4 * n, num_instances=2)
     p = ExecutionPlan.from_schedule(pd.DataFrame(rows), s)
     insts = [LengthInstance(0, lengths), LengthInstance(1, lengths)]
-    src = DispatcherSource(p, insts, lambda pid: ([int(pid), 1], {}), sampling={}, poll_interval_s=0.0,
-                           tail=TailOptions(reestimate=True, partial_rollout=True, max_split=S), max_tokens=64)
+    src = DispatcherSource(p, insts, lambda pid: ([int(pid), 1], {}),
+                           sampling={"max_tokens": 64, "temperature": 1.0, "top_p": 1.0, "seed": 0, "stop_token_ids": []},
+                           poll_interval_s=0.0, tail=TailOptions(reestimate=True, partial_rollout=True, max_split=S),
+                           max_tokens=64)
     trained = []
     for i in range(3):
         groups = src.get_groups(i, gbs)

@@ -81,7 +81,7 @@ SYMBOLS = (
       for m in ("onload_param", "offload_param", "onload_optimizer", "offload_optimizer", "onload_grad",
                 "offload_grad")),
     *(Exists(M(AHW, f"ActorHybridWorkerBase.{a}"), "attr", why="read by the engine-free push")
-      for a in ("actor_offloader", "parallel_state", "model")),
+      for a in ("actor_offloader", "model")),
     Exists(M(WC, "MegatronStyleVllmWeightContainer.get_infer_params"), "method", why="inference-layout weights"),
     Exists(M(LOSS, "GRPOActorLossFunc"), "class"),
     Exists(M(LFF, "LossFuncFactory"), "class"),
