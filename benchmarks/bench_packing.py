@@ -107,7 +107,7 @@ def bench_config(path: str, out: Path, iterations: int, threads: int, budgets: l
             tr.begin_iteration(k, len(steps))
             spent = 0.0
             for samples in steps:
-                n_mb = len(tr._micro_batches(samples))
+                n_mb = len(tr.micro_batches(samples))
                 st = tr.train_step(samples)
                 spent += st["t_end"] - st["t_start"]
                 if k:  # iteration 0 is the warm-up

@@ -1,15 +1,17 @@
-"""One rank of the data-parallel trainer: a :class:`TrainerEngine` whose model is
-``fully_shard``-ed per decoder layer and at the root (FSDP2). The invariants the ranks keep
-together, and :class:`~asp_ascend.engines.fsdp_trainer.TrainerGroup` that drives them, are in
-engines/fsdp_trainer.py."""
+"""One rank of the data-parallel trainer: a :class:`TrainerEngine` built with
+:class:`FSDPLayout` (the model ``fully_shard``-ed per decoder layer and at the root, FSDP2),
+held by :class:`FSDPTrainerRank`, which adds what only a rank does (joining the process group,
+empty passes so collectives line up, freeing gathered parameters, gathered checkpoints). The
+invariants the ranks keep together, and :class:`~asp_ascend.engines.fsdp_trainer.TrainerGroup`
+that drives them, are in engines/fsdp_trainer.py."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from . import checkpoint_io
-from .trainer import TrainerEngine
+from .trainer import TrainerEngine, plan_micro_batches, step_denominator
 
-__all__ = ["DUMMY_TOKENS", "FSDPTrainerRank"]
+__all__ = ["DUMMY_TOKENS", "FSDPLayout", "FSDPTrainerRank", "reshard"]
 
 
 DUMMY_TOKENS = 2
@@ -21,20 +23,84 @@ def _dummy_sample(pad_id: int) -> dict:
     return {"prompt_ids": [pad_id] * DUMMY_TOKENS, "response_ids": [], "behav_logprobs": [], "advantage": 0.0}
 
 
-class FSDPTrainerRank(TrainerEngine):
+def reshard(model) -> None:
+    """Free the unsharded parameters a forward without backward leaves behind (FSDP2 keeps the
+    root's gathered after forward, for the backward). Stale ones would otherwise be reused
+    by the next forward after the shards changed (an optimizer step, a load_state_dict)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in (model.modules() if model is not None else []):
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+def _param_names(model) -> list[str]:
+    return [n for n, _ in model.named_parameters()]
+
+
+class FSDPLayout:
+    """The model sharded over ``world`` ranks (the ``ModelLayout`` contract of engines/layout.py).
+    Built after the process group is joined (the device mesh needs it)."""
+    casts_itself = True  # FSDP2's MixedPrecisionPolicy casts the parameters (see wrap)
+
+    def __init__(self, rank: int, world: int, device_type: str):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.rank, self.world = int(rank), int(world)
+        self.mesh = init_device_mesh(device_type, (self.world,))
+        self.compute_dtype = None
+
+    def wrap(self, model, compute_dtype):
+        """fully_shard each decoder layer (``model.model.layers``, Qwen2/Llama style), then the root;
+        gradients are summed across ranks (each rank's loss is already divided by the global count)."""
+        import torch
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        self.compute_dtype = compute_dtype
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        mp = (MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+              if compute_dtype != torch.float32 else MixedPrecisionPolicy())
+        for m in list(layers or []) + [model]:
+            fully_shard(m, mesh=self.mesh, mp_policy=mp)
+            m.set_gradient_divide_factor(1.0)  # per FSDP module: sum, do not average
+            m.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
+        return model
+
+    def frozen_copy(self, model, device):
+        """A frozen, identically sharded copy of the current weights (pi_prox or the reference)."""
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        with device:  # initialised on the device (fast on GPUs); the weights come from the shards below
+            copy = AutoModelForCausalLM.from_config(model.config, dtype=torch.float32)
+        copy = self.wrap(copy, self.compute_dtype)
+        copy.load_state_dict(model.state_dict())
+        return copy.eval()
+
+    def full_weights(self, model) -> list:
+        """The full HF state dict on rank 0 (on CPU); [] on the other ranks. Collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return list(sd.items()) if self.rank == 0 else []
+
+
+class FSDPTrainerRank:
     """One data-parallel rank. Constructed cheaply; ``connect(addr, port)`` joins the process
-    group and only then loads and shards the model (the group learns rank 0's address first)."""
+    group and only then builds its trainer (``self.core``: loads and shards the model; the group
+    learns rank 0's address first). Every method is the single trainer's, called on every rank."""
 
     def __init__(self, model_dir: str, *, rank: int, world_size: int, **kw):
         self._args = (model_dir, kw)
         self.rank, self.world = int(rank), int(world_size)
-        self._passes = 0
-        self._dummies = 0
+        self.core: TrainerEngine | None = None
 
     # ------------------------------------------------------------------ setup
     def endpoint(self) -> tuple[str, int]:
         """This node's IP and a free TCP port (rank 0: the group's rendezvous)."""
-        return self.node_ip(), self.free_port()
+        import ray
+
+        return ray.util.get_node_ip_address(), TrainerEngine.free_port()
 
     def connect(self, master_addr: str, master_port: int, timeout_s: float = 600.0) -> int:
         import datetime
@@ -51,91 +117,40 @@ class FSDPTrainerRank(TrainerEngine):
             dist.init_process_group(plat.comm_backend, init_method=f"tcp://{master_addr}:{int(master_port)}",
                                     rank=self.rank, world_size=self.world,
                                     timeout=datetime.timedelta(seconds=timeout_s))
-        TrainerEngine.__init__(self, model_dir, **kw)
+        layout = FSDPLayout(self.rank, self.world, plat.device_type)
+        self.core = TrainerEngine(model_dir, layout=layout, **kw)
         return self.rank
 
-    def _mesh(self):
-        from torch.distributed.device_mesh import init_device_mesh
+    def ready(self) -> int:
+        return self.core.ready()
 
-        if getattr(self, "_mesh_obj", None) is None:
-            self._mesh_obj = init_device_mesh(self.platform.device_type, (self.world,))
-        return self._mesh_obj
-
-    def _autocast(self):
-        """FSDP2's mixed-precision policy casts the parameters itself (see _wrap_model)."""
-        import contextlib
-
-        return contextlib.nullcontext()
-
-    def _wrap_model(self, model):
-        """fully_shard each decoder layer (``model.model.layers``, Qwen2/Llama style), then the root;
-        gradients are summed across ranks (each rank's loss is already divided by the global count)."""
-        from torch.distributed.fsdp import fully_shard
-
-        import torch
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
-        mesh = self._mesh()
-        layers = getattr(getattr(model, "model", None), "layers", None)
-        mp = (MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
-              if self.compute_dtype != torch.float32 else MixedPrecisionPolicy())
-        for m in list(layers or []) + [model]:
-            fully_shard(m, mesh=mesh, mp_policy=mp)
-            m.set_gradient_divide_factor(1.0)  # per FSDP module: sum, do not average
-            m.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
-        return model
-
-    @staticmethod
-    def _reshard(model) -> None:
-        """Free the unsharded parameters a forward without backward leaves behind (FSDP2 keeps the
-        root's gathered after forward, for the backward). Stale ones would otherwise be reused
-        by the next forward after the shards changed (an optimizer step, a load_state_dict)."""
-        from torch.distributed.fsdp import FSDPModule
-
-        for m in (model.modules() if model is not None else []):
-            if isinstance(m, FSDPModule):
-                m.reshard()
-
-    def _sharded_copy(self):
-        """A frozen, identically sharded copy of the current weights (pi_prox or the reference)."""
-        import torch
-        from transformers import AutoModelForCausalLM
-
-        with self.device:  # initialised on the device (fast on GPUs); the weights come from the shards below
-            copy = AutoModelForCausalLM.from_config(self.model.config, dtype=torch.float32)
-        copy = self._wrap_model(copy)
-        copy.load_state_dict(self.model.state_dict())
-        return copy.eval()
+    def micro_batch_settings(self) -> tuple[str, int, int]:
+        return self.core.micro_batch_settings()
 
     # ------------------------------------------------------------------ RL
     def begin_iteration(self, version: int, mini_batches: int) -> None:
-        self.version = version
-        self._steps_in_iteration = 0
-        if self.loss_cfg.kl_coef > 0 and self.ref_model is None:
-            self.ref_model = self._sharded_copy()
-        if self.loss_cfg.off_policy != "none" and mini_batches > 1:
-            if self.prox_model is None:
-                self.prox_model = self._sharded_copy()
-            else:
-                self._reshard(self.prox_model)
-                self.prox_model.load_state_dict(self.model.state_dict())
-
-    def _micro_batches(self, samples: list[dict], plan: list[list[int]] | None = None) -> list[list[dict]]:
-        mbs = super()._micro_batches(samples, plan)
-        self._dummies = max(0, self._passes - len(mbs))
-        return mbs + [[_dummy_sample(self.pad_id)] for _ in range(self._dummies)]
+        reshard(self.core.prox_model)  # pi_prox may be reloaded from the shards next
+        self.core.begin_iteration(version, mini_batches)
 
     def train_step(self, samples: list[dict], denom: float | None = None,
                    micro_batches: list[list[int]] | None = None, passes: int = 0) -> dict:
         """This rank's share of one optimizer step: ``denom`` = the mini-batch's response tokens
         (all ranks), ``micro_batches`` = this rank's micro-batches (indices into ``samples``),
-        ``passes`` = the micro-batch passes every rank runs (the most any rank has)."""
-        self._passes = max(int(passes), 1)
-        self._reshard(self.model)
-        st = super().train_step(samples, denom, micro_batches)
-        self._reshard(self.prox_model)
-        self._reshard(self.ref_model)
-        st["tokens"] -= DUMMY_TOKENS * self._dummies
+        ``passes`` = the micro-batch passes every rank runs (the most any rank has): the missing
+        ones are empty passes over dummy samples appended to ``samples``."""
+        core = self.core
+        if denom is None:
+            denom = step_denominator(samples, core.loss_cfg.loss_agg)
+        if micro_batches is None:
+            micro_batches = plan_micro_batches(samples, *core.micro_batch_settings()).ranks[0]
+        n, dummies = len(samples), max(0, max(int(passes), 1) - len(micro_batches))
+        samples = list(samples) + [_dummy_sample(core.pad_id) for _ in range(dummies)]
+        plan = [list(mb) for mb in micro_batches] + [[n + i] for i in range(dummies)]
+        reshard(core.model)
+        st = core.train_step(samples, denom, plan)
+        reshard(core.prox_model)
+        reshard(core.ref_model)
+        st["tokens"] -= DUMMY_TOKENS * dummies
         st["rank"] = self.rank
         return st
 
@@ -147,18 +162,19 @@ class FSDPTrainerRank(TrainerEngine):
         import torch
         import torch.distributed as dist
 
+        core = self.core
         rng = np.random.default_rng(seed)
-        opt = torch.optim.AdamW(self.model.parameters(), lr=lr)
+        opt = torch.optim.AdamW(core.model.parameters(), lr=lr)
         losses = []
-        self._reshard(self.model)
+        reshard(core.model)
         for _ in range(steps):
             pick = rng.choice(len(examples), size=min(batch_size, len(examples)), replace=False)
             batch = [examples[i] for i in pick]
             denom = max(sum(len(a) for _, a in batch), 1)
-            mine = batch[self.rank::self.world] or [([self.pad_id, self.pad_id], [])]
-            ids, att = self._pad([p + a for p, a in mine])
-            mask = self._response_tensor([[1.0] * len(a) for _, a in mine], [len(p) for p, _ in mine], ids.shape[1])
-            logp = self._logprobs(self.model, ids, att)
+            mine = batch[self.rank::self.world] or [([core.pad_id, core.pad_id], [])]
+            ids, att = core.pad([p + a for p, a in mine])
+            mask = core.response_tensor([[1.0] * len(a) for _, a in mine], [len(p) for p, _ in mine], ids.shape[1])
+            logp = core.logprobs(core.model, ids, att)
             loss = -(logp * mask).sum() / denom
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -170,57 +186,62 @@ class FSDPTrainerRank(TrainerEngine):
 
     def sequence_logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
         try:
-            return super().sequence_logprobs(prompt_ids, response_ids)  # a collective: every rank runs it
+            return self.core.sequence_logprobs(prompt_ids, response_ids)  # a collective: every rank runs it
         finally:
-            self._reshard(self.model)
+            reshard(self.core.model)
 
     # ------------------------------------------------------------------ weights
-    def _named_weights(self) -> list:
-        """The full HF state dict on rank 0 (on CPU); [] on the other ranks. Collective."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    def publish(self, version: int, transport: str = "object_store"):
+        """Every rank gathers (a collective); rank 0's ticket carries the weights."""
+        return self.core.publish(version, transport)
 
-        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return list(sd.items()) if self.rank == 0 else []
+    def node_ip(self) -> str:
+        return self.core.node_ip()
 
-    def _param_names(self) -> list[str]:
-        return [n for n, _ in self.model.named_parameters()]
+    def free_port(self) -> int:
+        return self.core.free_port()
+
+    def send_weights(self, version: int, group: dict) -> dict:
+        return self.core.send_weights(version, group)
 
     def save_checkpoint(self, path: str, state: dict) -> str:
         """Every rank gathers; rank 0 writes the single trainer's layout into ``path``."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
-        full = dict(self._named_weights())
-        osd = get_optimizer_state_dict(self.model, self.opt,
+        core = self.core
+        full = dict(core.full_weights())
+        osd = get_optimizer_state_dict(core.model, core.opt,
                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         reference = self.reference_state()
         if self.rank != 0:
             return str(path)
-        return checkpoint_io.write_checkpoint(path, self.model, self.tokenizer,
-                                              checkpoint_io.indexed_optimizer_state(osd, self._param_names()),
-                                              {"version": self.version, "devices": self.world, **state},
+        return checkpoint_io.write_checkpoint(path, core.model, core.tokenizer,
+                                              checkpoint_io.indexed_optimizer_state(osd, _param_names(core.model)),
+                                              {"version": core.version, "devices": self.world, **state},
                                               model_state=full, reference=reference)
 
     def load_checkpoint(self, path: str) -> int:
         """Optimizer (rank 0 reads the full state, the ranks take their shards), version, RNG."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
+        core = self.core
         osd = {}
         if self.rank == 0:
-            osd = checkpoint_io.named_optimizer_state(checkpoint_io.read_optimizer(path), self._param_names())
-        set_optimizer_state_dict(self.model, self.opt, optim_state_dict=osd,
+            osd = checkpoint_io.named_optimizer_state(checkpoint_io.read_optimizer(path), _param_names(core.model))
+        set_optimizer_state_dict(core.model, core.opt, optim_state_dict=osd,
                                  options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
         checkpoint_io.restore_rng(path)
         self.load_reference(Path(path))
-        self.version = checkpoint_io.read_version(path)
-        return self.version
+        core.version = checkpoint_io.read_version(path)
+        return core.version
 
     def reference_state(self) -> dict | None:
         """The reference's full weights on rank 0 (None elsewhere, or without one). Collective."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        if self.ref_model is None:
+        if self.core.ref_model is None:
             return None
-        sd = get_model_state_dict(self.ref_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        sd = get_model_state_dict(self.core.ref_model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         return {k: v.clone() for k, v in sd.items()} if self.rank == 0 else None
 
     def load_reference(self, path: Path) -> None:
@@ -228,14 +249,15 @@ class FSDPTrainerRank(TrainerEngine):
         from safetensors.torch import load_file
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-        if self.loss_cfg.kl_coef <= 0:
+        core = self.core
+        if core.loss_cfg.kl_coef <= 0:
             return
-        f = checkpoint_io.reference_file(path, self.loss_cfg.kl_coef)
-        self.ref_model = self._sharded_copy()
+        f = checkpoint_io.reference_file(path, core.loss_cfg.kl_coef)
+        core.ref_model = core.layout.frozen_copy(core.model, core.device)
         sd = load_file(str(f)) if self.rank == 0 else {}
-        set_model_state_dict(self.ref_model, sd,
+        set_model_state_dict(core.ref_model, sd,
                              options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-        self._reshard(self.ref_model)
+        reshard(core.ref_model)
 
     def shutdown(self) -> None:
         import torch.distributed as dist

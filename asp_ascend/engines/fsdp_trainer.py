@@ -1,8 +1,8 @@
 """A data-parallel trainer: ``train.devices`` ranks, the model sharded with FSDP2.
 
-:class:`FSDPTrainerRank` is one rank (a :class:`TrainerEngine` whose model is
-``fully_shard``-ed per decoder layer and at the root, over the platform's collective
-backend: gloo on CPU, nccl on CUDA, hccl on NPU). :class:`TrainerGroup` starts the ranks as
+:class:`FSDPTrainerRank` is one rank (it holds a :class:`TrainerEngine` built with
+``FSDPLayout``: the model ``fully_shard``-ed per decoder layer and at the root, over the
+platform's collective backend: gloo on CPU, nccl on CUDA, hccl on NPU). :class:`TrainerGroup` starts the ranks as
 Ray actors and offers the single trainer actor's call surface (``group.train_step.remote(...)``
 returns one ObjectRef), so the orchestrator and ``asp train`` drive either the same way.
 
@@ -20,7 +20,7 @@ Invariants (each checked by tests/runtime/test_fsdp_trainer.py):
   ranks does a rank run empty passes: no response tokens, zero loss, zero gradient) and every
   method is called on every rank in the same order (Ray runs one caller's calls to an actor in
   order).
-- **Weights leave whole.** ``_named_weights`` gathers the full HF state dict (every rank takes
+- **Weights leave whole.** ``full_weights`` gathers the full HF state dict (every rank takes
   part); rank 0 holds it, so rank 0's ``publish`` ticket is the one the instances receive.
 - **Checkpoints are the single trainer's format.** Rank 0 writes HF safetensors, the tokenizer
   and ``optimizer.pt`` as the full (unsharded) AdamW state keyed like a single trainer's, so a

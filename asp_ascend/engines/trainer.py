@@ -25,7 +25,6 @@ Updating 16-bit weights directly would round most small AdamW updates away (at l
 """
 from __future__ import annotations
 
-import copy
 import time
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from ..algos.grpo import LossConfig, policy_loss, token_logprobs
 from ..platforms.attention import packed_attention
 from ..scheduler.microbatch import MODES, plan_step
 from . import checkpoint_io
+from .layout import ModelLayout, Replicated
 from .packing import build_micro_batch, micro_batch_logprobs, packing_supported
 
 
@@ -40,7 +40,8 @@ class TrainerEngine:
     def __init__(self, model_dir: str, *, lr: float, weight_decay: float, loss: LossConfig,
                  micro_batch_size: int, temperature: float, seed: int, dtype: str = "float32",
                  cpu_cores: list[int] | None = None, platform: str = "cpu", bucket_bytes: int = 1 << 30,
-                 top_p: float = 1.0, micro_batching: str = "auto", max_tokens_per_micro_batch: int = 0):
+                 top_p: float = 1.0, micro_batching: str = "auto", max_tokens_per_micro_batch: int = 0,
+                 layout: ModelLayout | None = None):
         from ..engines.rollout import pin_process
 
         pin_process(list(cpu_cores or []))
@@ -52,6 +53,7 @@ class TrainerEngine:
         from ..platforms import get_platform
 
         self.platform = get_platform(platform)
+        self.layout = layout or Replicated()
         self.bucket_bytes = int(bucket_bytes)
         if cpu_cores:
             torch.set_num_threads(len(cpu_cores))
@@ -72,7 +74,7 @@ class TrainerEngine:
                                                      **({"attn_implementation": attn} if attn else {}))
         self.micro_batching = self._resolve_micro_batching(micro_batching, model.to(self.device), attn)
         self.max_tokens = int(max_tokens_per_micro_batch)
-        self.model = self._wrap_model(model)
+        self.model = self.layout.wrap(model, self.compute_dtype)
         self.tokenizer = load_tokenizer(model_dir)
         self.model.train()
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=weight_decay)
@@ -85,10 +87,6 @@ class TrainerEngine:
         self.prox_model = None
         self.ref_model = None
         self._steps_in_iteration = 0
-
-    def _wrap_model(self, model):
-        """The model the optimizer trains (a sharded trainer shards it here)."""
-        return model
 
     def _resolve_micro_batching(self, mode: str, model, attn: str | None) -> str:
         """``auto``/``packed``: pack when a probe on ``model`` shows its attention (``attn``) keeps
@@ -106,16 +104,18 @@ class TrainerEngine:
         return "sorted"
 
     def _autocast(self):
-        """Forward/backward in the compute dtype (the master weights stay float32)."""
+        """Forward/backward in the compute dtype (the master weights stay float32; a layout that
+        casts the parameters itself, FSDP2's mixed precision, needs no autocast)."""
         import contextlib
 
         import torch
 
-        if self.compute_dtype == torch.float32:
+        if self.compute_dtype == torch.float32 or self.layout.casts_itself:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.compute_dtype)
 
-    def _logprobs(self, model, ids, att, temperature: float = 1.0, top_p: float = 1.0):
+    def logprobs(self, model, ids, att, temperature: float = 1.0, top_p: float = 1.0):
+        """Per-token log-probs of padded ``ids`` under ``model`` in the compute dtype."""
         with self._autocast():
             return token_logprobs(model, ids, att, temperature, top_p)
 
@@ -124,12 +124,14 @@ class TrainerEngine:
         """(micro_batching as resolved at start-up, max_tokens_per_micro_batch, micro_batch_size)."""
         return self.micro_batching, self.max_tokens, self.micro
 
-    def _micro_batches(self, samples: list[dict], plan: list[list[int]] | None = None) -> list[list[dict]]:
+    def micro_batches(self, samples: list[dict], plan: list[list[int]] | None = None) -> list[list[dict]]:
+        """``samples`` grouped by ``plan`` (indices into them; default: this trainer's own plan)."""
         if plan is None:
             plan = plan_micro_batches(samples, *self.micro_batch_settings()).ranks[0]
         return [[samples[i] for i in mb] for mb in plan]
 
-    def _pad(self, seqs: list[list[int]]):
+    def pad(self, seqs: list[list[int]]):
+        """(input ids, attention mask) of ``seqs`` right-padded to one length, on the device."""
         import torch
 
         T = max(len(s) for s in seqs)
@@ -140,7 +142,7 @@ class TrainerEngine:
             att[i, :len(s)] = 1
         return ids.to(self.device), att.to(self.device)
 
-    def _response_tensor(self, rows: list[list[float]], prompt_lens: list[int], T: int, fill: float = 0.0):
+    def response_tensor(self, rows: list[list[float]], prompt_lens: list[int], T: int, fill: float = 0.0):
         """Per-token values of the responses, aligned with next-token targets [B, T-1]."""
         import torch
 
@@ -163,9 +165,9 @@ class TrainerEngine:
         for _ in range(steps):
             pick = rng.choice(len(examples), size=min(batch_size, len(examples)), replace=False)
             batch = [examples[i] for i in pick]
-            ids, att = self._pad([p + a for p, a in batch])
-            mask = self._response_tensor([[1.0] * len(a) for _, a in batch], [len(p) for p, _ in batch], ids.shape[1])
-            logp = self._logprobs(self.model, ids, att)
+            ids, att = self.pad([p + a for p, a in batch])
+            mask = self.response_tensor([[1.0] * len(a) for _, a in batch], [len(p) for p, _ in batch], ids.shape[1])
+            logp = self.logprobs(self.model, ids, att)
             loss = -(logp * mask).sum() / mask.sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -179,10 +181,10 @@ class TrainerEngine:
         self.version = version
         self._steps_in_iteration = 0
         if self.loss_cfg.kl_coef > 0 and self.ref_model is None:
-            self.ref_model = copy.deepcopy(self.model).eval()
+            self.ref_model = self.layout.frozen_copy(self.model, self.device)
         if self.loss_cfg.off_policy != "none" and mini_batches > 1:
             if self.prox_model is None:
-                self.prox_model = copy.deepcopy(self.model).eval()
+                self.prox_model = self.layout.frozen_copy(self.model, self.device)
             else:
                 self.prox_model.load_state_dict(self.model.state_dict())
 
@@ -209,7 +211,7 @@ class TrainerEngine:
         tokens = padded = 0
         diff_max, diff_sum, diff_n = 0.0, 0.0, 0
         self.opt.zero_grad(set_to_none=True)
-        for mb in self._micro_batches(samples, micro_batches):
+        for mb in self.micro_batches(samples, micro_batches):
             batch = build_micro_batch([s["prompt_ids"] + s["response_ids"] for s in mb],
                                       packed=self.micro_batching == "packed", pad_id=self.pad_id,
                                       device=self.device, varlen=self.varlen)
@@ -264,10 +266,10 @@ class TrainerEngine:
                 "sums": {**tot, "diff_sum": diff_sum, "diff_n": diff_n, "diff_max": diff_max}}
 
     # ------------------------------------------------------------------ weights
-    def _named_weights(self) -> list:
-        """The full (unsharded) weights as (name, tensor) in HF names. A sharded trainer
-        overrides this with its gather (a collective every rank calls)."""
-        return list(self.model.state_dict().items())
+    def full_weights(self) -> list:
+        """The full (unsharded) weights as (name, tensor) in HF names (a sharded layout gathers
+        them: a collective every rank calls; the ranks other than 0 get [])."""
+        return self.layout.full_weights(self.model)
 
     def publish(self, version: int, transport: str = "object_store"):
         """A ``WeightTicket`` for ``version``.
@@ -281,7 +283,7 @@ class TrainerEngine:
         from ..platforms.transport import RayObjectStoreTransport, WeightTicket, plan_buckets, specs_of
 
         self.version = version
-        named = self._named_weights()
+        named = self.full_weights()
         if self.compute_dtype != torch.float32:  # the instances run (and receive) the compute dtype
             named = [(n, t.to(self.compute_dtype) if t.is_floating_point() else t) for n, t in named]
         if transport == "object_store":  # (a pending broadcast of this version stays available)
@@ -333,9 +335,9 @@ class TrainerEngine:
     def sequence_logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:
         import torch
 
-        ids, att = self._pad([list(prompt_ids) + list(response_ids)])
+        ids, att = self.pad([list(prompt_ids) + list(response_ids)])
         with torch.no_grad():
-            lp = self._logprobs(self.model, ids, att, 1.0)[0]
+            lp = self.logprobs(self.model, ids, att, 1.0)[0]
         return [float(x) for x in lp[len(prompt_ids) - 1:]]
 
     def save_checkpoint(self, path: str, state: dict) -> str:
@@ -359,7 +361,7 @@ class TrainerEngine:
         if self.loss_cfg.kl_coef <= 0:
             return
         f = checkpoint_io.reference_file(path, self.loss_cfg.kl_coef)
-        self.ref_model = copy.deepcopy(self.model).eval()
+        self.ref_model = self.layout.frozen_copy(self.model, self.device)
         self.ref_model.load_state_dict(load_file(str(f), device=str(self.device)))
 
     def load_checkpoint(self, path: str) -> int:

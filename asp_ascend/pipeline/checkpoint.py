@@ -36,11 +36,13 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..engines import checkpoint_io  # torch-free at import (torch only inside its functions)
 from ..errors import ConfigError
 from ..scheduler.planner import SHARED_QUEUE
 
 STATE_FILE = "run_state.json"
-REQUIRED = ("config.json", "model.safetensors", "optimizer.pt", "rng.pt", "trainer_state.json", STATE_FILE)
+REQUIRED = ("config.json", "model.safetensors", checkpoint_io.OPTIMIZER_FILE, checkpoint_io.RNG_FILE,
+            checkpoint_io.STATE_FILE, STATE_FILE)
 SCHEMA_VERSION = 1
 
 
@@ -170,8 +172,7 @@ def is_valid(path: Path) -> bool:
         return False
     try:
         st = json.loads((path / STATE_FILE).read_text())
-        tr = json.loads((path / "trainer_state.json").read_text())
-        return int(st["version"]) == int(tr["version"]) and isinstance(st.get("history"), list)
+        return int(st["version"]) == checkpoint_io.read_version(path) and isinstance(st.get("history"), list)
     except (OSError, ValueError, KeyError, TypeError):
         return False
 

@@ -59,7 +59,7 @@ def _weights(ticket) -> dict:
 
 
 def _assert_same_weights(single: TrainerEngine, group: TrainerGroup, version: int, atol: float = 1e-6) -> None:
-    mine = dict(single._named_weights())
+    mine = dict(single.full_weights())
     theirs = _weights(ray.get(group.publish.remote(version)))
     assert sorted(mine) == sorted(theirs)
     for name, t in mine.items():
@@ -177,7 +177,7 @@ def test_checkpoint_round_trip(pair, tmp_path):
     for t in (single, fresh):
         t.begin_iteration(4, 1)
         t.train_step(batch)
-    one, skipped = dict(single._named_weights()), dict(fresh._named_weights())
+    one, skipped = dict(single.full_weights()), dict(fresh.full_weights())
     assert all(torch.equal(loaded[k], v) for k, v in saved.items())
     for name, t in one.items():
         torch.testing.assert_close(again[name], t, rtol=1e-5, atol=1e-6, msg=name)

@@ -68,7 +68,7 @@ def test_same_gradient_whatever_the_grouping(tiny):
         tr.begin_iteration(0, 2)
         runs[mode] = []
         for b in batches:
-            n_mb = len(tr._micro_batches(b))
+            n_mb = len(tr.micro_batches(b))
             st = tr.train_step(b)
             runs[mode].append((st, _grads(tr), n_mb))
     for step in range(len(batches)):

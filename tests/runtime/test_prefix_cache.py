@@ -88,7 +88,7 @@ def test_version_last_is_the_engine_cores(setup):
     v = eng.version
     eng.submit("late", list(range(3, 13)), 1, 8, 1.0, 1.0, 3, [], {})
     _perturb(tr, 0.01)
-    blob = serialize_state(tr._named_weights())
+    blob = serialize_state(tr.full_weights())
     with eng._lock:  # the instance stops collecting; its engine core finishes the request meanwhile
         time.sleep(2.0)
         eng._reload(blob, v + 1)
