@@ -1,6 +1,13 @@
 """How well does `asp simulate --calibrate` reproduce real runs? Measured vs simulated, per phase.
 
     python benchmarks/bench_calibration.py RUN_DIR [RUN_DIR ...]
+    python benchmarks/bench_calibration.py --cross RUN_DIR RUN_DIR [RUN_DIR ...] [--tolerance 15]
+
+``--cross`` (out of sample): fit the cost model on each run and replay every *other* run's jobs
+with it (its prompts, lengths, placement and admission order, its own mode, lag bound and
+``max_num_seqs``), e.g. fit on async fifo, predict async asp with the mechanisms and the sync run,
+and the other way round; prints the mean iteration time measured vs predicted for every
+(fit, predicted) pair, the diagonal being the in-sample replay, and the phases of each pair.
 
 For each finished `asp train` run directory: fit the cost model to its timeline.jsonl, simulate
 the run's own jobs (its prompts, response lengths, iterations, mini-batches, instances and
@@ -49,10 +56,45 @@ def bench(run_dir: str) -> dict:
     return {k: float(v.loc["iteration_time", "error_pct"]) for k, v in rows.items()}
 
 
+def cross(run_dirs: list[str], tolerance: float) -> dict:
+    """Fit on each run, replay every run with it: {(fit run, predicted run): phases frame}."""
+    tls = {d: Timeline.read_jsonl(Path(d) / "timeline.jsonl") for d in run_dirs}
+    fits = {d: cal.fit_timeline(tl) for d, tl in tls.items()}
+    out = {}
+    for f in run_dirs:
+        print(f"== fit on {Path(f).name}: " + ", ".join(f"{k}={v:.4g}" for k, v in fits[f].items()
+                                                        if isinstance(v, float)))
+        for d in run_dirs:
+            df = rp.compare_phases(tls[d], rp.replay(tls[d], fits[f], **rp.run_settings(d)))
+            out[(f, d)] = df
+            print(f"   -- predict {Path(d).name}{' (in sample)' if d == f else ''}")
+            print("\n".join("   " + line for line in rp.format_phases(df)))
+    names = [Path(d).name for d in run_dirs]
+    w = max(12, *map(len, names))
+    print(f"\nmean iteration time, predicted vs measured (rows: fitted on; columns: predicted run; "
+          f"* = out of sample and off by more than {tolerance:g} %):")
+    print(f"  {'fit on':{w}s} " + " ".join(f"{n:>{w}s}" for n in names))
+    print(f"  {'measured':{w}s} " + " ".join(f"{out[(run_dirs[0], d)].loc['iteration_time', 'measured_s']:>{w - 1}.3f}s"
+                                            for d in run_dirs))
+    for f, n in zip(run_dirs, names):
+        cells = []
+        for d in run_dirs:
+            r = out[(f, d)].loc["iteration_time"]
+            miss = d != f and abs(r["error_pct"]) > tolerance
+            cells.append(f"{r['simulated_s']:.3f}s {r['error_pct']:+6.1f}%{'*' if miss else ' '}".rjust(w))
+        print(f"  {n:{w}s} " + " ".join(cells))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dirs", nargs="+")
+    ap.add_argument("--cross", action="store_true", help="fit on each run, predict every other (out of sample)")
+    ap.add_argument("--tolerance", type=float, default=15.0, help="%% error that marks an out-of-sample miss")
     args = ap.parse_args(argv)
+    if args.cross:
+        cross(args.run_dirs, args.tolerance)
+        return 0
     summary = {d: bench(d) for d in args.run_dirs}
     print("\nmean iteration time error (simulated vs measured, %):")
     names = list(next(iter(summary.values())))

@@ -119,8 +119,46 @@ def _admit_gaps(req: pd.DataFrame, syncs: pd.DataFrame) -> list:
 
 
 # --------------------------------------------------------------------------- the fit
-def fit_timeline(tl: Timeline) -> dict:
-    """Fitted coefficients (floats; None where the timeline has no data) and fit quality."""
+def fit_sync(req: pd.DataFrame, syncs: pd.DataFrame) -> dict:
+    """``sync_s``: the mean weight sync that starts while no instance decodes; ``sync_busy_s``: how
+    much longer one takes that starts while some instance decodes (the weights land between two
+    engine steps, and the instance's own work competes with loading them). On the CPU default a
+    busy sync took 0.18 s against 0.07 s idle, and the share of busy syncs differs between
+    systems (sync mode: none; async fifo: 3 in 4), so one mean fitted on one system mispredicts
+    another. With only one kind of sync in the timeline, ``sync_s`` is their mean and
+    ``sync_busy_s`` 0."""
+    if syncs.empty:
+        return {"sync_s": None, "sync_busy_s": None}
+    dur = (syncs["t_end"] - syncs["t_start"]).to_numpy(float)
+    t0 = syncs["t_start"].to_numpy(float)
+    ta, tf = np.sort(req["t_admit"].to_numpy(float)), np.sort(req["t_finish"].to_numpy(float))
+    busy = (np.searchsorted(ta, t0, side="right") - np.searchsorted(tf, t0, side="right")) > 0
+    if busy.all() or not busy.any():
+        return {"sync_s": float(dur.mean()), "sync_busy_s": 0.0}
+    idle = float(dur[~busy].mean())
+    return {"sync_s": idle, "sync_busy_s": float(max(0.0, dur[busy].mean() - idle))}
+
+
+def run_micro_batching(steps: pd.DataFrame, configured: str = "auto") -> str:
+    """The micro-batching a run's trainer used: ``train.micro_batching`` when set, else (``auto``)
+    ``packed`` when no optimizer step computed a pad slot and ``sorted`` otherwise (the runtime's
+    ``auto`` packs where the model's attention allows it and sorts elsewhere)."""
+    if configured in ("packed", "padded", "sorted"):
+        return configured
+    if steps.empty or "padded_tokens" not in steps:
+        return "packed"
+    return "packed" if float(steps["padded_tokens"].sum()) == 0 else "sorted"
+
+
+def fit_timeline(tl: Timeline, micro_batching: str = "auto") -> dict:
+    """Fitted coefficients (floats; None where the timeline has no data) and fit quality.
+
+    ``train_per_token`` is in the simulator's slot units (:func:`~asp_ascend.sim.costs.trainer_slots`
+    of the run's micro-batching, :func:`run_micro_batching`): a packed step's slots are its tokens x
+    ``PACKED_TOKEN_COST``, a padded or sorted one's its tokens + pad slots, so a fit on a packed run
+    predicts a padded one (and back) with the measured ratio between the two."""
+    from .costs import trainer_slots
+
     req = tl.frame("request")
     if req.empty:
         raise DataError("the timeline has no request events: nothing to calibrate from")
@@ -129,12 +167,14 @@ def fit_timeline(tl: Timeline) -> dict:
     steps = tl.frame("step")
     if not steps.empty and len(steps) >= 2:
         dur = (steps["t_end"] - steps["t_start"]).to_numpy(float)
-        slots = (steps["tokens"] + steps["padded_tokens"]).to_numpy(float)
+        mode = run_micro_batching(steps, micro_batching)
+        slots = trainer_slots(steps["tokens"].to_numpy(float), steps["padded_tokens"].to_numpy(float), mode)
+        fit["micro_batching"] = mode
         coef = fit_total(np.column_stack([slots, np.ones_like(slots)]), dur)
         fit["train_per_token"], fit["train_per_step"] = float(coef[0]), float(coef[1])
     else:
         fit["train_per_token"] = fit["train_per_step"] = None
-    fit["sync_s"] = float((syncs["t_end"] - syncs["t_start"]).mean()) if not syncs.empty else None
+    fit.update(fit_sync(req, syncs))
     fit.update(fit_overheads(tl))
     return fit
 

@@ -76,7 +76,8 @@ class Engine:
         self._events: list = []
         self._seq = 0
         self.trainer = Trainer(jobs, self.tr, self.stream, self._push, self._start_sync,
-                               self._trainer_waits if self.mech.partial_rollout else None)
+                               self._trainer_waits if self.mech.partial_rollout else None,
+                               decoding=lambda: any(self.inst.n))
         job_objs = jobs_from_columns(jobs.iteration, jobs.dispatch_rank, [str(p) for p in jobs.prompt_id.tolist()],
                                      jobs.epoch, jobs.instance, jobs.mini_batch, jobs.predicted_length)
         self.job_of = {(j.epoch, j.prompt_id): x for x, j in enumerate(job_objs)}
@@ -195,7 +196,7 @@ class Engine:
 
     def _start_sync(self, t: float, version: int) -> None:
         if self.sync_pause:
-            self._pause_all(t, self.tr.sync_s, version)
+            self._pause_all(t, self.trainer.sync_dur, version)
 
     def _pause_all(self, t: float, dur: float, version: int) -> None:
         for r in range(self.R):

@@ -13,7 +13,7 @@ import pandas as pd
 
 from ..errors import DataError
 from ..metrics.timeline import Timeline
-from .calibrate import fit_timeline
+from .calibrate import fit_timeline, run_micro_batching
 
 
 def replay_jobs(tl: Timeline):
@@ -52,23 +52,26 @@ def replay_jobs(tl: Timeline):
 
 
 def replay(tl: Timeline, fit: dict, *, max_num_seqs: int, lag_bound: int, sync_mode: bool = False,
-           micro_batch_size: int = 8, micro_batching: str = "padded", num_instances: int | None = None,
+           micro_batch_size: int = 8, micro_batching: str = "auto", num_instances: int | None = None,
            overheads: bool = True, kv_capacity: int = 0, group_slots: bool = True):
     """Simulate the run's own jobs (:func:`replay_jobs`) with the fitted coefficients, under the
     runtime's admission rule (``group_slots``: at most ``max_num_seqs // G`` groups in flight per
-    instance, a group holding its slot until its last sample finishes)."""
+    instance, a group holding its slot until its last sample finishes). ``micro_batching``: the
+    run's ``train.micro_batching``; ``auto`` is what the run's steps show (:func:`run_micro_batching`)."""
     from ..scheduler.cost import CostModel
     from ..scheduler.execution import ExecutionSettings
     from .engine import Engine, TrainerSpec
 
     jobs = replay_jobs(tl)
+    micro_batching = run_micro_batching(tl.frame("step"), micro_batching)
     cm = CostModel(decode_a=fit["decode_a"], decode_b=fit["decode_b"], decode_c=fit["decode_c"],
                    prefill_per_token=fit.get("prefill_per_token") or 0.0)
     o = (lambda k: (fit.get(k) or 0.0) if overheads else 0.0)
     tr = TrainerSpec(fit.get("train_per_token") or 0.0, fit.get("train_per_step") or 0.0, fit.get("sync_s") or 0.0,
                      micro_batch_size, micro_batching,
                      publish_s=fit.get("publish_s") if overheads else None,
-                     step_latency_s=o("step_latency_s"), admit_latency_s=o("admit_latency_s"))
+                     step_latency_s=o("step_latency_s"), admit_latency_s=o("admit_latency_s"),
+                     sync_busy_s=fit.get("sync_busy_s") or 0.0)
     R = max(num_instances or 0, int(jobs.instance.max()) + 1)  # the configured count, or the timeline's if more
     # the run's own placement and admission order: per-instance queues
     settings = ExecutionSettings(policy="asp", lag_bound=0 if sync_mode else lag_bound, sync_mode=sync_mode,
@@ -123,6 +126,7 @@ def run_settings(run_dir: str | Path) -> dict:
     has_file = (Path(run_dir) / "config.yaml").is_file()
     return {"max_num_seqs": cfg.rollout.max_num_seqs, "lag_bound": lag_bound_of(cfg),
             "sync_mode": cfg.pipeline.mode == "sync", "micro_batch_size": cfg.train.micro_batch_size,
+            "micro_batching": cfg.train.micro_batching,
             "num_instances": cfg.rollout.num_instances if has_file else None}
 
 

@@ -47,6 +47,8 @@ class TrainerSpec:
     admit_latency_s: float = 0.0     # an instance admits work of a new version this long after its sync
     #                                  (and, with group_slots, a new group this long after a slot frees)
     max_tokens_per_micro_batch: int = 0   # train.max_tokens_per_micro_batch: the token budget (0 = micro x longest)
+    sync_busy_s: float = 0.0         # a sync that starts while an instance decodes takes this much longer
+    #                                  (the weights land between engine steps of a busy instance)
 
 
 def resolve_micro_batching(sim_mode: str, train_mode: str) -> str:
@@ -116,8 +118,11 @@ class Trainer:
     is called when an iteration is trained (the engine pauses instances if it must)."""
 
     def __init__(self, jobs: SimJobs, spec: TrainerSpec, stream: bool, push: Callable,
-                 start_sync: Callable[[float, int], None], waiting: Callable[[int, float], None] | None = None):
+                 start_sync: Callable[[float, int], None], waiting: Callable[[int, float], None] | None = None,
+                 decoding: Callable[[], bool] | None = None):
         self.spec, self.stream, self.push, self.start_sync = spec, stream, push, start_sync
+        self.decoding = decoding       # is any instance decoding now (spec.sync_busy_s)
+        self.sync_dur = spec.sync_s    # the duration of the sync started last
         self.waiting = waiting         # called when the trainer waits on an iteration (carry-over)
         self.jobs = jobs
         self.members: dict | None = None   # (iteration, mini_batch) -> job indices, once groups were swapped
@@ -212,6 +217,9 @@ class Trainer:
             return
         # iteration i trained: weight sync publishes version i + 1
         sync = self.spec.sync_s
+        if self.spec.sync_busy_s and self.decoding is not None and self.decoding():
+            sync += self.spec.sync_busy_s
+        self.sync_dur = sync
         self.busy = True
         self.sync_rows.append((t, t + sync, i + 1))
         self.start_sync(t, i + 1)
