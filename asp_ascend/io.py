@@ -88,11 +88,53 @@ def check_output_dir(path: str | os.PathLike | None, key: str = "output_dir") ->
         existing = existing.parent
     if not existing.is_dir():
         raise ConfigError([f"{key}: {p} cannot be created: {existing} is a file, not a directory; choose another {key}"])
-    if not os.access(existing, os.W_OK | os.X_OK):
+    if not _can_write_in(existing):
         what = "is not writable" if existing == p else f"cannot be created ({existing} is not writable)"
         raise ConfigError([f"{key}: {p} {what} by this user; choose a directory you can write, e.g. "
                            f"{key}=$HOME/runs/{p.name or 'run'}"])
     return p
+
+
+def _can_write_in(folder: Path) -> bool:
+    """This process can create a file in ``folder``: tried for real (a probe file, removed at once),
+    since the permission bits do not tell for root, read-only mounts, ACLs or quotas."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return False
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".asp-write-probe-", dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
+
+
+# The run's log file for the actors' own output, passed to each engine actor in its environment.
+ACTOR_LOG_ENV = "ASP_ACTOR_LOG"
+
+
+def output_to_actor_log() -> None:
+    """First thing an engine actor does: when its environment names the run's log file
+    (``ASP_ACTOR_LOG``, set by the driver for ``logging.actor_output: log``), the process's stdout
+    and stderr -- vLLM's and torch's warnings, C++ notices, load bars, also those of the engine
+    processes it starts, which inherit them -- are appended to that file instead of streamed to
+    the driver's terminal by Ray. Errors still reach the driver as exceptions of the calls that
+    failed. A process on a node that cannot see the run directory keeps Ray's default."""
+    import sys
+
+    path = os.environ.get(ACTOR_LOG_ENV)
+    if not path or not os.path.isdir(os.path.dirname(path)):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    os.write(fd, f"--- output of actor process {os.getpid()} follows ---\n".encode())
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.pop(ACTOR_LOG_ENV)  # once per process
 
 
 def json_default(o: Any):

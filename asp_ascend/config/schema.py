@@ -284,6 +284,9 @@ class LoggingConfig:
     tensorboard: bool = _f(True, "write TensorBoard events")
     wandb_project: Optional[str] = _f(None, "log to Weights & Biases when set")
     progress: bool = _f(True, "show a progress display in the terminal")
+    actor_output: str = _f("log", "where the rollout and trainer actors' own output (vLLM, torch and library "
+                                  "warnings, engine start-up lines) goes: log = output_dir/train.log, terminal = "
+                                  "the driver's terminal through Ray (for debugging)", choices=("log", "terminal"))
 
 
 @dataclass

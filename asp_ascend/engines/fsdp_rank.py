@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..io import output_to_actor_log
 from . import checkpoint_io
 from .trainer import TrainerEngine, plan_micro_batches, step_denominator
 
@@ -91,6 +92,7 @@ class FSDPTrainerRank:
     learns rank 0's address first). Every method is the single trainer's, called on every rank."""
 
     def __init__(self, model_dir: str, *, rank: int, world_size: int, **kw):
+        output_to_actor_log()  # logging.actor_output: log -> this process's output goes to train.log
         self._args = (model_dir, kw)
         self.rank, self.world = int(rank), int(world_size)
         self.core: TrainerEngine | None = None

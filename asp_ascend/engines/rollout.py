@@ -45,6 +45,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..io import output_to_actor_log
+
 EXTENSION = "asp_ascend.engines.vllm_ext.WeightReloadExtension"
 
 
@@ -78,6 +80,7 @@ class RolloutEngine:
                  instance: int = 0, tensor_parallel_size: int = 1, worker_extension_cls: str = EXTENSION,
                  platform: str = "cpu", gpu_memory_utilization: float = 0.9, speculative: dict | None = None,
                  engine_args: dict | None = None):
+        output_to_actor_log()  # logging.actor_output: log -> this process's output goes to train.log
         self.platform = platform
         if platform == "cpu":
             pin_process(list(cpu_cores or []))

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from ..algos.grpo import LossConfig, policy_loss, token_logprobs
+from ..io import output_to_actor_log
 from ..platforms.attention import packed_attention
 from ..scheduler.microbatch import MODES, plan_step
 from . import checkpoint_io
@@ -44,6 +45,7 @@ class TrainerEngine:
                  layout: ModelLayout | None = None):
         from ..engines.rollout import pin_process
 
+        output_to_actor_log()  # logging.actor_output: log -> this process's output goes to train.log
         pin_process(list(cpu_cores or []))
         import torch
         from transformers import AutoModelForCausalLM

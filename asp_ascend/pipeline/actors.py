@@ -56,10 +56,10 @@ def start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | None
                            f"{plat.ray_resource} + {cfg.train.devices} trainer rank(s) need {dev_need} "
                            f"{plat.ray_resource}s; the Ray cluster has {dev_have:g}"])
     gib = str(max(1, int(round(cfg.rollout.kv_cache_space_gib))))
-    from .logger import actor_env
+    from .logger import actor_runtime_env
 
-    env = {"env_vars": actor_env(gib, sys.stderr.isatty())}
-    inst_opts["runtime_env"] = tr_opts["runtime_env"] = env
+    log = Path(cfg.output_dir) / "train.log" if cfg.logging.actor_output == "log" else None
+    inst_opts["runtime_env"] = tr_opts["runtime_env"] = actor_runtime_env(gib, sys.stderr.isatty(), log)
     logger.say(f"starting {R} vLLM instance(s) and the trainer (engine start takes ~20-40 s)")
     Rollout = rollout_actor_class()
     # named per run, so tools (and the fault-injection test) can find an instance

@@ -9,29 +9,51 @@ import sys
 import time
 from pathlib import Path
 
-from ..io import json_default
+from ..io import ACTOR_LOG_ENV, json_default
 
 
 def warnings_to_file(path: Path):
-    """Python warnings of the driver (third-party deprecations and the like) go to ``path``
-    (``train.log``) instead of the terminal, so the progress lines stay readable. Returns the
-    function that restores the previous behaviour."""
+    """Third-party noise of the driver goes to ``path`` (``train.log``) instead of the terminal,
+    so the progress lines stay readable: Python warnings (deprecations and the like), Ray's own
+    log lines (cluster start, token notice) and Hugging Face progress bars. Returns the function
+    that restores the previous behaviour."""
     import logging
 
     handler = logging.FileHandler(path)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-    log = logging.getLogger("py.warnings")
-    log.addHandler(handler)
-    propagate, log.propagate = log.propagate, False
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    saved = []
+    for name in ("py.warnings", "ray"):
+        log = logging.getLogger(name)
+        saved.append((log, list(log.handlers), log.propagate))
+        for h in list(log.handlers):
+            log.removeHandler(h)
+        log.addHandler(handler)
+        log.propagate = False
     logging.captureWarnings(True)
+    bars = _hf_progress_bars(False)
 
     def restore() -> None:
         logging.captureWarnings(False)
-        log.removeHandler(handler)
-        log.propagate = propagate
+        for log, handlers, propagate in saved:
+            log.removeHandler(handler)
+            for h in handlers:
+                log.addHandler(h)
+            log.propagate = propagate
         handler.close()
+        _hf_progress_bars(bars)
 
     return restore
+
+
+def _hf_progress_bars(on: bool) -> bool:
+    """Switch Hugging Face's progress bars (model saving and loading) on or off; returns whether they were on."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return on
+    was = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if on else hf_logging.disable_progress_bar)()
+    return was
 
 
 def actor_env(kv_cache_gib: str, tty: bool) -> dict:
@@ -44,6 +66,15 @@ def actor_env(kv_cache_gib: str, tty: bool) -> dict:
            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", kv_cache_gib), "TQDM_DISABLE": "1"}
     if not tty:
         env.update({"NO_COLOR": "1", "VLLM_LOGGING_COLOR": "0"})
+    return env
+
+
+def actor_runtime_env(kv_cache_gib: str, tty: bool, log_path: Path | None) -> dict:
+    """Ray ``runtime_env`` of the rollout and trainer actors: :func:`actor_env`, and with
+    ``log_path`` (``logging.actor_output: log``) their output appended to that file."""
+    env = {"env_vars": actor_env(kv_cache_gib, tty)}
+    if log_path is not None:  # the engines call io.output_to_actor_log() first thing
+        env["env_vars"][ACTOR_LOG_ENV] = str(Path(log_path).resolve())
     return env
 
 

@@ -17,12 +17,11 @@ from ..errors import ConfigError
 from .actors import init_ray, shutdown_instances, speculative_config, start_actors, warm_up
 from .planning import plan_run, tail_options
 from .preflight import BACKENDS, check_backends, check_resources  # noqa: F401 - the entry's checks
+from .rundir import RUN_FILES, prepare_outputs
 
 __all__ = ["BACKENDS", "RUN_FILES", "check_backends", "check_resources", "prepare_model", "run_train",
            "speculative_config", "tail_options", "write_summary"]
 
-RUN_FILES = ("metrics.jsonl", "eval.jsonl", "timeline.jsonl", "warm_start.jsonl", "summary.json", "lengths.parquet",
-             "instances.jsonl")
 
 
 def prepare_model(cfg, train, ev, out: Path) -> Path:
@@ -80,7 +79,17 @@ def run_train(cfg, overrides: list[str] | None = None) -> int:
         raise ConfigError(["train.warmup_sft_steps: the dataset has no reference answers "
                            f"(data.answer_key={cfg.data.answer_key!r}); set it to 0 or add answers"])
     out = Path(cfg.output_dir)
-    cleared = _clear_outputs(cfg, out, resume)
+    cleared = prepare_outputs(cfg, out, resume)
+    from .logger import warnings_to_file
+
+    restore_warnings = warnings_to_file(out / "train.log")  # library noise -> train.log, from here on
+    try:
+        return _run(cfg, settings, train, ev, reward_fn, cores, out, resume, attempt, cleared)
+    finally:
+        restore_warnings()
+
+
+def _run(cfg, settings, train, ev, reward_fn, cores, out: Path, resume, attempt, cleared) -> int:
     t_start = time.time()
     logger = _open_logger(cfg, out, t_start, cleared, attempt)
     logger.say(f"preparing: {len(train)} prompts ({train.source}), mode {cfg.pipeline.mode}, "
@@ -95,9 +104,6 @@ def run_train(cfg, overrides: list[str] | None = None) -> int:
     # -- actors, warm start, the loop ----------------------------------------------------
     import ray
 
-    from .logger import warnings_to_file
-
-    restore_warnings = warnings_to_file(out / "train.log")
     owns_ray = init_ray(cfg)
     instances: list = []
     try:
@@ -121,7 +127,6 @@ def run_train(cfg, overrides: list[str] | None = None) -> int:
         shutdown_instances(instances)
         if owns_ray:
             ray.shutdown()
-        restore_warnings()
     return 0
 
 
@@ -154,25 +159,6 @@ def _plan_or_resume(cfg, settings, train, out: Path, resume, logger):
                    f"{plan.total_iterations} iteration(s) left (attempt {resume.attempt + 1})")
         return plan, replan
     return plan_run(cfg, settings, train, out)
-
-
-def _clear_outputs(cfg, out: Path, resume) -> list[str]:
-    """The run's own files start empty; a resumed attempt's are kept under previous/attempt_<n>/
-    (with the config it ran with; the new attempt's resolved config becomes config.yaml).
-    ``overwrite=true``: the old run's outputs are deleted first (their names are returned)."""
-    from ..config import save_resolved
-    from .rundir import clear_run
-
-    cleared = clear_run(out) if cfg.overwrite and out.is_dir() else []
-    out.mkdir(parents=True, exist_ok=True)
-    if resume is not None:
-        from .checkpoint import archive_run_files
-
-        archive_run_files(out, RUN_FILES + ("config.yaml",), resume.attempt)
-        save_resolved(cfg, out)
-    for name in RUN_FILES:
-        (out / name).unlink(missing_ok=True)
-    return cleared
 
 
 def _tokenize(cfg, model_dir: Path, train, ev):

@@ -22,6 +22,9 @@ from ..errors import ConfigError
 TRAIN_OUTPUTS = ("config.yaml", "schedule.parquet", "schedule_report.json", "metrics.jsonl", "eval.jsonl",
                  "timeline.jsonl", "warm_start.jsonl", "summary.json", "lengths.parquet", "instances.jsonl",
                  "train.log", "report.md", "checkpoints", "previous", "tensorboard", "model_init", "wandb")
+# The files of one attempt: they start empty (a resumed run's earlier attempt keeps its own under previous/).
+RUN_FILES = ("metrics.jsonl", "eval.jsonl", "timeline.jsonl", "warm_start.jsonl", "summary.json", "lengths.parquet",
+             "instances.jsonl")
 # Outputs that only a started training run leaves (a schedule alone, from `asp schedule`, is not a run).
 RUN_MARKERS = ("metrics.jsonl", "timeline.jsonl", "summary.json", "instances.jsonl", "checkpoints", "previous")
 
@@ -69,6 +72,44 @@ def check_run_dir(cfg) -> None:
         raise ConfigError([f"output_dir: {out} already holds {held}; a new run would mix its files with that "
                            "one's. Pass resume=true to continue it, overwrite=true to delete it and start again, or "
                            "choose another output_dir"])
+    check_saved_schedule(cfg)
+
+
+def check_saved_schedule(cfg) -> None:
+    """``output_dir`` may hold a schedule without a run: ``asp schedule``'s output, or a run stopped
+    before its first iteration. A new run plans its own and writes it there; that is the same
+    schedule when the saved config.yaml plans like this one (the planner is deterministic), so
+    it goes ahead. A schedule planned with other keys would be replaced: refused, naming them."""
+    out = Path(cfg.output_dir)
+    sched = out / "schedule.parquet"
+    if not sched.is_file():
+        return
+    path = out / "config.yaml"
+    if not path.is_file():
+        raise ConfigError([f"output_dir: {sched} is there without the config.yaml it was planned with, so this run "
+                           "cannot tell whether it plans the same schedule and would replace it. Pass overwrite=true "
+                           "to replace it, or choose another output_dir"])
+    from ..config import to_dict
+
+    old, new = _flat(to_dict(_saved_config(path, "output_dir"))), _flat(to_dict(cfg))
+    differ = [k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k) and not is_safe(k)]
+    if differ:
+        shown = "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in differ[:8])
+        more = f" (and {len(differ) - 8} more)" if len(differ) > 8 else ""
+        raise ConfigError([f"output_dir: {out} holds a schedule (schedule.parquet, from `asp schedule` or a run "
+                           f"stopped before its first iteration) planned with another config: {shown}{more}. This "
+                           "run would plan its own and replace it. Pass overwrite=true to replace it, run with the "
+                           "schedule's config, or choose another output_dir"])
+
+
+def _saved_config(path: Path, what: str):
+    """The config a run (or `asp schedule`) saved at ``path``; ConfigError prefixed by ``what`` if it does not load."""
+    from ..config import load_config
+
+    try:
+        return load_config(path, check_files=False)
+    except ConfigError as exc:
+        raise ConfigError([f"{what}: the saved config {path} does not load: {p}" for p in exc.problems]) from None
 
 
 def clear_run(out: Path) -> list[str]:
@@ -88,6 +129,26 @@ def clear_run(out: Path) -> list[str]:
         p.unlink()
         gone.append(p.name)
     return gone
+
+
+def prepare_outputs(cfg, out: Path, resume) -> list[str]:
+    """Make ``out`` ready for this attempt: the run's own files start empty; a resumed attempt's
+    earlier files move under previous/attempt_<n>/ (with the config it ran with; the new
+    attempt's resolved config becomes config.yaml). ``overwrite=true``: the old run's outputs
+    are deleted first; their names are returned."""
+    from ..config import save_resolved
+
+    out = Path(out)
+    cleared = clear_run(out) if cfg.overwrite and out.is_dir() else []
+    out.mkdir(parents=True, exist_ok=True)
+    if resume is not None:
+        from .checkpoint import archive_run_files
+
+        archive_run_files(out, RUN_FILES + ("config.yaml",), resume.attempt)
+        save_resolved(cfg, out)
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+    return cleared
 
 
 def _flat(d: dict, prefix: str = "") -> dict:
@@ -131,12 +192,7 @@ def resolve_resume(cfg, overrides=None) -> ResumeConfig:
     if not path.is_file():
         raise ConfigError([f"resume: {path} does not exist, so the run's own config is unknown; start without "
                            "resume=true (overwrite=true to replace what is there)"])
-    from ..config import load_config
-
-    try:
-        saved = load_config(path, check_files=False)
-    except ConfigError as exc:
-        raise ConfigError([f"resume: the run's saved config {path} does not load: {p}" for p in exc.problems]) from None
+    saved = _saved_config(path, "resume")
     old, new = _flat(to_dict(saved)), _flat(to_dict(cfg))
     given = given_keys(overrides)
     refused, changed, kept = [], {}, {}

@@ -54,10 +54,36 @@ def test_new_run_into_an_interrupted_run_names_its_checkpoint(tmp_path):
         check_run_dir(load_config(CONFIG, [f"output_dir={out}"]))
 
 
-def test_a_schedule_alone_or_an_empty_dir_is_not_a_run(tmp_path):
-    (tmp_path / "schedule.parquet").write_bytes(b"PAR1")
+def test_an_empty_dir_is_not_a_run(tmp_path):
     (tmp_path / "checkpoints").mkdir()
     check_run_dir(load_config(CONFIG, [f"output_dir={tmp_path}"]))
+
+
+def test_a_schedule_from_asp_schedule_with_the_same_config_is_followed(tmp_path, capsys):
+    """`asp schedule` then `asp train` into the same output_dir: the run plans the same schedule
+    (the planner is deterministic), so it may go ahead; keys that do not change the plan may differ."""
+    assert main(["schedule", str(CONFIG), f"output_dir={tmp_path}"]) == 0
+    check_run_dir(load_config(CONFIG, [f"output_dir={tmp_path}"]))
+    check_run_dir(load_config(CONFIG, [f"output_dir={tmp_path}", "logging.tensorboard=false",
+                                       "train.max_iterations=5"]))
+
+
+def test_a_schedule_planned_with_another_config_is_not_replaced_silently(tmp_path, capsys):
+    assert main(["schedule", str(CONFIG), f"output_dir={tmp_path}", "train.global_batch_size=32"]) == 0
+    before = (tmp_path / "schedule.parquet").read_bytes()
+    assert main(["train", str(CONFIG), f"output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a schedule" in err and "train.global_batch_size: 32 there, 16 now" in err
+    assert "overwrite=true" in err and "Traceback" not in err
+    assert (tmp_path / "schedule.parquet").read_bytes() == before  # nothing touched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.yaml", "schedule.parquet", "schedule_report.json"]
+    check_run_dir(load_config(CONFIG, [f"output_dir={tmp_path}", "overwrite=true"]))  # the way out it names
+
+
+def test_a_schedule_without_its_config_is_not_replaced_silently(tmp_path):
+    (tmp_path / "schedule.parquet").write_bytes(b"PAR1")
+    with pytest.raises(ConfigError, match="without the config.yaml it was planned with"):
+        check_run_dir(load_config(CONFIG, [f"output_dir={tmp_path}"]))
 
 
 def test_resume_and_overwrite_together_are_refused(tmp_path):
@@ -113,14 +139,13 @@ def test_resume_without_a_saved_config(tmp_path):
 def test_each_attempt_writes_its_resolved_config(tmp_path):
     """The new attempt's config.yaml says resume: true and holds the values it ran with; the
     interrupted attempt's config moves to previous/attempt_1/."""
-    pytest.importorskip("torch")
-    from asp_ascend.pipeline.run import _clear_outputs
+    from asp_ascend.pipeline.rundir import prepare_outputs
 
     out = tmp_path / "run"
     _interrupted_run(out)
     overrides = ["resume=true", f"output_dir={out}", "rollout.request_timeout_s=30"]
     cfg = resolve_resume(load_config(CONFIG, overrides), overrides).cfg
-    _clear_outputs(cfg, out, ck.find_resume(out))
+    prepare_outputs(cfg, out, ck.find_resume(out))
     now, before = run_config(out), run_config(out / "previous" / "attempt_1")
     assert now.resume is True and now.rollout.request_timeout_s == 30 and now.train.max_iterations == 3
     assert before.resume is False and before.rollout.request_timeout_s == 600

@@ -3,6 +3,7 @@
 import json
 import os
 import stat
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -96,6 +97,15 @@ def test_output_dir_that_is_a_file_fails_before_any_work(tmp_path, capsys, cmd):
     assert "output_dir:" in err and "is a file, not a directory" in err and "Traceback" not in err
     assert main([cmd, str(_empty_yaml(tmp_path)), f"output_dir={f / 'sub'}"]) == 2
     assert "is a file, not a directory" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_output_dir_where_nobody_can_write(tmp_path):
+    """/proc takes no files, not even root's (the permission bits alone would say root may write)."""
+    from asp_ascend.io import check_output_dir
+
+    with pytest.raises(ConfigError, match=r"/proc/asp-run cannot be created \(/proc is not writable\)"):
+        check_output_dir("/proc/asp-run")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
