@@ -19,6 +19,10 @@ def warnings_to_file(path: Path):
     that restores the previous behaviour."""
     import logging
 
+    try:  # Ray sets up its loggers' handlers on its first import: ours must come after
+        import ray  # noqa: F401
+    except ImportError:
+        pass
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     saved = []
