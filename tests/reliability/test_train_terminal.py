@@ -66,6 +66,12 @@ def _descendants(pid: int) -> list:
         return []
 
 
+def _sigint_default():
+    """The run gets SIGINT's default action, as under an interactive shell (a job started in the
+    background of a script inherits SIGINT ignored, and Python then never raises KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_names_the_checkpoint_and_the_printed_command_resumes(tmp_path):
     import psutil
 
@@ -74,7 +80,7 @@ def test_ctrl_c_names_the_checkpoint_and_the_printed_command_resumes(tmp_path):
     out = tmp_path / "run"
     p = subprocess.Popen(_cmd("train.max_iterations=8", "train.checkpoint_every=2", f"output_dir={out}"),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0,
-                         cwd=tmp_path)
+                         cwd=tmp_path, preexec_fn=_sigint_default)
     try:
         deadline = time.time() + 480
         while find_latest(out / "checkpoints") is None and p.poll() is None and time.time() < deadline:
