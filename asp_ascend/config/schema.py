@@ -277,6 +277,9 @@ class VerlConfig:
     batch_layout: str = _f("mini_batch", "row order of a verl batch: mini_batch (verl's update steps are the schedule's "
                            "mini-batches) | dispatch (the schedule's start order)", choices=("mini_batch", "dispatch"))
     record_lengths: bool = _f(True, "write the rollout's response lengths (output_dir/lengths/, DESIGN 6) every step")
+    route_servers: bool = _f(True, "send each prompt group to the rollout server of its schedule instance through "
+                             "verl's load balancer (actor_rollout_ref.rollout.router_config_path; scheduler.dispatch "
+                             "guided|static); false: verl's least-in-flight choice")
 
 
 @dataclass

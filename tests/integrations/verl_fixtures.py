@@ -7,6 +7,7 @@ actor workers need accelerators. Everything the adapter touches -- Hydra composi
 """
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import os
 from pathlib import Path
@@ -100,3 +101,28 @@ def train_dataset(cfg_verl, tok):
     from verl.trainer.ppo.utils import create_rl_dataset
 
     return create_rl_dataset(cfg_verl.data.train_files, cfg_verl.data, tok, None, is_train=True)
+
+
+def response_length(prompt_len: int) -> int:
+    """What the stand-in server generates for a prompt of ``prompt_len`` tokens."""
+    return 2 + (3 * prompt_len) % 9
+
+
+class ServerStandIn:
+    """verl's rollout server's ``generate`` (token ids in, ``TokenOutput`` out) without an engine."""
+
+    def __init__(self, name: str):
+        self.name, self.served = name, []
+
+    async def generate(self, prompt_ids, sampling_params, request_id, image_data=None, video_data=None,
+                       priority: int = 0, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.served.append((int(priority), len(prompt_ids)))
+        n = min(response_length(len(prompt_ids)), int(sampling_params.get("max_tokens", 1 << 30)))
+        await asyncio.sleep(0.002 * n)
+        return TokenOutput(token_ids=[3] * n, log_probs=[-0.5] * n, stop_reason="completed",
+                           extra_fields={"global_steps": 0})
+
+    def log(self):
+        return self.served

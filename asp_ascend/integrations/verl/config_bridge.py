@@ -176,6 +176,10 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
     if mode in MODES:
         lag = k if k is not None else int(get(asp, "pipeline.lag_bound")[1] or 1)
         problems.extend(unsupported(raw, mode, lag))
+    router = _val(raw, "actor_rollout_ref.rollout.router_config_path")
+    if router and get(asp, "verl.route_servers")[1] is not False:
+        problems.append(f"actor_rollout_ref.rollout.router_config_path: {router} replaces verl's load balancer, "
+                        f"and so does ASP's guided server choice; unset it, or set asp.verl.route_servers=false")
     if problems:
         raise ConfigError(problems, source)
     cfg = _load(ours, overrides, check_files, origin, source)

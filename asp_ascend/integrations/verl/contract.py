@@ -92,7 +92,23 @@ EXPECTATIONS = (
     Pattern(V(FA, "FullyAsyncRollouter._create_continuous_iterator"), "iter(self.train_dataloader)",
             why="the feed walks the dataloader in its sampler's order"),
     Exists(V(MQ, "MessageQueue"), "class"),
-    Params(V(ROUTER, "GlobalRequestLoadBalancer.acquire_server"), ("request_id",)),
+    Params(V(ROUTER, "GlobalRequestLoadBalancer.acquire_server"), ("request_id",),
+           why="AspLoadBalancer overrides it (plus the declared priority field)"),
+    Params(V(ROUTER, "GlobalRequestLoadBalancer.__init__"), ("servers", "max_cache_size")),
+    Exists(V(ROUTER, "GlobalRequestLoadBalancer.require_acquire_fields"), "method",
+           why="declares priority, the field that carries a group's schedule instance"),
+    Exists(V(ROUTER, "DEFAULT_ROUTING_CACHE_SIZE"), "module_attr"),
+    Pattern(V(ROUTER, "_create_plugin_extension"), "ray_cls.remote(servers, yaml_config)",
+            why="verl builds the router_config_path class with (servers, yaml dict): AspLoadBalancer's signature"),
+    Params(V(FA, "FullyAsyncRollouter._process_single_sample_streaming"), ("rollout_sample",), exact=True,
+           why="overridden: sets the group's priority before, records its lengths after verl's method"),
+    Pattern(V(FA, "FullyAsyncRollouter._process_single_sample_streaming"), "rollout_sample.full_batch = ret",
+            why="after verl's method the sample holds the rollout output the lengths are read from"),
+    Exists(V(FA, "FullyAsyncRollouter.fit"), "method", why="overridden: writes the length history at the end"),
+    Params(V(RT, "RayPPOTrainer._get_gen_batch"), ("batch",), exact=True,
+           why="overridden: training batches carry their groups' routing priority"),
+    Pattern(V("verl/experimental/agent_loop/single_turn_agent_loop.py", "SingleTurnAgentLoop.run"),
+            "priority=priority", why="the agent loop forwards the batch's priority to generate (and the balancer)"),
 )
 
 # verl config keys read by the bridge, the asp group and the resume path
@@ -102,7 +118,8 @@ CONFIG_KEYS = (*TRANSLATION.values(), "data.seed", "data.gen_batch_size", "data.
                "actor_rollout_ref.rollout.nnodes", "actor_rollout_ref.rollout.n_gpus_per_node",
                "actor_rollout_ref.rollout.data_parallel_size", "actor_rollout_ref.rollout.pipeline_model_parallel_size",
                "trainer.balance_batch", "trainer.use_v1", "trainer.nnodes", "trainer.n_gpus_per_node",
-               "trainer.default_local_dir", "trainer.resume_mode", "trainer.device", "algorithm.filter_groups.enable")
+               "trainer.default_local_dir", "trainer.resume_mode", "trainer.device", "algorithm.filter_groups.enable",
+               "actor_rollout_ref.rollout.router_config_path", "actor_rollout_ref.rollout.max_num_seqs")
 ASYNC_KEYS = ("async_training.staleness_threshold", "async_training.trigger_parameter_sync_step",
               "async_training.require_batches", "async_training.partial_rollout")
 

@@ -20,15 +20,27 @@ What :func:`asp_rollouter_class` changes, each override calling verl's own metho
 - **versions** (``reset_staleness``): each call publishes the next version to the gate (the first call,
   before ``fit``, is the starting version).
 
+- **instance** (``_process_single_sample_streaming``, ``verl.route_servers``): before verl's method
+  generates a group, its rows get the ``priority`` that carries the group's schedule instance
+  (:mod:`.routing`); verl's load balancer, created from ``actor_rollout_ref.rollout.router_config_path``
+  (set here, :mod:`.router`), sends the group to that server (guided: to another one with room when it
+  is full).
+- **lengths** (same method, ``verl.record_lengths``): after verl's method the sample holds verl's
+  rollout output; its response lengths are kept and written per parameter version
+  (``output_dir/lengths/step_<version>.parquet``, DESIGN 6), and consolidated into
+  ``length_history.parquet`` before each epoch is planned (the adaptive re-plan reads them) and when
+  ``fit`` ends.
+
 verl's own count-based pause stays in force; with the feed in iteration order and
 ``staleness_threshold >= k`` (checked by the config bridge) it never pauses earlier than the lag bound
-does. Instance choice stays verl's (its load balancer); guided dispatch across verl's servers is not
-wired in.
+does.
 """
 from __future__ import annotations
 
 import asyncio
 from typing import Any, Optional
+
+import numpy as np
 
 from ...scheduler.admission import AdmissionController
 
@@ -42,6 +54,7 @@ class LagGate:
         if prompts_per_version < 1:
             raise ValueError(f"prompts_per_version must be >= 1, got {prompts_per_version}")
         self.b, self.taken, self.start = int(prompts_per_version), int(taken), int(start_version)
+        self.fed = self.taken       # prompts put into the queue (fed <= admissible frontier, see feedable)
         self.adm = AdmissionController(lag_bound, 1)
         self.syncs = 0
         self.admitted: list[tuple[int, int]] = []   # (iteration, version held at admission), per prompt
@@ -56,6 +69,12 @@ class LagGate:
 
     def admissible(self) -> bool:
         return self.adm.admissible(0, self.next_iteration)
+
+    def feedable(self) -> bool:
+        """The next prompt the feed would put belongs to an admissible iteration. The feed waits for it,
+        so verl's dataloader draws (and an adaptive schedule plans an epoch) no earlier than the lag
+        bound lets its prompts start: the re-plan sees every length observed up to then."""
+        return self.adm.admissible(0, self.fed // self.b)
 
     def take(self) -> int:
         """Admit the next prompt (raises LagViolation when it is not admissible); returns its version."""
@@ -76,6 +95,7 @@ class LagGate:
         if version < 0:
             raise ValueError(f"version must be >= 0, got {version}")
         self.start, self.taken = int(version), int(version) * self.b
+        self.fed = self.taken
         self.adm = AdmissionController(self.adm.k, 1)
 
     def on_sync(self) -> int:
@@ -90,24 +110,35 @@ class LagGate:
 
 
 class AdmissionQueue(asyncio.Queue):
-    """verl's ``pending_queue`` with ASP admission on ``get``; ``None`` (verl's end signal) passes."""
+    """verl's ``pending_queue`` with ASP admission on ``get`` (and the feed held at the admissible
+    frontier on ``put``); ``None`` (verl's end signal) passes."""
 
     def __init__(self, gate: LagGate, maxsize: int = 0):
         super().__init__(maxsize)
         self.gate = gate
         self._opened: Optional[asyncio.Event] = None
 
+    async def put(self, item) -> None:
+        """verl's feed: waits until the item's iteration is admissible (:meth:`LagGate.feedable`)."""
+        if item is not None:
+            await self._until(self.gate.feedable)
+            self.gate.fed += 1
+        await super().put(item)
+
     async def get(self):
         item = await super().get()
         if item is None:
             return item
-        while not self.gate.admissible():
+        await self._until(self.gate.admissible)
+        self.gate.take()
+        return item
+
+    async def _until(self, ready) -> None:
+        while not ready():
             if self._opened is None:
                 self._opened = asyncio.Event()
             self._opened.clear()
             await self._opened.wait()
-        self.gate.take()
-        return item
 
     def on_sync(self) -> int:
         version = self.gate.on_sync()
@@ -126,11 +157,18 @@ def asp_rollouter_class(base: Optional[type] = None) -> type:
                            "the ASP fully async rollouter").FullyAsyncRollouter.__ray_actor_class__
 
     class AspRollouter(base):  # type: ignore[misc, valid-type]
-        """verl's fully async rollouter fed and admitted by the ASP schedule (see the module doc)."""
+        """verl's fully async rollouter fed, admitted and routed by the ASP schedule (see the module doc)."""
 
         def __init__(self, *args: Any, asp, **kwargs: Any):
             self.asp = asp
             self.asp_sampler = None
+            self.asp_routes: dict[int, dict[int, int]] = {}
+            self.asp_lengths: list = []
+            config = kwargs.get("config", args[0] if args else None)
+            if asp.cfg.verl.route_servers:
+                from .router import install
+
+                install(config, asp.cfg, asp.out)
             super().__init__(*args, **kwargs)
             cfg = asp.cfg
             self.asp_gate = LagGate(cfg.train.global_batch_size, cfg.pipeline.lag_bound)
@@ -141,20 +179,87 @@ def asp_rollouter_class(base: Optional[type] = None) -> type:
 
             dataset = train_dataset if isinstance(train_dataset, IndexedDataset) else IndexedDataset(train_dataset)
             self.asp_sampler = self.asp.sampler(len(dataset), layout="dispatch")
+            if self.asp_sampler.plan_epoch is not None:
+                plan = self.asp_sampler.plan_epoch
+
+                def plan_with_lengths(epoch: int):
+                    self.asp_flush_lengths()         # the lengths seen so far feed the re-plan
+                    self.asp.recorder.consolidate()
+                    return plan(epoch)
+
+                self.asp_sampler.plan_epoch = plan_with_lengths
             return super()._create_dataloader(dataset, val_dataset, collate_fn, self.asp_sampler)
 
         def load_checkpoint(self):
             """verl's resume (``global_steps`` from ``global_step_{version}``, the dataloader state), then the
-            gate resumes at that parameter version."""
+            gate resumes at that parameter version and length records of later versions are dropped."""
             out = super().load_checkpoint()
             per_version = self.required_samples * self.config.async_training.trigger_parameter_sync_step
-            self.asp_gate.restore((self.global_steps - 1) // per_version)
+            version = (self.global_steps - 1) // per_version
+            self.asp_gate.restore(version)
+            self.asp.recorder.truncate_after(version)
             return out
 
         async def reset_staleness(self):
             out = await super().reset_staleness()
+            self.asp_flush_lengths()
             self.pending_queue.on_sync()
             return out
 
+        async def _process_single_sample_streaming(self, rollout_sample):
+            prompt_id = _prompt_id(rollout_sample.full_batch)
+            if self.asp.cfg.verl.route_servers and prompt_id is not None:
+                priority = self.asp_priority(rollout_sample.epoch, prompt_id)
+                if priority is not None:
+                    rollout_sample.full_batch.non_tensor_batch["priority"] = np.full(
+                        len(rollout_sample.full_batch), priority, dtype=np.int64)
+            await super()._process_single_sample_streaming(rollout_sample)   # full_batch is now verl's output
+            if self.asp.cfg.verl.record_lengths and prompt_id is not None:
+                self.asp_keep_lengths(rollout_sample.epoch, prompt_id, rollout_sample.full_batch)
+
+        async def fit(self):
+            try:
+                return await super().fit()
+            finally:
+                self.asp_flush_lengths()
+                self.asp.recorder.consolidate()
+
+        # ------------------------------------------------------------ ASP helpers
+        def asp_priority(self, epoch: int, prompt_id: int) -> Optional[int]:
+            """The ``priority`` that routes ``prompt_id``'s group of ``epoch`` to its schedule instance."""
+            from .routing import priority_table
+
+            if epoch not in self.asp_routes:
+                self.asp_routes = {e: t for e, t in self.asp_routes.items() if e >= epoch - 1}
+                self.asp_routes[epoch] = priority_table(self.asp_sampler.order(epoch), self.asp_sampler.plan(epoch),
+                                                        epoch, self.asp.cfg.rollout.num_instances)
+            return self.asp_routes[epoch].get(int(prompt_id))
+
+        def asp_keep_lengths(self, epoch: int, prompt_id: int, output) -> None:
+            from .lengths import PROMPT_ID_KEY, batch_lengths
+
+            n = len(output)
+            rows = batch_lengths(output.batch, {"extra_info": [{PROMPT_ID_KEY: prompt_id}] * n}, n)
+            rows.insert(2, "epoch", np.int64(epoch))
+            self.asp_lengths.append(rows)
+
+        def asp_flush_lengths(self) -> None:
+            """Write the lengths kept since the last flush, as the part of the version now held."""
+            if self.asp_lengths:
+                import pandas as pd
+
+                rows, self.asp_lengths = pd.concat(self.asp_lengths, ignore_index=True), []
+                self.asp.recorder.append(self.asp_gate.version, rows)
+
     AspRollouter.__name__ = AspRollouter.__qualname__ = "AspRollouter"
     return AspRollouter
+
+
+def _prompt_id(batch) -> Optional[int]:
+    """The dataset position :class:`.lengths.IndexedDataset` put into a sample's ``extra_info``."""
+    from .lengths import PROMPT_ID_KEY
+
+    extra = batch.non_tensor_batch.get("extra_info")
+    if extra is None or not len(extra) or not isinstance(extra[0], dict) or PROMPT_ID_KEY not in extra[0]:
+        return None
+    return int(extra[0][PROMPT_ID_KEY])

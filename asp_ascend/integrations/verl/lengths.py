@@ -102,6 +102,18 @@ class LengthRecorder:
         write_parquet_atomic(path, df)
         return path
 
+    def append(self, global_step: int, rows: pd.DataFrame) -> Path:
+        """Add rows (``batch_lengths`` + ``epoch``) to the part of ``global_step`` (fully async: the
+        parameter version held when they finished), atomically."""
+        from ...io import write_parquet_atomic
+
+        path = self.dir / f"step_{int(global_step):08d}.parquet"
+        rows = rows.assign(step=np.int64(global_step))
+        if path.is_file():
+            rows = pd.concat([pd.read_parquet(path), rows], ignore_index=True)
+        write_parquet_atomic(path, rows)
+        return path
+
     def parts(self) -> list[tuple[int, Path]]:
         if not self.dir.is_dir():
             return []

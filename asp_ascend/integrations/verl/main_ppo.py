@@ -53,6 +53,14 @@ def _datasets(config, tokenizer) -> dict[str, Any]:
             for split in ("train", "val")}
 
 
+def _route(config, cfg, asp) -> None:
+    """Guided server choice (``asp.verl.route_servers``): verl's load balancer becomes :mod:`.router`'s."""
+    if cfg.verl.route_servers:
+        from .router import install
+
+        install(config, cfg, asp.out)
+
+
 def _task_runner_class():
     import ray
     from verl.trainer.main_ppo_v0 import TaskRunner
@@ -89,6 +97,7 @@ def _task_runner_class():
             validate_config(config=config, use_reference_policy=need_reference_policy(config),
                             use_critic=need_critic(config))
             cfg, tokenizer, asp = prepare(config)
+            _route(config, cfg, asp)
             data = _datasets(config, tokenizer)
             trainer = asp_trainer_class(RayPPOTrainer)(
                 config=config, tokenizer=tokenizer, role_worker_mapping=self.role_worker_mapping,
@@ -116,6 +125,7 @@ def _task_runner_class():
             validate_config(config=config, use_reference_policy=need_reference_policy(config),
                             use_critic=need_critic(config))
             cfg, tokenizer, asp = prepare(config)
+            _route(config, cfg, asp)
             data = _datasets(config, tokenizer)
             trainer = asp_trainer_class(OneStepOffRayTrainer)(
                 config=config, tokenizer=tokenizer, role_worker_mapping=role_worker_mapping,
@@ -179,6 +189,23 @@ def fully_async_config(config):
     return migrate_legacy_reward_impl(config)
 
 
+def one_step_off_config(config):
+    """verl's one-step-off entry's config step (``one_step_off_policy/main_ppo.main``): the rollout's node
+    counts from the top-level ``rollout:`` group."""
+    from omegaconf import open_dict
+
+    if "rollout" not in config:
+        from ...errors import ConfigError
+
+        raise ConfigError(["asp.verl.mode: one_step_off needs verl's one-step-off config (rollout.nnodes, "
+                           "rollout.n_gpus_per_node); start from verl's one_step_off_ppo_trainer config "
+                           "(configs/verl/grpo_qwen25_7b_asp_one_step_off_*.yaml)"])
+    with open_dict(config):
+        config.actor_rollout_ref.rollout.nnodes = config.rollout.nnodes
+        config.actor_rollout_ref.rollout.n_gpus_per_node = config.rollout.n_gpus_per_node
+    return config
+
+
 def main(argv=None) -> int:
     from . import require_verl
 
@@ -192,6 +219,15 @@ def main(argv=None) -> int:
 
         auto_set_device(config)
         try:
+            mode = ((config.get("asp") or {}).get("verl") or {}).get("mode", "sync")
+            if mode not in ("sync", "one_step_off", "fully_async"):
+                from ...errors import ConfigError
+
+                raise ConfigError([f"asp.verl.mode: unknown value {mode!r}; choose sync, one_step_off or fully_async"])
+            if mode == "fully_async":
+                config = fully_async_config(config)
+            elif mode == "one_step_off":
+                config = one_step_off_config(config)
             if (config.get("asp") or {}).get("dry_run", False):
                 from omegaconf import open_dict
 
@@ -200,15 +236,8 @@ def main(argv=None) -> int:
                 cfg, _, asp = prepare(config)
                 print(f"asp verl: schedule {asp.path} ({len(asp.frame)} rows); config in {cfg.output_dir}")
                 return
-            mode = ((config.get("asp") or {}).get("verl") or {}).get("mode", "sync")
-            if mode == "fully_async":
-                run_ppo(fully_async_config(config), task_runner_class=fully_async_runner_class())
-                return
-            if mode not in ("sync", "one_step_off"):
-                from ...errors import ConfigError
-
-                raise ConfigError([f"asp.verl.mode: unknown value {mode!r}; choose sync, one_step_off or fully_async"])
-            run_ppo(config, task_runner_class=_task_runner_class())
+            runner = fully_async_runner_class() if mode == "fully_async" else _task_runner_class()
+            run_ppo(config, task_runner_class=runner)
         except AspError as exc:
             print(f"asp verl: error: {exc}", file=sys.stderr)
             raise SystemExit(2) from None

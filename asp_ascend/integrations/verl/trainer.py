@@ -11,7 +11,10 @@ verl's method:
   (``_get_dp_size(actor_rollout_wg, "actor")``), which fixes the mini-batch layout;
 - ``_load_checkpoint``: aligns the sampler with the resumed ``global_steps`` (verl skips
   ``data.pt`` at an epoch boundary) and drops length records of steps after the checkpoint;
-- ``_update_actor``: records the batch's response lengths (DESIGN 6) before verl's update.
+- ``_update_actor``: records the batch's response lengths (DESIGN 6) before verl's update;
+- ``_get_gen_batch``: gives every row of a training batch the ``priority`` that carries its group's
+  schedule instance (``verl.route_servers``; :mod:`.routing`), which verl's agent loops pass to the
+  load balancer the entry installs (:mod:`.router`). Validation batches keep verl's priorities.
 
 verl is imported only when a class is made.
 """
@@ -65,6 +68,29 @@ def asp_trainer_class(base: Optional[type] = None) -> type:
             if self.asp.cfg.verl.record_lengths:
                 self.asp_record(batch)
             return super()._update_actor(batch)
+
+        def _get_gen_batch(self, batch):
+            gen = super()._get_gen_batch(batch)
+            if self.asp.cfg.verl.route_servers and self.asp_sampler is not None:
+                priorities = self.asp_priorities(batch)
+                if priorities is not None:
+                    gen.non_tensor_batch["priority"] = priorities
+            return gen
+
+        def asp_priorities(self, batch):
+            """Per row of a drawn training batch, its group's routing priority (None: not a training batch)."""
+            import numpy as np
+
+            from .lengths import PROMPT_ID_KEY
+            from .routing import priority_table
+
+            extra = batch.non_tensor_batch.get("extra_info")
+            if extra is None or not all(isinstance(e, dict) and PROMPT_ID_KEY in e for e in extra):
+                return None
+            epoch = self.asp_sampler.epoch
+            table = priority_table(self.asp_sampler.order(epoch), self.asp_sampler.plan(epoch), epoch,
+                                   self.asp.cfg.rollout.num_instances)
+            return np.array([table[int(e[PROMPT_ID_KEY])] for e in extra], dtype=np.int64)
 
         def asp_record(self, batch) -> None:
             """Write the response lengths of the step's batch; at an epoch's end, the whole history."""
