@@ -76,6 +76,7 @@ def _rollouter(tmp_path, k: int, per_version: int = 4):
     cls = asp_rollouter_class()
     ro = cls.__new__(cls)
     ro.asp, ro.config = asp, cfg_verl
+    ro.asp_lengths, ro.asp_routes = [], {}
     sampler = asp.sampler(len(ds), layout="dispatch")
     ro.train_dataloader = StatefulDataLoader(ds, batch_size=1, sampler=sampler, collate_fn=collate_fn)
     ro.asp_gate = LagGate(cfg.train.global_batch_size, k)

@@ -100,6 +100,14 @@ def test_launchers_command_line_is_a_config_verl_accepts(tmp_path, mode, device)
     assert rc == 0, out
     config = compose_argv(argv)
     assert config.asp.verl.mode == mode and config.trainer.device == device and config.trainer.total_epochs == 2
+    if mode != "sync":                    # every setting of verl's own recipe config is in ours
+        import verl
+        import yaml
+
+        recipe = Path(verl.__file__).parent / "experimental" / f"{mode}_policy" / "config" / f"{mode}_ppo_trainer.yaml"
+        flat = _flatten({k: v for k, v in yaml.safe_load(recipe.read_text()).items() if k not in ("hydra", "defaults")})
+        missing = [k for k in flat if OmegaConf.select(config, k, default="<missing>") == "<missing>"]
+        assert not missing, f"{recipe.name} keys missing from our config: {missing}"
     if mode == "fully_async":
         config = fully_async_config(config)
         assert config.data.train_batch_size == 0 and config.data.gen_batch_size == 1     # FullyAsyncRollouter's asserts
@@ -118,3 +126,10 @@ def test_launchers_command_line_is_a_config_verl_accepts(tmp_path, mode, device)
         assert config.actor_rollout_ref.rollout.nnodes == 1 and config.trainer.nnodes == 1
         assert ours.pipeline.lag_bound == 1 and ours.verl.route_servers
         assert ours.train.global_batch_size == (256 if mode == "one_step_off" else 64 * 1 * 4)
+
+
+def _flatten(d: dict, prefix: str = "") -> list[str]:
+    out = []
+    for k, v in d.items():
+        out += _flatten(v, f"{prefix}{k}.") if isinstance(v, dict) and v else [f"{prefix}{k}"]
+    return out

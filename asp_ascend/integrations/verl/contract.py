@@ -107,8 +107,9 @@ EXPECTATIONS = (
     Exists(V(FA, "FullyAsyncRollouter.fit"), "method", why="overridden: writes the length history at the end"),
     Params(V(RT, "RayPPOTrainer._get_gen_batch"), ("batch",), exact=True,
            why="overridden: training batches carry their groups' routing priority"),
-    Pattern(V("verl/experimental/agent_loop/single_turn_agent_loop.py", "SingleTurnAgentLoop.run"),
-            "priority=priority", why="the agent loop forwards the batch's priority to generate (and the balancer)"),
+    Params(V("verl/experimental/agent_loop/single_turn_agent_loop.py", "SingleTurnAgentLoop.run"),
+           ("sampling_params", "priority"), why="the agent loop takes the batch's priority and forwards it to "
+                                                "generate (and so to the balancer)"),
 )
 
 # verl config keys read by the bridge, the asp group and the resume path
