@@ -38,7 +38,7 @@ CONVERGENCE = {
 # the lossless mechanisms of DESIGN 9 (a-c), then bounded off-policy carry-over (e)
 LOSSLESS = ["scheduler.dispatch=guided", "scheduler.reestimate=true", "rollout.tail_concurrency=auto"]
 TAIL_TASK = ["data.synthetic.tail_alpha=0.8", "rollout.num_instances=2", "rollout.cpu_cores=[]", "train.cpu_cores=[]",
-             "rollout.num_cpus=0.5", "train.num_cpus=1", "train.eval_every=0", "train.max_iterations=8"]
+             "rollout.num_cpus=0.5", "train.num_cpus=1", "train.eval_every=0", "train.max_iterations=16"]
 TAIL_SYSTEMS = {
     "sync": ["pipeline.mode=sync", "scheduler.policy=fifo", "rollout.tail_concurrency=off"],
     "async_fifo": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=fifo",
@@ -76,27 +76,77 @@ def throughput(out: Path, extra: list[str]) -> None:
         print(f"  trainer breakdown {json.dumps({k: round(v, 3) for k, v in e['trainer_breakdown'].items()})}")
 
 
-def tail(out: Path, extra: list[str]) -> None:
+def _lag_bound(d: Path) -> int:
+    from asp_ascend.config import lag_bound_of, load_config
+
+    return lag_bound_of(load_config(d / "config.yaml", check_files=False))
+
+
+def tail_figures(d: Path, k: int) -> dict:
+    """One run's figures from its metrics.jsonl and timeline.jsonl: iteration time and tokens/s
+    (all iterations, and without iteration 0, which holds the engines' warm-up), lag, the
+    mechanisms' decisions, and where the time went (per iteration, mean over iterations >= 1):
+    the trainer's seconds (its optimizer steps and the weight sync), the latency of the
+    iteration's longest group (first admission to last sample) and the tail floor it implies,
+    latency / (k + 1) (DESIGN 9: k + 1 iterations take at least the longest group's latency)."""
+    from collections import defaultdict
+
     from asp_ascend.metrics import Timeline
 
-    print(f"\n{'system':20s} {'iter_time_mean':>14s} {'tokens/s':>10s} {'lag_max':>8s} {'steal':>6s} {'tail':>5s} "
-          f"{'defer':>6s} {'reward':>7s}")
-    base = None
-    for name, ov in TAIL_SYSTEMS.items():
-        d = _train(out / name, TAIL_TASK + ov + extra)
-        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
-        tl = Timeline.read_jsonl(d / "timeline.jsonl")
-        it = sum(r["iteration_time_s"] for r in rows) / len(rows)
-        tput = sum(r["tokens"] for r in rows) / sum(r["iteration_time_s"] for r in rows)
-        lag = max(r["policy_lag_max"] for r in rows)
-        reward = sum(r["reward_mean"] for r in rows) / len(rows)
-        n = {k: len(tl.events[k]) for k in ("steal", "tail", "defer")}
-        print(f"{name:20s} {it:14.3f} {tput:10.1f} {lag:8d} {n['steal']:6d} {n['tail']:5d} {n['defer']:6d} "
-              f"{reward:7.3f}", flush=True)
-        if name == "async_fifo":
-            base = tput
-        elif base:
-            print(f"  tokens/s vs async_fifo: {tput / base:.2f}x", flush=True)
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    tl = Timeline.read_jsonl(d / "timeline.jsonl")
+    times = [r["iteration_time_s"] for r in rows]
+    tokens = [r["tokens"] for r in rows]
+    steps = defaultdict(float)
+    for e in tl.events["step"]:
+        steps[e["iteration"]] += e["t_end"] - e["t_start"]
+    for e in tl.events["sync"]:
+        steps[e["version"] - 1] += e["t_end"] - e["t_start"]
+    span = defaultdict(lambda: [float("inf"), 0.0])
+    for e in tl.events["request"]:
+        g = span[(e["epoch"], e["prompt_id"], e["iteration"])]
+        g[0], g[1] = min(g[0], e["t_admit"]), max(g[1], e["t_finish"])
+    longest = defaultdict(float)
+    for (_, _, i), (a, b) in span.items():
+        longest[i] = max(longest[i], b - a)
+    later = [r["iteration"] for r in rows[1:]]
+    mean = lambda xs: sum(xs) / max(1, len(xs))  # noqa: E731
+    costs = tl.events.get("costs") or []
+    return {"iter_time": mean(times), "iter_time_1": mean(times[1:]),
+            "tokens_s": sum(tokens) / sum(times), "tokens_s_1": sum(tokens[1:]) / max(sum(times[1:]), 1e-9),
+            "lag_max": max(r["policy_lag_max"] for r in rows), "reward": mean([r["reward_mean"] for r in rows]),
+            "steal": len(tl.events["steal"]), "tail": sum(1 for e in tl.events["tail"] if e["room"]),
+            "defer": len(tl.events["defer"]), "trainer_1": mean([steps[i] for i in later]),
+            "longest_1": mean([longest[i] for i in later]), "floor_1": mean([longest[i] for i in later]) / (k + 1),
+            "decode": (costs[-1]["decode_a"], costs[-1]["decode_c"]) if costs else None}
+
+
+def tail(out: Path, extra: list[str], systems: list[str] | None = None, repeats: int = 1) -> None:
+    """Every system ``repeats`` times, interleaved (fifo, asp, ..., fifo, asp, ...), so slow
+    phases of a shared machine hit every system; then the figures side by side and, per
+    repeat, each system's tokens/s over async fifo's of the same repeat."""
+    names = [n for n in TAIL_SYSTEMS if not systems or n in systems]
+    res: dict[tuple[str, int], dict] = {}
+    for rep in range(repeats):
+        for name in names:
+            d = _train(out / f"{name}_r{rep}", TAIL_TASK + TAIL_SYSTEMS[name] + extra)
+            res[(name, rep)] = f = tail_figures(d, _lag_bound(d))
+            print(f"[{name} r{rep}] tokens/s {f['tokens_s']:.0f} ({f['tokens_s_1']:.0f} without iteration 0)", flush=True)
+    print("\n(iteration 0 holds the engines' warm-up; '1+' = iterations 1 and later; trainer = optimizer steps "
+          "+ weight sync per iteration; floor = longest group latency / (k + 1))")
+    print(f"{'system':20s} {'rep':>3s} {'it_s':>6s} {'it_s 1+':>7s} {'tok/s':>6s} {'tok/s 1+':>8s} {'lag':>3s} "
+          f"{'steal':>5s} {'caps':>4s} {'defer':>5s} {'trainer':>7s} {'longest':>7s} {'floor':>6s} {'reward':>6s}")
+    for (name, rep), f in res.items():
+        print(f"{name:20s} {rep:3d} {f['iter_time']:6.3f} {f['iter_time_1']:7.3f} {f['tokens_s']:6.0f} "
+              f"{f['tokens_s_1']:8.0f} {f['lag_max']:3d} {f['steal']:5d} {f['tail']:4d} {f['defer']:5d} "
+              f"{f['trainer_1']:7.3f} {f['longest_1']:7.3f} {f['floor_1']:6.3f} {f['reward']:6.3f}")
+    if "async_fifo" in names:
+        for rep in range(repeats):
+            base = res[("async_fifo", rep)]
+            ratios = ", ".join(f"{n} {res[(n, rep)]['tokens_s'] / base['tokens_s']:.2f}x "
+                               f"({res[(n, rep)]['tokens_s_1'] / base['tokens_s_1']:.2f}x 1+)"
+                               for n in names if n != "async_fifo")
+            print(f"repeat {rep}: tokens/s over async_fifo: {ratios}")
 
 
 def convergence(out: Path, seeds: list[int], extra: list[str]) -> None:
@@ -146,6 +196,8 @@ def main() -> None:
     p.add_argument("what", choices=("throughput", "tail", "convergence"))
     p.add_argument("--out", default="runs/bench_runtime")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--systems", default="", help="tail: comma-separated systems to run (default: all)")
+    p.add_argument("--repeats", type=int, default=2, help="tail: runs of each system (interleaved)")
     p.add_argument("overrides", nargs="*")
     a = p.parse_intermixed_args()
     out = Path(a.out)
@@ -153,7 +205,7 @@ def main() -> None:
     if a.what == "throughput":
         throughput(out, a.overrides)
     elif a.what == "tail":
-        tail(out, a.overrides)
+        tail(out, a.overrides, [x for x in a.systems.split(',') if x], a.repeats)
     else:
         convergence(out, a.seeds, a.overrides)
 

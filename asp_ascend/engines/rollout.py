@@ -121,6 +121,10 @@ class RolloutEngine:
         self._done: list[dict] = []
         self._error: BaseException | None = None
         self._busy_s = 0.0
+        # decode-step meter (the run measures its own step cost): engine steps, and the running
+        # sequences and their context tokens summed over those steps
+        self._steps, self._seq_steps, self._ctx_steps = 0, 0, 0
+        self._running, self._context = 0, 0
         self._thread = threading.Thread(target=self._loop, name=f"rollout-{instance}", daemon=True)
         self._thread.start()
 
@@ -162,6 +166,9 @@ class RolloutEngine:
                 sp = SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens - len(done_tokens),
                                     logprobs=0, seed=seed * 1000 + s, output_kind=RequestOutputKind.DELTA,
                                     detokenize=False, stop_token_ids=list(stop_token_ids))
+                rec["_ctx"] = len(prompt_token_ids) + len(done_tokens)
+                self._running += 1
+                self._context += rec["_ctx"]
                 rid = f"{group_id}#{s}"
                 # the salt of the current version: a prefix resubmitted under v + 1 never reuses KV of v
                 self.engine.add_request(rid, self._prompt(list(prompt_token_ids) + done_tokens), sp)
@@ -195,6 +202,8 @@ class RolloutEngine:
             done, self._done = self._done, []
             running = sum(1 for g in self._groups.values() for s in g.samples.values() if s["t_finish"] is None)
             return {"groups": done, "running": running, "version": self.version, "busy_s": self._busy_s,
+                    "meter": {"steps": self._steps, "seq_steps": self._seq_steps, "ctx_steps": self._ctx_steps,
+                              "busy_s": self._busy_s},
                     "progress": self._progress()}
 
     def status(self) -> dict:
@@ -312,6 +321,9 @@ class RolloutEngine:
                         outputs = self.engine.step()
                         now = time.time()
                         self._busy_s += now - t0
+                        self._steps += 1
+                        self._seq_steps += self._running
+                        self._ctx_steps += self._context
                         self._collect(outputs, now, step_version)
                 if not has_work:
                     self._wake.wait(timeout=0.05)
@@ -336,6 +348,9 @@ class RolloutEngine:
                 if not rec["segments"] or rec["segments"][-1][1] != step_version:
                     rec["segments"].append([len(rec["token_ids"]), step_version])
             rec["token_ids"].extend(toks)
+            if "_ctx" in rec:
+                rec["_ctx"] += len(toks)
+                self._context += len(toks)
             if comp.logprobs:
                 rec["logprobs"].extend(float(lp[t].logprob) for lp, t in zip(comp.logprobs, toks))
             if toks:
@@ -346,6 +361,9 @@ class RolloutEngine:
                 rec["cached_tokens"] = int(out.num_cached_tokens)
             if out.finished:
                 rec["t_finish"] = now
+                if "_ctx" in rec:  # leaves the running batch
+                    self._running -= 1
+                    self._context -= rec.pop("_ctx")
                 rec.setdefault("version_last", rec["version_first"])
                 spans = getattr(comp, "weight_versions", None) if self._labels else None
                 if spans:  # the engine core's own labels of the weights behind each token (of this

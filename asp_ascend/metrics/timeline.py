@@ -15,7 +15,12 @@
   ``steal``: t, epoch, prompt_id, iteration, from_instance, to_instance, predicted_length,
   victim_work (guided dispatch moved a job not yet started);
   ``tail``: t, instance, epoch, prompt_id, iteration, room, cap (a floor-setting group was
-  admitted: its instance holds at most ``cap`` sequences while it runs);
+  admitted: its instance holds at most ``cap`` sequences while it runs), ``reason`` (real
+  runs: ``measured`` at admission, ``reestimate`` when a running group's room changed, room 0
+  = lifted), ``remaining`` (re-estimated tokens left, with ``reestimate``);
+  ``costs``: t, decode_a, decode_b, decode_c, steps, train_s (real runs: the decode-step
+  coefficients fitted to the instances' own steps so far and the mean trainer seconds per
+  iteration, scheduler/cost_meter.py; one per refit);
   ``defer``: t, epoch, prompt_id, iteration, to_iteration, remaining, budget and
   ``swap``: t, epoch, prompt_id, iteration, to_iteration, mini_batch, replaces (carry-over);
   ``speculative``: t, instance, epoch, prompt_id, tokens, steps, tokens_per_step, draft_tokens,
@@ -36,7 +41,7 @@ from typing import Any, Iterable
 
 from ..io import json_default
 
-KINDS = ("request", "step", "queue", "sync", "instance", "steal", "tail", "defer", "swap", "speculative")
+KINDS = ("request", "step", "queue", "sync", "instance", "steal", "tail", "defer", "swap", "speculative", "costs")
 
 REQUEST_FIELDS = ("epoch", "iteration", "instance", "prompt_id", "sample", "admission_version",
                   "t_admit", "t_first_token", "t_finish", "prompt_length", "response_length")

@@ -86,7 +86,8 @@ class Orchestrator:
         self.history: list[dict] = []             # observed lengths (the run's length history)
         # the tail mechanisms (DESIGN 9): re-estimation, tail-aware concurrency, carry-over
         self.tail = TailControl(plan, tail or TailOptions(), max_tokens=task.sampling.max_tokens, event=self._event,
-                                now=self.now)
+                                now=self.now, prompt_length=lambda pid: len(task.prompts.token_ids[pid]))
+        self._train_start: dict[int, float] = {}  # iteration -> its first optimizer step's start (measured costs)
 
     # ------------------------------------------------------------------ helpers
     def now(self) -> float:
@@ -147,6 +148,7 @@ class Orchestrator:
                 self._instance_failed(r, exc)
                 continue
             self.fleet.watch.on_poll(r, self.now(), res.get("busy_s", 0.0), len(res["groups"]))
+            self.tail.on_costs(r, res.get("meter"))
             self.tail.on_progress(res.get("progress", ()))
             for g in res["groups"]:
                 self._on_group(g)
@@ -305,6 +307,7 @@ class Orchestrator:
         it = self.progress[i]
         it.done.add(m)
         it.steps.append(st)
+        self._train_start.setdefault(i, st["t_start"] - self.t0)
         self.tail.on_trained(i, m)
         if len(it.done) == len(self.plan.iterations[i]):
             self._end_iteration(i)
@@ -330,6 +333,9 @@ class Orchestrator:
 
     def _sync_done(self, s) -> None:
         self._event("sync", t_start=s.t_start, t_end=s.t_end, version=s.version)
+        start = self._train_start.pop(s.version - 1, None)
+        if start is not None:  # the iteration's trainer time, for the run-time tail rooms
+            self.tail.on_iteration_time(s.t_end - start)
         self._log_iteration(s.version - 1, s.t_end)
         if self.evaluator is not None and self.evaluator.due(s.version, self.last_iteration):
             self._evaluate(s.version)

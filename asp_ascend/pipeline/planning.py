@@ -57,7 +57,8 @@ def replanner(cfg, train, k: int, out: Path, first):
 
 def tail_options(cfg, schedule_path: Path):
     """The tail keys for the loop (DESIGN 9); the planned rooms come from the schedule's
-    ``room`` column (0: no cap)."""
+    ``room`` column (0: no cap). The runtime sizes rooms from its own measured costs
+    (``measure_costs``: scheduler/tail_control.py); the planned rooms are then not used."""
     import pandas as pd
 
     from ..scheduler.tail_control import TailOptions
@@ -68,6 +69,11 @@ def tail_options(cfg, schedule_path: Path):
         if "room" in sched:
             capped = sched[sched["room"] > 0]
             rooms = {(int(e), str(p)): int(n) for e, p, n in zip(capped["epoch"], capped["prompt_id"], capped["room"])}
+    from ..platforms import get_platform
+
     r = cfg.rollout
+    # unpinned instances on the CPU share its cores with each other and the trainer: no run-time rooms
+    shared = get_platform(cfg.platform, check=False).name == "cpu" and not r.cpu_cores
     return TailOptions(reestimate=cfg.scheduler.reestimate, tail_concurrency=str(r.tail_concurrency),
-                       partial_rollout=r.partial_rollout, max_split=r.max_split, rooms=rooms)
+                       partial_rollout=r.partial_rollout, max_split=r.max_split, rooms=rooms, measure_costs=True,
+                       dedicated=not shared)

@@ -10,8 +10,8 @@ keeps generating (its later tokens come from newer weights); it may be deferred 
 it stays within S iterations of its planned one, so its lag is at most ``k + S``.
 
 :class:`CarryOver` holds the current membership and answers ``defer(i, late)`` with the
-swaps it made. The caller decides what is late (re-estimated remaining time past its
-budget) and when to ask (the trainer is ready for a mini-batch of i that is not generated);
+swaps it made. The caller decides what is late (``TailControl.late``: re-estimated
+remaining tokens past the iteration's budget) and when to ask (the trainer is ready for a mini-batch of i that is not generated);
 nothing here knows about time, threads, Ray or vLLM.
 """
 from __future__ import annotations

@@ -101,6 +101,7 @@ class ExecutionPlan:
         self.iterations: dict[int, dict[int, list[Key]]] = {}
         self.predicted: dict[int, float] = {}  # iteration -> sum of its prompts' predicted lengths
         self.carried: dict[Key, int] = {}  # resume with partial rollout: a deferred group's planned iteration
+        self.predicted_length: dict[Key, float] = {}  # (epoch, prompt_id) -> its predicted length
         jobs = list(jobs)
         self._book(jobs)
         self.end = int(end) if end is not None else (max(self.iterations) + 1 if self.iterations else self.start)
@@ -135,6 +136,7 @@ class ExecutionPlan:
         for j in jobs:
             self.iterations.setdefault(j.iteration, {}).setdefault(j.mini_batch, []).append((j.epoch, j.prompt_id))
             self.predicted[j.iteration] = self.predicted.get(j.iteration, 0.0) + float(j.predicted_length)
+            self.predicted_length[(j.epoch, j.prompt_id)] = float(j.predicted_length)
 
     @property
     def total_iterations(self) -> int:

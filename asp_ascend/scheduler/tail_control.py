@@ -8,32 +8,58 @@ the plan's :class:`~asp_ascend.scheduler.admission.Dispatcher`) and turns execut
 their ``on_*`` updates:
 
 - every admission: the group's prediction into the :class:`GroupEstimator` (re-estimation),
-  its planned room into the :class:`TailGovernor` (tail-aware concurrency);
+  its room into the :class:`TailGovernor` (tail-aware concurrency): the plan's room, or with
+  ``TailOptions.measure_costs`` the room the run's *measured* costs give (below);
 - every instance poll: per running group, the lengths of its finished samples and the tokens
   so far of the others (``RolloutEngine.poll``'s ``progress``) -> the estimator, so guided
-  dispatch steals from the instance with the most *re-estimated* remaining work;
+  dispatch steals from the instance with the most *re-estimated* remaining work; with
+  measured costs, a running group that re-estimation now finds to be a tail gets a room (and
+  one that no longer is loses it);
 - a finished group: the estimator learns from it; the governor releases its room;
 - the trainer waiting on an iteration whose unfinished groups are all late (re-estimated
   remaining tokens past the iteration's budget): :class:`CarryOver` defers them and swaps in
   finished groups of the next iteration (``rollout.partial_rollout``).
 
+Run-time rooms (``measure_costs``: the runtime's choice; the simulator and MindSpeed-RL keep the
+plan's rooms). A :class:`~asp_ascend.scheduler.cost_meter.CostMeter` fits the decode step
+``a + b * context + c * n`` to the instances' own step times and averages the trainer's time
+per iteration. A group g of iteration i with expected longest remaining sample L (at admission
+the bias-corrected prediction times the expected largest-of-G factor; later the estimator's
+``remaining``) is then sized by :class:`~asp_ascend.scheduler.tail.TailModel` over one
+iteration's loads: work = the decode work of i's groups at full concurrency (measured costs),
+train = the measured trainer time, the floor = g's latency / (k + 1). A room is given only when
+the best period a room allows is at least ``TAIL_GAIN_MIN`` (10 %) below the uncapped period
+``max(work / R, train, latency at max_num_seqs / (k + 1))``: where the step cost hardly depends
+on the batch or the trainer sets the period, nothing is capped. Until the meter has
+``min_steps`` decode steps and one iteration's trainer time, nothing is capped either. Instances
+that share CPU cores (``dedicated=False``: unpinned on the CPU) get no room at all: an
+instance's step time there is set by the load of every process on the cores, not by its own
+batch (the fitted ``c`` mixes the two), and a cap only splits the same work into more steps,
+each paying the fixed cost ``a`` in CPU time the others need (the meter still measures).
+
 Timeline events (metrics/timeline.py): ``steal`` (a job moved between instances), ``tail``
-(an admission capped its instance), ``defer`` and ``swap`` (carry-over); the instances'
-speculative-decoding acceptance arrives with each group (``speculative``, written by the
-orchestrator). Nothing here calls Ray.
+(an admission capped its instance, or re-estimation changed a running group's room:
+``reason`` ``plan`` | ``measured`` | ``reestimate``), ``defer`` and ``swap`` (carry-over); the
+instances' speculative-decoding acceptance arrives with each group (``speculative``, written by
+the orchestrator). Nothing here calls Ray.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterable
 
+import numpy as np
+
 from .admission import Job
 from .carryover import CarryOver, late_groups
+from .cost_meter import CostMeter
 from .execution import ExecutionPlan, Feeder
-from .reestimate import GroupEstimator
-from .tail import TailGovernor
+from .reestimate import GroupEstimator, group_max_factor
+from .tail import IterationLoads, TailGovernor, TailModel
 
 Key = tuple[int, str]
+TAIL_GAIN_MIN = 0.10   # a run-time room must shorten the predicted period by this share at least
+RESIZE_CHANGE = 0.2    # a running group is re-sized when its remaining estimate moved by this share
 
 
 @dataclass(frozen=True)
@@ -44,6 +70,8 @@ class TailOptions:
     partial_rollout: bool = False        # rollout.partial_rollout
     max_split: int = 1                   # rollout.max_split
     rooms: dict = field(default_factory=dict)   # (epoch, prompt_id) -> planned room (0: no cap)
+    measure_costs: bool = False          # size rooms at run time from the run's measured costs
+    dedicated: bool = True               # each instance owns its device (False: instances share CPU cores)
 
 
 def key_of(job: Job) -> Key:
@@ -54,11 +82,15 @@ class TailControl:
     """Feeds the tail state machines from runtime events and records their decisions."""
 
     def __init__(self, plan: ExecutionPlan, options: TailOptions, *, max_tokens: int,
-                 event: Callable[..., None], now: Callable[[], float]):
+                 event: Callable[..., None], now: Callable[[], float],
+                 prompt_length: Callable[[str], float] | None = None):
         s = plan.settings
         self.opts = options
+        self.plan = plan
         self.G, self.S = s.group_size, s.max_num_seqs
+        self.R = s.num_instances
         self.k = s.lag_bound
+        self.plen = prompt_length or (lambda prompt_id: 0.0)
         self._event, self.now = event, now
         self.disp = plan.dispatcher
         self.estimator = GroupEstimator(s.group_size, max_length=max_tokens) if options.reestimate else None
@@ -70,12 +102,18 @@ class TailControl:
         if self.carry is not None and plan.carried:  # a resume: groups deferred before the checkpoint
             self.carry.restore_planned(plan.carried)
         self.rooms = dict(options.rooms)
+        self.max_tokens = float(max_tokens)
+        # run-time rooms from measured costs (None: the plan's rooms)
+        self.meter = CostMeter() if options.measure_costs and self.governor is not None else None
+        self._jobs: dict[Key, Job] = {}                 # running groups
+        self._sized: dict[Key, tuple[float, int, int]] = {}   # key -> (remaining, meter revision, room)
+        self._work: dict[tuple[int, int], tuple[float, float, float]] = {}   # (iteration, revision) -> loads
         self._reported: dict[Key, set] = {}     # samples whose finish the estimator has seen
         # partial rollout: every running group's samples so far (token ids, log-probs, version
         # segments, finished), so a group whose instance fails resumes from its prefix
         self.prefixes: dict[Key, dict[int, dict]] = {}
         self._steals_seen = len(self.disp.steals)
-        self.iteration_lengths: dict[int, list[int]] = {}   # finished sample lengths per (current) iteration
+        self._lengths: dict[Key, list[int]] = {}    # finished, untrained groups' sample lengths (the budget)
 
     @staticmethod
     def _slots(iterations: dict) -> list[tuple[Key, int, int]]:
@@ -97,22 +135,114 @@ class TailControl:
         def room(r: int) -> bool:
             if not feeder.has_room(r):
                 return False
+            if gov.cap(r) >= self.S:         # no tail runs there: a free slot is room (no peek)
+                return True
             job = self.disp.peek(r, True)
-            return job is None or gov.admits(r, feeder.inflight[r] * self.G, self.rooms.get(key_of(job), 0))
+            return job is None or gov.admits(r, feeder.inflight[r] * self.G, self._room_of(job))
         return room
 
     def on_admit(self, r: int, job: Job) -> None:
         key = key_of(job)
+        room = self._room_of(job) if self.governor is not None else 0
         if self.estimator is not None:
             self.estimator.groups.pop(key, None)      # a group re-admitted after its instance failed
             self.estimator.on_admit(key, job.predicted_length)
         self._reported[key] = set()
+        self._jobs[key] = job
         if self.governor is not None:
-            room = int(self.rooms.get(key, 0))
             self.governor.on_admit(r, key, room)
+            if self.meter is not None:
+                self._sized[key] = (-1.0, -1, room)    # re-sized at its first progress report
             if room:
                 self._event("tail", t=self.now(), instance=r, epoch=job.epoch, prompt_id=job.prompt_id,
-                            iteration=job.iteration, room=room, cap=self.governor.cap(r))
+                            iteration=job.iteration, room=room, cap=self.governor.cap(r),
+                            reason="measured" if self.meter is not None else "plan")
+
+    # ------------------------------------------------------------------ run-time rooms
+    def on_costs(self, instance: int, meter: dict | None) -> None:
+        """An instance's decode-step counters (``RolloutEngine.poll``'s ``meter``)."""
+        if self.meter is not None:
+            rev = self.meter.revision
+            self.meter.on_poll(instance, meter)
+            cm = self.meter.cost()
+            if cm is not None and self.meter.revision != rev:
+                self._event("costs", t=self.now(), decode_a=cm.decode_a, decode_b=cm.decode_b, decode_c=cm.decode_c,
+                            steps=self.meter.steps, train_s=self.meter.train_time())
+
+    def on_iteration_time(self, seconds: float) -> None:
+        """An iteration's trainer time, its first optimizer step to the end of its weight sync."""
+        if self.meter is not None:
+            self.meter.on_iteration(seconds)
+
+    def _room_of(self, job: Job) -> int:
+        """The room ``job`` gets when admitted now (0: no cap)."""
+        key = key_of(job)
+        if self.meter is None:
+            return int(self.rooms.get(key, 0))
+        est = self.estimator
+        mean = est.predict(job.predicted_length) if est is not None else max(1.0, job.predicted_length)
+        longest = min(mean * group_max_factor(est.sigma if est is not None else 0.3, self.G), self.max_tokens)
+        return self.size_room(job.iteration, longest, self.plen(job.prompt_id))
+
+    def _loads(self, iteration: int, cm) -> tuple[float, float, float]:
+        """(decode work at full concurrency, instance-seconds; mean context of a running
+        sequence; mean prompt length) of ``iteration``'s groups under the measured costs."""
+        ck = (iteration, self.meter.revision)
+        if ck not in self._work:
+            keys = [k for mb in self.plan.iterations.get(iteration, {}).values() for k in mb]
+            n = max(1, len(keys))
+            pred = self.plan.predicted.get(iteration, 0.0) / n
+            plen = sum(self.plen(p) for _, p in keys) / n if keys else 0.0
+            work = self.G * n * float(cm.work(plen, pred, self.S))
+            self._work = {k: v for k, v in self._work.items() if k[1] == self.meter.revision}
+            self._work[ck] = (work, plen + pred / 2.0, plen)
+        return self._work[ck]
+
+    def size_room(self, iteration: int, longest: float, prompt_length: float) -> int:
+        """Run-time room of a group of ``iteration`` whose longest sample has ``longest`` tokens
+        (left) to generate, from the measured costs (0: no cap; see the module docstring)."""
+        if self.meter is None or not self.opts.dedicated:
+            return 0
+        cm, train = self.meter.cost(), self.meter.train_time()
+        if cm is None or train is None or longest <= 0:
+            return 0
+        work, ctx, _ = self._loads(iteration, cm)
+        k1 = self.k + 1
+        base = max(work / self.R, train)
+        # uncapped floor: the group at max_num_seqs sequences (cheap check first: most groups are no tail)
+        lat_full = longest * float(cm.step(self.S, self.G * (prompt_length + longest / 2.0) + (self.S - self.G) * ctx))
+        if lat_full / k1 <= base * (1.0 + TAIL_GAIN_MIN):
+            return 0
+        loads = IterationLoads(np.array([work]), np.array([train]), np.array([ctx]), np.array([1.0]), iteration,
+                               np.array([float(longest)]), np.array([float(prompt_length)]))
+        tm = TailModel(cm, group_size=self.G, max_num_seqs=self.S, lag_bound=self.k, num_instances=self.R,
+                       loads=loads)
+        uncapped = max(base, float(tm.latency(longest, prompt_length, self.S, ctx)) / k1)
+        best, _ = tm.best_period(iteration, float(longest), float(prompt_length), 1.0)
+        if best > uncapped * (1.0 - TAIL_GAIN_MIN):
+            return 0     # the cap is not predicted to pay
+        room = tm.room(iteration, float(longest), float(prompt_length))
+        return room if room < self.S else 0
+
+    def _resize(self, key: Key) -> None:
+        """Re-size running group ``key`` from its re-estimated remaining tokens (measured costs)."""
+        job = self._jobs.get(key)
+        if job is None or key not in self.governor.where:
+            return
+        rem = self.estimator.remaining(key)
+        last = self._sized.get(key)
+        rev = self.meter.revision
+        if last is not None and last[1] == rev and abs(rem - last[0]) <= RESIZE_CHANGE * max(last[0], 1.0):
+            return
+        room = self.size_room(job.iteration, rem, self.plen(job.prompt_id))
+        old = last[2] if last is not None else 0
+        self._sized[key] = (rem, rev, room)
+        if room != old:
+            self.governor.on_update(key, room)
+            r = self.governor.where[key]
+            self._event("tail", t=self.now(), instance=r, epoch=job.epoch, prompt_id=job.prompt_id,
+                        iteration=job.iteration, room=room, cap=self.governor.cap(r), reason="reestimate",
+                        remaining=rem)
 
     def record_steals(self) -> None:
         """One ``steal`` event per job guided dispatch moved since the last call."""
@@ -135,6 +265,8 @@ class TailControl:
                 continue
             self._finish_samples(key, rep["finished"])
             est.on_progress(key, rep["tokens"][: self.G - len(est.groups[key].finished)])
+            if self.meter is not None and self.opts.dedicated:
+                self._resize(key)
 
     def _extend_prefix(self, key: Key, new: dict) -> None:
         pre = self.prefixes.setdefault(key, {})
@@ -168,11 +300,13 @@ class TailControl:
             self.estimator.on_group_finish(key)
         self._reported.pop(key, None)
         self.prefixes.pop(key, None)
+        self._jobs.pop(key, None)
+        self._sized.pop(key, None)
         if self.governor is not None:
             self.governor.on_finish(key)
         if self.carry is not None:
             self.carry.on_finish(key)
-            self.iteration_lengths.setdefault(self.carry.iteration_of(key), []).extend(lengths)
+            self._lengths[key] = [int(x) for x in lengths]
 
     def on_instance_failed(self, r: int, keys: Iterable[Key]) -> None:
         """Instance ``r`` died; ``keys``: the groups it was running (they start again elsewhere)."""
@@ -180,8 +314,12 @@ class TailControl:
             if self.estimator is not None:
                 self.estimator.groups.pop(key, None)
             self._reported.pop(key, None)
+            self._jobs.pop(key, None)
+            self._sized.pop(key, None)
         if self.governor is not None:
             self.governor.on_instance_failed(r)
+        if self.meter is not None:
+            self.meter.forget_instance(r)
 
     # ------------------------------------------------------------------ carry-over
     def lag_bound(self, key: Key) -> int:
@@ -194,21 +332,42 @@ class TailControl:
             return planned
         return {m: list(self.carry.members.get((iteration, m), [])) for m in planned}
 
-    def maybe_defer(self, iteration: int) -> list:
-        """The trainer waits on ``iteration``: defer its late groups (all of its unfinished
-        groups must be late) against finished groups of the next iteration. A group is late
-        when its re-estimated remaining tokens exceed the iteration's budget: the mean
-        length of the samples of the iteration that finished (no estimate: never late)."""
+    def late(self, iteration: int) -> tuple[list[Key], dict[Key, float], float | None]:
+        """(the late groups of ``iteration``, latest first; every unfinished group's remaining
+        tokens; the budget B_i, None when none of the iteration's samples has finished).
+
+        Definition (docs/runtime.md, "late"). B_i is the mean response length of the samples of
+        the finished groups that are members of iteration i now (after earlier swaps). An
+        unfinished group g of i has R_g remaining tokens: the estimator's ``remaining`` (expected
+        tokens until its last unfinished sample finishes, from its finished siblings and the
+        tokens so far of the others); a group not admitted yet, its expected longest sample
+        (prediction, bias-corrected, times the expected largest-of-G factor). g is late when
+        R_g > B_i: waiting for it costs more than an average sample of the iteration takes from
+        scratch. With no finished sample in i (no B_i) or no estimator, no group is late."""
         if self.carry is None or self.estimator is None:
-            return []
-        done = self.iteration_lengths.get(iteration, [])
-        waiting = self.carry.unfinished(iteration)
+            return [], {}, None
+        members = [k for (it, _), keys in self.carry.members.items() if it == iteration for k in keys]
+        done = [x for k in members if k in self.carry.finished for x in self._lengths.get(k, ())]
+        waiting = [k for k in members if k not in self.carry.finished]
         if not done or not waiting:
-            return []
+            return [], {}, (sum(done) / len(done) if done else None)
         budget = sum(done) / len(done)
         est = self.estimator
-        rem = {key: est.remaining(key) if key in est.groups else float("inf") for key in waiting}
-        late = late_groups(rem, budget)
+        rem = {key: est.remaining(key) if key in est.groups else self._expected_longest(key) for key in waiting}
+        return late_groups(rem, budget), rem, budget
+
+    def _expected_longest(self, key: Key) -> float:
+        """Expected longest sample of a group not admitted yet (its plan prediction)."""
+        est = self.estimator
+        pred = self.plan.predicted_length.get(key, 0.0)
+        return min(est.predict(pred) * group_max_factor(est.sigma, self.G), self.max_tokens)
+
+    def maybe_defer(self, iteration: int) -> list:
+        """The trainer waits on ``iteration``: defer its late groups (:meth:`late`; all of its
+        unfinished groups must be late) against finished groups of the next iteration."""
+        late, rem, budget = self.late(iteration)
+        if not late:
+            return []
         swaps = self.carry.defer(iteration, late)
         for sw in swaps:
             self._event("defer", t=self.now(), epoch=sw.deferred[0], prompt_id=sw.deferred[1], iteration=sw.iteration,
@@ -220,4 +379,5 @@ class TailControl:
 
     def on_trained(self, iteration: int, mini_batch: int) -> None:
         if self.carry is not None:
-            self.carry.on_trained(iteration, mini_batch)
+            for key in self.carry.on_trained(iteration, mini_batch):
+                self._lengths.pop(key, None)

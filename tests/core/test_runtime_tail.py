@@ -155,3 +155,132 @@ def test_partial_rollout_keeps_each_running_groups_prefix_until_it_finishes():
     feeder.finished(0, "a")
     ctl.on_finish((0, "a"), [3, 2])
     assert ctl.prefix((0, "a")) is None
+
+
+# ----------------------------------------------------------------- run-time rooms from measured costs
+
+def _poll(meter, r, steps, seq_steps, busy):
+    meter.on_poll(r, {"steps": steps, "seq_steps": seq_steps, "ctx_steps": 0, "busy_s": busy})
+
+
+def test_cost_meter_fits_the_step_formula_from_poll_windows():
+    from asp_ascend.scheduler.cost_meter import CostMeter
+
+    m = CostMeter(min_steps=10, refit_every=1)
+    a, c = 0.004, 0.0002
+    tot = [0, 0, 0.0]
+    _poll(m, 0, 0, 0, 0.0)
+    for steps, n in ((10, 8), (20, 64), (5, 128), (30, 16)):
+        tot = [tot[0] + steps, tot[1] + steps * n, tot[2] + steps * (a + c * n)]
+        _poll(m, 0, *tot)
+    cm = m.cost()
+    assert abs(cm.decode_a - a) < 1e-9 and abs(cm.decode_c - c) < 1e-9 and cm.decode_b == 0.0
+    assert m.train_time() is None
+    m.on_iteration(0.5)
+    m.on_iteration(0.7)
+    assert abs(m.train_time() - 0.6) < 1e-12
+    # a step whose cost does not grow with the batch: c = 0, never negative
+    m2 = CostMeter(min_steps=1, refit_every=1)
+    _poll(m2, 1, 0, 0, 0.0)
+    _poll(m2, 1, 10, 80, 0.3)
+    _poll(m2, 1, 20, 2640, 0.59)
+    assert m2.cost().decode_c == 0.0 and m2.cost().decode_a > 0
+
+
+def _measured(ctl, a, c, train, steps=200):
+    _poll(ctl.meter, 0, 0, 0, 0.0)
+    _poll(ctl.meter, 0, steps // 2, steps // 2 * 4, steps // 2 * (a + c * 4))
+    _poll(ctl.meter, 0, steps, steps // 2 * 4 + steps // 2 * 64, steps // 2 * (a + c * 4) + steps // 2 * (a + c * 64))
+    ctl.on_iteration_time(train)
+
+
+def test_measured_costs_decide_whether_a_cap_pays():
+    # one long group among short ones. On "device" costs (a step slows with the batch) the
+    # long group sets the floor and a room pays; on "CPU" costs (the step's fixed part
+    # dominates) or when the trainer sets the period, nothing is capped.
+    jobs = [_job(0, 0, "t", 0, 300.0)] + [_job(0, i, f"s{i}", i % 2, 5.0) for i in range(1, 8)]
+    settings = dict(reestimate=True, tail_concurrency="auto", measure_costs=True)
+    plan = _plan(jobs, slots_seqs=32 * G, dispatch="static", R=2)
+    ctl, tl = _control(plan, **settings)
+    assert ctl.size_room(0, 300.0, 10.0) == 0            # nothing measured yet: no cap
+    _measured(ctl, a=0.002, c=0.0005, train=0.05)          # device-like: 64 sequences cost 17x one
+    room = ctl.size_room(0, 300.0, 10.0)
+    assert 0 < room < 32 * G
+    assert ctl.size_room(0, 5.0, 10.0) == 0               # a short group is no tail
+    cpu = _plan(jobs, slots_seqs=32 * G, dispatch="static", R=2)
+    ctl2, _ = _control(cpu, **settings)
+    _measured(ctl2, a=0.02, c=0.00001, train=0.05)         # CPU-like: the step costs the same at any batch
+    assert ctl2.size_room(0, 300.0, 10.0) == 0
+    shared = _plan(jobs, slots_seqs=32 * G, dispatch="static", R=2)
+    ctl4, _ = _control(shared, **settings, dedicated=False)   # instances sharing CPU cores: never capped
+    _measured(ctl4, a=0.002, c=0.0005, train=0.05)
+    assert ctl4.size_room(0, 300.0, 10.0) == 0
+    slow = _plan(jobs, slots_seqs=32 * G, dispatch="static", R=2)
+    ctl3, _ = _control(slow, **settings)
+    _measured(ctl3, a=0.002, c=0.0005, train=100.0)        # the trainer sets the period
+    assert ctl3.size_room(0, 300.0, 10.0) == 0
+
+
+def test_reestimation_gives_a_running_group_a_room_and_takes_it_back():
+    # "x" is predicted short, so it is admitted without a room; its progress shows it far past
+    # that: re-estimation makes it a tail (a `tail` event with reason reestimate) and its
+    # instance stops admitting other work; when its siblings finish short, the room goes again.
+    jobs = [_job(0, 0, "x", 0, 5.0)] + [_job(0, i, f"s{i}", 0, 5.0) for i in range(1, 6)]
+    plan = _plan(jobs, slots_seqs=3 * G, dispatch="static", R=1)
+    ctl, tl = _control(plan, reestimate=True, tail_concurrency="auto", measure_costs=True)
+    _measured(ctl, a=0.002, c=0.0005, train=0.01)
+    feeder = plan.feeder()
+    assert [p for _, p in _fill(feeder, ctl)] == ["x", "s1", "s2"]
+    assert not tl.events["tail"]
+    feeder.finished(0, "s1")
+    ctl.on_finish((0, "s1"), [5, 5])
+    ctl.on_progress([{"key": [0, "x"], "finished": {}, "tokens": [150, 160]}])
+    (ev,) = tl.events["tail"]
+    assert ev["reason"] == "reestimate" and ev["prompt_id"] == "x" and 0 < ev["room"] < 3 * G
+    assert ctl.governor.cap(0) == ev["room"]
+    ctl.on_progress([{"key": [0, "x"], "finished": {0: 161}, "tokens": [0]}])  # (no change: still long)
+    ctl.on_progress([{"key": [0, "x"], "finished": {0: 161, 1: 162}, "tokens": []}])
+    assert tl.events["tail"][-1]["room"] == 0 and ctl.governor.cap(0) == 3 * G
+
+
+def test_no_instance_idles_while_it_may_admit():
+    # instance 0 runs the tail "t" (room: itself alone), so its other job "u" must not start
+    # there; instance 1, empty, takes it (guided dispatch) instead of idling
+    jobs = [_job(0, 0, "t", 0, 50.0), _job(0, 1, "u", 0, 5.0)]
+    plan = _plan(jobs, slots_seqs=2 * G, dispatch="guided", R=2)
+    ctl, _ = _control(plan, tail_concurrency="auto", rooms={(0, "t"): G})
+    assert _fill(plan.feeder(), ctl) == [(0, "t"), (1, "u")]
+
+
+def test_late_is_remaining_tokens_above_the_mean_finished_sample_of_the_iteration():
+    # iteration 0: a (finishes with 4 and 6 tokens: budget 5), z (running, far past that),
+    # y (not admitted: its expected longest sample from a prediction of 2 tokens is below 5),
+    # x (not admitted, predicted 40: late). Iteration 1: b.
+    jobs = [_job(0, 0, "a", 0, 5.0), _job(0, 1, "z", 1, 5.0), _job(0, 2, "y", 0, 2.0), _job(0, 3, "x", 0, 40.0),
+            _job(1, 4, "b", 1, 5.0)]
+    plan = _plan(jobs, slots_seqs=G, dispatch="static", R=2, k=1)   # one group slot each: y, x wait
+    ctl, _ = _control(plan, reestimate=True, partial_rollout=True, max_split=1)
+    feeder = plan.feeder()
+    assert [p for _, p in _fill(feeder, ctl)] == ["a", "z"]
+    assert ctl.late(0) == ([], {}, None)                              # nothing finished: no budget
+    ctl.on_progress([{"key": [0, "z"], "finished": {}, "tokens": [120, 150]}])
+    feeder.finished(0, "a")
+    ctl.on_finish((0, "a"), [4, 6])
+    late, rem, budget = ctl.late(0)
+    assert budget == 5.0
+    assert rem[(0, "z")] > 5.0 and rem[(0, "y")] <= 5.0 < rem[(0, "x")]
+    assert late == sorted([(0, "z"), (0, "x")], key=lambda k: -rem[k])  # latest first
+    assert ctl.maybe_defer(0) == []          # y is unfinished and not late: the iteration waits on it
+    # the budget follows membership: after a swap, the swapped-in group's samples count for i
+    ctl2, _ = _control(_plan([_job(0, 0, "a", 0, 5.0), _job(0, 1, "z", 1, 5.0), _job(1, 2, "b", 0, 5.0)],
+                             slots_seqs=4 * G, dispatch="static", R=2), reestimate=True, partial_rollout=True)
+    f2 = ctl2.plan.feeder()
+    _fill(f2, ctl2)
+    for key, lengths in (((0, "a"), [4, 6]), ((0, "b"), [20, 30])):
+        f2.finished(*key)
+        ctl2.on_finish(key, lengths)
+    ctl2.on_progress([{"key": [0, "z"], "finished": {}, "tokens": [120, 150]}])
+    assert ctl2.late(0)[2] == 5.0
+    (sw,) = ctl2.maybe_defer(0)
+    assert (sw.deferred, sw.swapped_in) == ((0, "z"), (0, "b"))
+    assert ctl2.late(0) == ([], {}, 15.0)    # a and b are i's members now, all finished
