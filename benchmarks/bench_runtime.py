@@ -1,7 +1,7 @@
 """Real CPU runs of the embedded default: sync vs async-fifo vs async-ASP, and convergence.
 
     python benchmarks/bench_runtime.py throughput [--out runs/bench_runtime] [key=value ...]
-    python benchmarks/bench_runtime.py tail [--out runs/bench_tail] [key=value ...]
+    python benchmarks/bench_runtime.py tail [--out runs/bench_tail] [--systems a,b] [--repeats 2] [key=value ...]
     python benchmarks/bench_runtime.py convergence [--seeds 0 1 2] [--out ...] [key=value ...]
 
 ``throughput``: one rollout instance and the trainer pinned to the two cores
@@ -9,8 +9,11 @@
 figures (computed by asp_ascend.metrics.summarize) and the throughput ratios.
 ``tail`` (DESIGN 9, on a task with a heavier length tail, two instances and the trainer sharing
 the cores, same seed): sync, async fifo, async asp with the lossless mechanisms (guided dispatch,
-re-estimation, tail-aware concurrency) and async asp + partial rollout; prints mean iteration
-time, tokens/s, lag and the mechanisms' decisions side by side.
+re-estimation, tail-aware concurrency) and async asp + partial rollout, one full epoch each,
+``--repeats`` times interleaved; prints per run the mean iteration time and tokens/s (also
+without iteration 0, the engines' warm-up), lag, the mechanisms' decisions, the trainer's
+seconds and the longest group's latency per iteration (the tail floor), then per repeat each
+system's tokens/s over async fifo's.
 ``convergence``: sync and async-ASP with lag bound 1 and 2, several seeds; prints the final
 mean rewards and writes ``convergence.png`` (mean reward against trained samples, one band per
 system: mean +- std over seeds). Figures are printed, not asserted.
