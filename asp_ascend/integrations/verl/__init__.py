@@ -8,9 +8,11 @@ at module import. Torch-free pieces, usable on a login node:
   ``StatefulDataLoader`` draws from (stateful, resumable, re-planned per epoch).
 - :mod:`.lengths`: verl rollout batches -> a DESIGN 6 length history.
 - :mod:`.config_bridge`: verl's Hydra config + our ``asp:`` group -> :class:`asp_ascend.config.Config`.
+- :mod:`.routing`: the ``priority`` that carries a group's schedule instance to verl's load balancer, and
+  the guided/static server choice (pure).
 - :mod:`.contract`: every verl name the adapter relies on, checked by ``asp doctor --verl``.
 
-Pieces that need verl (:mod:`.trainer`, :mod:`.fully_async`, :mod:`.main_ppo`) import it
+Pieces that need verl (:mod:`.trainer`, :mod:`.fully_async`, :mod:`.router`, :mod:`.main_ppo`) import it
 through :func:`require_verl`.
 """
 from __future__ import annotations
