@@ -178,6 +178,9 @@ class Dispatcher:
         self.steals: list[tuple[Job, int, int]] = []   # (job, from instance, to instance), in order
         self.alive = [True] * num_instances
         self.queues: list[_RankQueue] = [_RankQueue() for _ in range(1 if shared else num_instances)]
+        # the first (lowest) iteration of every non-empty queue, sorted: guided dispatch's steal pass
+        # looks at the other queues only when one of them holds an admissible job (first <= limit)
+        self._firsts: list[int] = []
         # keyed by (epoch, prompt_id): a prompt recurs once per epoch
         self.running: dict[tuple[int, str], tuple[int, Job]] = {}  # -> (instance, job)
         self.running_on: list[set] = [set() for _ in range(num_instances)]
@@ -200,10 +203,30 @@ class Dispatcher:
                 if not survivors:
                     raise RuntimeError("every rollout instance has failed")
                 q = min(survivors, key=lambda i: (len(self.queues[i]), i))
-            self.queues[q].push(job)
+            self._push(q, job)
             self.total += 1
             n += 1
         return n
+
+    def _push(self, q: int, job: Job) -> None:
+        queue = self.queues[q]
+        before = queue.first_iteration()
+        queue.push(job)
+        self._first_moved(before, queue.first_iteration())
+
+    def _pop(self, q: int, job: Job) -> None:
+        queue = self.queues[q]
+        before = queue.first_iteration()
+        queue.pop(job)
+        self._first_moved(before, queue.first_iteration())
+
+    def _first_moved(self, before: int | None, after: int | None) -> None:
+        if before == after:
+            return
+        if before is not None:
+            del self._firsts[bisect.bisect_left(self._firsts, before)]
+        if after is not None:
+            bisect.insort(self._firsts, after)
 
     # decisions -----------------------------------------------------------------
     def _queue(self, instance: int) -> _RankQueue:
@@ -225,13 +248,16 @@ class Dispatcher:
         if job is not None or not (self.guided and steal):
             return job, own
         # the victims with an admissible job, then the one with the most remaining work among them
-        # (remaining work is asked only of those: with re-estimation it is the costly part)
-        cand = [(i, job) for i, q in enumerate(self.queues)
-                if i != instance and self.alive[i] and len(q) and (job := q.best(limit)) is not None]
+        # (remaining work is asked only of those: with re-estimation it is the costly part). The own
+        # queue has none, so no queue's first iteration <= limit means no victim (the usual case)
+        if not self._firsts or self._firsts[0] > limit:
+            return None, None
+        cand = [i for i, q in enumerate(self.queues)
+                if i != instance and self.alive[i] and q.iters and q.iters[0] <= limit]
         if not cand:
             return None, None
-        v, job = min(cand, key=lambda c: (-self.remaining_work(c[0]), c[0]))
-        return job, v
+        v = min(cand, key=lambda i: (-self.remaining_work(i), i))
+        return self.queues[v].best(limit), v
 
     def remaining_work(self, instance: int) -> float:
         """Tokens per sample left on ``instance``: its queued jobs' predictions plus, with an
@@ -263,7 +289,7 @@ class Dispatcher:
         job, q = self._pick(instance, steal)
         if job is None:
             return None
-        self.queues[q].pop(job)
+        self._pop(q, job)
         if not self.shared and q != instance:
             self.stolen += 1
             self.steals.append((job, q, instance))
@@ -295,16 +321,17 @@ class Dispatcher:
             del self.running[(job.epoch, job.prompt_id)]
         self.running_on[instance].clear()
         if not self.shared:
+            self._first_moved(self.queues[instance].first_iteration(), None)
             moved.extend(self.queues[instance].drain())
         survivors = [i for i, a in enumerate(self.alive) if a]
         if not survivors:
             raise RuntimeError("every rollout instance has failed")
         for job in sorted(moved):
             if self.shared:
-                self.queues[0].push(job)
+                self._push(0, job)
             else:
                 target = min(survivors, key=lambda i: (len(self.queues[i]), i))
-                self.queues[target].push(job)
+                self._push(target, job)
         return moved
 
     def on_instance_restarted(self, instance: int) -> None:

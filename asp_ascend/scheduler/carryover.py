@@ -46,6 +46,7 @@ class CarryOver:
         self.planned: dict[Hashable, int] = {}
         self.where: dict[Hashable, tuple[int, int]] = {}            # key -> (iteration, mini-batch)
         self.members: dict[tuple[int, int], list[Hashable]] = {}    # (iteration, mini-batch) -> keys
+        self._slots_of: dict[int, list[tuple[int, int]]] = {}      # iteration -> its members' keys, in order
         self.finished: dict[Hashable, int] = {}        # key -> finish order
         self.trained: set[Hashable] = set()
         self.swaps: list[Swap] = []
@@ -58,7 +59,7 @@ class CarryOver:
                 raise ValueError(f"group {key!r} appears twice")
             self.planned[key] = int(it)
             self.where[key] = (int(it), int(mb))
-            self.members.setdefault((int(it), int(mb)), []).append(key)
+            self._member_list((int(it), int(mb))).append(key)
 
     # state updates -----------------------------------------------------------------
     def on_finish(self, key: Hashable) -> None:
@@ -90,8 +91,7 @@ class CarryOver:
         return all(k in self.finished for k in self.members.get((iteration, mini_batch), []))
 
     def unfinished(self, iteration: int) -> list[Hashable]:
-        return [k for (it, _), keys in self.members.items() if it == iteration
-                for k in keys if k not in self.finished]
+        return [k for slot in self._slots_of.get(iteration, ()) for k in self.members[slot] if k not in self.finished]
 
     def defer(self, iteration: int, late: Iterable[Hashable]) -> list[Swap]:
         """Defer the ``late`` groups of ``iteration`` to ``iteration + 1`` where the rules allow.
@@ -108,7 +108,7 @@ class CarryOver:
             return []
         nxt = iteration + 1
         movable = [k for k in late if nxt <= self.planned[k] + self.S]
-        donors = sorted((k for (it, _), keys in self.members.items() if it == nxt for k in keys
+        donors = sorted((k for slot in self._slots_of.get(nxt, ()) for k in self.members[slot]
                          if k in self.finished and k not in self.trained), key=self.finished.__getitem__)
         out = []
         for d, s in zip(movable, donors):
@@ -122,8 +122,16 @@ class CarryOver:
     def _move(self, key: Hashable, slot: tuple[int, int]) -> None:
         old = self.where[key]
         self.members[old].remove(key)
-        self.members.setdefault(slot, []).append(key)
+        self._member_list(slot).append(key)
         self.where[key] = slot
+
+    def _member_list(self, slot: tuple[int, int]) -> list[Hashable]:
+        """``members[slot]``, created (and indexed by its iteration) on first use."""
+        keys = self.members.get(slot)
+        if keys is None:
+            keys = self.members[slot] = []
+            self._slots_of.setdefault(slot[0], []).append(slot)
+        return keys
 
     def iterations(self) -> dict[int, dict[int, list[Hashable]]]:
         """The current membership, iteration -> mini-batch -> keys (the trainer's order), trained

@@ -68,6 +68,7 @@ class _Group:
     predicted: float
     finished: list = field(default_factory=list)     # exact lengths of finished samples
     tokens: tuple = ()                               # tokens so far of each unfinished sample (last update)
+    memo: tuple | None = None                        # (parameter stamp, remaining()) until the group changes
 
 
 class _Pooled:
@@ -106,6 +107,7 @@ class GroupEstimator:
         self._within = [0, 0.0]       # pooled within-group: degrees of freedom, sum of squares
         self._err = _Pooled()         # log(observed group mean / prediction)
         self._params: tuple | None = None   # (sigma, tau, bias) until the next learnt group
+        self._stamp = 0                     # counts learnt groups: a memo of remaining() made before is stale
 
     def _learnt(self) -> tuple[float, float, float]:
         """(sigma, tau, bias), computed once per learnt group (hot path of guided dispatch)."""
@@ -146,12 +148,14 @@ class GroupEstimator:
         if len(tokens) > left:
             raise ValueError(f"group {key!r}: {len(tokens)} unfinished samples reported, {left} left")
         g.tokens = tuple(int(t) for t in tokens)
+        g.memo = None
 
     def on_sample_finish(self, key: Hashable, length: int) -> None:
         g = self.groups[key]
         if len(g.finished) >= self.G:
             raise ValueError(f"group {key!r}: more than {self.G} samples finished")
         g.finished.append(max(1, int(length)))
+        g.memo = None
         if len(g.tokens) > self.G - len(g.finished):
             # it leaves the unfinished list (as the longest so far: siblings start together)
             g.tokens = tuple(sorted(g.tokens)[:-1])
@@ -167,6 +171,7 @@ class GroupEstimator:
         self._within[1] += sum((x - mu) ** 2 for x in logs)
         self._err.add(math.log(sum(g.finished) / len(g.finished)) - math.log(g.predicted))
         self._params = None
+        self._stamp += 1
 
     # decisions ------------------------------------------------------------------------
     def predict(self, predicted_length: float) -> float:
@@ -185,7 +190,10 @@ class GroupEstimator:
         if cens:
             s = math.sqrt(s2)
             for _ in range(_EM_ITERS):
-                pseudo = sum(m + s * _mills((c - m) / s) for c in cens)
+                # siblings with equal token counts give equal terms: each distinct one computed
+                # once, the sum still taken term by term in order (the same float)
+                term = {c: m + s * _mills((c - m) / s) for c in set(cens)}
+                pseudo = sum(term[c] for c in cens)
                 m = (m0 / t2 + (sum(fin) + pseudo) / s2) / prec
         return m, 1.0 / (1.0 / t2 + len(fin) / s2)
 
@@ -196,8 +204,17 @@ class GroupEstimator:
         return self._cap(math.exp(m + 0.5 * (self._learnt()[0] ** 2 + v)))
 
     def remaining(self, key: Hashable) -> float:
-        """Expected tokens until the group's last unfinished sample finishes (0 if none is left)."""
+        """Expected tokens until the group's last unfinished sample finishes (0 if none is left).
+        Kept per group until the group or the learnt parameters change (callers ask again and
+        again between two events)."""
         g = self.groups[key]
+        if g.memo is not None and g.memo[0] == self._stamp:
+            return g.memo[1]
+        rem = self._remaining(g)
+        g.memo = (self._stamp, rem)
+        return rem
+
+    def _remaining(self, g: _Group) -> float:
         n = self.G - len(g.finished)
         if n <= 0:
             return 0.0
