@@ -167,3 +167,30 @@ def test_one_step_off_trainer_feeds_the_schedule_iterations(tmp_path):
         rows = sched[(sched.epoch == epoch) & (sched.iteration == sched[sched.epoch == epoch].iteration.min() + it)]
         planned = [sorted(g.prompt_id.astype(int)) for _, g in rows.groupby("mini_batch")]
         assert [sorted(s) for s in update_steps(ids, 4, 2)] == planned
+
+
+def test_training_batches_carry_their_groups_schedule_instance_to_the_balancer(tmp_path):
+    """verl's own RayPPOTrainer._get_gen_batch (the batch verl's agent loops generate from) with our override:
+    every row's priority decodes to its prompt's schedule instance (what AspLoadBalancer routes on) and
+    follows the dispatch order; a validation batch (no ASP ids) keeps verl's priorities."""
+    from verl import DataProto
+
+    from asp_ascend.integrations.verl.routing import decode_instance
+
+    cfg_verl, asp, tok = _asp(tmp_path, base_overrides(tmp_path))
+    tr = make_trainer(cfg_verl, asp, tok)
+    r = asp.cfg.rollout.num_instances
+    sched = asp.frame
+    tr.global_steps = 1
+    for k, batch_dict in enumerate(tr.train_dataloader):
+        batch = DataProto.from_single_dict(batch_dict)
+        ids = [int(e["asp_prompt_id"]) for e in batch.non_tensor_batch["extra_info"]]
+        gen = tr._get_gen_batch(batch)
+        pr = gen.non_tensor_batch["priority"]
+        planned = sched[sched.epoch == 0].set_index(sched[sched.epoch == 0].prompt_id.astype(int)).instance
+        assert [decode_instance(p, r) for p in pr] == [int(planned[i]) for i in ids]
+        assert len(set(pr)) == len(ids)                          # one priority per group
+        if k == 1:
+            break
+    val = DataProto.from_single_dict(next(iter(tr.val_dataloader)))
+    assert "priority" not in tr._get_gen_batch(val).non_tensor_batch
