@@ -90,6 +90,10 @@ class CarryOver:
     def ready(self, iteration: int, mini_batch: int) -> bool:
         return all(k in self.finished for k in self.members.get((iteration, mini_batch), []))
 
+    def members_of(self, iteration: int) -> list[Hashable]:
+        """The groups of ``iteration`` now, by mini-batch (as first created) then in trainer order."""
+        return [k for slot in self._slots_of.get(iteration, ()) for k in self.members[slot]]
+
     def unfinished(self, iteration: int) -> list[Hashable]:
         return [k for slot in self._slots_of.get(iteration, ()) for k in self.members[slot] if k not in self.finished]
 

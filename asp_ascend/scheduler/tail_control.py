@@ -346,7 +346,7 @@ class TailControl:
         scratch. With no finished sample in i (no B_i) or no estimator, no group is late."""
         if self.carry is None or self.estimator is None:
             return [], {}, None
-        members = [k for (it, _), keys in self.carry.members.items() if it == iteration for k in keys]
+        members = self.carry.members_of(iteration)   # indexed by iteration (was a walk over every group)
         done = [x for k in members if k in self.carry.finished for x in self._lengths.get(k, ())]
         waiting = [k for k in members if k not in self.carry.finished]
         if not done or not waiting:
