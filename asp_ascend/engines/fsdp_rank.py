@@ -10,7 +10,8 @@ from pathlib import Path
 
 from ..io import output_to_actor_log
 from . import checkpoint_io
-from .trainer import TrainerEngine, plan_micro_batches, step_denominator
+from ..scheduler.microbatch import plan_micro_batches, step_denominator
+from .trainer import TrainerEngine
 
 __all__ = ["DUMMY_TOKENS", "FSDPLayout", "FSDPTrainerRank", "reshard"]
 

@@ -40,13 +40,13 @@ from __future__ import annotations
 import functools
 
 from .fsdp_rank import DUMMY_TOKENS, FSDPTrainerRank  # noqa: F401 - importable from here too
-from .trainer import plan_micro_batches, step_denominator
+from ..scheduler.microbatch import plan_micro_batches, step_denominator
 
 
 def split_micro_batches(samples: list[dict], world: int, mode: str, max_tokens: int,
                         micro: int) -> list[tuple[list[dict], list[list[int]]]]:
     """Per rank: (its samples, its micro-batches as indices into them), planned for all ranks
-    at once (:func:`~asp_ascend.engines.trainer.plan_micro_batches` with ``world`` ranks)."""
+    at once (:func:`~asp_ascend.scheduler.microbatch.plan_micro_batches` with ``world`` ranks)."""
     plan = plan_micro_batches(samples, mode, max_tokens, micro, world)
     out = []
     for rank in plan.ranks:
@@ -144,7 +144,7 @@ class TrainerGroup:
     @_remote
     def train_step(self, samples: list[dict], denom: float | None = None):
         """``denom``: what the step divides by (default: the whole mini-batch's, see
-        trainer.step_denominator); every rank divides by the same number."""
+        scheduler/microbatch.step_denominator); every rank divides by the same number."""
         shares = split_micro_batches(samples, self.world, *self._mb_settings)
         if denom is None:
             denom = step_denominator(samples, self._loss_agg)

@@ -31,7 +31,7 @@ from pathlib import Path
 from ..algos.grpo import LossConfig, policy_loss, token_logprobs
 from ..io import output_to_actor_log
 from ..platforms.attention import packed_attention
-from ..scheduler.microbatch import MODES, plan_step
+from ..scheduler.microbatch import MODES, plan_micro_batches, step_denominator
 from . import checkpoint_io
 from .layout import ModelLayout, Replicated
 from .packing import build_micro_batch, micro_batch_logprobs, packing_supported
@@ -378,26 +378,6 @@ class TrainerEngine:
 
     def ready(self) -> int:
         return self.version
-
-
-def step_denominator(samples: list[dict], loss_agg: str) -> float:
-    """What one optimizer step over ``samples`` divides its loss sum by, when nobody passes
-    one: ``seq-mean`` the samples, otherwise their response tokens (masked samples count in
-    neither)."""
-    kept = [s for s in samples if not s.get("masked")]
-    if loss_agg == "seq-mean":
-        return float(len(kept))
-    return float(sum(len(s["response_ids"]) for s in kept))
-
-
-def plan_micro_batches(samples: list[dict], mode: str, max_tokens: int, micro: int, world: int = 1):
-    """The micro-batches of one optimizer step over ``world`` ranks (a ``StepPlan`` of
-    scheduler/microbatch.py over the samples' prompt + response lengths). Budget:
-    ``max_tokens``, or when 0 ``micro`` x the step's longest sequence (the slots of a full padded
-    micro-batch of the step); padded and sorted micro-batches hold at most ``micro`` sequences."""
-    lengths = [len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples]
-    budget = int(max_tokens) or int(micro) * max(lengths, default=1)
-    return plan_step(lengths, mode=mode, max_tokens=budget, world=world, max_seqs=0 if mode == "packed" else micro)
 
 
 def trainer_actor_class():

@@ -65,7 +65,7 @@ def step_slots(step, lengths, *, mode: str, micro: int, max_tokens: int = 0) -> 
     one rank (``world`` = 1). ``step``: the step code of every sequence (0..n-1, each step's
     sequences contiguous, in their order); ``lengths``: their prompt + response tokens. Budget:
     ``max_tokens``, or when 0 ``micro`` x the step's longest sequence (what the runtime's trainer
-    uses, engines/trainer.plan_micro_batches), at most ``micro`` sequences per padded/sorted
+    uses, scheduler/microbatch.plan_micro_batches), at most ``micro`` sequences per padded/sorted
     micro-batch. With the default budget the cut is exactly every ``micro`` sequences (in order;
     longest first for ``sorted``): no smaller count reaches micro x longest. ``packed``: no pad."""
     step = np.asarray(step, dtype=np.int64)
@@ -230,3 +230,23 @@ def partition_equal(costs: Sequence[float], k: int) -> list[list[int]]:
         heapq.heappush(heap, (-(merged[0][0] - merged[-1][0]), tie, merged))
         tie += 1
     return [sorted(ix) for _, ix in heap[0][2]]
+
+
+def step_denominator(samples: list[dict], loss_agg: str) -> float:
+    """What one optimizer step over ``samples`` divides its loss sum by, when nobody passes
+    one: ``seq-mean`` the samples, otherwise their response tokens (masked samples count in
+    neither)."""
+    kept = [s for s in samples if not s.get("masked")]
+    if loss_agg == "seq-mean":
+        return float(len(kept))
+    return float(sum(len(s["response_ids"]) for s in kept))
+
+
+def plan_micro_batches(samples: list[dict], mode: str, max_tokens: int, micro: int, world: int = 1):
+    """The micro-batches of one optimizer step over ``world`` ranks (a ``StepPlan`` of
+    scheduler/microbatch.py over the samples' prompt + response lengths). Budget:
+    ``max_tokens``, or when 0 ``micro`` x the step's longest sequence (the slots of a full padded
+    micro-batch of the step); padded and sorted micro-batches hold at most ``micro`` sequences."""
+    lengths = [len(s["prompt_ids"]) + len(s["response_ids"]) for s in samples]
+    budget = int(max_tokens) or int(micro) * max(lengths, default=1)
+    return plan_step(lengths, mode=mode, max_tokens=budget, world=world, max_seqs=0 if mode == "packed" else micro)

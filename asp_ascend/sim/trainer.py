@@ -69,7 +69,7 @@ def micro_batch_table(jobs: SimJobs, micro_batch_size: int, mode: str, max_token
     of its sequences) and ``padded_tokens`` (pad slots the trainer computes on).
 
     ``padded``/``sorted``/``packed``: the micro-batches ``scheduler.microbatch.plan_step`` makes of
-    the step's sequences, as the runtime's trainer does (``engines/trainer.plan_micro_batches``):
+    the step's sequences, as the runtime's trainer does (``scheduler/microbatch.plan_micro_batches``):
     token budget ``max_tokens``, or when 0 ``micro_batch_size`` x the step's longest sequence, at
     most ``micro_batch_size`` sequences per padded/sorted micro-batch. Sequences in schedule order
     (a mini-batch's prompts by ``train_rank``/``dispatch_rank``, samples in order); ``sorted`` takes

@@ -1,5 +1,5 @@
 """The simulated trainer cuts micro-batches as the runtime's trainer does (scheduler/microbatch.plan_step
-with the token budget; engines/trainer.plan_micro_batches), and prices the MindSpeed-RL baseline's
+with the token budget; scheduler/microbatch.plan_micro_batches), and prices the MindSpeed-RL baseline's
 padding as it ships (padded_to_dispatch)."""
 import numpy as np
 import pytest
