@@ -75,7 +75,8 @@ def write_parquet_atomic(path: str | os.PathLike, df, metadata: dict[str, str] |
 
 def check_output_dir(path: str | os.PathLike | None, key: str = "output_dir") -> Path:
     """``path`` can be a run directory: it is one (or can be made), and this user may write there.
-    Checked before any work; nothing is created. Raises ConfigError naming ``key``."""
+    Checked before any work; nothing is left behind (writability is tried with a probe file,
+    removed at once). Raises ConfigError naming ``key``."""
     from .errors import ConfigError
 
     if path is None or not str(path).strip():

@@ -26,8 +26,13 @@ from ...errors import AspError
 
 def prepare(config) -> tuple[Any, Any, Any]:
     """(our Config, verl tokenizer, VerlSchedule) for a composed verl config; plans if needed."""
+    cfg, tokenizer, asp, _ = _prepare(config)
+    return cfg, tokenizer, asp
+
+
+def _prepare(config) -> tuple[Any, Any, Any, Any]:
+    """:func:`prepare` plus verl's train dataset it planned from (the trainer runs on that one)."""
     from omegaconf import OmegaConf
-    from verl.trainer.ppo.utils import create_rl_dataset
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.config import HFModelConfig
 
@@ -38,19 +43,29 @@ def prepare(config) -> tuple[Any, Any, Any]:
     cfg, _ = translate(raw, source="verl config (asp: group)")
     model: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
     tokenizer = model.tokenizer
-    train = create_rl_dataset(config.data.train_files, config.data, tokenizer, None, is_train=True,
-                              max_samples=config.data.get("train_max_samples", -1))
-    return cfg, tokenizer, VerlSchedule(cfg, prompt_set_from_dataset(train))
+    train = _dataset(config, tokenizer, "train")
+    return cfg, tokenizer, VerlSchedule(cfg, prompt_set_from_dataset(train)), train
 
 
-def _datasets(config, tokenizer) -> dict[str, Any]:
-    """verl's train and val datasets, built as its own task runners build them."""
+def _dataset(config, tokenizer, split: str):
+    """verl's ``split`` ("train" or "val") dataset, built as its own task runners build it."""
     from verl.trainer.ppo.utils import create_rl_dataset
 
-    return {split: create_rl_dataset(config.data[f"{split}_files"], config.data, tokenizer, None,
-                                     is_train=split == "train",
-                                     max_samples=config.data.get(f"{split}_max_samples", -1))
-            for split in ("train", "val")}
+    return create_rl_dataset(config.data[f"{split}_files"], config.data, tokenizer, None, is_train=split == "train",
+                             max_samples=config.data.get(f"{split}_max_samples", -1))
+
+
+def _start(config) -> tuple[Any, Any, dict[str, Any]]:
+    """What the sync and one-step-off runners do before building their trainer: verl's config
+    check, the schedule, guided server choice; returns (tokenizer, VerlSchedule, datasets). The
+    train dataset is the one the schedule was planned from (built once)."""
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+
+    validate_config(config=config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    cfg, tokenizer, asp, train = _prepare(config)
+    _route(config, cfg, asp)
+    return tokenizer, asp, {"train": train, "val": _dataset(config, tokenizer, "val")}
 
 
 def _route(config, cfg, asp) -> None:
@@ -82,8 +97,6 @@ def _task_runner_class():
                 raise ConfigError([f"asp.verl.mode: {mode} is not run by this task runner (sync, one_step_off); "
                                    f"fully_async runs through fully_async_runner_class (main() picks it)"])
             from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-            from verl.trainer.ppo.utils import need_critic, need_reference_policy
-            from verl.utils.config import validate_config
             from verl.utils.dataset.rl_dataset import collate_fn
 
             from .trainer import asp_trainer_class
@@ -94,11 +107,7 @@ def _task_runner_class():
             self.add_reward_model_resource_pool(config)
             self.add_teacher_model_resource_pool(config)
             self.add_ref_policy_worker(config, actor_rollout_cls)
-            validate_config(config=config, use_reference_policy=need_reference_policy(config),
-                            use_critic=need_critic(config))
-            cfg, tokenizer, asp = prepare(config)
-            _route(config, cfg, asp)
-            data = _datasets(config, tokenizer)
+            tokenizer, asp, data = _start(config)
             trainer = asp_trainer_class(RayPPOTrainer)(
                 config=config, tokenizer=tokenizer, role_worker_mapping=self.role_worker_mapping,
                 resource_pool_manager=self.init_resource_pool_mgr(config), ray_worker_group_cls=group_cls,
@@ -114,19 +123,13 @@ def _task_runner_class():
             from omegaconf import OmegaConf
             from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
             from verl.experimental.separation.utils import create_resource_pool_manager, create_role_worker_mapping
-            from verl.trainer.ppo.utils import need_critic, need_reference_policy
-            from verl.utils.config import validate_config
             from verl.utils.dataset.rl_dataset import collate_fn
 
             from .trainer import asp_trainer_class
 
             OmegaConf.resolve(config)
             role_worker_mapping, group_cls = create_role_worker_mapping(config)
-            validate_config(config=config, use_reference_policy=need_reference_policy(config),
-                            use_critic=need_critic(config))
-            cfg, tokenizer, asp = prepare(config)
-            _route(config, cfg, asp)
-            data = _datasets(config, tokenizer)
+            tokenizer, asp, data = _start(config)
             trainer = asp_trainer_class(OneStepOffRayTrainer)(
                 config=config, tokenizer=tokenizer, role_worker_mapping=role_worker_mapping,
                 resource_pool_manager=create_resource_pool_manager(config, role_worker_mapping.keys()),
