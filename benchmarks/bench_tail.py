@@ -12,7 +12,8 @@ baselines as they ship, then ASP adding one mechanism at a time, then the baseli
 same engine features (speculative decoding). ``robustness``: ASP (every lossless mechanism)
 planned on the configured costs and executed on other ones (decode coefficients x0.1 / x10,
 half / twice the planned concurrency) against ``fully_async_fifo`` and ``async_balanced``
-executed on the same (and asp with ``rollout.tail_concurrency=auto`` beside it). ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices.
+executed on the same (and asp with ``rollout.tail_concurrency=auto`` beside it). ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices
+(asp as those configs run it: guided dispatch, re-estimation, ``scheduler.concurrency: auto``).
 ``speed``: the issue-14 speed target, seconds of ``simulate_system`` per policy (workload
 generation and planning included) for 100k prompts x G = 8 on 64 rollout instances (TP 2, 128
 rollout of 256 devices) on the reasoning-like workload with every mechanism on (guided dispatch,
@@ -151,8 +152,9 @@ def seed(args) -> None:
     from asp_ascend.sim.run import sweep_split
 
     print("| setup | devices | asp vs sync_colocated (throughput) | asp iter. time vs one_step_off | "
-          "asp_partial (S = 1) vs sync_colocated | asp_partial lag max | lower-bound ratio asp |")
-    print("|---|---|---|---|---|---|---|")
+          "asp_partial (S = 1) vs sync_colocated | asp_partial lag max | lower-bound ratio asp | "
+          "asp admits (sequences per instance) |")
+    print("|---|---|---|---|---|---|---|---|")
     for model in ("7b", "32b"):
         for D in args.devices:
             base = load_config(ROOT / "configs" / f"sim_{model}.yaml", [])
@@ -166,7 +168,8 @@ def seed(args) -> None:
             print(f"| sim_{model} | {D} | {a['throughput'] / s['sync_colocated']['throughput']:.2f}x | "
                   f"{100 * (a['iteration_time_mean'] / s['one_step_off']['iteration_time_mean'] - 1):+.1f}% | "
                   f"{s['asp_partial']['throughput'] / s['sync_colocated']['throughput']:.2f}x | "
-                  f"{s['asp_partial']['policy_lag_max']} | {a['lower_bound_ratio']:.2f} |", flush=True)
+                  f"{s['asp_partial']['policy_lag_max']} | {a['lower_bound_ratio']:.2f} | "
+                  f"{a['admission_concurrency']} of {cfg.rollout.max_num_seqs} |", flush=True)
 
 
 SPEED_TARGET_S = 30.0

@@ -206,6 +206,11 @@ class SchedulerConfig:
                        choices=("guided", "static"))
     reestimate: bool = _f(True, "re-estimate a running group's remaining length from its finished siblings and its "
                           "tokens so far (feeds guided dispatch and tail-aware concurrency)")
+    concurrency: str = _f("full", "asp: sequences the dispatcher keeps admitted per instance: full (default) = "
+                          "rollout.max_num_seqs; auto = the planner's choice from the predicted work, the fewest that "
+                          "still generate twice an iteration's decode work within its predicted period, so the "
+                          "longest groups decode at a lighter load (scheduler/concurrency.py)",
+                          choices=("auto", "full"))
 
 
 @dataclass

@@ -20,6 +20,8 @@ def plan_run(cfg, settings, train, out: Path):
     sched, report = build_schedule(plan_cfg, train, None, compare=False)
     # schedule.parquet keeps the whole plan: a run stopped by train.max_iterations can be resumed
     write_parquet_atomic(out / "schedule.parquet", sched, {"policy": cfg.scheduler.policy})
+    if "admission_concurrency" in report:   # asp: the planner's per-instance admission (scheduler.concurrency)
+        settings = dataclasses.replace(settings, max_num_seqs=min(settings.max_num_seqs, report["admission_concurrency"]))
     plan = ExecutionPlan.from_schedule(sched, settings, max_iterations=cfg.train.max_iterations)
     write_json_atomic(out / "schedule_report.json", report)
     save_resolved(cfg, out)

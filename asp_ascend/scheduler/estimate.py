@@ -1,24 +1,37 @@
 """Analytic estimate of a schedule: the figures the planner optimises.
 
-Not an event simulation (that is ``asp simulate``): a per-(iteration, instance) model
-fast enough for a million prompts, built on the cost model and the metric functions.
+Not an event simulation (that is ``asp simulate``): a recurrence over iterations, vectorised over
+the groups of each dispatch window, fast enough for a million prompts, built on the cost model and
+the metric functions. It has the terms that bound the simulator's iterations: the trainer, the
+tail floor (an iteration's longest group, admitted no earlier than version i - k) and the
+instances' decode capacity.
 
-For each iteration i and instance r, with the groups of (i, r) in dispatch order:
-  w_g    = G * work(prompt, length, S)             instance-seconds at full concurrency
-  lat_g  = length_g * step_full  (>= solo latency) latency of a group under load, where
-           step_full = a + c*S + b*S*mean context of the instance's share
-  start_g = 0 for groups of the first wave (<= S sequences), else the work dispatched before
-  a group runs at the loaded step time while its instance has admissible work (its share
-  W_ir = sum w_g of this window, and the next window's share when that one is already
-  admissible), then at its solo step time (the instance drains to its long tail)
-Pipeline with lag bound k (versions published at V_0 = 0 < V_1 < ...):
-  s_ir = max(c_{i-1,r}, V_{max(0,i-k)}),  c_ir = s_ir + W_ir  (capacity free again),
-  Gen_i = max over groups of their finish (tails may overlap the next iteration's work)
-  D_i  = max(V_i + train_i, Gen_i + train_i / n_minibatches_i),  V_{i+1} = D_i + sync
-Bubbles: skew = instance time idle or in its own long tail while others still generate
-iteration i; lag-blocked = the rest of its idle; sorting = trainer idle waiting for
-samples (V_i + train_i < Gen_i + tail); padding = pad slots of the trainer's micro-batches as the
-runtime cuts them (none when packed, the default: see ``_trainer``).
+Rollout: a pool of R instances (guided dispatch and shared queues hand work to whichever instance
+frees up). Window j (the groups dispatched with iteration j; ASP pulls long groups of j + 1
+forward) starts at ``s_j = max(capacity free, V_{j-k})`` and frees the pool's capacity at
+``s_j + W_j / R`` (W: instance-seconds, ``CostModel.work`` at the instances' concurrency: their
+share of the k + 1 windows admissible together, at most S or what the KV cache holds). A group starts
+at ``s_j`` when it fits the first wave (R x S sequences), else when the work dispatched before it
+is done, never before its admission version ``V_{i-k}``. Its latency follows the decode-step model
+``a + sum over running sequences of (c + b * context)`` exactly: the group pays every step it
+runs, so
+
+    latency = its solo latency + the (c + b * context) terms and prefill of the sequences its
+              instance generates beside it,
+
+at most ``(S - G) x (c + b x mean context)`` per step of its own (a full instance) and at most the
+instance's share of the work still to come: the rest of its window, plus the next window's share
+once that is admitted, for the part done before the group ends (a fixed point, three rounds).
+A group's longest sample runs ``min(mean x group_max_factor, max_response_length)`` steps.
+
+Trainer (as the simulator's and the runtime's): iteration i's optimizer steps in the order their
+mini-batches are generated, each once its last group is done and the previous step has ended, on
+the micro-batches the runtime cuts (``_trainer``); ``V_{i+1}`` = the last step's end + sync.
+
+Bubbles: skew = instance time idle or in its own long tail while others still generate iteration
+i, per (window, instance) cell of the placement as planned; lag-blocked = the rest of its idle;
+sorting = trainer idle waiting for samples; padding = pad slots of the trainer's micro-batches
+(none when packed, the default: see ``_trainer``).
 """
 from __future__ import annotations
 
@@ -30,6 +43,8 @@ from ..metrics.bubbles import (iteration_lower_bounds, iteration_time_stats, low
                                ratio)
 from .cost import CostModel
 from .microbatch import PACKED_TOKEN_COST, step_slots
+
+FIXED_POINT_ROUNDS = 3
 
 
 def _dense_codes(sorted_keys: np.ndarray) -> tuple[np.ndarray, int]:
@@ -45,88 +60,95 @@ def _dense_codes(sorted_keys: np.ndarray) -> tuple[np.ndarray, int]:
 
 @dataclass
 class _Rollout:
-    """Per group, in cell order (window, instance, dispatch rank): what the recurrence needs."""
+    """Per group in pooled dispatch order (window, rank, instance): what the recurrence needs."""
     order: np.ndarray       # group index of each position
-    inst: np.ndarray        # instance of each position
-    cell_start: np.ndarray  # first position of each cell (window * R + instance)
-    offset: np.ndarray      # work dispatched before the group on its instance (0 in the first wave)
-    loaded: np.ndarray      # step time while the instance is loaded (>= solo)
-    solo: np.ndarray        # step time of the group alone
-    prefill: np.ndarray
-    length: np.ndarray      # decode steps of the group (its longest sample)
-    W: np.ndarray           # (window, instance) work at full concurrency
+    win_start: np.ndarray   # first position of each window (n_iter + 1 entries)
+    first_wave: np.ndarray  # the group starts with its window (fits R x S sequences)
+    before: np.ndarray      # work dispatched before the group in its window, instance-seconds
+    solo: np.ndarray        # latency of the group alone on an instance
+    steps: np.ndarray       # decode steps of the group (its longest sample)
+    per_step: np.ndarray    # per window: what a full instance's other sequences add to each step
+    beside: np.ndarray      # per group: the (c + b * context) terms and prefill of its own sequences
+    W: np.ndarray           # per window: work at full concurrency, instance-seconds
+    cells: np.ndarray       # (window, instance) work as placed (bubble figures)
     work: np.ndarray        # per group (input order)
 
 
 def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_lengths, *, group_size: int,
              num_instances: int, max_num_seqs: int, lag_bound: int, micro_batch_size: int,
              cost: CostModel, group_max_factor: float = 1.0, kv_cache_tokens: int = 0,
-             micro_batching: str = "padded", max_tokens_per_micro_batch: int = 0) -> dict:
+             micro_batching: str = "padded", max_tokens_per_micro_batch: int = 0,
+             max_response_length: float | None = None) -> dict:
     """Predicted run figures for a schedule whose groups have mean lengths ``lengths``;
     ``micro_batching``/``max_tokens_per_micro_batch``: how the trainer cuts micro-batches (the
-    runtime's mode, ``microbatch.resolve_mode(train.micro_batching)``)."""
+    runtime's mode, ``microbatch.resolve_mode(train.micro_batching)``); ``max_response_length``:
+    no sample decodes further."""
     it = np.asarray(iteration, dtype=np.int64)
     it = it - it.min()
     rank = np.asarray(dispatch_rank, dtype=np.int64)
     rank = rank - rank.min()
+    inst = np.asarray(instance, dtype=np.int64)
     L = np.asarray(lengths, dtype=np.float64)
     P = np.zeros_like(L) if prompt_lengths is None else np.asarray(prompt_lengths, dtype=np.float64)
     n_iter = int(it.max()) + 1
-    ro = _rollout(it, np.asarray(instance, dtype=np.int64), rank, L, P, n_iter, G=group_size, R=num_instances,
-                  S=max_num_seqs, cost=cost, group_max_factor=group_max_factor, kv_cache_tokens=kv_cache_tokens)
+    max_len = np.inf if not max_response_length else float(max_response_length)
+    L = np.minimum(L, max_len)
+    longest = np.minimum(np.maximum(L * group_max_factor, L), max_len)
+    ro = _rollout(it, inst, rank, L, longest, P, n_iter, G=group_size, R=num_instances, S=max_num_seqs, cost=cost,
+                  kv_cache_tokens=kv_cache_tokens, k=lag_bound)
     tr = _trainer(it, np.asarray(mini_batch, dtype=np.int64), rank, P, L, n_iter, G=group_size,
                   micro_batch_size=micro_batch_size, micro_batching=micro_batching, max_tokens=max_tokens_per_micro_batch,
                   cost=cost, group_max_factor=group_max_factor)
-    pipe = _pipeline(ro, it[ro.order], tr["train"], tr["tail"], n_iter, k=lag_bound, sync_s=cost.sync_s)
+    pipe = _pipeline(ro, it, inst, tr, n_iter, R=num_instances, k=lag_bound, sync_s=cost.sync_s)
     lb = iteration_lower_bounds(np.bincount(it, weights=ro.work, minlength=n_iter) / num_instances,
-                                tr["train_unpadded"], _longest_solo(it, P, L * group_max_factor, group_size, cost,
-                                                                   n_iter), lag_bound)
-    return _figures(pipe, tr, ro.W, lb, num_instances)
+                                tr["train_unpadded"], _longest_solo(it, P, longest, group_size, cost, n_iter), lag_bound)
+    return _figures(pipe, tr, ro.cells, lb, num_instances)
 
 
-def _rollout(it, inst, rank, L, P, n_iter, *, G, R, S, cost: CostModel, group_max_factor, kv_cache_tokens) -> _Rollout:
-    """Cells, per-cell concurrency and each group's offset and step times.
+def _rollout(it, inst, rank, L, longest, P, n_iter, *, G, R, S, cost: CostModel, kv_cache_tokens, k=1) -> _Rollout:
+    """Windows, per-window concurrency and each group's place, solo latency and step terms.
 
     Dispatch windows: a group ranked (on its instance) before jobs of an earlier iteration is
     dispatched in that earlier iteration's window (ASP starts long groups early); it still
     waits for its own admission version V[it - k]."""
     n = L.shape[0]
-    M = int(rank.max()) + 1
     win = dispatch_windows(it, inst, rank, R)
-    order = np.argsort((win * R + inst) * M + rank)
-    cell = win[order] * R + inst[order]
-    ncell = n_iter * R
-    cell_start = np.searchsorted(cell, np.arange(ncell))
+    order = np.lexsort((inst, rank, win))
+    w = win[order]
     Lo, Po = L[order], P[order]
-    # concurrency of a cell: max_num_seqs, or fewer when the KV cache holds fewer sequences
-    ctx_sum = np.bincount(cell, weights=G * (Po + Lo / 2), minlength=ncell)
-    seqs = np.bincount(cell, weights=np.full(n, float(G)), minlength=ncell)
-    mean_ctx = np.divide(ctx_sum, seqs, out=np.zeros(ncell), where=seqs > 0)
-    cap = np.full(ncell, float(S))
+    ctx = np.bincount(w, weights=G * (Po + Lo / 2), minlength=n_iter)
+    seqs = np.bincount(w, minlength=n_iter) * float(G)
+    mean_ctx = ctx / np.maximum(seqs, 1.0)
+    # concurrency: max_num_seqs, or fewer when the KV cache holds fewer sequences of the window's context
+    cap = np.full(n_iter, float(S))
     if kv_cache_tokens > 0:
         cap = np.clip(np.floor(kv_cache_tokens / np.maximum(mean_ctx, 1.0)), 1.0, S)
-    conc = np.minimum(seqs, cap)
-    w_o = G * cost.work(Po, Lo, cap[cell])
+    # an instance runs its share of the window and of the k windows admissible with it, up to cap
+    conc = np.minimum(cap, (k + 1) * seqs / R)
+    w_o = G * cost.work(Po, Lo, np.maximum(conc[w], 1.0))
     work = np.empty(n)
     work[order] = w_o
+    win_start = np.searchsorted(w, np.arange(n_iter + 1))
     cw = np.cumsum(w_o)
-    before = cw - w_o - np.where(cell_start[cell] > 0, cw[cell_start[cell] - 1], 0.0)
-    samples_before = (np.arange(n) - cell_start[cell]) * G
-    offset = np.where(samples_before + G <= cap[cell], 0.0, before)
-    step_full = cost.decode_a + cost.decode_c * conc + cost.decode_b * conc * mean_ctx
-    # A group runs at the loaded step time until its instance's share of work is done,
-    # then at its own (solo) step time: the instance drains to its long tail.
-    Lg = Lo * group_max_factor
-    solo = cost.decode_a + cost.decode_c * G + cost.decode_b * G * (Po + Lg / 2)
-    W = np.bincount(cell, weights=w_o, minlength=ncell).reshape(n_iter, R)
-    return _Rollout(order, inst[order], cell_start, offset, np.maximum(step_full[cell], solo), solo,
-                    cost.prefill_per_token * Po * G, Lg, W, work)
+    first = win_start[w]
+    before = cw - w_o - np.where(first > 0, cw[np.maximum(first - 1, 0)], 0.0)
+    first_wave = (np.arange(n) - first + 1) * G <= R * cap[w]
+    Lg = longest[order]
+    b, c = cost.decode_b, cost.decode_c
+    # alone: G samples to the mean length, the longest one on to its end
+    solo = (cost.prefill_per_token * Po * G + cost.steps(Lo, G, G * Po) + cost.steps(Lg - Lo, 1, Po + Lo))
+    beside = G * (c * Lo + b * (Po * Lo + Lo * Lo / 2.0) + cost.prefill_per_token * Po)
+    per_step = np.maximum(0.0, conc - G) * (c + b * mean_ctx)
+    cells = np.bincount(w * R + inst[order], weights=w_o, minlength=n_iter * R).reshape(n_iter, R)
+    return _Rollout(order, win_start, first_wave, before, solo, Lg, per_step, beside,
+                    np.bincount(w, weights=w_o, minlength=n_iter), cells, work)
 
 
 def _trainer(it, mb, rank, P, L, n_iter, *, G, micro_batch_size, micro_batching, max_tokens, cost: CostModel,
              group_max_factor) -> dict:
-    """Per iteration: trainer time on the runtime's micro-batches (``scheduler.microbatch.step_slots``,
-    the cut the simulator's and the runtime's trainers make), unpadded, real tokens, slots.
+    """Per optimizer step (mini-batch): its iteration and trainer time on the runtime's micro-batches
+    (``scheduler.microbatch.step_slots``, the cut the simulator's and the runtime's trainers make);
+    per group its step; per iteration trainer time, unpadded time, real tokens and slots.
 
     ``packed`` (what ``train.micro_batching: auto`` runs): no pad, PACKED_TOKEN_COST slots per real
     token. ``padded``/``sorted``: each group's G sequences in dispatch order within each mini-batch,
@@ -136,12 +158,13 @@ def _trainer(it, mb, rank, P, L, n_iter, *, G, micro_batch_size, micro_batching,
     M = int(rank.max()) + 1
     n_mb_max = int(mb.max()) + 1
     mb_key = it * n_mb_max + mb
-    mb_order = np.argsort(mb_key * M + rank)
+    mb_order = np.argsort(mb_key * M + rank, kind="stable")
     mbcode, n_mbs = _dense_codes(mb_key[mb_order])
+    step_of = np.empty(n, dtype=np.int64)
+    step_of[mb_order] = mbcode
     mb_iter = np.zeros(n_mbs, dtype=np.int64)
     mb_iter[mbcode] = it[mb_order]
-    real_g = G * (P + L)[mb_order]
-    real_mb = np.bincount(mbcode, weights=real_g, minlength=n_mbs)
+    real_mb = np.bincount(mbcode, weights=G * (P + L)[mb_order], minlength=n_mbs)
     if micro_batching == "packed":
         slots_mb = PACKED_TOKEN_COST * real_mb
     else:
@@ -150,52 +173,69 @@ def _trainer(it, mb, rank, P, L, n_iter, *, G, micro_batch_size, micro_batching,
                               max_tokens=max_tokens)
         slots_mb = real_mb + np.maximum(0.0, tok + pad - real_mb)
     real_i = np.bincount(mb_iter, weights=real_mb, minlength=n_iter)
-    slots_i = np.bincount(mb_iter, weights=slots_mb, minlength=n_iter)
     n_steps = np.bincount(mb_iter, minlength=n_iter)
-    train = cost.train_time(slots_i, n_steps)
     # padding bubble counts pad slots only (a packed token's kernel overhead is not padding)
     pad_i = np.bincount(mb_iter, weights=(slots_mb - real_mb) if micro_batching != "packed" else np.zeros(n_mbs),
                         minlength=n_iter)
-    return {"train": train, "train_unpadded": cost.train_time(real_i, n_steps),
-            "tail": train / np.maximum(n_steps, 1), "real": real_i, "slots": real_i + pad_i}
+    return {"step_of": step_of, "step_iter": mb_iter, "step_s": cost.train_time(slots_mb, np.ones(n_mbs)),
+            "train_unpadded": cost.train_time(real_i, n_steps), "real": real_i, "slots": real_i + pad_i}
 
 
-def _pipeline(ro: _Rollout, it_o, train, tail, n_iter, *, k, sync_s) -> dict:
-    """The recurrence over windows/iterations (versions V, instance capacity free times C).
+def _pipeline(ro: _Rollout, it, inst, tr: dict, n_iter, *, R, k, sync_s) -> dict:
+    """The recurrence over windows: versions V, each group's finish, each step's readiness.
 
-    c: when an instance's capacity frees up (its share of the window's work done); a group's
-    tail may overlap the next window's work. Gen_i: last finish of iteration i."""
-    R = ro.W.shape[1]
-    W = ro.W
-    inst_o = ro.inst
-    win_start = ro.cell_start[::R].tolist() + [it_o.size]
+    Window j needs V up to V_j (its groups' admission versions are <= j); V_j needs iteration
+    j - 1 trained, whose groups were all dispatched in windows <= j - 1."""
+    order, ws = ro.order, ro.win_start
+    it_o, step_o = it[order], tr["step_of"][order]
+    steps_of = [np.flatnonzero(tr["step_iter"] == i) for i in range(n_iter)]
+    step_s = tr["step_s"]
+    ready = np.zeros(step_s.size)
     V = np.zeros(n_iter + 1)
-    c_prev = np.zeros(R)
-    C = np.zeros((n_iter, R))
-    S_ir = np.zeros((n_iter, R))
     gen = np.zeros(n_iter)
     wait = np.zeros(n_iter)
+    free = 0.0                       # the pool's capacity frees up
+    c_prev = np.zeros(R)             # per instance as placed (bubble figures)
+    S_cell = np.zeros((n_iter, R))
+    C_cell = np.zeros((n_iter, R))
+
+    def train(i: int) -> float:
+        """Iteration i's steps in the order they become ready, from V_i; the trainer's idle time."""
+        t, idle = V[i], 0.0
+        xs = steps_of[i][np.argsort(ready[steps_of[i]], kind="stable")]
+        for x in xs.tolist():
+            idle += max(0.0, ready[x] - t)
+            t = max(t, ready[x]) + step_s[x]
+        wait[i] = idle
+        return t + sync_s
+
     for j in range(n_iter):
-        s = np.maximum(c_prev, V[max(0, j - k)])
-        S_ir[j], C[j] = s, s + W[j]
-        g = slice(win_start[j], win_start[j + 1])
-        start = np.maximum(s[inst_o[g]] + ro.offset[g], V[np.maximum(0, it_o[g] - k)])
-        # the instance stays loaded while it has admissible work: through this window, and
-        # through the next one too when that one is already admissible (not lag-blocked)
-        busy_until = s + W[j]
-        if k > 0 and j + 1 < n_iter:
-            busy_until = np.where(V[j + 1 - k] <= busy_until, busy_until + W[j + 1], busy_until)
-        loaded, Lg = ro.loaded[g], ro.length[g]
-        x = np.clip((busy_until[inst_o[g]] - start) / loaded, 0.0, Lg)
-        fin = start + ro.prefill[g] + x * loaded + (Lg - x) * ro.solo[g]
+        if j > 0:
+            V[j] = train(j - 1)
+        admit = V[max(0, j - k)]
+        s = max(free, admit)
+        free = s + ro.W[j] / R
+        S_cell[j] = np.maximum(c_prev, admit)
+        C_cell[j] = S_cell[j] + ro.cells[j]
+        c_prev = C_cell[j]
+        g = slice(ws[j], ws[j + 1])
+        start = np.where(ro.first_wave[g], s, s + ro.before[g] / R)
+        start = np.maximum(start, V[np.maximum(0, it_o[g] - k)])
+        done_before = np.where(ro.first_wave[g], 0.0, ro.before[g] / max(ro.W[j], 1e-12))
+        rest = np.maximum(0.0, ro.beside[ws[j]:ws[j + 1]].sum() / R * (1.0 - done_before) - ro.beside[g] / R)
+        full = ro.per_step[j] * ro.steps[g]   # a full instance beside every step of the group
+        fin = start + ro.solo[g] + np.minimum(full, rest)
+        if k > 0 and j + 1 < n_iter:  # the next window's share co-runs once it is admitted
+            nxt_admit = V[max(0, j + 1 - k)]
+            nxt_share = ro.beside[ws[j + 1]:ws[j + 2]].sum() / R
+            nxt_len = max(ro.W[j + 1] / R, 1e-12)
+            for _ in range(FIXED_POINT_ROUNDS):
+                frac = np.clip((fin - np.maximum(nxt_admit, start)) / nxt_len, 0.0, 1.0)
+                fin = start + ro.solo[g] + np.minimum(full, rest + frac * nxt_share)
+        np.maximum.at(ready, step_o[g], fin)
         np.maximum.at(gen, it_o[g], fin)
-        gen[j] = max(gen[j], C[j].max())
-        ready = V[j] + train[j]
-        arrive = gen[j] + tail[j]
-        wait[j] = max(0.0, arrive - ready)
-        V[j + 1] = max(ready, arrive) + sync_s
-        c_prev = C[j]
-    return {"V": V, "C": C, "S": S_ir, "gen": gen, "wait": wait}
+    V[n_iter] = train(n_iter - 1)
+    return {"V": V, "C": C_cell, "S": S_cell, "gen": gen, "wait": wait}
 
 
 def _figures(pipe: dict, tr: dict, W, lb, R) -> dict:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -163,7 +163,26 @@ def estimate_schedule(cfg, sched, inp: PlanInputs, lengths: np.ndarray) -> dict:
                     num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=lag_bound_of(cfg),
                     micro_batch_size=t.micro_batch_size, cost=cost, group_max_factor=inp.group_max_factor,
                     kv_cache_tokens=r.kv_cache_tokens, micro_batching=resolve_mode(t.micro_batching),
-                    max_tokens_per_micro_batch=t.max_tokens_per_micro_batch)
+                    max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
+                    max_response_length=cfg.lengths.max_response_length)
+
+
+def planned_concurrency(cfg, inp: PlanInputs) -> int:
+    """Sequences per instance the dispatcher admits for an asp schedule (``scheduler.concurrency``,
+    scheduler/concurrency.py): the planner's choice from the predictions, or rollout.max_num_seqs."""
+    from .concurrency import admission_concurrency
+
+    t, r = cfg.train, cfg.rollout
+    if cfg.scheduler.concurrency != "auto":
+        return int(r.max_num_seqs)
+    return admission_concurrency(inp.predicted, inp.prompt_lengths, group_size=t.group_size,
+                                 global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
+                                 num_instances=r.num_instances, max_num_seqs=r.max_num_seqs,
+                                 lag_bound=lag_bound_of(cfg),
+                                 cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0)),
+                                 group_max_factor=inp.group_max_factor,
+                                 max_response_length=cfg.lengths.max_response_length,
+                                 packed=resolve_mode(t.micro_batching) == "packed")
 
 
 PREDICTED_KEYS = ("iteration_time_mean", "padding_bubble", "skew_bubble", "sorting_bubble", "lower_bound_ratio")
@@ -179,6 +198,10 @@ def build_schedule(cfg, prompts=None, history: pd.DataFrame | None = None, *, co
     t0 = time.perf_counter()
     inp = inputs_from_config(cfg, prompts, history)
     check_sizes(cfg, len(inp.prompt_ids), inp.source)
+    base_cfg = cfg
+    if cfg.scheduler.policy == "asp":   # plan, estimate and run at the planner's admission concurrency
+        cap = planned_concurrency(cfg, inp)
+        cfg = replace(cfg, rollout=replace(cfg.rollout, max_num_seqs=cap))
     sched = plan_epochs(cfg, inp)
     predicted = estimate_schedule(cfg, sched, inp, inp.predicted)
     elapsed = time.perf_counter() - t0
@@ -198,6 +221,8 @@ def build_schedule(cfg, prompts=None, history: pd.DataFrame | None = None, *, co
         "source": inp.source,
         "predictor": cfg.lengths.predictor,
     }
+    if cfg.scheduler.policy == "asp":
+        report["admission_concurrency"] = int(cfg.rollout.max_num_seqs)
     if inp.prediction_quality is not None:
         report["prediction_quality"] = inp.prediction_quality
     if inp.holdout:
@@ -209,12 +234,13 @@ def build_schedule(cfg, prompts=None, history: pd.DataFrame | None = None, *, co
         for pol in POLICIES:
             if pol == cfg.scheduler.policy:
                 continue
-            other = plan_epoch_columns(cfg, inp, pol)
-            base[pol] = _short(estimate_schedule(cfg, other, inp, inp.truth if inp.truth is not None else inp.predicted))
+            other = plan_epoch_columns(base_cfg, inp, pol)
+            base[pol] = _short(estimate_schedule(base_cfg, other, inp,
+                                                 inp.truth if inp.truth is not None else inp.predicted))
         report["baselines"] = base
         report["baselines_judged_on"] = "truth" if inp.truth is not None else "predictions"
     if compare:
-        sim = simulated_figures(cfg, inp)
+        sim = simulated_figures(base_cfg, inp)
         if sim is not None:
             report["simulated"] = sim
     report["headline"] = headline(report)
@@ -245,11 +271,10 @@ SIMULATE_LIMIT = 1 << 19  # samples; the event simulator takes about 10 us per s
 
 def simulated_figures(cfg, inp: PlanInputs) -> dict | None:
     """The event simulator's figures for the configured policy and ``fully_async_fifo`` on an
-    experiment workload of at most SIMULATE_LIMIT samples: the analytic estimate is not within
-    10 % of the simulator (docs/scheduler.md), so the report carries the simulator's figures
-    beside it. Same cost model (``cost.*``), instances and lag bound as the plan; None otherwise."""
-    from dataclasses import replace
-
+    experiment workload of at most SIMULATE_LIMIT samples: the analytic estimate is within 10 % of
+    the simulator on the benchmark workloads (docs/scheduler.md) but not validated beyond them, so
+    the report carries the simulator's figures beside it and quotes them where the two differ by
+    more. Same cost model (``cost.*``), instances and lag bound as the plan; None otherwise."""
     w = inp.workload
     if w is None or w.num_prompts * w.group_size * max(1, cfg.sim.epochs) > SIMULATE_LIMIT:
         return None

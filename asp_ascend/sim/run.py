@@ -161,6 +161,27 @@ def planning_cost(costs: SimCosts):
                    train_per_step=costs.train_per_step, sync_s=costs.sync_s)
 
 
+def with_admission_concurrency(cfg, spec: SystemSpec, costs: SimCosts, workload, preds: _Predictions) -> SystemSpec:
+    """``spec`` with asp's admission concurrency (``scheduler.concurrency: auto``,
+    scheduler/concurrency.py): the planner's choice from the first simulated epoch's predictions,
+    as ``asp schedule`` makes it; other systems (and ``full``) keep ``rollout.max_num_seqs``."""
+    from ..scheduler.concurrency import admission_concurrency
+    from ..scheduler.reestimate import group_max_factor
+
+    if spec.dispatch != "asp" or cfg.scheduler.concurrency != "auto":
+        return spec
+    hist, sim = epoch_split(workload, cfg.sim.epochs)
+    t = cfg.train
+    n = admission_concurrency(preds.predict(tuple(hist), sim[0]), workload.prompt_length, group_size=workload.group_size,
+                              global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
+                              num_instances=spec.num_instances, max_num_seqs=spec.max_num_seqs,
+                              lag_bound=spec.lag_bound, cost=planning_cost(costs),
+                              group_max_factor=group_max_factor(workload.group_spread, workload.group_size),
+                              max_response_length=cfg.lengths.max_response_length,
+                              packed=system_micro_batching(cfg, spec) == "packed")
+    return replace(spec, max_num_seqs=n)
+
+
 def system_micro_batching(cfg, spec: SystemSpec) -> str:
     """How system ``spec``'s trainer cuts micro-batches: what the run's ``train.micro_batching``
     resolves to (``sim.micro_batching``), except ``sync_colocated`` with
@@ -198,6 +219,9 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     t0 = time.perf_counter()
     spec = system_for(cfg, name, total_devices, rollout_devices)
     costs = costs_for(cfg, spec)
+    preds = preds or _Predictions(workload, cfg)
+    engine_seqs = spec.max_num_seqs            # what the engine could run (the lower bound's peak)
+    spec = with_admission_concurrency(cfg, spec, costs, workload, preds)
     mech = mechanisms_for(cfg, spec, costs, workload)
     jobs = build_jobs(workload, cfg, spec, planning_cost(costs), preds, tail=mech.tail_concurrency,
                       speculation=mech.speculation)
@@ -212,6 +236,7 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     if mismatch is not None:
         true_cm = mismatch.cost(costs.instance)
         settings = replace(settings, max_num_seqs=max(1, int(round(spec.max_num_seqs * mismatch.concurrency))))
+        engine_seqs = max(1, int(round(engine_seqs * mismatch.concurrency)))
     eng = Engine(jobs, settings, cost=true_cm, kv_capacity=costs.kv_capacity, trainer=tr,
                  stream_train=spec.stream_train, barrier=spec.barrier,
                  sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples,
@@ -219,7 +244,7 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     tl = eng.run()
     mbt = micro_batch_table(jobs, tr.micro_batch_size, tr.micro_batching, tr.max_tokens_per_micro_batch)
     lb = lower_bounds(jobs, mbt, tr.train_per_token, tr.train_per_step, true_cm, spec.num_instances,
-                      settings.max_num_seqs, costs.kv_capacity, spec.lag_bound, tr.micro_batching)
+                      max(engine_seqs, settings.max_num_seqs), costs.kv_capacity, spec.lag_bound, tr.micro_batching)
     lag_bound = spec.lag_bound + (mech.max_split if mech.partial_rollout else 0)
     summ = summarize(tl, num_instances=spec.num_instances, max_num_seqs=settings.max_num_seqs,
                      lag_bound=lag_bound, lower_bounds=lb)
@@ -227,6 +252,7 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     summ["throughput_per_device"] = summ["throughput"] / max(1, spec.devices)
     summ["preemptions"] = int(sum(eng.preemptions))
     summ["stolen_groups"] = int(eng.dispatcher.stolen)
+    summ["admission_concurrency"] = int(settings.max_num_seqs)
     # every system: the mechanisms' counters (0 when off) and the per-iteration length mix (KS)
     summ.update(tail_summary(tl.frame("request"), np.repeat(jobs.iteration, jobs.group_size),
                              eng.inst.ver_fin, spec.lag_bound, eng.log))

@@ -159,7 +159,8 @@ def test_build_schedule_equals_plan_and_estimate(tmp_path):
                    expect["epoch"] * (len(expect) + 1) + expect["dispatch_rank"], np.tile(pred, 2), plen,
                    group_size=8, num_instances=3, max_num_seqs=cfg.rollout.max_num_seqs, lag_bound=1,
                    micro_batch_size=cfg.train.micro_batch_size, cost=cost,
-                   micro_batching="packed")   # train.micro_batching auto runs packed
+                   micro_batching="packed",   # train.micro_batching auto runs packed
+                   max_response_length=cfg.lengths.max_response_length)
     assert cfg.train.micro_batching == "auto"
     assert report["predicted"]["iteration_time_mean"] == est["iteration_time_mean"]
     assert set(report["baselines"]) == {"fifo", "random", "sorted", "balanced"}
@@ -204,8 +205,9 @@ def test_tail_rooms_equal_tail_model_per_group(seed, S, k, tail):
 
 
 def test_report_carries_the_simulators_figures_for_small_workloads():
-    """The analytic estimate misses the 10 % target; for an experiment workload the report holds the
-    event simulator's figures (same cost model and instances) for the policy and for fifo."""
+    """The analytic estimate is not validated beyond the benchmark workloads; for an experiment
+    workload the report holds the event simulator's figures (same cost model and instances) for
+    the policy and for fifo."""
     from dataclasses import replace
 
     from asp_ascend.config import load_config
