@@ -4,6 +4,7 @@
     python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N]
     python benchmarks/bench_tail.py seed       [--devices 128]
     python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...]
+    python benchmarks/bench_tail.py admission  [--devices 32 64] [--prompts N]
 
 ``ablation``: per heavy-tailed workload (reasoning-like synthetic, bimodal synthetic, Azure
 code trace x8 and conversation trace x6 from ``--data``, the repository's ../shared/data by
@@ -18,7 +19,8 @@ executed on the same (and asp with ``rollout.tail_concurrency=auto`` beside it).
 generation and planning included) for 100k prompts x G = 8 on 64 rollout instances (TP 2, 128
 rollout of 256 devices) on the reasoning-like workload with every mechanism on (guided dispatch,
 re-estimation, tail-aware concurrency, ngram speculative decoding; asp_partial adds carry-over);
-target <= 30 s per policy.
+target <= 30 s per policy. ``admission``: asp with ``scheduler.concurrency`` full and auto beside
+``fully_async_fifo`` on the ablation's workloads and split.
 Prints markdown tables (docs/scheduler.md holds a copy).
 """
 from __future__ import annotations
@@ -172,6 +174,27 @@ def seed(args) -> None:
                   f"{a['admission_concurrency']} of {cfg.rollout.max_num_seqs} |", flush=True)
 
 
+def admission(args) -> None:
+    """asp with scheduler.concurrency full (default) and auto beside fully_async_fifo, per workload
+    and device count (lossless defaults otherwise)."""
+    from asp_ascend.lengths.workloads import workload_from_config
+
+    print("| workload | devices | fully_async_fifo iter. time (s) | asp, full | asp, auto | auto admits | "
+          "KS max (auto) |")
+    print("|---|---|---|---|---|---|---|")
+    for D in args.devices:
+        for wl in args.workloads:
+            cfg = _cfg(wl, args.data, args.prompts, D, LOSSLESS)
+            w = workload_from_config(cfg)
+            fifo = _run(cfg, w, "fully_async_fifo")["iteration_time_mean"]
+            full = _run(cfg, w, "asp")["iteration_time_mean"]
+            auto = _run(_cfg(wl, args.data, args.prompts, D, {**LOSSLESS, "scheduler.concurrency": "auto"}), w, "asp")
+            a = auto["iteration_time_mean"]
+            print(f"| {wl} | {D} | {fifo:.1f} | {full:.1f} ({100 * (full / fifo - 1):+.1f}%) | "
+                  f"{a:.1f} ({100 * (a / fifo - 1):+.1f}%) | {auto['admission_concurrency']} of "
+                  f"{cfg.rollout.max_num_seqs} | {auto['length_mix_ks_max']:.3f} |", flush=True)
+
+
 SPEED_TARGET_S = 30.0
 
 
@@ -199,7 +222,7 @@ def speed(args) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("ablation", "robustness", "seed", "speed"))
+    ap.add_argument("what", choices=("ablation", "robustness", "seed", "speed", "admission"))
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data",
                     help="directory of the Azure LLM trace CSVs")
     ap.add_argument("--prompts", type=int, default=None, help="prompts per epoch (default 4096; speed: 100000)")
@@ -210,7 +233,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     args.devices = args.devices or ([128] if args.what == "seed" else [256] if args.what == "speed" else [32])
     args.prompts = args.prompts or (100000 if args.what == "speed" else 4096)
-    {"ablation": ablation, "robustness": robustness, "seed": seed, "speed": speed}[args.what](args)
+    {"ablation": ablation, "robustness": robustness, "seed": seed, "speed": speed,
+     "admission": admission}[args.what](args)
     return 0
 
 

@@ -317,6 +317,8 @@ def format_report(report: dict) -> str:
     lines = [f"asp schedule: {report['num_prompts']} prompts x {report['epochs']} epoch(s) -> "
              f"{report['iterations']} iterations on {report['num_instances']} instances "
              f"(policy {report['policy']}, lag bound {report['lag_bound']}, planned in {report['elapsed_s']:.2f} s)"]
+    if "admission_concurrency" in report:
+        lines.append(f"  admits at most {report['admission_concurrency']} sequences per instance (scheduler.concurrency)")
     rows = [(report["policy"] + " (predicted)", report["predicted"])]
     if "realized" in report:
         rows.append((report["policy"] + " (truth)", report["realized"]))

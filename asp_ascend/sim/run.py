@@ -235,8 +235,10 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     true_cm = costs.instance
     if mismatch is not None:
         true_cm = mismatch.cost(costs.instance)
-        settings = replace(settings, max_num_seqs=max(1, int(round(spec.max_num_seqs * mismatch.concurrency))))
+        # the engine runs concurrency x what was planned; asp's admission cap (the dispatcher's) stays
+        admitted = spec.max_num_seqs if spec.max_num_seqs < engine_seqs else None
         engine_seqs = max(1, int(round(engine_seqs * mismatch.concurrency)))
+        settings = replace(settings, max_num_seqs=min(engine_seqs, admitted or engine_seqs))
     eng = Engine(jobs, settings, cost=true_cm, kv_capacity=costs.kv_capacity, trainer=tr,
                  stream_train=spec.stream_train, barrier=spec.barrier,
                  sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples,
