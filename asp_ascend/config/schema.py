@@ -101,6 +101,7 @@ class CostConfig:
     train_per_step: float = _f(0.05, "fixed trainer s per optimizer step")
     logprob_per_token: float = _f(1.5e-6, "s per token for each reference/old log-prob pass")
     sync_s: float = _f(0.5, "weight sync time per iteration, s")
+    sync_busy_s: float = _f(0.0, "extra s of a weight sync that starts while an instance decodes (--calibrate fits it)")
     publish_s: Optional[float] = _f(None, "trainer's share of a weight sync, s (null: the whole sync; --calibrate fits it)")
     step_latency_s: float = _f(0.0, "runtime overhead: an optimizer step starts this long after its data and the trainer are ready, s")
     admit_latency_s: float = _f(0.0, "runtime overhead: an instance admits work of a new version this long after its sync, s")

@@ -29,6 +29,7 @@ _FLOAT_RANGES: dict[str, tuple] = {
     "cost.train_per_step": (0.0, True, None, False),
     "cost.logprob_per_token": (0.0, True, None, False),
     "cost.sync_s": (0.0, True, None, False),
+    "cost.sync_busy_s": (0.0, True, None, False),
     "cost.publish_s": (0.0, True, None, False),
     "cost.step_latency_s": (0.0, True, None, False),
     "cost.admit_latency_s": (0.0, True, None, False),

@@ -122,6 +122,7 @@ class SimCosts:
     publish_s: float | None = None   # runtime overheads (TrainerSpec); calibrated from a real run
     step_latency_s: float = 0.0
     admit_latency_s: float = 0.0
+    sync_busy_s: float = 0.0     # added to a sync that starts while an instance decodes; calibrated
 
 
 def instance_costs(cost_cfg, sim_cfg, tp: int, kv_cache_tokens: int = 0) -> tuple[CostModel, int]:
@@ -161,7 +162,8 @@ def system_costs(cost_cfg, sim_cfg, *, tp: int, train_devices: int, kv_cache_tok
         scale = max(1, sim_cfg.total_devices - sim_cfg.rollout_devices) / max(1, train_devices)
         return SimCosts(cm, kv, per_tok * scale, cost_cfg.train_per_step, cost_cfg.sync_s,
                         sim_cfg.colocated_switch_s if colocated else 0.0, _opt(cost_cfg, "publish_s", None),
-                        _opt(cost_cfg, "step_latency_s", 0.0), _opt(cost_cfg, "admit_latency_s", 0.0))
+                        _opt(cost_cfg, "step_latency_s", 0.0), _opt(cost_cfg, "admit_latency_s", 0.0),
+                        _opt(cost_cfg, "sync_busy_s", 0.0))
     mc = MODEL_CLASSES[sim_cfg.model_class]
     per_tok = (mc.train_per_token + logprob_passes * mc.logprob_per_token) / max(1, train_devices)
     sync = mc.param_bytes / (sim_cfg.sync_bandwidth_gbps * 1e9) + sim_cfg.sync_latency_s
