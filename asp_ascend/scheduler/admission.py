@@ -259,6 +259,18 @@ class Dispatcher:
         v = min(cand, key=lambda i: (-self.remaining_work(i), i))
         return self.queues[v].best(limit), v
 
+    def may_take(self, instance: int, steal: bool = True) -> bool:
+        """False when ``peek``/``next_for`` would give ``instance`` nothing: a cheap test (no
+        estimator asked) that callers scanning many instances run first. True does not promise
+        a job: ``peek`` decides."""
+        if not self.alive[instance]:
+            return False
+        limit = self.adm.instance_version[instance] + self.adm.k
+        own = self.queues[0 if self.shared else instance].iters
+        if own and own[0] <= limit:
+            return True
+        return self.guided and steal and bool(self._firsts) and self._firsts[0] <= limit
+
     def remaining_work(self, instance: int) -> float:
         """Tokens per sample left on ``instance``: its queued jobs' predictions plus, with an
         estimator, its running groups' re-estimated remaining lengths."""

@@ -227,6 +227,12 @@ class Feeder:
                 return
             yield got
 
+    def admit(self, r: int) -> tuple[Job, int] | None:
+        """One admission onto instance ``r``, its room already checked by the caller: (job,
+        admission version), or None when nothing is admissible (:meth:`take` without the room
+        rule and the gate, for an executor whose instances have neither a cap nor a barrier)."""
+        return self._admit(r)
+
     # events ----------------------------------------------------------------------
     def _admit(self, r: int, steal: bool = True) -> tuple[Job, int] | None:
         got = self.disp.next_for(r, steal)

@@ -39,19 +39,20 @@ from typing import Hashable, Sequence
 
 _N = NormalDist()
 _EM_ITERS = 8
+_SQRT2, _SQRT2PI = math.sqrt(2.0), math.sqrt(2.0 * math.pi)
 
 
 def _sf(z: float) -> float:
     """P(Z > z) for a standard normal, accurate in the far tail."""
-    return 0.5 * math.erfc(z / math.sqrt(2.0))
+    return 0.5 * math.erfc(z / _SQRT2)
 
 
 def _mills(z: float) -> float:
     """phi(z) / P(Z > z), the inverse Mills ratio (expected excess of a normal above z)."""
-    sf = _sf(z)
+    sf = 0.5 * math.erfc(z / _SQRT2)
     if sf < 1e-300:
         return z + 1.0 / max(z, 1e-9)
-    return math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi) / sf
+    return math.exp(-0.5 * z * z) / _SQRT2PI / sf
 
 
 def lognormal_mean_above(m: float, s: float, x: float) -> float:
@@ -186,15 +187,17 @@ class GroupEstimator:
         fin = [math.log(x) for x in g.finished]
         cens = [math.log(t) for t in g.tokens if t >= 1]
         prec = 1.0 / t2 + (len(fin) + len(cens)) / s2
-        m = (m0 / t2 + sum(fin) / s2) / (1.0 / t2 + len(fin) / s2)
+        sum_fin = sum(fin)
+        m = (m0 / t2 + sum_fin / s2) / (1.0 / t2 + len(fin) / s2)
         if cens:
             s = math.sqrt(s2)
+            distinct = set(cens)
             for _ in range(_EM_ITERS):
                 # siblings with equal token counts give equal terms: each distinct one computed
                 # once, the sum still taken term by term in order (the same float)
-                term = {c: m + s * _mills((c - m) / s) for c in set(cens)}
-                pseudo = sum(term[c] for c in cens)
-                m = (m0 / t2 + (sum(fin) + pseudo) / s2) / prec
+                term = {c: m + s * _mills((c - m) / s) for c in distinct}
+                pseudo = sum(map(term.__getitem__, cens))
+                m = (m0 / t2 + (sum_fin + pseudo) / s2) / prec
         return m, 1.0 / (1.0 / t2 + len(fin) / s2)
 
     def mean(self, key: Hashable) -> float:

@@ -114,6 +114,8 @@ class TailControl:
         self.prefixes: dict[Key, dict[int, dict]] = {}
         self._steals_seen = len(self.disp.steals)
         self._lengths: dict[Key, list[int]] = {}    # finished, untrained groups' sample lengths (the budget)
+        self._done: dict[int, list[int]] = {}       # iteration -> [sum, count] of _lengths of its members now
+        self._witness: dict[int, Key] = {}          # iteration -> a group found not late at the last ask
 
     @staticmethod
     def _slots(iterations: dict) -> list[tuple[Key, int, int]]:
@@ -307,6 +309,7 @@ class TailControl:
         if self.carry is not None:
             self.carry.on_finish(key)
             self._lengths[key] = [int(x) for x in lengths]
+            self._count_done(self.carry.iteration_of(key), self._lengths[key], +1)
 
     def on_instance_failed(self, r: int, keys: Iterable[Key]) -> None:
         """Instance ``r`` died; ``keys``: the groups it was running (they start again elsewhere)."""
@@ -346,15 +349,43 @@ class TailControl:
         scratch. With no finished sample in i (no B_i) or no estimator, no group is late."""
         if self.carry is None or self.estimator is None:
             return [], {}, None
-        members = self.carry.members_of(iteration)   # indexed by iteration (was a walk over every group)
-        done = [x for k in members if k in self.carry.finished for x in self._lengths.get(k, ())]
-        waiting = [k for k in members if k not in self.carry.finished]
-        if not done or not waiting:
-            return [], {}, (sum(done) / len(done) if done else None)
-        budget = sum(done) / len(done)
-        est = self.estimator
-        rem = {key: est.remaining(key) if key in est.groups else self._expected_longest(key) for key in waiting}
+        return self._late(iteration, every=False)
+
+    def _late(self, iteration: int, every: bool) -> tuple[list[Key], dict[Key, float], float | None]:
+        """:meth:`late`; ``every``: stop at the first unfinished group that is not late and return
+        no late group (what :meth:`maybe_defer` needs: it defers only when all of them are late).
+        The budget's sum and count are kept per iteration (:meth:`_count_done`), not re-summed."""
+        total, count = self._done.get(iteration, (0, 0))
+        budget = total / count if count else None
+        fin = self.carry.finished
+        if every and budget is not None:
+            # the group that was not late at the last ask usually still is not: try it first
+            w = self._witness.get(iteration)
+            if (w is not None and w not in fin and self.carry.iteration_of(w) == iteration
+                    and self._remaining_of(w) <= budget):
+                return [], {}, budget
+        waiting = [k for k in self.carry.members_of(iteration) if k not in fin]
+        if budget is None or not waiting:
+            return [], {}, budget
+        rem = {}
+        for key in waiting:
+            rem[key] = x = self._remaining_of(key)
+            if every and x <= budget:
+                self._witness[iteration] = key
+                return [], rem, budget
         return late_groups(rem, budget), rem, budget
+
+    def _remaining_of(self, key: Key) -> float:
+        """R_g of :meth:`late`: re-estimated if admitted, else the expected longest sample."""
+        est = self.estimator
+        return est.remaining(key) if key in est.groups else self._expected_longest(key)
+
+    def _count_done(self, iteration: int, lengths: list[int] | None, sign: int) -> None:
+        """Add (+1) or take away (-1) a finished group's sample lengths to/from ``iteration``'s budget."""
+        if lengths:
+            d = self._done.setdefault(iteration, [0, 0])
+            d[0] += sign * sum(lengths)
+            d[1] += sign * len(lengths)
 
     def _expected_longest(self, key: Key) -> float:
         """Expected longest sample of a group not admitted yet (its plan prediction)."""
@@ -365,11 +396,16 @@ class TailControl:
     def maybe_defer(self, iteration: int) -> list:
         """The trainer waits on ``iteration``: defer its late groups (:meth:`late`; all of its
         unfinished groups must be late) against finished groups of the next iteration."""
-        late, rem, budget = self.late(iteration)
+        if self.carry is None or self.estimator is None:
+            return []
+        late, rem, budget = self._late(iteration, every=True)
         if not late:
             return []
         swaps = self.carry.defer(iteration, late)
         for sw in swaps:
+            moved = self._lengths.get(sw.swapped_in)      # finished: its lengths move to the deferred's iteration
+            self._count_done(sw.to_iteration, moved, -1)
+            self._count_done(sw.iteration, moved, +1)
             self._event("defer", t=self.now(), epoch=sw.deferred[0], prompt_id=sw.deferred[1], iteration=sw.iteration,
                         to_iteration=sw.to_iteration, remaining=rem[sw.deferred], budget=budget)
             self._event("swap", t=self.now(), epoch=sw.swapped_in[0], prompt_id=sw.swapped_in[1],
@@ -380,4 +416,4 @@ class TailControl:
     def on_trained(self, iteration: int, mini_batch: int) -> None:
         if self.carry is not None:
             for key in self.carry.on_trained(iteration, mini_batch):
-                self._lengths.pop(key, None)
+                self._count_done(iteration, self._lengths.pop(key, None), -1)

@@ -23,14 +23,18 @@ import heapq
 from ..scheduler.cost import CostModel
 from ..scheduler.execution import ExecutionPlan, ExecutionSettings, jobs_from_columns
 from .instances import INST, Instances
-from .jobs import SimJobs, minibatch_tokens
+from .jobs import SimJobs
 from .mechanisms import MechanismLog, SimMechanisms, SimProgress
 from .output import SimTimeline, build_timeline
-from .trainer import PUBLISH, TRAIN, Trainer, TrainerSpec
+from .trainer import PUBLISH, TRAIN, Trainer, TrainerSpec, micro_batch_table
 
 VERSION, SLOT, STEAL = 2, 3, 5       # the other event kinds (PUBLISH 0, TRAIN 1, INST 4)
 
 __all__ = ["Engine", "SimJobs", "SimTimeline", "TrainerSpec", "minibatch_tokens"]
+
+# the per-step micro-batch table under its older name; one rule for the simulator, the estimate and
+# the runtime's trainer: scheduler/microbatch.py (step_slots, plan_step)
+minibatch_tokens = micro_batch_table
 
 
 class Engine:
@@ -40,7 +44,7 @@ class Engine:
                  kv_capacity: int, trainer: TrainerSpec,
                  stream_train: bool = True, barrier: bool = False, sync_pause: bool = True,
                  record_samples: bool = True, group_slots: bool = False, trace: list | None = None,
-                 mechanisms: SimMechanisms | None = None):
+                 mechanisms: SimMechanisms | None = None, fast_path: bool = True):
         self.jobs = jobs
         self.mech = mechanisms or SimMechanisms()   # the tail mechanisms (DESIGN 9; sim/mechanisms.py)
         self.settings = settings   # instances, concurrency, k, shared queue, guided dispatch
@@ -56,6 +60,7 @@ class Engine:
         self.record_samples = record_samples
         self.group_slots = group_slots
         self.trace = trace         # a list: every admission and admission event (Feeder.trace)
+        self.fast_path = fast_path   # plain systems admit without the mechanism glue (see _build)
         J, G = jobs.resp.shape
         self.J, self.G = J, G
         if J == 0:
@@ -96,6 +101,13 @@ class Engine:
                                   event=self.log, now=lambda: 0.0)
             if self.tc.estimator is not None:
                 self.dispatcher.estimator = SimProgress(self.tc, self.inst, self.job_of)
+        self.gov = None if self.tc is None else self.tc.governor    # tail-aware concurrency's caps
+        # the fast path: a system that uses no tail mechanism (no estimator, no caps, no carry-over,
+        # no guided dispatch), no group slots and no barrier admits while an instance holds fewer
+        # than its max_num_seqs sequences, straight from the feeder (the same admissions as the
+        # general path: tests/sim/test_sim_fast_path.py)
+        self.plain = (self.fast_path and self.tc is None and not self.dispatcher.guided and not self.group_slots
+                      and not self.barrier)
         self.released = 0          # barrier mode: highest iteration released for generation
         self.dirty = False         # a group finished: trainer/barrier must react (see _react)
 
@@ -105,11 +117,12 @@ class Engine:
             if self.feeder.inflight[r] >= self.feeder.slots:
                 return False
             held = self.feeder.inflight[r] * self.G
-        elif not self.inst.has_room(r):
-            return False
         else:
-            held = self.inst.held(r)
-        gov = None if self.tc is None else self.tc.governor
+            inst = self.inst
+            held = inst.n[r] + len(inst.waiting[r])      # Instances.held / has_room, inlined (hot)
+            if held >= inst.cap[r]:
+                return False
+        gov = self.gov
         if gov is None or gov.cap(r) >= self.mns:
             return True
         job = self.dispatcher.peek(r, True)     # tail-aware concurrency: under the cap unless a tail itself
@@ -125,9 +138,26 @@ class Engine:
 
     def _fill(self, r: int, steal: bool = True) -> None:
         """Take jobs through the feeder and admit waiting sequences (at boundary T[r])."""
-        for job, ver in self.feeder.take(r, lambda: self._has_room(r), self._gate if self.barrier else None, steal):
-            self._admit(r, job, ver)
-        self.inst.start_waiting(r)
+        inst = self.inst
+        if self.plain:
+            n, waiting, cap, admit, job_of = inst.n, inst.waiting, inst.cap, self.feeder.admit, self.job_of
+            while n[r] + len(waiting[r]) < cap[r] and self.dispatcher.may_take(r):
+                got = admit(r)
+                if got is None:
+                    break
+                job, ver = got
+                inst.enqueue(r, job_of[(job.epoch, job.prompt_id)], ver)
+            inst.start_waiting(r)
+            return
+        # a full instance (most boundaries: one sequence of many finished) or one with nothing it
+        # could take, even by stealing (most of the others: lag-blocked) skips the feeder: its room
+        # rule and next_for would say no without asking the estimator (Dispatcher.may_take)
+        if ((self.group_slots or inst.n[r] + len(inst.waiting[r]) < inst.cap[r])
+                and self.dispatcher.may_take(r, True)):
+            for job, ver in self.feeder.take(r, lambda: self._has_room(r), self._gate if self.barrier else None,
+                                             steal):
+                self._admit(r, job, ver)
+        inst.start_waiting(r)
 
     def _wake(self, t: float) -> None:
         """Admissible work may have appeared: let instances with room take it, their own
@@ -135,9 +165,17 @@ class Engine:
         if self.group_slots:
             return self._wake_together(t)
         inst, disp = self.inst, self.dispatcher
-        for steal in (False, True):
-            for r in sorted(range(self.R), key=inst.held):
-                if inst.paused[r] or not self._has_room(r):
+        # without guided dispatch a second pass admits nothing: the queues only shrank, and an
+        # instance the first pass skipped (paused, full, nothing admissible) is still so
+        n, waiting, cap, paused = inst.n, inst.waiting, inst.cap, inst.paused
+        for steal in (False, True) if disp.guided else (False,):
+            # an instance's held count changes only when it is itself advanced or filled (once a pass)
+            held = [n[r] + len(waiting[r]) for r in range(self.R)]
+            for r in sorted(range(self.R), key=held.__getitem__):
+                # may_take first (cheap, asks no estimator); with tail caps the room rule itself
+                # peeks with stealing, so then only may_take(r, True) may skip it
+                if (paused[r] or held[r] >= cap[r] or not disp.may_take(r, steal or self.gov is not None)
+                        or (self.gov is not None and not self._has_room(r))):   # (else: held < cap is room)
                     continue
                 head = disp.peek(r, steal)
                 if head is None or (self.barrier and head.iteration > self.released):

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 
 @dataclass
@@ -31,40 +30,3 @@ class SimJobs:
     @property
     def group_size(self) -> int:
         return int(self.resp.shape[1])
-
-
-
-def minibatch_tokens(jobs: SimJobs, micro_batch_size: int, mode: str) -> pd.DataFrame:
-    """Per (iteration, mini_batch): groups, real tokens, padded token slots.
-
-    The mini-batch's sequences (its prompts in dispatch order, samples in order; or sorted
-    by length for ``sorted``) are cut into micro-batches of ``micro_batch_size`` sequences,
-    each padded to its longest sequence (prompt + response). ``packed`` has no padding.
-    """
-    J, G = jobs.resp.shape
-    rank = jobs.dispatch_rank if jobs.train_rank is None else jobs.train_rank
-    order = np.lexsort((rank, jobs.mini_batch, jobs.iteration))
-    it = np.repeat(jobs.iteration[order], G)
-    mb = np.repeat(jobs.mini_batch[order], G)
-    seq_len = (jobs.resp[order] + jobs.prompt_length[order, None]).reshape(-1).astype(np.int64)
-    key = it.astype(np.int64) * (int(mb.max(initial=0)) + 1) + mb
-    if mode == "sorted":
-        o2 = np.lexsort((seq_len, key))
-        key, seq_len, it, mb = key[o2], seq_len[o2], it[o2], mb[o2]
-    starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    pos = np.arange(key.size) - np.repeat(starts, np.diff(np.r_[starts, key.size]))
-    micro = np.r_[True, (key[1:] != key[:-1]) | (pos[1:] % micro_batch_size == 0)]
-    mstart = np.flatnonzero(micro)
-    mmax = np.maximum.reduceat(seq_len, mstart)
-    msum = np.add.reduceat(seq_len, mstart)
-    mcnt = np.diff(np.r_[mstart, key.size])
-    mpad = mmax * mcnt - msum if mode != "packed" else np.zeros_like(msum)
-    mkey = key[mstart]
-    df = pd.DataFrame({"key": mkey, "tokens": msum, "padded_tokens": mpad})
-    agg = df.groupby("key", sort=True).sum()
-    first = pd.DataFrame({"key": key[starts], "iteration": it[starts], "mini_batch": mb[starts]}).set_index("key")
-    groups = pd.Series(np.repeat(1, J), index=(jobs.iteration.astype(np.int64) * (int(mb.max(initial=0)) + 1)
-                                               + jobs.mini_batch)).groupby(level=0).sum()
-    out = first.join(agg)
-    out["groups"] = groups.reindex(out.index).to_numpy()
-    return out.reset_index(drop=True)

@@ -213,9 +213,11 @@ def mechanisms_for(cfg, spec: SystemSpec, costs: SimCosts, workload) -> SimMecha
 
 def simulate_system(cfg, workload, name: str, *, total_devices: int | None = None,
                     rollout_devices: int | None = None, record_samples: bool | None = None,
-                    preds: _Predictions | None = None, mismatch: Mismatch | None = None) -> SimResult:
+                    preds: _Predictions | None = None, mismatch: Mismatch | None = None,
+                    fast_path: bool = True) -> SimResult:
     """Simulate system policy ``name`` on ``workload`` (DESIGN 6 summary entry + timeline);
-    ``mismatch``: the instances' true costs differ from the planned ones."""
+    ``mismatch``: the instances' true costs differ from the planned ones; ``fast_path=False``
+    runs a system without tail mechanisms through the general admission path (same results)."""
     t0 = time.perf_counter()
     spec = system_for(cfg, name, total_devices, rollout_devices)
     costs = costs_for(cfg, spec)
@@ -243,7 +245,7 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
     eng = Engine(jobs, settings, cost=true_cm, kv_capacity=costs.kv_capacity, trainer=tr,
                  stream_train=spec.stream_train, barrier=spec.barrier,
                  sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples,
-                 mechanisms=mech)
+                 mechanisms=mech, fast_path=fast_path)
     tl = eng.run()
     mbt = micro_batch_table(jobs, tr.micro_batch_size, tr.micro_batching, tr.max_tokens_per_micro_batch)
     lb = lower_bounds(jobs, mbt, tr.train_per_token, tr.train_per_step, true_cm, spec.num_instances,

@@ -128,7 +128,9 @@ class Trainer:
         self.members: dict | None = None   # (iteration, mini_batch) -> job indices, once groups were swapped
         self.mbt = mbt = micro_batch_table(jobs, spec.micro_batch_size, spec.micro_batching,
                                            spec.max_tokens_per_micro_batch)
+        self._col_tokens, self._col_pad = mbt.columns.get_loc("tokens"), mbt.columns.get_loc("padded_tokens")
         self.mb_iter = mbt["iteration"].to_numpy().tolist()
+        self.mb_mini = mbt["mini_batch"].to_numpy().tolist()
         self.mb_groups = mbt["groups"].to_numpy().tolist()
         self.mb_dur = (spec.train_per_token * trainer_slots(mbt["tokens"], mbt["padded_tokens"], spec.micro_batching)
                        + spec.train_per_step).tolist()
@@ -244,7 +246,7 @@ class Trainer:
             for j in np.lexsort((rank, jobs.mini_batch, jobs.iteration)).tolist():
                 self.members.setdefault((self.job_it[j], int(jobs.mini_batch[j])), []).append(j)
         xd, xs = self.job_mb[deferred], self.job_mb[swapped_in]
-        kd, ks = (self.mb_iter[xd], int(self.mbt["mini_batch"].iat[xd])), (self.mb_iter[xs], int(self.mbt["mini_batch"].iat[xs]))
+        kd, ks = (self.mb_iter[xd], self.mb_mini[xd]), (self.mb_iter[xs], self.mb_mini[xs])
         md, ms = self.members[kd], self.members[ks]
         md[md.index(deferred)] = swapped_in
         ms[ms.index(swapped_in)] = deferred
@@ -263,16 +265,18 @@ class Trainer:
             self._recost(x, self.members[key])
 
     def _recost(self, x: int, js: list[int]) -> None:
-        """Mini-batch ``x``'s tokens, pad and duration from its members ``js``."""
+        """Mini-batch ``x``'s tokens, pad and duration from its members ``js`` (in order), cut as
+        :func:`micro_batch_table` cuts one step (on arrays: a table per swap cost more than the rest)."""
         jobs, spec = self.jobs, self.spec
-        sub = SimJobs(epoch=jobs.epoch[js], prompt_id=jobs.prompt_id[js], iteration=np.zeros(len(js), np.int64),
-                      mini_batch=np.zeros(len(js), np.int64), instance=jobs.instance[js],
-                      dispatch_rank=np.arange(len(js), dtype=np.int64), prompt_length=jobs.prompt_length[js],
-                      resp=jobs.resp[js])
-        # padded_to_dispatch (colocated only) never swaps; here it would pad to this mini-batch's longest
-        row = micro_batch_table(sub, spec.micro_batch_size, spec.micro_batching,
-                                spec.max_tokens_per_micro_batch).iloc[0]
-        self.mbt.iat[x, self.mbt.columns.get_loc("tokens")] = row["tokens"]
-        self.mbt.iat[x, self.mbt.columns.get_loc("padded_tokens")] = row["padded_tokens"]
-        self.mb_dur[x] = (spec.train_per_token * float(trainer_slots(row["tokens"], row["padded_tokens"],
-                                                                      spec.micro_batching)) + spec.train_per_step)
+        seq = (jobs.resp[js] + jobs.prompt_length[js, None]).reshape(-1).astype(np.int64)
+        tokens = int(seq.sum())
+        if spec.micro_batching == "padded_to_dispatch":
+            # colocated only, never swaps; here it would pad to this mini-batch's longest
+            pad = int(seq.size * seq.max()) - tokens
+        else:
+            pad = int(step_slots(np.zeros(seq.size, np.int64), seq, mode=spec.micro_batching,
+                                 micro=spec.micro_batch_size, max_tokens=spec.max_tokens_per_micro_batch)[1][0])
+        self.mbt.iat[x, self._col_tokens] = tokens
+        self.mbt.iat[x, self._col_pad] = pad
+        self.mb_dur[x] = (spec.train_per_token * float(trainer_slots(tokens, pad, spec.micro_batching))
+                          + spec.train_per_step)
