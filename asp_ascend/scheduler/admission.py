@@ -20,7 +20,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from dataclasses import dataclass, field
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 
 @dataclass(frozen=True, order=True)
@@ -157,7 +157,15 @@ class Dispatcher:
       remaining work: its queued jobs' predicted lengths plus, with a ``remaining``
       estimator (:class:`~.reestimate.GroupEstimator`), the re-estimated remaining tokens
       of its running groups. Running groups never move. The thief's own version decides
-      admissibility, so the lag rule is unchanged.
+      admissibility, so the lag rule is unchanged. A thief steals only while it holds fewer
+      sequences than the plan assumed an instance runs (``steal_room``, the planned
+      ``max_num_seqs``): the plan balanced the instances' work at that concurrency, and every
+      sequence past it slows each group the thief already runs (its earlier iteration's long
+      groups), which no plan priced. Where an instance can really hold more than planned (vLLM's
+      KV memory decides), stealing into that extra room took others' next-iteration groups and
+      made the run behave like a shared queue (docs/scheduler.md, the robustness grid). Where
+      an instance holds at most the planned concurrency, as the runtime's group slots ensure,
+      this never refuses a steal.
 
     Callers that serve several instances at once should let every instance take its own
     jobs first (``steal=False``) and only then steal: a job taken from an instance that was
@@ -167,13 +175,20 @@ class Dispatcher:
     """
 
     def __init__(self, jobs: Iterable[Job], num_instances: int, admission: AdmissionController,
-                 shared: bool = False, dispatch: str = "static", remaining: RemainingWork | None = None):
+                 shared: bool = False, dispatch: str = "static", remaining: RemainingWork | None = None,
+                 steal_room: int = 0, group_size: int = 1, held: Callable[[int], int] | None = None):
         if dispatch not in DISPATCH_MODES:
             raise ValueError(f"dispatch must be one of {', '.join(DISPATCH_MODES)}, got {dispatch!r}")
         self.adm = admission
         self.shared = shared
         self.guided = dispatch == "guided" and not shared
         self.estimator = remaining
+        # guided dispatch: a thief holding steal_room sequences or more steals nothing (0: no limit);
+        # held(r) = sequences instance r holds (default: its groups in flight x group_size; the
+        # simulator sets its instances' exact count)
+        self.steal_room = int(steal_room)
+        self.group_size = int(group_size)
+        self.held = held
         self.stolen = 0
         self.steals: list[tuple[Job, int, int]] = []   # (job, from instance, to instance), in order
         self.alive = [True] * num_instances
@@ -245,7 +260,7 @@ class Dispatcher:
         own = 0 if self.shared else instance
         limit = self._limit(instance)
         job = self.queues[own].best(limit)
-        if job is not None or not (self.guided and steal):
+        if job is not None or not (self.guided and steal) or not self.may_steal(instance):
             return job, own
         # the victims with an admissible job, then the one with the most remaining work among them
         # (remaining work is asked only of those: with re-estimation it is the costly part). The own
@@ -269,7 +284,15 @@ class Dispatcher:
         own = self.queues[0 if self.shared else instance].iters
         if own and own[0] <= limit:
             return True
-        return self.guided and steal and bool(self._firsts) and self._firsts[0] <= limit
+        return (self.guided and steal and bool(self._firsts) and self._firsts[0] <= limit
+                and self.may_steal(instance))
+
+    def may_steal(self, instance: int) -> bool:
+        """Guided dispatch: ``instance`` holds fewer sequences than the plan's concurrency."""
+        if self.steal_room <= 0:
+            return True
+        held = self.held(instance) if self.held is not None else len(self.running_on[instance]) * self.group_size
+        return held < self.steal_room
 
     def remaining_work(self, instance: int) -> float:
         """Tokens per sample left on ``instance``: its queued jobs' predictions plus, with an

@@ -42,6 +42,7 @@ class ExecutionSettings:
     adaptive: bool = False         # later epochs are planned during the run
     epochs: int = 1
     queue_capacity: int = 1        # the runtime's sample queue, in groups
+    planned_max_num_seqs: int = 0  # the concurrency the plan assumed (0: max_num_seqs); guided dispatch's steal room
 
     @property
     def shared_queue(self) -> bool:
@@ -111,7 +112,9 @@ class ExecutionPlan:
             for r in range(settings.num_instances):
                 adm.on_instance_synced(r, self.start)
         self.dispatcher = Dispatcher(jobs, settings.num_instances, adm, shared=settings.shared_queue,
-                                     dispatch=settings.dispatch, remaining=remaining)
+                                     dispatch=settings.dispatch, remaining=remaining,
+                                     steal_room=settings.planned_max_num_seqs or settings.max_num_seqs,
+                                     group_size=settings.group_size)
 
     @classmethod
     def from_schedule(cls, sched, settings: ExecutionSettings, *, start: int | None = None,

@@ -92,6 +92,7 @@ class Engine:
         self.feeder = self.plan.feeder(self.trace)
         self.inst = Instances(jobs, self.R, self.cm, self.mns, self.kv, self._push, self._group_done,
                               speculation=self.mech.speculation, version_of=self.adm.instance_version.__getitem__)
+        self.dispatcher.held = self.inst.held       # guided dispatch's steal room, in sequences exactly
         self.log = MechanismLog()
         self.tc = None             # the tail glue shared with the runtime (scheduler/tail_control.py)
         if self.mech.any_control:

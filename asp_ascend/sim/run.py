@@ -241,7 +241,8 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
         # the engine runs concurrency x what was planned; asp's admission cap (the dispatcher's) stays
         admitted = spec.max_num_seqs if spec.max_num_seqs < engine_seqs else None
         engine_seqs = max(1, int(round(engine_seqs * mismatch.concurrency)))
-        settings = replace(settings, max_num_seqs=min(engine_seqs, admitted or engine_seqs))
+        settings = replace(settings, max_num_seqs=min(engine_seqs, admitted or engine_seqs),
+                           planned_max_num_seqs=spec.max_num_seqs)
     eng = Engine(jobs, settings, cost=true_cm, kv_capacity=costs.kv_capacity, trainer=tr,
                  stream_train=spec.stream_train, barrier=spec.barrier,
                  sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples,

@@ -165,3 +165,27 @@ def test_a_misprediction_guided_dispatch_must_correct():
     # running groups never move: nothing of instance 0 is left to take
     assert d.next_for(2)[0].prompt_id == "y1" and d.next_for(2) is None
     assert d.running[(0, "x0")][0] == 0
+
+
+def test_guided_steals_only_under_the_planned_concurrency():
+    """The plan assumed 2 groups of G = 4 per instance (8 sequences); the instances can really
+    hold more. Instance 0 runs its own long group and its own next-iteration group (8 sequences,
+    the planned room): taking instance 1's queued group would slow both, so it steals nothing
+    until one of its groups finished. Instance 1's own jobs are never refused."""
+    adm = AdmissionController(1, 2)
+    jobs = [Job(0, 0, "long", instance=0, predicted_length=5000), Job(1, 1, "next", instance=0, predicted_length=100),
+            Job(0, 2, "b0", instance=1, predicted_length=100), Job(0, 3, "b1", instance=1, predicted_length=100),
+            Job(0, 4, "b2", instance=1, predicted_length=100)]
+    d = Dispatcher(jobs, 2, adm, dispatch="guided", steal_room=8, group_size=4)
+    assert [d.next_for(0)[0].prompt_id, d.next_for(0)[0].prompt_id] == ["long", "next"]
+    assert d.next_for(1)[0].prompt_id == "b0"
+    assert not d.may_steal(0) and d.peek(0) is None and d.next_for(0) is None   # 2 groups x 4 = 8 held
+    assert d.stolen == 0
+    d.on_finish("next")                                                          # 4 held: room under the plan's
+    assert d.may_steal(0) and d.next_for(0)[0].prompt_id == "b1" and d.stolen == 1
+    assert d.next_for(1)[0].prompt_id == "b2"                                    # own jobs: no such limit
+    # the executor's exact count replaces groups x G (the simulator's instances: running + waiting sequences)
+    d.held = {0: 3, 1: 8}.__getitem__
+    assert d.may_steal(0) and not d.may_steal(1)
+    # steal_room 0: no limit (the Dispatcher alone, as before)
+    assert Dispatcher(jobs, 2, AdmissionController(1, 2), dispatch="guided").may_steal(0)
