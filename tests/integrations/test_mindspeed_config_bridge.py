@@ -187,3 +187,65 @@ def test_partial_rollout_maps_onto_the_asp_carry_over():
     raw["rl_config"]["partial_rollout_max_split"] = 3     # MindSpeed-RL's own mechanism: refused, pointing at ours
     with pytest.raises(ConfigError, match="asp.rollout.max_split: N - 1"):
         translate(raw)
+
+
+def test_moe_hf_config_is_refused_by_file_key_value_and_fix(tmp_path):
+    """A MoE model the MindSpeed-RL groups do not call one (only its HF config.json names experts) is refused
+    on the async path: neither push carries an expert layout (the receiver loads with local_experts=0)."""
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen3MoeForCausalLM"], "num_experts": 128}))
+    raw = raw7b()
+    raw["megatron_training"]["tokenizer_name_or_path"] = str(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        translate(raw)
+    text = str(e.value)
+    assert f"{tmp_path / 'config.json'}: num_experts: 128" in text and "asp.mindspeed.trainer=sync" in text
+    cfg, _ = translate(raw, ["mindspeed.trainer=sync"])   # an override of the mode counts as the YAML's would
+    assert cfg.mindspeed.trainer == "sync"
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"]}))
+    translate(raw)                                        # dense: fine
+
+
+def test_receiver_and_engine_free_conversion_refuse_experts():
+    from asp_ascend.integrations.mindspeed_rl.hf_weights import ModelLayout
+    from asp_ascend.integrations.mindspeed_rl.vllm_receiver import check_dense
+
+    with pytest.raises(RuntimeError, match=r"n_routed_experts: 64 .*local_experts=0.*asp.mindspeed.trainer=sync"):
+        check_dense({"n_routed_experts": 64})
+    check_dense({"num_hidden_layers": 2})
+    dense = {"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 2, "hidden_size": 8,
+             "num_attention_heads": 2, "intermediate_size": 16, "vocab_size": 32}
+    ModelLayout.from_hf_config(dense)
+    with pytest.raises(ValueError, match=r"num_local_experts: 8 \(MoE\).*asp.mindspeed.trainer=sync"):
+        ModelLayout.from_hf_config({**dense, "num_local_experts": 8})
+
+
+@pytest.mark.parametrize("group", ["actor_config", "megatron_training"])
+def test_virtual_pipeline_stages_need_the_resharding_push(group):
+    raw = raw7b()
+    raw.setdefault(group, {})["num_layers_per_virtual_pipeline_stage"] = 4
+    if group == "megatron_training":
+        raw["actor_config"].pop("num_layers_per_virtual_pipeline_stage", None)
+    with pytest.raises(ConfigError) as e:
+        translate(raw)
+    text = str(e.value)
+    assert f"{group}.num_layers_per_virtual_pipeline_stage: 4" in text
+    assert "asp.mindspeed.weight_push: resharding" in text and f"unset {group}" in text
+    cfg, _ = translate(raw, ["mindspeed.weight_push=resharding"])    # MindSpeed-RL's resharding handles VPP
+    assert cfg.mindspeed.weight_push == "resharding"
+    raw["asp"].setdefault("mindspeed", {})["weight_push"] = "resharding"
+    translate(raw)
+    translate(raw7b())                                               # no VPP: the default push
+
+
+def test_an_instance_spanning_nodes_is_refused_by_key():
+    """An instance's TP group must sit on one node (STRICT_PACK bundle, HCCL inside the node)."""
+    from asp_ascend.integrations.mindspeed_rl.rollout_groups import check_instances_fit_nodes
+    from asp_ascend.platforms import NpuPlatform
+
+    with pytest.raises(ConfigError) as e:
+        check_instances_fit_nodes([{"NPU": 16.0}, {"NPU": 16.0}], NpuPlatform(), 32)
+    text = str(e.value)
+    assert "generate_config.infer_tensor_parallel_size: 32" in text and "cannot span nodes" in text
+    assert "Use at most 16" in text

@@ -62,6 +62,9 @@ class SampleGroup:
     sample_t_finish: Optional[list[float]] = None
     planned_iteration: Optional[int] = None   # the schedule's iteration; later than ``iteration`` never, earlier
                                               # when partial rollout carried the group over (by <= max_split)
+    sample_segments: Optional[list[list[list[int]]]] = None   # per sample [[first token, version], ...]: the
+                                              # weights behind each token (the runtime's ``segments``)
+    finish_reasons: Optional[list[Optional[str]]] = None     # per sample, vLLM's (``stop`` | ``length``)
 
 
 @runtime_checkable
@@ -171,6 +174,18 @@ def build_rows(groups: list[SampleGroup], n: int, additional_keys: Sequence[str]
     return rows, list(range(len(groups) * n))
 
 
+def segments_of(g: SampleGroup, k: int) -> list[list[int]]:
+    """Sample k's ``[[first token, version], ...]`` (the instance's), else one segment at the admission version."""
+    seg = g.sample_segments[k] if g.sample_segments else None
+    return [list(x) for x in seg] if seg else [[0, int(g.admission_version)]]
+
+
+def group_token_lag(g: SampleGroup, iteration: int) -> int:
+    """The group's largest lag by token version: ``iteration`` - the version behind its samples' last tokens
+    (below the admission-version lag when a weight push landed while it generated)."""
+    return max(iteration - int(segments_of(g, k)[-1][1]) for k in range(len(g.responses)))
+
+
 def behaviour_weights(old_log_prob, rollout_log_prob, mode: str, cap: float):
     """Per-token weight pi_old / pi_behaviour: as is (decoupled_ppo), truncated at ``cap`` (tis), or 1."""
     import torch
@@ -207,9 +222,17 @@ def reweight_advantages(store: ExperienceStore, indexes: list[int], mode: str, c
 
 
 class AsyncGRPOLoop:
-    """Runs iterations ``start_iteration .. iterations-1``; one weight sync per iteration."""
+    """Runs iterations ``start_iteration .. iterations-1``; one weight sync per iteration.
 
-    def __init__(self, ports: LoopPorts, settings: LoopSettings, clock: Callable[[], float] = time.monotonic):
+    With ``ports.timeline`` it writes the run's timeline in the runtime's format (DESIGN 5,
+    metrics/timeline.py): per trained sample a ``request`` (its ``iteration`` is the one that trained
+    it, plus ``planned_iteration``, ``segments`` and ``finish_reason``), per optimizer step a ``step``,
+    per push a ``sync``; a sample source with ``attach_timeline`` (:class:`.sample_source.DispatcherSource`)
+    adds the tail mechanisms' ``steal`` / ``tail`` / ``defer`` / ``swap`` and the queue's ``queue``
+    events. ``clock`` must be the instances' clock (wall time: their admission and finish times are
+    ``time.time()``), as every time is written relative to the loop's start."""
+
+    def __init__(self, ports: LoopPorts, settings: LoopSettings, clock: Callable[[], float] = time.time):
         if settings.off_policy not in OFF_POLICY_MODES:
             raise ValueError(f"off_policy: unknown mode {settings.off_policy!r}; choose one of "
                              f"{', '.join(OFF_POLICY_MODES)}")
@@ -217,6 +240,9 @@ class AsyncGRPOLoop:
         self.t0 = clock()
         self.version = settings.start_iteration
         self.history: list[dict] = []
+        attach = getattr(ports.samples, "attach_timeline", None)
+        if ports.timeline is not None and attach is not None:
+            attach(ports.timeline, self.t0)
 
     def _now(self) -> float:
         return self.clock() - self.t0
@@ -242,7 +268,7 @@ class AsyncGRPOLoop:
         groups = phase("wait", p.samples.get_groups, i, s.global_batch_size)
         if len(groups) != s.global_batch_size:
             raise RuntimeError(f"iteration {i}: the queue returned {len(groups)} groups, expected {s.global_batch_size}")
-        lags = []
+        lags, deferred = [], 0
         for g in groups:
             lag = i - g.admission_version
             if g.iteration != i:
@@ -257,6 +283,7 @@ class AsyncGRPOLoop:
                                    f"v{g.admission_version}) exceeds the bound {bound} (k={s.lag_bound}, "
                                    f"carried over {max(0, late)})")
             lags.extend([lag] * s.group_size)
+            deferred += late > 0
         groups = sorted(groups, key=lambda g: (g.mini_batch, g.instance, g.t_finish))
         if s.trainer_dp > 1:
             groups = [groups[j] for j in dp_group_order(len(groups), s.mini_batch_size, s.trainer_dp)]
@@ -287,6 +314,7 @@ class AsyncGRPOLoop:
                "throughput": ratio(tokens, elapsed), "policy_lag_max": max(lags),
                "policy_lag_mean": sum(lags) / len(lags),
                "response_length_mean": sum(len(r) for g in groups for r in g.responses) / len(lags),
+               "deferred_groups": deferred, "token_lag_max": max(group_token_lag(g, i) for g in groups),
                **weights, **{f"timing/{k}": v for k, v in timings.items()}}
         if p.on_iteration is not None:
             p.on_iteration(row)
@@ -304,7 +332,9 @@ class AsyncGRPOLoop:
                 tl.add("request", epoch=g.epoch, iteration=i, instance=g.instance, prompt_id=g.prompt_id,
                        sample=k, admission_version=g.admission_version, t_admit=g.t_admit - self.t0,
                        t_first_token=first - self.t0, t_finish=finish - self.t0,
-                       prompt_length=len(g.prompt), response_length=len(resp))
+                       prompt_length=len(g.prompt), response_length=len(resp),
+                       planned_iteration=i if g.planned_iteration is None else g.planned_iteration,
+                       segments=segments_of(g, k), finish_reason=g.finish_reasons[k] if g.finish_reasons else None)
         if isinstance(steps, list) and steps and all(isinstance(st, dict) for st in steps):  # per-step report
             for st in steps:
                 rows = range(*st["rows"]) if isinstance(st["rows"], tuple) else sorted(st["rows"])

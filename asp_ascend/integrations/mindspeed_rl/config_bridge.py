@@ -80,6 +80,54 @@ def moe_problems(raw: dict) -> list[str]:
     return out
 
 
+EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")   # HF config.json keys of MoE models
+
+
+def hf_moe_problem(model_path: Optional[str]) -> Optional[str]:
+    """The model's HF ``config.json`` names experts (MoE): the async path cannot serve it. Neither push
+    carries an expert layout: ``hf`` converts dense layers only, and ``resharding``'s receiver loads with
+    ``InferParallelConfig(..., local_experts=0)``, which MindSpeed-RL's DeepSeek / Qwen3-MoE loaders would
+    divide the experts by. None when the file is absent (the check runs again where it is read)."""
+    if not model_path:
+        return None
+    p = Path(model_path) / "config.json"
+    if not p.is_file():
+        return None
+    import json
+
+    try:
+        hf = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    for key in EXPERT_KEYS:
+        if hf.get(key):
+            return (f"{p}: {key}: {hf[key]} (a MoE model, megatron_training.tokenizer_name_or_path) is not supported by "
+                    f"mindspeed.trainer=async: the rollout instances load dense models only (no expert-parallel "
+                    f"layout in either weight push). Use asp.mindspeed.trainer=sync for MoE models")
+    return None
+
+
+def vpp_problem(raw: dict, weight_push: str) -> Optional[str]:
+    """Virtual pipeline stages give a rank several model chunks; the engine-free push converts one."""
+    found, val, where = lookup(raw, "megatron_training.num_layers_per_virtual_pipeline_stage")
+    if not found or val in (None, 0) or weight_push != "hf":
+        return None
+    return (f"{where}: {val} (virtual pipeline stages: several model chunks per rank) is not supported by "
+            f"asp.mindspeed.weight_push=hf, which converts one model chunk per rank; unset {where}, or set "
+            f"asp.mindspeed.weight_push: resharding (MindSpeed-RL's resharding manager handles virtual pipeline "
+            f"stages, at the cost of a colocated vLLM engine on every trainer rank)")
+
+
+def _ours_with_overrides(ours: dict, overrides: Optional[list[str]], key: str) -> Any:
+    """Our key's value as the run will see it: the last ``key=value`` override, else the ``asp:`` group's."""
+    val = _get(ours, key)[1]
+    for o in overrides or ():
+        k, eq, v = o.partition("=")
+        if eq and k.lstrip("+~") == key:
+            val = v.strip().strip("'\"")
+    return val
+
+
 def trainer_dp(raw: dict) -> int:
     """Data-parallel size of the trainer: actor NPUs / (TP x PP x CP), as MindSpeed-RL derives it."""
     res = (raw.get("rl_config") or {}).get("actor_resource") or {}
@@ -177,7 +225,7 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
         if key in TRANSLATION:
             continue
         _set(ours, key, val)
-    mode = mode or _get(ours, "mindspeed.trainer")[1] or "async"
+    mode = mode or _ours_with_overrides(ours, overrides, "mindspeed.trainer") or "async"
     if mode == "async":
         for key, (want, why) in ASYNC_REQUIREMENTS.items():
             found, val = _get(raw, key)
@@ -192,6 +240,12 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
             problems.append(f"rl_config.mini_batch_size: {mb} prompts cannot be split over the trainer's {dp} "
                             f"data-parallel ranks; use a multiple of {dp}")
         problems.extend(moe_problems(raw))
+        moe = hf_moe_problem(lookup(raw, "megatron_training.tokenizer_name_or_path")[1])
+        if moe and not moe_problems(raw):
+            problems.append(moe)
+        vpp = vpp_problem(raw, _ours_with_overrides(ours, overrides, "mindspeed.weight_push") or "hf")
+        if vpp:
+            problems.append(vpp)
         if _get(asp, "rollout.partial_rollout")[1] and _get(asp, "scheduler.reestimate") == (True, False):
             problems.append("asp.rollout.partial_rollout: true needs asp.scheduler.reestimate: true (a group is carried "
                             "over when its re-estimated remaining length is past the iteration's budget; without "

@@ -87,6 +87,10 @@ RAY = (
          site=Site(RG, "instance_actor_options", "PlacementGroupSchedulingStrategy")),
     Exists(R("ray/runtime_context.py", "RuntimeContext.get_accelerator_ids"), "method",
            why="instances bind their devices from Ray's accelerator ids"),
+    Call(R("ray/util/scheduling_strategies.py", "NodeAffinitySchedulingStrategy"), kwargs=("node_id", "soft"),
+         site=Site(EN, "run", "NodeAffinitySchedulingStrategy"),
+         why="the driver task runs on the entry's node, so the run's files land beside config.yaml"),
+    Exists(R("ray/runtime_context.py", "RuntimeContext.get_node_id"), "method"),
 )
 
 # What our side must keep for the async path to start right on a cluster: each line is one of the
@@ -121,6 +125,8 @@ OURS = (
             why="reads go through the dock's waiting API"),
     Pattern(O(TR, ""), "get_experience_data", absent=True,
             why="a snapshot skips the wait: fire-and-forget writes would read as None"),
+    Pattern(O(EN, "_train"), "AsyncGRPOTrainer(..., asp_on_iteration=files.on_iteration, asp_timeline=files)",
+            why="the async run writes timeline.jsonl / metrics.jsonl / summary.json (asp report, --calibrate)"),
 )
 
 VLLM_REQUIREMENTS = (*INSTANCE, *TRANSPORT, *RAY, *OURS)

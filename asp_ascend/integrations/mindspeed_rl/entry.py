@@ -137,7 +137,12 @@ def run(config_path: str, config_name: str, overrides: list[str], dry_run: bool 
 
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS", "auto"), runtime_env=runtime_env(msrl, root))
-    ray.get(ray.remote(_train).options(num_cpus=1).remote(msrl, to_dict(cfg), str(schedule), str(root)))
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    # the driver task runs on this node, so the run's files land in output_dir beside config.yaml
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
+    ray.get(ray.remote(_train).options(num_cpus=1, scheduling_strategy=here).remote(
+        msrl, to_dict(cfg), str(schedule), str(root)))
     return 0
 
 
@@ -216,9 +221,17 @@ def _train(msrl: dict, cfg_dict: dict, schedule_path: str, root: str) -> None:
                                                     trainer_devices=int(rl_config.actor_resource.get("num_npus") or 0))
     from .trainer import make_async_grpo_trainer_class
 
+    from .run_files import RunFiles
+
     AsyncGRPOTrainer = make_async_grpo_trainer_class()
-    AsyncGRPOTrainer(actor, actor, reward_list, asp_samples=source, asp_publish=publish, asp_settings=settings,
-                     **common).fit()
+    files = RunFiles(cfg.output_dir)   # timeline.jsonl, metrics.jsonl, then summary.json (asp report reads them)
+    try:
+        AsyncGRPOTrainer(actor, actor, reward_list, asp_samples=source, asp_publish=publish, asp_settings=settings,
+                         asp_on_iteration=files.on_iteration, asp_timeline=files, **common).fit()
+    except BaseException:
+        files.close()
+        raise
+    files.close(cfg)
 
 
 def check_schedule_covers(remaining: int, train_iters: int, done: int) -> None:

@@ -74,8 +74,10 @@ class ModelLayout:
         if arch not in SUPPORTED:
             raise ValueError(f"model architecture {arch}: the engine-free weight push converts {', '.join(SUPPORTED)} "
                              f"(dense); set asp.mindspeed.weight_push: resharding for other models")
-        if get("num_experts") or get("n_routed_experts"):
-            raise ValueError(f"model architecture {arch} has experts: the engine-free weight push is for dense models")
+        for key in ("num_experts", "n_routed_experts", "num_local_experts"):
+            if get(key):
+                raise ValueError(f"model architecture {arch}: config.json has {key}: {get(key)} (MoE); the engine-free "
+                                 f"weight push converts dense models only. Use asp.mindspeed.trainer=sync for MoE models")
         heads, hidden = int(get("num_attention_heads")), int(get("hidden_size"))
         return cls(arch, int(get("num_hidden_layers")), hidden, heads, int(get("num_key_value_heads") or heads),
                    int(get("head_dim") or hidden // heads), int(get("intermediate_size")), int(get("vocab_size")),

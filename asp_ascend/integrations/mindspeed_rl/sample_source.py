@@ -57,10 +57,26 @@ class DispatcherSource:
         self.plan, self.n, self.sampling = plan, plan.settings.group_size, dict(sampling)
         self.prompt_of, self.poll_interval_s, self.timeout_s, self.clock = prompt_of, poll_interval_s, timeout_s, clock
         self.feeder = plan.feeder(trace)
-        self.tail_events: list[tuple[str, dict]] = []     # tail decisions (rooms, steals), for inspection
-        self.tail = TailControl(plan, tail or TailOptions(), max_tokens=max_tokens,
-                                event=lambda kind, **row: self.tail_events.append((kind, row)), now=clock)
+        self.tail_events: list[tuple[str, dict]] = []     # tail decisions (rooms, steals, defer/swap), for inspection
+        self.timeline, self.t0 = None, 0.0                # the run's timeline, once attached (attach_timeline)
+        self.tail = TailControl(plan, tail or TailOptions(), max_tokens=max_tokens, event=self._event, now=clock)
         self.done: dict[tuple, SampleGroup] = {}      # finished, not yet handed out: (epoch, prompt_id) -> group
+
+    def attach_timeline(self, timeline, t0: float) -> None:
+        """Write the tail mechanisms' decisions (``steal``, ``tail``, ``defer``, ``swap``: the runtime's events,
+        with its fields, from the same :class:`TailControl`) and the sample queue's ``queue`` events into
+        ``timeline``, times in seconds from ``t0`` (the loop's start, on this source's clock)."""
+        self.timeline, self.t0 = timeline, t0
+
+    def _event(self, kind: str, **row) -> None:
+        self.tail_events.append((kind, row))
+        if self.timeline is not None:
+            self.timeline.add(kind, **({**row, "t": row["t"] - self.t0} if "t" in row else row))
+
+    def _queue(self, op: str) -> None:
+        """A group entered (``put``) or left (``get``) the finished-group buffer, the trainer's sample queue."""
+        if self.timeline is not None:
+            self.timeline.add("queue", t=self.clock() - self.t0, op=op, size=len(self.done))
 
     @property
     def inflight(self) -> list[int]:
@@ -92,7 +108,10 @@ class DispatcherSource:
                     t_admit=float(g["t_admit"]), t_finish=max(float(s["t_finish"]) for s in samples),
                     sample_t_first_token=[float(s.get("t_first_token") or g["t_admit"]) for s in samples],
                     sample_t_finish=[float(s["t_finish"]) for s in samples],
-                    planned_iteration=m["iteration"]))
+                    planned_iteration=m["iteration"],
+                    sample_segments=[[list(x) for x in s.get("segments") or ()] for s in samples],
+                    finish_reasons=[s.get("finish_reason") for s in samples]))
+                self._queue("put")
                 self.feeder.finished(m["epoch"], m["prompt_id"])
                 self.tail.on_finish((m["epoch"], m["prompt_id"]), [len(s["token_ids"]) for s in samples])
                 got += 1
@@ -124,6 +143,7 @@ class DispatcherSource:
         for m in sorted(members):
             for key in members[m]:
                 g = self.done.pop(key)
+                self._queue("get")
                 g.iteration, g.mini_batch = iteration, m
                 out.append(g)
             self.tail.on_trained(iteration, m)
@@ -204,6 +224,11 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
         raise ConfigError(["asp.weight_sync.master_port: 0 (pick a free port) works only for the asp runtime; the "
                            "MindSpeed-RL push hosts one store per inference-TP rank from the trainer's ranks, so set a "
                            "port range start that is free on the first trainer node, e.g. 29650"])
+    from .config_bridge import hf_moe_problem
+
+    moe = hf_moe_problem(cfg.model.path)   # where the model is read (translate may have run on a login node)
+    if moe:
+        raise ConfigError([moe])
     platform = get_platform("npu", check=False)
     r, tp = cfg.rollout.num_instances, cfg.rollout.devices_per_instance
     check_instances_fit_nodes([n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")], platform, tp)

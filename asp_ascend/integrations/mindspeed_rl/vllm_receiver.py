@@ -85,6 +85,18 @@ if os.environ.get(LOADERS_ENV):   # inside an instance's vLLM worker: before its
     install_megatron_loaders(os.environ[LOADERS_ENV])
 
 
+def check_dense(hf_config) -> None:
+    """The receiver loads with ``local_experts=0`` (no expert layout is pushed): refuse a MoE model before the
+    first bucket arrives instead of letting MindSpeed-RL's MoE loaders divide by it."""
+    from .config_bridge import EXPERT_KEYS
+
+    for key in EXPERT_KEYS:
+        val = hf_config.get(key) if isinstance(hf_config, dict) else getattr(hf_config, key, None)
+        if val:
+            raise RuntimeError(f"the model's config.json has {key}: {val} (a MoE model); the async path's receiver "
+                               f"loads dense models only (local_experts=0). Use asp.mindspeed.trainer=sync")
+
+
 class MindSpeedWeightReceiver:
     """Methods run inside each vLLM worker process (``self.model_runner``, ``self.rank`` available)."""
 
@@ -108,8 +120,10 @@ class MindSpeedWeightReceiver:
         if getattr(self, "_asp_endpoint", None) is None:
             device = self.device.index if getattr(self, "device", None) is not None else j
             self._asp_endpoint = PushEndpoint("npu", device)
+        hf_config = self.model_runner.model_config.hf_config
+        check_dense(hf_config)
         params = dict(self._asp_endpoint.recv(buckets, version, host, base_port + j, 1 + instance_index, world_size))
         # dense models only (config_bridge refuses MoE): expert parallel 1, no local experts
         cfg = loaders.InferParallelConfig(infer_tp, 1, infer_tp, 0)
-        load(params, model, cfg, self.model_runner.model_config.hf_config)
+        load(params, model, cfg, hf_config)
         return len(params)

@@ -1,0 +1,95 @@
+"""The async MindSpeed-RL run's own files, in the format ``asp train`` writes (DESIGN 6).
+
+``output_dir`` gets ``timeline.jsonl`` (every event as it happens: the loop's ``request`` /
+``step`` / ``sync``, the sample source's ``queue`` and the tail mechanisms' ``steal`` / ``tail`` /
+``defer`` / ``swap``), ``metrics.jsonl`` (one row per iteration) and, when the run ends,
+``summary.json``: the shared metric functions over the timeline (``metrics.summarize``), keyed
+by the simulator's name of the run's system, plus what the tail mechanisms did
+(``sim.mechanisms.tail_summary``: ``deferred_groups``, ``deferred_lag_hist`` by admission version,
+``deferred_token_lag_hist`` by the version of each deferred sample's last token, the per-iteration
+length mix). So ``asp report OUTPUT_DIR`` and ``asp simulate CONFIG --calibrate OUTPUT_DIR`` read a
+MindSpeed-RL run as they read one of ``asp train``.
+
+No torch: numpy/pandas only (the summary runs in the driver after training).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ...io import json_default
+from ...metrics.timeline import Timeline, TimelineWriter
+
+TAIL_KINDS = ("steal", "tail", "defer", "swap")
+
+
+class RunFiles:
+    """The loop's timeline port (``add``) and metrics sink (``on_iteration``) over ``output_dir``.
+    Appends (a resumed run continues the files); :meth:`close` writes ``summary.json``."""
+
+    def __init__(self, output_dir: str | Path):
+        self.out = Path(output_dir)
+        self.timeline = Timeline()                       # this attempt's events, for the summary
+        self._writer = TimelineWriter(self.out / "timeline.jsonl")
+        self._metrics = open(self.out / "metrics.jsonl", "a")
+
+    def add(self, kind: str, **ev) -> None:
+        self.timeline.add(kind, **ev)
+        self._writer.add(kind, **ev)
+
+    def on_iteration(self, row: dict) -> None:
+        self._metrics.write(json.dumps(row, default=json_default) + "\n")
+        self._metrics.flush()
+
+    def close(self, cfg=None) -> dict | None:
+        """Close the files; with ``cfg`` (the run's translated config) write ``summary.json`` and return it."""
+        self._writer.close()
+        self._metrics.close()
+        if cfg is None or not self.timeline.events["request"]:
+            return None
+        from ...config import summary_key
+        from ...io import write_json_atomic
+
+        s = run_summary(self.timeline, cfg)
+        write_json_atomic(self.out / "summary.json", {summary_key(cfg): s})
+        return s
+
+
+def run_summary(tl: Timeline, cfg) -> dict:
+    """summary.json's entry: ``metrics.summarize`` (with ``lower_bound_ratio`` from the cost model fitted to
+    the run, as ``asp train`` computes it) plus :func:`carry_over_summary`."""
+    from ...config import lag_bound_of
+    from ...errors import DataError
+    from ...metrics import summarize
+    from ...pipeline.bounds import run_lower_bounds
+
+    k = lag_bound_of(cfg)
+    try:   # the ratio needs a cost model fitted to the run; a run too small to fit has none
+        lb = run_lower_bounds(tl, cfg, k)
+    except (DataError, ValueError):
+        lb = None
+    s = summarize(tl, num_instances=cfg.rollout.num_instances, max_num_seqs=cfg.rollout.max_num_seqs,
+                  lag_bound=k, lower_bounds=lb)
+    s.update(carry_over_summary(tl, k))
+    return s
+
+
+def carry_over_summary(tl: Timeline, lag_bound: int) -> dict:
+    """The simulator's tail keys (``sim.mechanisms.tail_summary``) from a real timeline: a sample is deferred
+    when the iteration that trained it (``request.iteration``) is after its ``planned_iteration``; its token
+    lag is that iteration minus the version of its last token (the last of its ``segments``)."""
+    import numpy as np
+
+    from ...sim.mechanisms import MechanismLog, tail_summary
+
+    req = tl.frame("request")
+    planned = (req["planned_iteration"] if "planned_iteration" in req else req["iteration"]).to_numpy()
+    if "segments" in req:
+        last = np.asarray([int(seg[-1][1]) if seg else int(v)
+                           for seg, v in zip(req["segments"], req["admission_version"])])
+    else:
+        last = req["admission_version"].to_numpy()
+    log = MechanismLog({kind: len(tl.events[kind]) for kind in TAIL_KINDS if tl.events[kind]})
+    out = tail_summary(req, planned, last, lag_bound, log)
+    out["stolen_groups"] = len(tl.events["steal"])
+    return out
