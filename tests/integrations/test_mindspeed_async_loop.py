@@ -1,6 +1,8 @@
 """The async GRPO loop driven against CPU worker groups that really compute (torch CPU)."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -52,7 +54,8 @@ def build(lag_bound=1, off_policy="decoupled_ppo", lr=2.0, with_ref=True, timeli
     settings = LoopSettings(global_batch_size=GBS, group_size=N, lag_bound=lag_bound, iterations=iterations,
                             off_policy=off_policy, dataset_additional_keys=("labels",), mini_batch_size=MB,
                             trainer_dp=dp)
-    return AsyncGRPOLoop(ports, settings), actor, ref, pool, dock, sched, history
+    # the stand-ins time on time.monotonic; the loop must share their clock (its default is the instances' time.time)
+    return AsyncGRPOLoop(ports, settings, clock=time.monotonic), actor, ref, pool, dock, sched, history
 
 
 def test_cpu_groups_satisfy_the_protocols():
