@@ -315,7 +315,8 @@ class Engine:
                     self._wake(t)
             else:
                 self._on_publish(x, t)
-            self._react(t)
+            if self.dirty:
+                self._react(t)
         self._check_done()
         self.preemptions = inst.preemptions
         return build_timeline(self.jobs, tr.mbt, inst, tr.queue, tr.step_rows, tr.sync_rows, self.record_samples,

@@ -140,12 +140,14 @@ class Instances:
     def schedule(self, r: int) -> None:
         """Queue instance ``r``'s next event (a finish or a KV overflow) from its boundary T[r]."""
         self.ev_tok[r] += 1
-        self._clean(r)
-        if self.n[r] == 0:
+        h, in_run, fin_step = self.heaps[r], self.in_run, self.fin_step
+        while h and (not in_run[h[0][1]] or fin_step[h[0][1]] != h[0][0]):     # _clean, inlined (hot)
+            heapq.heappop(h)
+        nn = self.n[r]
+        if nn == 0:
             self.ev_time[r] = None
             return
-        h, kv = self.heaps[r], self.kv
-        nn, Sr = self.n[r], self.S[r]
+        kv, Sr = self.kv, self.S[r]
         C0 = self.K[r] + nn * Sr
         m = h[0][0] - Sr
         if kv:
@@ -158,10 +160,12 @@ class Instances:
             mk = (kv - C0) // nn if nn else m
             if 1 <= mk < m:
                 m = mk
-        dt = self.cost_at(nn).steps(m, nn, C0)
-        self.ev_time[r] = self.T[r] + dt
+        cm = self.cost_at(nn)
+        a, b, c = cm.decode_a, cm.decode_b, cm.decode_c
+        dt = m * (a + c * nn) + b * (m * C0 + nn * m * (m + 1) / 2.0)     # cm.steps(m, nn, C0), inlined
+        self.ev_time[r] = t = self.T[r] + dt
         self.ev_step[r] = Sr + m
-        self.push(self.T[r] + dt, INST, r, self.ev_tok[r])
+        self.push(t, INST, r, self.ev_tok[r])
 
     def at_event(self, r: int) -> None:
         """Instance ``r`` reached its scheduled boundary: its sequences due by then finish."""
