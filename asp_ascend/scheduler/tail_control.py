@@ -398,6 +398,9 @@ class TailControl:
         unfinished groups must be late) against finished groups of the next iteration."""
         if self.carry is None or self.estimator is None:
             return []
+        donors = self._done.get(iteration + 1)
+        if not donors or not donors[1]:
+            return []     # no finished, untrained group of the next iteration to swap in: no deferral
         late, rem, budget = self._late(iteration, every=True)
         if not late:
             return []
