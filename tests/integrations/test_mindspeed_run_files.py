@@ -168,3 +168,16 @@ def test_asp_report_and_calibrate_read_the_run(run_dir):
     assert "## Tail mechanisms" in md and "| defer | 1 |" in md and "| swap | 1 |" in md
     fit = calibrate_run(out)
     assert fit["decode_a"] is not None and fit["decode_a"] >= 0
+
+
+def test_a_resumed_run_keeps_the_earlier_attempts_files(tmp_path):
+    (tmp_path / "timeline.jsonl").write_text('{"kind": "sync", "t_start": 0, "t_end": 1, "version": 1}\n')
+    (tmp_path / "metrics.jsonl").write_text('{"iteration": 0}\n')
+    files = RunFiles(tmp_path)
+    files.add("sync", t_start=0.0, t_end=0.5, version=2)
+    files.close()
+    assert (tmp_path / "previous" / "attempt_1" / "metrics.jsonl").read_text() == '{"iteration": 0}\n'
+    assert [e["version"] for e in Timeline.read_jsonl(tmp_path / "timeline.jsonl").events["sync"]] == [2]
+    assert not (tmp_path / "metrics.jsonl").read_text()
+    RunFiles(tmp_path).close()
+    assert (tmp_path / "previous" / "attempt_2" / "timeline.jsonl").is_file()

@@ -23,12 +23,23 @@ from ...metrics.timeline import Timeline, TimelineWriter
 TAIL_KINDS = ("steal", "tail", "defer", "swap")
 
 
+ATTEMPT_FILES = ("timeline.jsonl", "metrics.jsonl", "summary.json")
+
+
 class RunFiles:
-    """The loop's timeline port (``add``) and metrics sink (``on_iteration``) over ``output_dir``.
-    Appends (a resumed run continues the files); :meth:`close` writes ``summary.json``."""
+    """The loop's timeline port (``add``) and metrics sink (``on_iteration``) over ``output_dir``;
+    :meth:`close` writes ``summary.json``. Each attempt's files start empty: a resumed run's earlier ones
+    move to ``previous/attempt_<n>/``, as ``asp train`` keeps them (``asp report`` lists the attempts)."""
 
     def __init__(self, output_dir: str | Path):
         self.out = Path(output_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        if any((self.out / name).exists() for name in ATTEMPT_FILES):
+            from ...pipeline.checkpoint import archive_run_files
+
+            prev = self.out / "previous"
+            n = 1 + sum(1 for d in prev.glob("attempt_*") if d.is_dir()) if prev.is_dir() else 1
+            archive_run_files(self.out, ATTEMPT_FILES, n)
         self.timeline = Timeline()                       # this attempt's events, for the summary
         self._writer = TimelineWriter(self.out / "timeline.jsonl")
         self._metrics = open(self.out / "metrics.jsonl", "a")
