@@ -2,12 +2,19 @@
 
     python benchmarks/bench_calibration.py RUN_DIR [RUN_DIR ...]
     python benchmarks/bench_calibration.py --cross RUN_DIR RUN_DIR [RUN_DIR ...] [--tolerance 15]
+        [--one-sync-mean] [--json PATH]
 
 ``--cross`` (out of sample): fit the cost model on each run and replay every *other* run's jobs
 with it (its prompts, lengths, placement and admission order, its own mode, lag bound and
 ``max_num_seqs``), e.g. fit on async fifo, predict async asp with the mechanisms and the sync run,
 and the other way round; prints the mean iteration time measured vs predicted for every
 (fit, predicted) pair, the diagonal being the in-sample replay, and the phases of each pair.
+Run directories with the same name under different parents (``A/async_fifo_seed0`` and
+``B/async_fifo_seed0``: the same config run twice) are also compared with each other: the
+measured run-to-run difference of each phase and of the fitted coefficients, the machine's noise
+that an out-of-sample error has to be read against. ``--one-sync-mean`` fits the weight sync as
+one mean (no ``sync_busy_s`` term, the fit before that term) to show what the term changes;
+``--json PATH`` also writes the table.
 
 For each finished `asp train` run directory: fit the cost model to its timeline.jsonl, simulate
 the run's own jobs (its prompts, response lengths, iterations, mini-batches, instances and
@@ -56,10 +63,52 @@ def bench(run_dir: str) -> dict:
     return {k: float(v.loc["iteration_time", "error_pct"]) for k, v in rows.items()}
 
 
-def cross(run_dirs: list[str], tolerance: float) -> dict:
+def one_sync_mean(fit: dict, tl: Timeline) -> dict:
+    """``fit`` with the weight sync as one mean over all the run's syncs (no ``sync_busy_s``)."""
+    sy = tl.frame("sync")
+    return dict(fit, sync_s=float((sy["t_end"] - sy["t_start"]).mean()) if not sy.empty else fit["sync_s"],
+                sync_busy_s=0.0)
+
+
+COEFS = ("decode_a", "decode_c", "prefill_per_token", "train_per_token", "train_per_step", "sync_s", "sync_busy_s",
+         "step_latency_s", "publish_s", "admit_latency_s")
+
+
+def _label(d: str, run_dirs: list[str]) -> str:
+    p = Path(d)
+    twice = sum(Path(x).name == p.name for x in run_dirs) > 1
+    return f"{p.parent.name}/{p.name}" if twice else p.name
+
+
+def noise(run_dirs: list[str], fits: dict, out: dict) -> list[dict]:
+    """Same-named runs (the same config run twice): measured phase and fitted coefficient differences."""
+    rows = []
+    for i, a in enumerate(run_dirs):
+        for b in run_dirs[i + 1:]:
+            if Path(a).name != Path(b).name:
+                continue
+            ma, mb = out[(a, a)]["measured_s"], out[(b, b)]["measured_s"]
+            rows.append({"run": Path(a).name, "a": a, "b": b,
+                         "phases": {k: [float(ma[k]), float(mb[k]), float(100 * (mb[k] - ma[k]) / ma[k]) if ma[k] else None]
+                                    for k in ma.index},
+                         "coefs": {k: [fits[a].get(k), fits[b].get(k)] for k in COEFS}})
+    if rows:
+        print("\nrun-to-run noise: the same config and seed run twice (measured, first run -> second run):")
+        for r in rows:
+            ph = r["phases"]
+            print(f"  {r['run']}: " + ", ".join(f"{k} {v[0]:.3f} -> {v[1]:.3f} s ({v[2]:+.1f} %)" for k, v in ph.items()
+                                                 if v[2] is not None))
+            print("    fitted: " + ", ".join(f"{k} {v[0]:.4g} -> {v[1]:.4g}" for k, v in r["coefs"].items()
+                                           if v[0] is not None and v[1] is not None))
+    return rows
+
+
+def cross(run_dirs: list[str], tolerance: float, one_mean: bool = False, json_path: str | None = None) -> dict:
     """Fit on each run, replay every run with it: {(fit run, predicted run): phases frame}."""
     tls = {d: Timeline.read_jsonl(Path(d) / "timeline.jsonl") for d in run_dirs}
     fits = {d: cal.fit_timeline(tl) for d, tl in tls.items()}
+    if one_mean:
+        fits = {d: one_sync_mean(f, tls[d]) for d, f in fits.items()}
     out = {}
     for f in run_dirs:
         print(f"== fit on {Path(f).name}: " + ", ".join(f"{k}={v:.4g}" for k, v in fits[f].items()
@@ -69,7 +118,7 @@ def cross(run_dirs: list[str], tolerance: float) -> dict:
             out[(f, d)] = df
             print(f"   -- predict {Path(d).name}{' (in sample)' if d == f else ''}")
             print("\n".join("   " + line for line in rp.format_phases(df)))
-    names = [Path(d).name for d in run_dirs]
+    names = [_label(d, run_dirs) for d in run_dirs]
     w = max(12, *map(len, names))
     print(f"\nmean iteration time, predicted vs measured (rows: fitted on; columns: predicted run; "
           f"* = out of sample and off by more than {tolerance:g} %):")
@@ -83,6 +132,23 @@ def cross(run_dirs: list[str], tolerance: float) -> dict:
             miss = d != f and abs(r["error_pct"]) > tolerance
             cells.append(f"{r['simulated_s']:.3f}s {r['error_pct']:+6.1f}%{'*' if miss else ' '}".rjust(w))
         print(f"  {n:{w}s} " + " ".join(cells))
+    rows = noise(run_dirs, fits, out)
+    if json_path:
+        from asp_ascend.io import write_json_atomic
+
+        write_json_atomic(Path(json_path), {
+            "schema_version": 1, "tolerance_pct": tolerance, "one_sync_mean": one_mean,
+            "runs": dict(zip(names, run_dirs)),
+            "fits": {n: {k: fits[d].get(k) for k in COEFS} for n, d in zip(names, run_dirs)},
+            "iteration_time": {fn: {dn: {"measured_s": float(out[(f, d)].loc["iteration_time", "measured_s"]),
+                                         "predicted_s": float(out[(f, d)].loc["iteration_time", "simulated_s"]),
+                                         "error_pct": float(out[(f, d)].loc["iteration_time", "error_pct"])}
+                                    for dn, d in zip(names, run_dirs)} for fn, f in zip(names, run_dirs)},
+            "phases": {fn: {dn: {k: {c: (None if v != v else float(v)) for c, v in r.items()}
+                                 for k, r in out[(f, d)].iterrows()}
+                            for dn, d in zip(names, run_dirs)} for fn, f in zip(names, run_dirs)},
+            "noise": rows})
+        print(f"wrote {json_path}")
     return out
 
 
@@ -91,9 +157,12 @@ def main(argv=None) -> int:
     ap.add_argument("run_dirs", nargs="+")
     ap.add_argument("--cross", action="store_true", help="fit on each run, predict every other (out of sample)")
     ap.add_argument("--tolerance", type=float, default=15.0, help="%% error that marks an out-of-sample miss")
+    ap.add_argument("--one-sync-mean", action="store_true",
+                    help="--cross: fit the sync as one mean (no sync_busy_s), to see what that term changes")
+    ap.add_argument("--json", default=None, help="--cross: also write the table to this JSON file")
     args = ap.parse_args(argv)
     if args.cross:
-        cross(args.run_dirs, args.tolerance)
+        cross(args.run_dirs, args.tolerance, args.one_sync_mean, args.json)
         return 0
     summary = {d: bench(d) for d in args.run_dirs}
     print("\nmean iteration time error (simulated vs measured, %):")
