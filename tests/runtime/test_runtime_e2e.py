@@ -51,6 +51,11 @@ def test_run_dir_holds_the_design_files(async_run):
     evals = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
     assert [e["eval_version"] for e in evals] == list(range(0, n_iter + 1, 2))
     assert all(0.0 <= e["eval_reward_mean"] <= 1.0 for e in evals)
+    # every instance decoded its warm-up generation (rollout.max_num_seqs sequences) before iteration 0
+    warm = [json.loads(line) for line in (out / "warm_start.jsonl").read_text().splitlines()]
+    engines = next(w["engine_warm_up"] for w in warm if "engine_warm_up" in w)
+    assert len(engines) == cfg.rollout.num_instances
+    assert all(e["sequences"] == cfg.rollout.max_num_seqs and e["tokens"] > 0 for e in engines)
 
 
 def test_policy_lag_never_exceeds_k(async_run):
