@@ -41,13 +41,6 @@ def test_a_waiting_caller_goes_before_the_loops_next_step():
     assert lock.waiting == 0
 
 
-def test_a_plain_lock_lets_the_loop_take_it_again_first():
-    """What StepLock is for: with threading.Lock the loop, which never gives up the interpreter
-    between releasing and re-taking, gets it back before the woken caller."""
-    plain = threading.Lock()
-    assert _order(plain, lambda: plain, lambda: time.sleep(0.2)) == ["loop", "caller"]
-
-
 def test_callers_and_the_loop_never_hold_it_together():
     lock = StepLock()
     inside = [0]
