@@ -180,3 +180,66 @@ def test_verls_resume_restores_the_gate_at_the_checkpoints_version(tmp_path):
     assert ro.asp_gate.admitted[0] == (2, 2)
     pid = int(first.full_batch.non_tensor_batch["extra_info"][0]["asp_prompt_id"])
     assert pid == int(sampler.order(0)[2 * b])             # the dataloader resumed where the checkpoint was
+
+
+def test_trained_lengths_released_only_for_consumed_samples_in_either_order():
+    from asp_ascend.integrations.verl.fully_async import TrainedLengths
+
+    t = TrainedLengths()
+    t.generated("a", 1)
+    t.generated("b", 2)
+    t.consumed("c")                 # the trainer took c before the rollouter kept its rows
+    t.consumed("b")
+    assert t.take() == [2] and t.take() == []
+    t.generated("c", 3)
+    assert t.take() == [3] and set(t.kept) == {"a"}     # a: never consumed (dropped), never released
+
+
+@pytest.mark.verl
+@pytest.mark.skipif(not HAVE_VERL, reason=SKIP_REASON)
+def test_lengths_follow_what_the_trainer_takes_from_verls_message_queue():
+    """verl's real ``MessageQueue`` actor (2 places) drops its oldest samples when full; the trainer's
+    queue client (ConsumptionClient) reports what it takes; only those samples' lengths are released."""
+    import ray
+    import ray.cloudpickle as cloudpickle
+    from omegaconf import OmegaConf
+    from verl.experimental.fully_async_policy.detach_utils import RolloutSample
+    from verl.experimental.fully_async_policy.message_queue import MessageQueue, MessageQueueClient
+
+    from asp_ascend.integrations.verl.consumed import ConsumptionClient
+    from asp_ascend.integrations.verl.fully_async import TrainedLengths
+
+    class Rollouter:                # the rollouter's two ASP members the client and verl's producer drive
+        def __init__(self):
+            self.asp_trained = TrainedLengths()
+
+        def asp_consumed(self, sample_ids):
+            for sid in sample_ids:
+                self.asp_trained.consumed(sid)
+
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        ro = Rollouter()
+
+        async def run():
+            queue = MessageQueue.remote(OmegaConf.create({}), 2)
+            producer, trainer = MessageQueueClient(queue), ConsumptionClient(queue, ro)
+            ok = []
+            for i in range(4):      # verl's _process_single_sample_streaming: put, then our rows are kept
+                sample = RolloutSample(full_batch=None, sample_id=f"s{i}", epoch=0, rollout_status={})
+                ok.append(await producer.put_sample(cloudpickle.dumps(sample)))
+                ro.asp_trained.generated(f"s{i}", f"rows{i}")
+            got = [cloudpickle.loads((await trainer.get_sample())[0]).sample_id for _ in range(2)]
+            await producer.put_sample(cloudpickle.dumps(RolloutSample(None, "s4", 0, {})))
+            got.append(cloudpickle.loads((await trainer.get_sample())[0]).sample_id)   # taken before its rows
+            ro.asp_trained.generated("s4", "rows4")
+            stats = await producer.get_statistics()
+            return ok, got, stats
+
+        ok, got, stats = asyncio.run(run())
+    finally:
+        ray.shutdown()
+    assert ok == [True, True, False, False] and stats["dropped_samples"] == 2
+    assert got == ["s2", "s3", "s4"]
+    assert ro.asp_trained.take() == ["rows2", "rows3", "rows4"]        # s0, s1: dropped, never recorded
+    assert set(ro.asp_trained.kept) == {"s0", "s1"}

@@ -18,64 +18,143 @@ from pathlib import Path
 
 import pytest
 
-from asp_ascend.integrations.verl.routing import (PRIORITY_BASE, choose_server, decode_instance, encode_priority,
-                                                   priority_table)
+from asp_ascend.integrations.verl.routing import (LENGTH_SPAN, PRIORITY_BASE, GuidedRoutes, Route, decode_instance,
+                                                   decode_priority, encode_priority, priority_table)
 from verl_fixtures import HAVE_VERL, SKIP_REASON, WORDS, ServerStandIn, base_overrides, response_length
 
 ASP_CONFIG = Path(__file__).resolve().parents[2] / "asp_ascend" / "integrations" / "verl" / "config"
 needs_verl = [pytest.mark.verl, pytest.mark.skipif(not HAVE_VERL, reason=SKIP_REASON)]
 
 
-def test_priority_carries_instance_and_keeps_dispatch_order():
-    ps = [encode_priority(pos, inst, 3) for pos, inst in [(0, 2), (1, 0), (2, 1), (3, 2)]]
+def test_priority_carries_position_instance_and_length_and_keeps_dispatch_order():
+    ps = [encode_priority(pos, inst, 3, L) for pos, inst, L in [(0, 2, 900), (1, 0, 5), (2, 1, 0), (3, 2, 1e9)]]
     assert ps == sorted(ps) and all(p >= PRIORITY_BASE for p in ps)        # vLLM: lower first
     assert [decode_instance(p, 3) for p in ps] == [2, 0, 1, 2]
+    assert [tuple(decode_priority(p, 3)) for p in ps] == [(0, 2, 900), (1, 0, 5), (2, 1, 0), (3, 2, LENGTH_SPAN - 1)]
     assert decode_instance(0, 3) is None and decode_instance(17, 3) is None  # verl's own priorities
+    assert max(ps) < 2 ** 63                                               # fits verl's int64 column
     with pytest.raises(ValueError):
         encode_priority(0, 3, 3)
 
 
-def test_choose_server_guided_moves_only_to_a_server_with_room():
-    loads = {"a": 2, "b": 0, "c": 1}
-    assert choose_server("a", loads, cap=3) == "a"                 # room on the planned server
-    assert choose_server("a", loads, cap=2) == "b"                 # full: the least-loaded takes the group
-    assert choose_server("a", loads, cap=2, dispatch="static") == "a"
-    assert choose_server("a", {"a": 2, "b": 2}, cap=2) == "a"      # all full: stays planned
-    assert choose_server("gone", loads, cap=2) == "b" and choose_server(None, loads, cap=2) == "b"
-    with pytest.raises(RuntimeError):
-        choose_server("a", {}, cap=1)
+def _arrive(routes, key, instance, length, position=None):
+    return routes.arrive(key, Route(key if position is None else position, instance, length))
+
+
+def test_guided_own_group_first_then_the_most_loaded_instances_group():
+    """DESIGN 9a by hand: 3 instances, one group in flight each (slots 1), groups of 2."""
+    routes = GuidedRoutes(3, group_slots=1, group_size=2)
+    assert _arrive(routes, 0, 0, 1000) == [(0, 0)]       # each instance takes its own group
+    assert _arrive(routes, 1, 1, 10) == [(1, 1)]
+    assert _arrive(routes, 2, 2, 10) == [(2, 2)]
+    assert _arrive(routes, 3, 0, 100) == []              # every instance is full: the groups wait
+    assert _arrive(routes, 4, 1, 100) == []
+    assert routes.waiting() == 2
+    # instance 2 frees up with nothing of its own: it takes the waiting group of the instance with the
+    # most remaining work -- instance 0 (a 1000-token group running + 100 waiting) over instance 1 (10 + 100)
+    assert routes.remaining_work(0) > 1100 > routes.remaining_work(1) > 110
+    assert routes.finished(2) == [(3, 2)]
+    assert routes.steals == [(3, 0, 2)]
+    assert routes.finished(1) == [(4, 1)]                # instance 1 takes its own waiting group
+    assert routes.waiting() == 0
+
+
+def test_guided_takes_its_own_group_before_helping_and_the_fewest_loaded_helps_first():
+    routes = GuidedRoutes(3, group_slots=2, group_size=2)
+    assert [_arrive(routes, k, 0, 50)[0] for k in range(2)] == [(0, 0), (1, 0)]
+    assert _arrive(routes, 2, 1, 50) == [(2, 1)]
+    # instance 0 is full; instance 2 (no group in flight) helps before instance 1 (one in flight)
+    assert _arrive(routes, 3, 0, 50) == [(3, 2)]
+    assert _arrive(routes, 4, 0, 50) == [(4, 1)]         # instances 1 and 2 now hold one each: index order
+    assert _arrive(routes, 5, 2, 50) == [(5, 2)]         # instance 2's own group: it still has a slot
+
+
+def test_static_runs_exactly_the_planned_groups():
+    routes = GuidedRoutes(2, group_slots=1, group_size=2, dispatch="static")
+    assert _arrive(routes, 0, 0, 10) == [(0, 0)]
+    assert _arrive(routes, 1, 0, 10) == []               # instance 1 is idle, but static never moves a group
+    assert routes.finished(0) == [(1, 0)] and routes.steals == []
+
+
+def test_waiting_groups_go_in_dispatch_order_and_a_gone_servers_groups_move():
+    routes = GuidedRoutes(2, group_slots=1, group_size=2, dispatch="static")
+    assert _arrive(routes, 10, 0, 10, position=0) == [(10, 0)]
+    assert _arrive(routes, 12, 0, 10, position=2) == []
+    assert _arrive(routes, 11, 0, 10, position=1) == []   # arrived later, planned earlier
+    assert routes.finished(10) == [(11, 0)]
+    assert _arrive(routes, 13, 1, 10, position=3) == [(13, 1)]
+    # instance 0's server leaves: its running group 11 and waiting group 12 go to instance 1 and wait there
+    assert routes.server_gone(0) == []
+    assert routes.finished(13) == [(11, 1)]
+    assert routes.finished(11) == [(12, 1)]
+
+
+def test_reported_lengths_teach_the_estimator_its_bias():
+    routes = GuidedRoutes(2, group_slots=1, group_size=2)
+    _arrive(routes, 0, 0, 100)
+    before = routes.remaining_work(0)
+    for k in range(1, 9):                                 # groups that ran 4x longer than predicted
+        _arrive(routes, k, 1, 100)
+        routes.finished(k, lengths=[400, 400])
+    # 8 groups against the 8 prior pseudo-groups: half the log-error, about 2x (the estimator's shrinkage)
+    assert 1.7 * before < routes.remaining_work(0) < 2.3 * before
 
 
 def test_priority_table_follows_the_dispatch_order_across_epochs():
     import pandas as pd
 
-    frame = pd.DataFrame({"prompt_id": ["4", "1", "7"], "instance": [1, 0, 1]})
+    frame = pd.DataFrame({"prompt_id": ["4", "1", "7"], "instance": [1, 0, 1], "predicted_length": [3.0, 8.0, 5.0]})
     t = priority_table([7, 4, 1], frame, epoch=2, num_instances=2)
-    assert t == {7: encode_priority(6, 1, 2), 4: encode_priority(7, 1, 2), 1: encode_priority(8, 0, 2)}
+    assert t == {7: encode_priority(6, 1, 2, 5), 4: encode_priority(7, 1, 2, 3), 1: encode_priority(8, 0, 2, 8)}
 
 
 @pytest.mark.verl
 @pytest.mark.skipif(not HAVE_VERL, reason=SKIP_REASON)
-def test_verls_balancer_subclass_routes_groups_to_their_instance():
+def test_verls_balancer_subclass_holds_a_group_until_an_instance_admits_it():
     from verl.workers.rollout.router import GlobalRequestLoadBalancer
 
     from asp_ascend.integrations.verl.router import AspLoadBalancer
 
-    lb = AspLoadBalancer({"s0": "h0", "s1": "h1"}, {"num_instances": 2, "max_num_seqs": 2, "dispatch": "guided"})
-    assert isinstance(lb, GlobalRequestLoadBalancer) and lb.require_acquire_fields() == ["priority"]
-    g1, g2 = encode_priority(0, 1, 2), encode_priority(1, 1, 2)
-    assert lb.acquire_server("a", priority=g1) == ("s1", "h1")
-    assert lb.acquire_server("b", priority=g1)[0] == "s1"           # the sibling follows the group
-    assert lb.acquire_server("c", priority=g2)[0] == "s0"           # s1 is full (cap 2), s0 has room
-    assert lb.acquire_server("d", priority=0)[0] == "s0"            # verl's own choice (least in flight)
-    lb.release_server("s1")
-    assert lb.acquire_server("a", priority=g1)[0] == "s1"           # a partial-rollout resume: same server
-    lb.remove_servers(["s1"])
-    assert lb.acquire_server("e", priority=g1)[0] == "s0"           # its server left the pool
-    st = lb.get_status()["asp"]
-    assert st["groups"] == 3 and st["moved"] == 2
-    static = AspLoadBalancer({"s0": "h0", "s1": "h1"}, {"num_instances": 2, "max_num_seqs": 1, "dispatch": "static"})
-    assert [static.acquire_server(str(i), priority=g1)[0] for i in range(3)] == ["s1"] * 3
+    conf = {"num_instances": 2, "group_slots": 1, "group_size": 2, "dispatch": "guided"}
+    g = [encode_priority(p, i, 2, 50) for p, i in [(0, 1), (1, 1), (2, 0), (3, 0)]]
+
+    async def run():
+        lb = AspLoadBalancer({"s0": "h0", "s1": "h1"}, conf)
+        assert isinstance(lb, GlobalRequestLoadBalancer) and lb.require_acquire_fields() == ["priority"]
+        assert await lb.acquire_server("a0", priority=g[0]) == ("s1", "h1")
+        assert (await lb.acquire_server("a1", priority=g[0]))[0] == "s1"   # the sibling follows the group
+        assert (await lb.acquire_server("b0", priority=g[1]))[0] == "s0"   # s1 full: idle s0 takes it (9a)
+        c = asyncio.ensure_future(lb.acquire_server("c0", priority=g[2]))  # both full: it waits
+        await asyncio.sleep(0.01)
+        assert not c.done() and lb.get_status()["asp"]["waiting"] == 1
+        assert (await lb.acquire_server("v", priority=0))[0] in ("s0", "s1")   # verl's own request: verl's choice
+        lb.release_server("s1", "a0")
+        await asyncio.sleep(0.01)
+        assert not c.done()                                # one sample of group 0 is still running
+        lb.release_server("s1", "a1")                      # group 0 is done: s1 takes the waiting group
+        assert (await c)[0] == "s1"
+        assert (await lb.acquire_server("a1", priority=g[0]))[0] == "s1"   # a partial-rollout resume: same server
+        lb.remove_servers(["s0"])                          # group 1's server leaves: it waits for s1
+        b = asyncio.ensure_future(lb.acquire_server("b0", priority=g[1]))
+        await asyncio.sleep(0.01)
+        assert not b.done()
+        for rid in ("c0", "a1"):
+            lb.release_server("s1", rid)
+        lb.release_server("s1", "c1-never-acquired")
+        st = lb.get_status()["asp"]
+        return st
+
+    st = asyncio.run(run())
+    assert st["groups"] == 3 and st["moved"] == 2 and st["steals"] == [(g[1], 1, 0), (g[2], 0, 1)]
+
+    async def static():
+        lb = AspLoadBalancer({"s0": "h0", "s1": "h1"}, {**conf, "dispatch": "static"})
+        await lb.acquire_server("a0", priority=g[0])
+        b = asyncio.ensure_future(lb.acquire_server("b0", priority=g[1]))
+        await asyncio.sleep(0.01)
+        return b.done()
+
+    assert asyncio.run(static()) is False                  # static: group 1 waits for its own s1
 
 
 def _model(tmp_path):

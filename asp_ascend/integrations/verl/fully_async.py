@@ -26,7 +26,10 @@ What :func:`asp_rollouter_class` changes, each override calling verl's own metho
   (set here, :mod:`.router`), sends the group to that server (guided: to another one with room when it
   is full).
 - **lengths** (same method, ``verl.record_lengths``): after verl's method the sample holds verl's
-  rollout output; its response lengths are kept and written per parameter version
+  rollout output; its response lengths are kept until the trainer takes the sample from verl's
+  message queue (:class:`TrainedLengths`; the trainer's queue client is
+  :class:`.consumed.ConsumptionClient`, so a sample the queue drops is never recorded), then written
+  per parameter version
   (``output_dir/lengths/step_<version>.parquet``, DESIGN 6), and consolidated into
   ``length_history.parquet`` before each epoch is planned (the adaptive re-plan reads them) and when
   ``fit`` ends.
@@ -147,6 +150,41 @@ class AdmissionQueue(asyncio.Queue):
         return version
 
 
+class TrainedLengths:
+    """Length rows of generated samples, released once the trainer consumes the sample (verl's
+    ``MessageQueue`` drops its oldest sample when full; a dropped sample is never trained, so its
+    lengths never reach the history). Either event may come first: the trainer can take a sample
+    from the queue before the rollouter's ``put_sample`` call has returned."""
+
+    def __init__(self):
+        self.kept: dict = {}          # sample id -> rows, generated, not consumed yet
+        self.early: set = set()       # consumed before its rows were kept
+        self.ready: list = []         # rows of consumed samples, until taken
+
+    def generated(self, sample_id, rows) -> None:
+        if sample_id in self.early:
+            self.early.discard(sample_id)
+            self.ready.append(rows)
+        else:
+            self.kept[sample_id] = rows
+
+    def consumed(self, sample_id) -> None:
+        rows = self.kept.pop(sample_id, None)
+        if rows is None:
+            self.early.add(sample_id)
+        else:
+            self.ready.append(rows)
+
+    def take(self) -> list:
+        out, self.ready = self.ready, []
+        return out
+
+    def clear(self) -> None:
+        self.kept.clear()
+        self.early.clear()
+        self.ready.clear()
+
+
 def asp_rollouter_class(base: Optional[type] = None) -> type:
     """verl's ``FullyAsyncRollouter`` (its undecorated class; wrap the result with ``ray.remote`` as verl
     does) with the ASP feed order and admission; construct with verl's arguments plus ``asp=VerlSchedule``."""
@@ -164,6 +202,7 @@ def asp_rollouter_class(base: Optional[type] = None) -> type:
             self.asp_sampler = None
             self.asp_routes: dict[int, dict[int, int]] = {}
             self.asp_lengths: list = []
+            self.asp_trained = TrainedLengths()
             config = kwargs.get("config", args[0] if args else None)
             if asp.cfg.verl.route_servers:
                 from .router import install
@@ -198,6 +237,7 @@ def asp_rollouter_class(base: Optional[type] = None) -> type:
             version = (self.global_steps - 1) // per_version
             self.asp_gate.restore(version)
             self.asp.recorder.truncate_after(version)
+            self.asp_trained.clear()
             return out
 
         async def reset_staleness(self):
@@ -208,14 +248,30 @@ def asp_rollouter_class(base: Optional[type] = None) -> type:
 
         async def _process_single_sample_streaming(self, rollout_sample):
             prompt_id = _prompt_id(rollout_sample.full_batch)
+            priority = None
             if self.asp.cfg.verl.route_servers and prompt_id is not None:
                 priority = self.asp_priority(rollout_sample.epoch, prompt_id)
                 if priority is not None:
                     rollout_sample.full_batch.non_tensor_batch["priority"] = np.full(
                         len(rollout_sample.full_batch), priority, dtype=np.int64)
             await super()._process_single_sample_streaming(rollout_sample)   # full_batch is now verl's output
-            if self.asp.cfg.verl.record_lengths and prompt_id is not None:
-                self.asp_keep_lengths(rollout_sample.epoch, prompt_id, rollout_sample.full_batch)
+            if prompt_id is None:
+                return
+            rows = self.asp_rows(rollout_sample.epoch, prompt_id, rollout_sample.full_batch)
+            if self.asp.cfg.verl.record_lengths:
+                # recorded once the trainer takes the sample from verl's message queue (asp_consumed): a
+                # sample the queue drops (full: verl's staleness) is never trained and never recorded
+                self.asp_trained.generated(rollout_sample.sample_id, rows)
+            if priority is not None:                  # the balancer's estimator learns from every finished group
+                balancer = getattr(getattr(self, "llm_server_manager", None), "global_load_balancer", None)
+                if balancer is not None and hasattr(balancer, "report_lengths"):
+                    balancer.report_lengths.remote(int(priority), [int(n) for n in rows["response_length"]])
+
+        def asp_consumed(self, sample_ids: list) -> None:
+            """The trainer took these samples from verl's message queue to train them (called by
+            :class:`.consumed.ConsumptionClient`, the trainer's queue client): their lengths are recorded."""
+            for sid in sample_ids:
+                self.asp_trained.consumed(sid)
 
         async def fit(self):
             try:
@@ -235,16 +291,18 @@ def asp_rollouter_class(base: Optional[type] = None) -> type:
                                                         epoch, self.asp.cfg.rollout.num_instances)
             return self.asp_routes[epoch].get(int(prompt_id))
 
-        def asp_keep_lengths(self, epoch: int, prompt_id: int, output) -> None:
+        def asp_rows(self, epoch: int, prompt_id: int, output):
+            """The length-history rows (DESIGN 6) of one group's verl output."""
             from .lengths import PROMPT_ID_KEY, batch_lengths
 
             n = len(output)
             rows = batch_lengths(output.batch, {"extra_info": [{PROMPT_ID_KEY: prompt_id}] * n}, n)
             rows.insert(2, "epoch", np.int64(epoch))
-            self.asp_lengths.append(rows)
+            return rows
 
         def asp_flush_lengths(self) -> None:
             """Write the lengths kept since the last flush, as the part of the version now held."""
+            self.asp_lengths.extend(self.asp_trained.take())
             if self.asp_lengths:
                 import pandas as pd
 

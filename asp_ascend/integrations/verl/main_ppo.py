@@ -145,7 +145,8 @@ def _task_runner_class():
 def fully_async_runner_class():
     """verl's ``FullyAsyncTaskRunner`` (undecorated, then ``ray.remote`` as verl does) whose rollouter is the
     ASP one: ``_create_rollouter`` plans (or reloads) the schedule and creates ``AspRollouter`` with verl's
-    actor options and arguments plus ``asp=``; every other step (trainer, message queue, checkpoint
+    actor options and arguments plus ``asp=``; ``_initialize_components`` then gives the trainer the
+    queue client that reports what it trains (:mod:`.consumed`); every other step (trainer, message queue, checkpoint
     loading, the sync before ``fit``, the training loop) is verl's."""
     import ray
     from verl.experimental.fully_async_policy.fully_async_main import FullyAsyncTaskRunner
@@ -171,6 +172,14 @@ def fully_async_runner_class():
             ray.get(rollouter.init_workers.remote())
             ray.get(rollouter.set_max_required_samples.remote())
             self.components["rollouter"] = rollouter
+
+        def _initialize_components(self, config) -> None:
+            super()._initialize_components(config)
+            if self.components["asp"].cfg.verl.record_lengths:   # the length history follows what is trained
+                from .consumed import ConsumptionClient
+
+                client = ConsumptionClient(self.components["message_queue"], self.components["rollouter"])
+                ray.get(self.components["trainer"].set_message_queue_client.remote(client))
 
     AspFullyAsyncTaskRunner.__name__ = AspFullyAsyncTaskRunner.__qualname__ = "AspFullyAsyncTaskRunner"
     return ray.remote(num_cpus=1)(AspFullyAsyncTaskRunner)
