@@ -89,6 +89,25 @@ def test_fully_async_iteration_is_prompts_per_parameter_version_and_staleness_co
     cfg, _ = translate(raw)
     assert cfg.train.global_batch_size == 8 * 2 * 3 and cfg.rollout.num_instances == 2
     assert cfg.pipeline.mode == "async" and cfg.pipeline.lag_bound == 1
+    # DESIGN 9 mechanisms verl's engines do not run, and servers the schedule has no instance for: errors
+    import copy
+
+    for key, value, named in ((("asp", "rollout", "tail_concurrency"), "auto", "asp.rollout.tail_concurrency"),
+                              (("asp", "rollout", "speculative"), "ngram", "asp.rollout.speculative"),
+                              (("asp", "rollout", "partial_rollout"), True, "asp.rollout.partial_rollout"),
+                              (("async_training", "use_dynamic_resource_scheduling"), True,
+                               "async_training.use_dynamic_resource_scheduling")):
+        bad = copy.deepcopy(raw)
+        bad.setdefault(key[0], {}).setdefault(key[1], {}) if len(key) == 3 else None
+        node = bad[key[0]] if len(key) == 2 else bad[key[0]][key[1]]
+        node[key[-1]] = value
+        with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+            translate(bad)
+    ok = copy.deepcopy(raw)
+    ok["asp"]["rollout"] = {"tail_concurrency": "off", "speculative": "none", "partial_rollout": False}
+    ok["asp"]["verl"]["route_servers"] = False
+    ok["async_training"]["use_dynamic_resource_scheduling"] = True
+    translate(ok)
 
 
 @pytest.mark.verl

@@ -113,6 +113,7 @@ class ServerStandIn:
 
     def __init__(self, name: str):
         self.name, self.served = name, []
+        self.active = self.peak = 0         # requests generating at once, and the most seen
 
     async def generate(self, prompt_ids, sampling_params, request_id, image_data=None, video_data=None,
                        priority: int = 0, **kwargs):
@@ -120,9 +121,17 @@ class ServerStandIn:
 
         self.served.append((int(priority), len(prompt_ids)))
         n = min(response_length(len(prompt_ids)), int(sampling_params.get("max_tokens", 1 << 30)))
-        await asyncio.sleep(0.002 * n)
+        self.active += 1
+        self.peak = max(self.peak, self.active)
+        try:
+            await asyncio.sleep(0.002 * n)
+        finally:
+            self.active -= 1
         return TokenOutput(token_ids=[3] * n, log_probs=[-0.5] * n, stop_reason="completed",
                            extra_fields={"global_steps": 0})
 
     def log(self):
         return self.served
+
+    def most_at_once(self):
+        return self.peak

@@ -122,6 +122,20 @@ def unsupported(raw: dict, mode: str, lag_bound: int) -> list[str]:
             p.append(f"async_training.staleness_threshold: {theta:g} lets verl pause generation before ASP's lag "
                      f"bound k={lag_bound} does (verl allows (1 + threshold) versions of samples in flight); set it "
                      f">= {lag_bound} or lower asp.pipeline.lag_bound")
+        _, route = get(raw, "asp.verl.route_servers")
+        if _val(raw, "async_training.use_dynamic_resource_scheduling", False) and route is not False:
+            p.append("async_training.use_dynamic_resource_scheduling: true adds hybrid rollout servers the schedule has "
+                     "no instance for (guided routing never sends ASP groups there); set it false, or "
+                     "asp.verl.route_servers=false to keep verl's least-loaded routing")
+    # tail mechanisms of DESIGN 9 that verl's engines do not run: planned or set, they would silently not happen
+    for key, off, why in (("rollout.tail_concurrency", "off", "verl's servers take no per-instance admission cap"),
+                          ("rollout.speculative", "none", "set speculative decoding in verl's own rollout engine "
+                                                          "arguments instead"),
+                          ("rollout.partial_rollout", "false", "ASP's carry-over is not mapped; verl's own partial "
+                                                               "rollout is async_training.partial_rollout (fully async)")):
+        found, v = get(raw, "asp." + key)
+        if found and v is not None and str(v).lower() not in (off, "false", "off", "none"):
+            p.append(f"asp.{key}: {v!r} is not available inside verl ({why}); set asp.{key}={off}")
     return p
 
 
