@@ -68,23 +68,5 @@ def build_tiny_model(vocab: list[str], out_dir: str | Path, *, hidden_size: int 
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
     model.save_pretrained(out, safe_serialization=True)
-    save_tokenizer(tokenizer, out)
+    tokenizer.save_pretrained(out)
     return out
-
-
-def save_tokenizer(tokenizer, out_dir: str | Path) -> None:
-    """``tokenizer.save_pretrained(out_dir)``, marked as a generic fast tokenizer.
-
-    transformers writes ``tokenizer_class: TokenizersBackend``, and ``AutoTokenizer`` then builds the
-    model type's own class (``Qwen2Tokenizer``, a byte-level BPE) around the word-level vocabulary,
-    which encodes text to ``[]``. ``PreTrainedTokenizerFast`` makes ``AutoTokenizer`` (verl's
-    ``hf_tokenizer``, vLLM) load the ``tokenizer.json`` as written."""
-    import json
-
-    from ..io import write_text_atomic
-
-    tokenizer.save_pretrained(out_dir)
-    path = Path(out_dir) / "tokenizer_config.json"
-    cfg = json.loads(path.read_text())
-    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
-    write_text_atomic(path, json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")

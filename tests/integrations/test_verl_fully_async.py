@@ -77,6 +77,9 @@ def _rollouter(tmp_path, k: int, per_version: int = 4):
     ro = cls.__new__(cls)
     ro.asp, ro.config = asp, cfg_verl
     ro.asp_lengths, ro.asp_routes = [], {}
+    from asp_ascend.integrations.verl.fully_async import TrainedLengths
+
+    ro.asp_trained = TrainedLengths()
     sampler = asp.sampler(len(ds), layout="dispatch")
     ro.train_dataloader = StatefulDataLoader(ds, batch_size=1, sampler=sampler, collate_fn=collate_fn)
     ro.asp_gate = LagGate(cfg.train.global_batch_size, k)
