@@ -3,7 +3,8 @@
 Admission goes through the schedule's :class:`~asp_ascend.scheduler.execution.ExecutionPlan`
 and its :class:`~asp_ascend.scheduler.execution.Feeder` (shared with the runtime): a prompt group
 is taken whenever an instance has room (default: running + waiting sequences < max_num_seqs,
-vLLM's own queue, each instance filling up in turn; ``group_slots``: the runtime's rule, at most
+vLLM's own queue; own queues fill up in turn, a shared queue is spread one group at a time
+over the instances that can admit, least-loaded first; ``group_slots``: the runtime's rule, at most
 ``max_num_seqs // G`` groups per instance, instances that can admit at the same moment taking
 one job at a time). Lag control is the shared admission state machine: instances take the new
 version at the end of each weight sync (pausing during it when ``sync_pause``), or, with
@@ -109,6 +110,7 @@ class Engine:
         # general path: tests/sim/test_sim_fast_path.py)
         self.plain = (self.fast_path and self.tc is None and not self.dispatcher.guided and not self.group_slots
                       and not self.barrier)
+        self.resumed: list[int] = []   # shared queue: instances back from a sync pause, not yet stepping
         self.released = 0          # barrier mode: highest iteration released for generation
         self.dirty = False         # a group finished: trainer/barrier must react (see _react)
 
@@ -165,6 +167,8 @@ class Engine:
         jobs first, then (guided dispatch) others' jobs not yet started."""
         if self.group_slots:
             return self._wake_together(t)
+        if self.dispatcher.shared:
+            return self._wake_spread(t)
         inst, disp = self.inst, self.dispatcher
         # without guided dispatch a second pass admits nothing: the queues only shrank, and an
         # instance the first pass skipped (paused, full, nothing admissible) is still so
@@ -184,6 +188,40 @@ class Engine:
                 inst.advance(r, t)
                 self._fill(r, steal)
                 inst.schedule(r)
+
+    def _wake_spread(self, t: float) -> None:
+        """A shared queue: the instances that can admit now take one prompt group at a time, the
+        one holding the fewest sequences first (ties: lowest index), as verl's and vLLM's routers
+        send each request to the least-loaded replica and MindSpeed-RL splits a batch evenly over
+        its rollout ranks; filling one instance up before the next would leave the others idle
+        whenever a burst is smaller than the instances' total room."""
+        inst, disp = self.inst, self.dispatcher
+        n, waiting, cap, paused = inst.n, inst.waiting, inst.cap, inst.paused
+        heap = [(n[r] + len(waiting[r]), r) for r in range(self.R)
+                if not paused[r] and n[r] + len(waiting[r]) < cap[r] and disp.may_take(r)]
+        heapq.heapify(heap)
+        touched: list[int] = []
+        while heap:
+            _, r = heapq.heappop(heap)
+            if not self._has_room(r):
+                continue
+            head = disp.peek(r, False)
+            if head is None or (self.barrier and head.iteration > self.released):
+                continue            # not admissible on this instance (its version); others may differ
+            if r not in touched:
+                inst.advance(r, t)
+                touched.append(r)
+            job, ver = self.feeder.admit(r)
+            self._admit(r, job, ver)
+            if n[r] + len(waiting[r]) < cap[r]:
+                heapq.heappush(heap, (n[r] + len(waiting[r]), r))
+        for r in touched:
+            inst.start_waiting(r)
+            inst.schedule(r)
+        for r in self.resumed:
+            if r not in touched:
+                inst.schedule(r)
+        self.resumed.clear()
 
     def _wake_together(self, t: float) -> None:
         """The runtime's rule: the instances that can admit now take one job at a time (Feeder.fill)."""
@@ -279,8 +317,13 @@ class Engine:
         inst = self.inst
         if inst.paused[r]:
             self._version_arrives(r, inst.resume(r, t), t)
-            self._fill(r, steal=False)
-            inst.schedule(r)
+            if self.dispatcher.shared and not self.group_slots:
+                # a shared queue is spread over every instance that resumed at t (_wake_spread,
+                # at the steal pass below) instead of filling this one first; it steps from then
+                self.resumed.append(r)
+            else:
+                self._fill(r, steal=False)
+                inst.schedule(r)
             self._push(t, STEAL, -1)     # others' jobs only once every instance took its own
             return
         inst.at_event(r)
@@ -292,6 +335,8 @@ class Engine:
         inst, tr, feeder = self.inst, self.trainer, self.feeder
         if self.group_slots:
             self._wake_together(0.0)
+        elif self.dispatcher.shared:
+            self._wake_spread(0.0)
         else:
             for r in range(self.R):
                 self._fill(r)

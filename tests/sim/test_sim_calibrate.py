@@ -119,11 +119,12 @@ def test_sim_calibrate_step_reconstruction_is_exact_on_a_simulated_run():
     assert len(known) > 0.4 * len(d)
     # almost every known interval's duration is exactly the cost model's time for its steps; the
     # rest hold a sync pause (above the model) or two admissions at one boundary, whose first
-    # group the engine stamps before the second group's prefill (slightly below)
+    # group the engine stamps before the second group's prefill (slightly below: a shared queue
+    # spreads a burst one group at a time over the instances, so one boundary may see several)
     pred = TRUE.decode_a * known["k"] + TRUE.decode_b * known["C"] + TRUE.decode_c * known["N"] \
         + TRUE.prefill_per_token * known["P"]
     rel = (known["y"] - pred) / pred
-    assert (rel > -0.02).all()
+    assert (rel > -0.05).all()
     assert float(rel.abs().median()) < 1e-9
     assert (rel.abs() < 0.02).mean() > 0.95
 
