@@ -370,12 +370,15 @@ class Dispatcher:
         return moved
 
     def on_instance_restarted(self, instance: int) -> None:
-        """A restarted instance rejoins (it must be synced to the current version first)."""
-        self.alive[instance] = True
+        """A restarted instance rejoins, or a new one (an index past the last) joins; either must be
+        synced to the current version first (:meth:`AdmissionController.on_instance_synced`)."""
         if not self.shared:
             while instance >= len(self.queues):
                 self.queues.append(_RankQueue())
-            while instance >= len(self.alive):
-                self.alive.append(True)
+        while instance >= len(self.alive):
+            self.alive.append(False)
+        while instance >= len(self.adm.instance_version):
+            self.adm.instance_version.append(0)
+        self.alive[instance] = True
         while instance >= len(self.running_on):
             self.running_on.append(set())

@@ -189,3 +189,26 @@ def test_guided_steals_only_under_the_planned_concurrency():
     assert d.may_steal(0) and not d.may_steal(1)
     # steal_room 0: no limit (the Dispatcher alone, as before)
     assert Dispatcher(jobs, 2, AdmissionController(1, 2), dispatch="guided").may_steal(0)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_a_new_instance_past_the_last_joins(shared):
+    """An index past the starting count joins (a server added to the run): it is alive, holds
+    the version it was synced to, and takes admissible work; before, it raised IndexError."""
+    jobs = [Job(0, 0, "a", instance=0), Job(0, 1, "b", instance=0), Job(1, 2, "c", instance=0)]
+    adm = AdmissionController(0, 1)
+    d = Dispatcher(jobs, 1, adm, shared=shared)
+    d.on_instance_restarted(2)
+    assert d.alive == [True, False, True] and len(adm.instance_version) == 3
+    assert d.peek(1) is None                       # never joined: takes nothing
+    if shared:
+        assert d.next_for(2)[0].prompt_id == "a"   # the shared queue's head
+    else:
+        moved = d.on_instance_failed(0)            # per-instance queues: instance 0's jobs move
+        assert {j.prompt_id for j in moved} == {"a", "b", "c"}
+        assert d.next_for(2)[0].prompt_id == "a"
+    # lag bound 0: iteration 1 waits until the new instance holds version 1
+    assert [d.next_for(2)[0].prompt_id] == ["b"] and d.next_for(2) is None
+    adm.on_publish(1)
+    adm.on_instance_synced(2, 1)
+    assert d.next_for(2)[0].prompt_id == "c"
