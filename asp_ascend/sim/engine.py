@@ -27,15 +27,11 @@ from .instances import INST, Instances
 from .jobs import SimJobs
 from .mechanisms import MechanismLog, SimMechanisms, SimProgress
 from .output import SimTimeline, build_timeline
-from .trainer import PUBLISH, TRAIN, Trainer, TrainerSpec, micro_batch_table
+from .trainer import PUBLISH, TRAIN, Trainer, TrainerSpec
 
 VERSION, SLOT, STEAL = 2, 3, 5       # the other event kinds (PUBLISH 0, TRAIN 1, INST 4)
 
-__all__ = ["Engine", "SimJobs", "SimTimeline", "TrainerSpec", "minibatch_tokens"]
-
-# the per-step micro-batch table under its older name; one rule for the simulator, the estimate and
-# the runtime's trainer: scheduler/microbatch.py (step_slots, plan_step)
-minibatch_tokens = micro_batch_table
+__all__ = ["Engine", "SimJobs", "SimTimeline", "TrainerSpec"]
 
 
 class Engine:
@@ -200,7 +196,8 @@ class Engine:
         heap = [(n[r] + len(waiting[r]), r) for r in range(self.R)
                 if not paused[r] and n[r] + len(waiting[r]) < cap[r] and disp.may_take(r)]
         heapq.heapify(heap)
-        touched: list[int] = []
+        touched: list[int] = []      # instances advanced to t, in the order they first admitted
+        seen = [False] * self.R
         while heap:
             _, r = heapq.heappop(heap)
             if not self._has_room(r):
@@ -208,8 +205,9 @@ class Engine:
             head = disp.peek(r, False)
             if head is None or (self.barrier and head.iteration > self.released):
                 continue            # not admissible on this instance (its version); others may differ
-            if r not in touched:
+            if not seen[r]:
                 inst.advance(r, t)
+                seen[r] = True
                 touched.append(r)
             job, ver = self.feeder.admit(r)
             self._admit(r, job, ver)
@@ -219,7 +217,7 @@ class Engine:
             inst.start_waiting(r)
             inst.schedule(r)
         for r in self.resumed:
-            if r not in touched:
+            if not seen[r]:
                 inst.schedule(r)
         self.resumed.clear()
 

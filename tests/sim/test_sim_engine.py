@@ -11,7 +11,8 @@ from asp_ascend.metrics import summarize
 from asp_ascend.scheduler.cost import CostModel
 from asp_ascend.sim.bounds import lower_bounds
 from asp_ascend.scheduler.execution import ExecutionSettings
-from asp_ascend.sim.engine import Engine, SimJobs, TrainerSpec, minibatch_tokens
+from asp_ascend.sim.engine import Engine, SimJobs, TrainerSpec
+from asp_ascend.sim.trainer import micro_batch_table
 
 
 def _jobs(resp, iteration, instance, mini_batch=None, prompt_length=None, G=None):
@@ -46,7 +47,7 @@ def test_sim_two_instances_hand_computed():
     steps = tl.frame("step")
     assert steps[["t_start", "t_end"]].to_numpy().tolist() == [[4.0, 5.0], [5.5, 6.5]]
     assert tl.frame("sync")[["t_start", "t_end", "version"]].to_numpy().tolist() == [[5.0, 5.5, 1], [6.5, 7.0, 2]]
-    mbt = minibatch_tokens(jobs, 8, "packed")
+    mbt = micro_batch_table(jobs, 8, "packed")
     lb = lower_bounds(jobs, mbt, 0.0, 1.0, UNIT, 2, 1, 0, 1)
     # LB_0 = max(6 tokens / (2 x 1 tok/s), 1, 4 s / 2) = 3; LB_1 = max(2 / 2, 1, 1 / 2) = 1
     assert lb.tolist() == [3.0, 1.0]

@@ -8,7 +8,8 @@ from asp_ascend.scheduler.cost import CostModel
 from asp_ascend.scheduler.execution import ExecutionSettings
 from asp_ascend.sim.bounds import lower_bounds
 from asp_ascend.sim.costs import PACKED_TOKEN_COST, trainer_slots
-from asp_ascend.sim.engine import Engine, SimJobs, TrainerSpec, minibatch_tokens
+from asp_ascend.sim.engine import Engine, SimJobs, TrainerSpec
+from asp_ascend.sim.trainer import micro_batch_table
 
 UNIT = CostModel(decode_a=1.0, decode_b=0.0, decode_c=0.0, prefill_per_token=0.0)
 
@@ -42,7 +43,7 @@ def test_step_time_padded_against_packed(resp, pad_free):
                     cost=UNIT, kv_capacity=0, trainer=tr, sync_pause=False).run()
         st = tl.frame("step")
         times[mode] = float((st["t_end"] - st["t_start"]).sum())
-        mbts[mode] = minibatch_tokens(jobs, 2, mode)
+        mbts[mode] = micro_batch_table(jobs, 2, mode)
         lb_train = lower_bounds(jobs, mbts[mode], 0.1, 0.0, CostModel(decode_a=1e-9, decode_b=0.0, decode_c=0.0,
                                                                         prefill_per_token=0.0), 1, 4, 0, 0, mode)
         assert lb_train[0] == pytest.approx(times[mode])  # decode is free here: the trainer term bounds

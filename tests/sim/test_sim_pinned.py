@@ -20,7 +20,8 @@ from asp_ascend.metrics import summarize
 from asp_ascend.scheduler.cost import CostModel
 from asp_ascend.scheduler.execution import ExecutionSettings
 from asp_ascend.sim.bounds import lower_bounds
-from asp_ascend.sim.engine import Engine, TrainerSpec, minibatch_tokens
+from asp_ascend.sim.engine import Engine, TrainerSpec
+from asp_ascend.sim.trainer import micro_batch_table
 from asp_ascend.sim.run import build_jobs, run_points, system_for
 
 GOLDEN = Path(__file__).parent / "data" / "pinned_summaries.json"
@@ -70,7 +71,7 @@ def _replay_summary(cfg, workload) -> dict:
                            num_instances=spec.num_instances)
     eng = Engine(jobs, st, cost=cm, kv_capacity=0, trainer=tr, group_slots=True)
     tl = eng.run()
-    lb = lower_bounds(jobs, minibatch_tokens(jobs, 8, "padded"), tr.train_per_token, tr.train_per_step, cm,
+    lb = lower_bounds(jobs, micro_batch_table(jobs, 8, "padded"), tr.train_per_token, tr.train_per_step, cm,
                       spec.num_instances, 16, 0, 1)
     s = summarize(tl, num_instances=spec.num_instances, max_num_seqs=16, lag_bound=1, lower_bounds=lb)
     s["preemptions"] = int(sum(eng.preemptions))
