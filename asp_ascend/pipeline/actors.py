@@ -124,10 +124,12 @@ def warm_up(cfg, trainer, instances, train, tok, tok_ids: dict, resume, logger):
 
 def warm_up_engines(cfg, instances, prompts: list[list[int]], logger) -> list[dict]:
     """A throw-away generation on every instance at once (``RolloutEngine.warm_up``: batch sizes
-    ``rollout.max_num_seqs`` down to 1, up to ``lengths.max_response_length`` tokens, sampled
-    with the run's temperature and top-p and log-probs), so the engines' one-time costs (vLLM
-    compiles its log-prob kernel at the first request) are paid before the run's clock starts,
-    not in iteration 0.
+    ``rollout.max_num_seqs`` down to 1, sampled with the run's temperature and top-p and
+    log-probs), so the engines' one-time costs (vLLM compiles its log-prob kernel at the first
+    request) are paid before the run's clock starts, not in iteration 0. The longest warm-up
+    sequence decodes min(``lengths.max_response_length``, ``rollout.max_num_seqs``) tokens: enough
+    for the batch to pass through every size, and start-up does not grow with the response cap
+    (a 16k-token cap would otherwise cost minutes of decoding on a device before iteration 0).
     Logged to ``warm_start.jsonl`` (``engine_warm_up``). Returns each instance's figures."""
     import ray
 
@@ -135,7 +137,8 @@ def warm_up_engines(cfg, instances, prompts: list[list[int]], logger) -> list[di
         return []
     ro = cfg.rollout
     n = int(ro.max_num_seqs)
-    stats = ray.get([i.warm_up.remote(prompts[:n], n, int(cfg.lengths.max_response_length), ro.temperature, ro.top_p)
+    budget = min(int(cfg.lengths.max_response_length), n)
+    stats = ray.get([i.warm_up.remote(prompts[:n], n, budget, ro.temperature, ro.top_p)
                      for i in instances])
     logger.log_side("warm_start.jsonl", {"engine_warm_up": stats})
     logger.say("engine warm-up: " + ", ".join(f"instance {r} {s['tokens']} tokens in {s['seconds']:.1f} s"
