@@ -1,7 +1,7 @@
 """The tail mechanisms (DESIGN 9) in the simulator: ablation, robustness, the seed comparison.
 
     python benchmarks/bench_tail.py ablation   [--data DIR] [--prompts N] [--devices 32 64]
-    python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N]
+    python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N] [--devices 32 64]
     python benchmarks/bench_tail.py seed       [--devices 128]
     python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...]
     python benchmarks/bench_tail.py admission  [--devices 32 64] [--prompts N]
@@ -13,7 +13,9 @@ baselines as they ship, then ASP adding one mechanism at a time, then the baseli
 same engine features (speculative decoding). ``robustness``: ASP (every lossless mechanism)
 planned on the configured costs and executed on other ones (decode coefficients x0.1 / x10,
 half / twice the planned concurrency) against ``fully_async_fifo`` and ``async_balanced``
-executed on the same (and asp with ``rollout.tail_concurrency=auto`` beside it). ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices
+executed on the same, with asp at ``scheduler.concurrency`` full and auto (planned on the configured
+costs, so auto's cap is chosen from the planned, not the true, costs) and asp with
+``rollout.tail_concurrency=auto`` beside it; one grid per ``--devices``. ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices
 (asp as those configs run it: guided dispatch, re-estimation, ``scheduler.concurrency: auto``).
 ``speed``: the issue-14 speed target, seconds of ``simulate_system`` per policy (workload
 generation and planning included) for 100k prompts x G = 8 on 64 rollout instances (TP 2, 128
@@ -54,6 +56,9 @@ SPEC = {"rollout.speculative": "ngram"}
 # (rollout.tail_concurrency defaults to off: in this ablation auto never beat off)
 LOSSLESS = {"scheduler.dispatch": "guided", "scheduler.reestimate": "true", "rollout.tail_concurrency": "off"}
 TAIL_AUTO = {**LOSSLESS, "rollout.tail_concurrency": "auto"}
+# asp's admission concurrency (scheduler/concurrency.py), both modes named explicitly
+CONC_FULL = {"scheduler.concurrency": "full"}
+CONC_AUTO = {"scheduler.concurrency": "auto"}
 # (row label, system policy, overrides): one mechanism added at a time
 ABLATION = [
     ("fully_async_fifo (as shipped)", "fully_async_fifo", OFF),
@@ -63,6 +68,7 @@ ABLATION = [
     ("+ guided dispatch", "asp", {**OFF, "scheduler.dispatch": "guided"}),
     ("+ re-estimation (asp, lossless default)", "asp", {**OFF, **LOSSLESS}),
     ("+ tail-aware concurrency auto (opt-in)", "asp", {**OFF, **TAIL_AUTO}),
+    ("+ admission concurrency auto (scheduler.concurrency)", "asp", {**OFF, **LOSSLESS, **CONC_AUTO}),
     ("asp default + speculative decoding (ngram)", "asp", {**LOSSLESS, **SPEC}),
     ("fully_async_fifo + speculative", "fully_async_fifo", {**OFF, **SPEC}),
     ("async_sorted + speculative", "async_sorted", {**OFF, **SPEC}),
@@ -128,24 +134,34 @@ def robustness(args) -> None:
     from asp_ascend.lengths.workloads import workload_from_config
     from asp_ascend.sim.run import Mismatch
 
-    print("| workload | true costs (plan: configured) | asp iter. time (s) | vs fifo (shared queue) | vs balanced | "
-          "asp static plan vs fifo | asp + tail auto vs fifo |")
-    print("|---|---|---|---|---|---|---|")
-    for wl in args.workloads:
-        D = args.devices[0]
-        w = workload_from_config(_cfg(wl, args.data, args.prompts, D, {}))
-        for label, mm in GRID:
-            m = Mismatch(**mm)
-            asp = _run(_cfg(wl, args.data, args.prompts, D, {**OFF, **LOSSLESS}), w, "asp", m)
-            static = _run(_cfg(wl, args.data, args.prompts, D, OFF), w, "asp", m)
-            fifo = _run(_cfg(wl, args.data, args.prompts, D, OFF), w, "fully_async_fifo", m)
-            bal = _run(_cfg(wl, args.data, args.prompts, D, OFF), w, "async_balanced", m)
-            auto = _run(_cfg(wl, args.data, args.prompts, D, {**OFF, **TAIL_AUTO}), w, "asp", m)
-            it, f = asp["iteration_time_mean"], fifo["iteration_time_mean"]
-            print(f"| {wl} | {label} | {it:.1f} | {100 * (it / f - 1):+.1f}% | "
-                  f"{100 * (it / bal['iteration_time_mean'] - 1):+.1f}% | "
-                  f"{100 * (static['iteration_time_mean'] / f - 1):+.1f}% | "
-                  f"{100 * (auto['iteration_time_mean'] / f - 1):+.1f}% |", flush=True)
+    print("| workload | devices | true costs (plan: configured) | asp iter. time (s) | vs fifo (shared queue) | "
+          "vs balanced | asp static plan vs fifo | asp + tail auto vs fifo | asp, concurrency full vs fifo | "
+          "asp, concurrency auto vs fifo | auto vs full | auto admits |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for D in args.devices:
+        for wl in args.workloads:
+            w = workload_from_config(_cfg(wl, args.data, args.prompts, D, {}))
+            for label, mm in GRID:
+                m = Mismatch(**mm)
+
+                def it(name, over):
+                    return _run(_cfg(wl, args.data, args.prompts, D, over), w, name, m)
+
+                asp = it("asp", {**OFF, **LOSSLESS})        # asp's defaults (scheduler.concurrency as configured)
+                static = it("asp", OFF)
+                fifo = it("fully_async_fifo", OFF)
+                bal = it("async_balanced", OFF)
+                tail = it("asp", {**OFF, **TAIL_AUTO})
+                full = it("asp", {**OFF, **LOSSLESS, **CONC_FULL})
+                auto = it("asp", {**OFF, **LOSSLESS, **CONC_AUTO})
+                a, f = asp["iteration_time_mean"], fifo["iteration_time_mean"]
+
+                def vs(x, ref=f):
+                    return f"{100 * (x['iteration_time_mean'] / ref - 1):+.1f}%"
+
+                print(f"| {wl} | {D} | {label} | {a:.1f} | {vs(asp)} | {vs(asp, bal['iteration_time_mean'])} | "
+                      f"{vs(static)} | {vs(tail)} | {vs(full)} | {vs(auto)} | "
+                      f"{vs(auto, full['iteration_time_mean'])} | {auto['admission_concurrency']} |", flush=True)
 
 
 def seed(args) -> None:
