@@ -38,7 +38,7 @@ class CostMeter:
         self.min_steps = int(min_steps)
         self.refit_every = int(refit_every)
         self._last: dict[int, tuple[float, ...]] = {}   # instance -> cumulative (steps, seq_steps, ctx_steps, busy_s)
-        self._rows: list[tuple[float, float, float, float]] = []   # (m, N, C, T) per window
+        self._gram = np.zeros((4, 4))   # sums over windows of the weighted (a, b, c, y) products (the fit's data)
         self._steps = 0.0
         self._fit: CostModel | None = None
         self._fit_steps = 0.0
@@ -60,7 +60,8 @@ class CostMeter:
         m, N, C, T = (x - y for x, y in zip(now, last))
         if m <= 0 or T <= 0:
             return
-        self._rows.append((m, N, C, T))
+        z = window_features(m, N, C, T)
+        self._gram += np.outer(z, z)
         self._steps += m
         self._since_fit += 1
         # refit every ``refit_every`` windows, or sooner while the data grows by a tenth per window
@@ -81,6 +82,12 @@ class CostMeter:
     def steps(self) -> float:
         return self._steps
 
+    def totals(self) -> dict[str, float]:
+        """The measured windows' sums, every instance together: engine steps, sequence-steps
+        (running sequences summed over the steps: / steps = the mean batch) and seconds inside the steps."""
+        g = self._gram
+        return {"steps": float(g[0, 0]), "seq_steps": float(g[0, 2]), "busy_s": float(g[0, 3])}
+
     def cost(self) -> CostModel | None:
         """The measured cost model, or None until ``min_steps`` decode steps were measured."""
         return self._fit if self._steps >= self.min_steps else None
@@ -90,30 +97,46 @@ class CostMeter:
         return float(np.mean(self._train)) if self._train else None
 
     def _refit(self) -> None:
-        a, b, c = fit_step_coefficients(np.asarray(self._rows, dtype=float))
+        a, b, c = fit_gram(self._gram)
         self._fit = replace(self.prior.with_decode(a, b, c), prefill_per_token=0.0)
         self._since_fit = 0
         self._fit_steps = self._steps
         self.revision += 1
 
 
+def window_features(m, N, C, T) -> np.ndarray:
+    """One window's (or an array of windows') row of the weighted fit: (sqrt m) x (1, C / m, N / m, T / m),
+    the features of a, b, c and the target; the fit needs only the sums of their products."""
+    w = np.sqrt(m)
+    return np.stack(np.broadcast_arrays(w, C / m * w, N / m * w, T / m * w), axis=-1)
+
+
 def fit_step_coefficients(rows: np.ndarray) -> tuple[float, float, float]:
     """(a, b, c) >= 0 minimising sum_w m_w (T_w / m_w - a - b C_w / m_w - c N_w / m_w)^2 over
-    windows ``rows`` = (m, N, C, T): per-step averages weighted by steps. Every subset of the
-    three terms is tried (a always in); the best fit with no negative coefficient wins."""
-    m, N, C, T = rows.T
-    w = np.sqrt(m)
-    y = T / m * w
-    feats = {"a": w, "b": C / m * w, "c": N / m * w}
-    best, best_err = {"a": float(np.sum(T) / np.sum(m))}, np.inf
+    windows ``rows`` = (m, N, C, T): per-step averages weighted by steps (:func:`fit_gram`)."""
+    m, N, C, T = np.asarray(rows, dtype=float).T
+    z = window_features(m, N, C, T)
+    return fit_gram(z.T @ z)
+
+
+def fit_gram(gram: np.ndarray) -> tuple[float, float, float]:
+    """The least-squares fit of :func:`fit_step_coefficients` from ``gram``, the sums of the
+    products of :func:`window_features` over the windows (so a meter keeps 16 numbers, not every
+    window, and a refit costs the same after an hour as after a second). Every subset of the
+    three terms is tried (a always in); the best fit with no negative coefficient wins, a term
+    only when it lowers the residual by more than rounding."""
+    g = np.asarray(gram, dtype=float)
+    yy = g[3, 3]
+    best, best_err = {"a": float(g[0, 3] / g[0, 0]) if g[0, 0] > 0 else 0.0}, np.inf
+    tol = 1e-12 * yy
     for k in range(0, 3):
         for extra in combinations(("b", "c"), k):
-            names = ("a",) + extra
-            X = np.stack([feats[n] for n in names], axis=1)
-            coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+            idx = [0] + [1 if e == "b" else 2 for e in extra]
+            xtx, xty = g[np.ix_(idx, idx)], g[idx, 3]
+            coef, *_ = np.linalg.lstsq(xtx, xty, rcond=None)
             if np.any(coef < 0):
                 continue
-            err = float(np.sum((X @ coef - y) ** 2))
-            if err < best_err * (1.0 - 1e-9):
-                best, best_err = dict(zip(names, map(float, coef))), err
+            err = float(yy - 2.0 * coef @ xty + coef @ xtx @ coef)
+            if err < best_err * (1.0 - 1e-9) - tol or best_err == np.inf:
+                best, best_err = dict(zip(("a",) + extra, map(float, coef))), err
     return best.get("a", 0.0), best.get("b", 0.0), best.get("c", 0.0)

@@ -23,7 +23,9 @@ their ``on_*`` updates:
 Run-time rooms (``measure_costs``: the runtime's choice; the simulator and MindSpeed-RL keep the
 plan's rooms). A :class:`~asp_ascend.scheduler.cost_meter.CostMeter` fits the decode step
 ``a + b * context + c * n`` to the instances' own step times and averages the trainer's time
-per iteration. A group g of iteration i with expected longest remaining sample L (at admission
+per iteration; it measures whenever ``measure_costs`` is set, with or without tail-aware
+concurrency (every real run writes ``costs`` events, so calibration can fit any run), and sizes
+rooms only with it. A group g of iteration i with expected longest remaining sample L (at admission
 the bias-corrected prediction times the expected largest-of-G factor; later the estimator's
 ``remaining``) is then sized by :class:`~asp_ascend.scheduler.tail.TailModel` over one
 iteration's loads: work = the decode work of i's groups at full concurrency (measured costs),
@@ -103,8 +105,10 @@ class TailControl:
             self.carry.restore_planned(plan.carried)
         self.rooms = dict(options.rooms)
         self.max_tokens = float(max_tokens)
-        # run-time rooms from measured costs (None: the plan's rooms)
-        self.meter = CostMeter() if options.measure_costs and self.governor is not None else None
+        # the run's measured costs (``costs`` events, whatever the mechanisms: calibration fits any
+        # run); with tail-aware concurrency they also size the run-time rooms (``sizing``)
+        self.meter = CostMeter() if options.measure_costs else None
+        self.sizing = self.meter is not None and self.governor is not None
         self._jobs: dict[Key, Job] = {}                 # running groups
         self._sized: dict[Key, tuple[float, int, int]] = {}   # key -> (remaining, meter revision, room)
         self._work: dict[tuple[int, int], tuple[float, float, float]] = {}   # (iteration, revision) -> loads
@@ -153,12 +157,12 @@ class TailControl:
         self._jobs[key] = job
         if self.governor is not None:
             self.governor.on_admit(r, key, room)
-            if self.meter is not None:
+            if self.sizing:
                 self._sized[key] = (-1.0, -1, room)    # re-sized at its first progress report
             if room:
                 self._event("tail", t=self.now(), instance=r, epoch=job.epoch, prompt_id=job.prompt_id,
                             iteration=job.iteration, room=room, cap=self.governor.cap(r),
-                            reason="measured" if self.meter is not None else "plan")
+                            reason="measured" if self.sizing else "plan")
 
     # ------------------------------------------------------------------ run-time rooms
     def on_costs(self, instance: int, meter: dict | None) -> None:
@@ -168,8 +172,10 @@ class TailControl:
             self.meter.on_poll(instance, meter)
             cm = self.meter.cost()
             if cm is not None and self.meter.revision != rev:
+                tot = self.meter.totals()
                 self._event("costs", t=self.now(), decode_a=cm.decode_a, decode_b=cm.decode_b, decode_c=cm.decode_c,
-                            steps=self.meter.steps, train_s=self.meter.train_time())
+                            steps=self.meter.steps, seq_steps=tot["seq_steps"], busy_s=tot["busy_s"],
+                            train_s=self.meter.train_time())
 
     def on_iteration_time(self, seconds: float) -> None:
         """An iteration's trainer time, its first optimizer step to the end of its weight sync."""
@@ -179,7 +185,7 @@ class TailControl:
     def _room_of(self, job: Job) -> int:
         """The room ``job`` gets when admitted now (0: no cap)."""
         key = key_of(job)
-        if self.meter is None:
+        if not self.sizing:
             return int(self.rooms.get(key, 0))
         est = self.estimator
         mean = est.predict(job.predicted_length) if est is not None else max(1.0, job.predicted_length)
@@ -203,7 +209,7 @@ class TailControl:
     def size_room(self, iteration: int, longest: float, prompt_length: float) -> int:
         """Run-time room of a group of ``iteration`` whose longest sample has ``longest`` tokens
         (left) to generate, from the measured costs (0: no cap; see the module docstring)."""
-        if self.meter is None or not self.opts.dedicated:
+        if not self.sizing or not self.opts.dedicated:
             return 0
         cm, train = self.meter.cost(), self.meter.train_time()
         if cm is None or train is None or longest <= 0:
@@ -267,7 +273,7 @@ class TailControl:
                 continue
             self._finish_samples(key, rep["finished"])
             est.on_progress(key, rep["tokens"][: self.G - len(est.groups[key].finished)])
-            if self.meter is not None and self.opts.dedicated:
+            if self.sizing and self.opts.dedicated:
                 self._resize(key)
 
     def _extend_prefix(self, key: Key, new: dict) -> None:

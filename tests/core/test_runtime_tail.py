@@ -187,6 +187,55 @@ def test_cost_meter_fits_the_step_formula_from_poll_windows():
     assert m2.cost().decode_c == 0.0 and m2.cost().decode_a > 0
 
 
+def test_cost_meter_keeps_sums_not_windows_and_fits_as_least_squares_over_the_windows():
+    # the meter's running sums give the same coefficients as a least-squares fit over every
+    # window (numpy's lstsq on the weighted rows, all three terms positive here), and its
+    # state does not grow with the windows
+    import numpy as np
+
+    from asp_ascend.scheduler.cost_meter import CostMeter
+
+    rng = np.random.default_rng(0)
+    m = CostMeter(min_steps=1, refit_every=1)
+    rows, tot = [], np.zeros(4)
+    _poll_ctx = lambda t: m.on_poll(0, {"steps": t[0], "seq_steps": t[1], "ctx_steps": t[2], "busy_s": t[3]})  # noqa: E731
+    _poll_ctx(tot)
+    for _ in range(300):
+        steps = float(rng.integers(1, 20))
+        n, ctx = float(rng.integers(1, 128)), float(rng.integers(10, 4000))
+        T = steps * (0.01 + 2e-6 * ctx + 3e-4 * n) * rng.uniform(0.9, 1.1)
+        rows.append((steps, steps * n, steps * ctx, T))
+        tot = tot + np.array([steps, steps * n, steps * ctx, T])
+        _poll_ctx(tot)
+    r = np.asarray(rows)
+    w = np.sqrt(r[:, 0])
+    X = np.stack([w, r[:, 2] / r[:, 0] * w, r[:, 1] / r[:, 0] * w], axis=1)
+    ref, *_ = np.linalg.lstsq(X, r[:, 3] / r[:, 0] * w, rcond=None)
+    cm = m.cost()
+    assert np.allclose([cm.decode_a, cm.decode_b, cm.decode_c], ref, rtol=1e-6)
+    assert all(ref > 0)
+    assert not hasattr(m, "_rows") and m._gram.shape == (4, 4)
+
+
+def test_costs_are_measured_without_tail_concurrency():
+    # a fifo run (tail concurrency off) still fits its decode-step costs and writes ``costs``
+    # events (calibration fits any run), but caps nothing
+    jobs = [_job(0, i, f"s{i}", i % 2, 5.0) for i in range(4)]
+    plan = _plan(jobs, slots_seqs=32 * G, dispatch="static", R=2)
+    ctl, tl = _control(plan, measure_costs=True)        # tail_concurrency "off"
+    assert ctl.governor is None and ctl.meter is not None
+    _measured(ctl, a=0.002, c=0.0005, train=0.05)
+    ctl.on_costs(1, {"steps": 0, "seq_steps": 0, "ctx_steps": 0, "busy_s": 0.0})
+    ctl.on_costs(1, {"steps": 300, "seq_steps": 300 * 64, "ctx_steps": 0, "busy_s": 300 * (0.002 + 0.0005 * 64)})
+    (ev,) = tl.events["costs"]
+    assert abs(ev["decode_a"] - 0.002) < 1e-9 and abs(ev["decode_c"] - 0.0005) < 1e-9 and ev["steps"] == 500
+    assert ev["train_s"] == 0.05
+    assert abs(ev["seq_steps"] - (100 * 4 + 100 * 64 + 300 * 64)) < 1e-6   # the mean batch is seq_steps / steps
+    assert abs(ev["busy_s"] - (100 * (0.004) + 100 * 0.034 + 300 * 0.034)) < 1e-9
+    assert ctl.size_room(0, 300.0, 10.0) == 0 and ctl.room_rule(plan.feeder()) is None
+    assert [p for _, p in _fill(plan.feeder(), ctl)] == ["s0", "s1", "s2", "s3"] and not tl.events["tail"]
+
+
 def _measured(ctl, a, c, train, steps=200):
     _poll(ctl.meter, 0, 0, 0, 0.0)
     _poll(ctl.meter, 0, steps // 2, steps // 2 * 4, steps // 2 * (a + c * 4))

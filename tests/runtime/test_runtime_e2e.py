@@ -158,6 +158,11 @@ def test_sync_mode_has_lag_zero_and_generates_before_training(sync_run):
         if i > 0:
             assert g["t_admit"].min() >= syncs.loc[i, "t_end"]
     assert json.loads((out / "summary.json").read_text())["sync_fifo"]["policy_lag_max"] == 0
+    # fifo without tail concurrency still measures its decode-step costs (calibration fits any run)
+    assert cfg.rollout.tail_concurrency == "off" and not tl.events["tail"]
+    costs = tl.events["costs"]
+    assert costs and all(ev["decode_a"] > 0 and ev["steps"] >= 100 for ev in costs)
+    assert [ev["steps"] for ev in costs] == sorted(ev["steps"] for ev in costs)
 
 
 def test_adaptive_replans_next_epoch_from_observed_lengths(async_run):
