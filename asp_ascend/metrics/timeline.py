@@ -18,14 +18,17 @@
   admitted: its instance holds at most ``cap`` sequences while it runs), ``reason`` (real
   runs: ``measured`` at admission, ``reestimate`` when a running group's room changed, room 0
   = lifted), ``remaining`` (re-estimated tokens left, with ``reestimate``);
-  ``costs``: t, decode_a, decode_b, decode_c, steps, train_s (real runs: the decode-step
-  coefficients fitted to the instances' own steps so far and the mean trainer seconds per
-  iteration, scheduler/cost_meter.py; one per refit);
+  ``costs``: t, decode_a, decode_b, decode_c, steps, seq_steps, busy_s, train_s (real runs,
+  every system: the decode-step coefficients fitted to the instances' own steps so far, the
+  steps, sequence-steps and seconds inside the steps measured so far, all instances together,
+  and the mean trainer seconds per iteration, scheduler/cost_meter.py; one per refit);
   ``defer``: t, epoch, prompt_id, iteration, to_iteration, remaining, budget and
   ``swap``: t, epoch, prompt_id, iteration, to_iteration, mini_batch, replaces (carry-over);
   ``speculative``: t, instance, epoch, prompt_id, tokens, steps, tokens_per_step, draft_tokens,
   accepted_per_step (a group drawn with speculative decoding).
-  ``request`` events may carry ``segments`` ([[first token, version], ...]: the weights
+  ``request`` events of real runs carry ``planned_iteration`` (the schedule's; ``iteration`` is
+  the iteration that trained the sample: they differ for groups partial rollout deferred or
+  swapped in) and may carry ``segments`` ([[first token, version], ...]: the weights
   behind each token of the sample) and ``resumed_at`` (partial rollout: tokens kept from a
   failed instance, the sample continued from there).
 

@@ -185,19 +185,23 @@ class Orchestrator:
         check_rewards_finite(rewards, pid, job.iteration, getattr(self.task.reward_fn, "__name__", "train.reward"))
         adv = group_advantages(rewards, unbiased=self.task.adv_unbiased)
         plen = len(prompts.token_ids[pid])
+        requests = []
         for s, rw, a in zip(g["samples"], rewards, adv):
             s["reward"], s["advantage"] = rw, float(a)
             s["truncated"] = s.get("finish_reason") == "length"
             s["masked"] = s["truncated"] and self.task.truncated == "mask"
-            self._event("request", epoch=epoch, iteration=job.iteration, instance=r, prompt_id=pid,
-                        sample=s["sample"], admission_version=v, t_admit=g["t_admit"] - self.t0,
-                        t_first_token=s["t_first_token"] - self.t0, t_finish=s["t_finish"] - self.t0,
-                        prompt_length=plen, response_length=len(s["token_ids"]),
-                        segments=s.get("segments") or [[0, v]], finish_reason=s.get("finish_reason"),
-                        resumed_at=int(s.get("resumed_at", 0)))
+            ev = dict(epoch=epoch, iteration=job.iteration, instance=r, prompt_id=pid,
+                      sample=s["sample"], admission_version=v, t_admit=g["t_admit"] - self.t0,
+                      t_first_token=s["t_first_token"] - self.t0, t_finish=s["t_finish"] - self.t0,
+                      prompt_length=plen, response_length=len(s["token_ids"]),
+                      segments=s.get("segments") or [[0, v]], finish_reason=s.get("finish_reason"),
+                      resumed_at=int(s.get("resumed_at", 0)), planned_iteration=job.iteration)
+            self.window.add("request", ev)   # the rollout's windows count it when it finished
+            requests.append(ev)
             self.history.append({"prompt_id": pid, "epoch": epoch, "sample": s["sample"],
                                  "prompt_length": plen, "response_length": len(s["token_ids"])})
         g["iteration"], g["epoch"], g["prompt_id"] = job.iteration, epoch, pid
+        g["requests"] = requests   # written to the timeline when trained (``_record_requests``)
         self.queue.put((epoch, pid), g, self.now())
 
     def _record_speculation(self, g: dict) -> None:
@@ -267,6 +271,7 @@ class Orchestrator:
             return
         groups = self.queue.take(mbs[m], self.now())
         samples = []
+        self._record_requests(groups)
         for g in groups:
             lag = self.iteration - g["admission_version"]
             bound = self.tail.lag_bound((g["epoch"], g["prompt_id"]))
@@ -291,6 +296,19 @@ class Orchestrator:
                else self.trainer.train_step.remote(samples, denom))
         ids = [[g["epoch"], g["prompt_id"], s["sample"]] for g in groups for s in g["samples"]]
         self.train_call = (ref, self.iteration, m, ids)
+
+    def _record_requests(self, groups: list[dict]) -> None:
+        """The ``request`` events of ``groups``, taken by the trainer for the current iteration:
+        ``iteration`` is the iteration that trains the sample (DESIGN 5: lag = trained iteration -
+        admission version), ``planned_iteration`` the schedule's; they differ for a group that
+        partial rollout deferred or swapped in (as the simulator's and MindSpeed-RL's timelines
+        write them). Written at the take, when the trained iteration is known; the iteration's
+        metrics window counted them when they finished."""
+        for g in groups:
+            for ev in g.pop("requests", ()):
+                ev["iteration"] = self.iteration
+                self.timeline.add("request", **ev)
+                self._writer.add("request", **ev)
 
     def _finish_train_step(self) -> None:
         if self.train_call is None:

@@ -65,6 +65,32 @@ def test_partial_rollout_trains_every_sample_once_within_k_plus_s(partial_run):
     assert all(ev["to_iteration"] == ev["iteration"] + 1 for ev in tl.events["defer"])
 
 
+def test_request_events_carry_the_trained_iteration_and_the_planned_one(partial_run):
+    # as the simulator and MindSpeed-RL write them: ``iteration`` is the iteration whose optimizer
+    # step trained the sample, ``planned_iteration`` the schedule's; they differ exactly for the
+    # deferred groups (trained later) and the groups swapped in for them (trained earlier)
+    import pandas as pd
+
+    out, cfg, tl = partial_run
+    trained = {(e, p, s): st["iteration"] for st in tl.events["step"] for e, p, s in st["samples"]}
+    req = tl.frame("request")
+    assert len(req) == len(trained)
+    assert all(trained[(e, p, s)] == i for e, p, s, i in zip(req["epoch"], req["prompt_id"], req["sample"],
+                                                            req["iteration"]))
+    sched = pd.read_parquet(out / "schedule.parquet").set_index(["epoch", "prompt_id"])
+    assert all(sched.loc[(e, p), "iteration"] == pi for e, p, pi in zip(req["epoch"], req["prompt_id"],
+                                                                       req["planned_iteration"]))
+    moved = {(int(e), str(p)): (int(pi), int(i)) for e, p, pi, i in zip(
+        req["epoch"], req["prompt_id"], req["planned_iteration"], req["iteration"]) if pi != i}
+    deferred = {(e["epoch"], str(e["prompt_id"])): (e["iteration"], e["to_iteration"]) for e in tl.events["defer"]}
+    swapped = {(e["epoch"], str(e["prompt_id"])): (e["iteration"], e["to_iteration"]) for e in tl.events["swap"]}
+    assert moved == {**deferred, **swapped}
+    assert deferred, "no group was deferred: the run does not test carry-over"
+    # summary.json's lag is the trained one (k + S for a deferred group, if one was admitted at the lag bound)
+    (entry,) = [v for k, v in json.loads((out / "summary.json").read_text()).items() if k != "schema_version"]
+    assert entry["policy_lag_max"] == max(_trained_lags(tl).values())
+
+
 def test_each_token_carries_the_version_that_drew_it(partial_run):
     out, cfg, tl = partial_run
     for ev in tl.events["request"]:
