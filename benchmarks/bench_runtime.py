@@ -2,6 +2,8 @@
 
     python benchmarks/bench_runtime.py throughput [--out runs/bench_runtime] [key=value ...]
     python benchmarks/bench_runtime.py tail [--out runs/bench_tail] [--systems a,b] [--repeats 2] [key=value ...]
+    python benchmarks/bench_runtime.py paired [--out runs/paired] [--systems a,b] [--blocks 1] [--order abba] [key=value ...]
+    python benchmarks/bench_runtime.py paired --report-only [--out runs/paired]
     python benchmarks/bench_runtime.py stepcost [--out runs/stepcost] [--batches 1,2,...]
     python benchmarks/bench_runtime.py bound --stepcost runs/stepcost/stepcost.json RUN_DIR...
     python benchmarks/bench_runtime.py convergence [--seeds 0 1 2] [--out ...] [key=value ...]
@@ -16,6 +18,14 @@ re-estimation, tail-aware concurrency) and async asp + partial rollout, one full
 without iteration 0, the pipeline fill), lag, the mechanisms' decisions, the trainer's
 seconds and the longest group's latency per iteration (the tail floor), then per repeat each
 system's tokens/s over async fifo's, and the CPU each run's processes used (``CpuSampler``).
+``paired`` (the protocol for the tail comparison on a machine whose speed drifts): two systems
+(default async fifo = A, async asp with the lossless mechanisms = B), same seed and config, in
+ABBA blocks (``--order ab``: AB pairs); every invocation appends ``--blocks`` more blocks to
+``--out`` (``paired.jsonl``, one row per run), so a series can be split into several CPU holds.
+Per run: tokens/s and mean iteration time without iteration 0, the CPU its processes used and
+what the machine used besides (other load), decode steps per iteration and sequences per step
+(the ``costs`` events); then per pair (A, B adjacent in time: AB and BA of each block) the
+ratio B / A, and over all pairs the median with its min-max spread.
 ``stepcost``: CPU and wall time per engine step of one vLLM-CPU instance against batch size.
 ``bound``: the CPU-time bound of tail runs (what any dispatch order could gain; docs/runtime.md).
 ``convergence``: sync and async-ASP with lag bound 1 and 2, several seeds; prints the final
@@ -271,6 +281,104 @@ def tail(out: Path, extra: list[str], systems: list[str] | None = None, repeats:
             print(f"repeat {rep}: tokens/s over async_fifo: {ratios}")
 
 
+def decode_steps(d: Path, t0: float, t1: float) -> dict | None:
+    """Engine steps and sequence-steps per second between ``t0`` and ``t1`` (run seconds), every
+    instance together, from the ``costs`` events' running totals (the first and last events inside
+    the interval); None when fewer than two events fall inside."""
+    from asp_ascend.metrics import Timeline
+
+    ev = [e for e in Timeline.read_jsonl(d / "timeline.jsonl").events.get("costs", []) if t0 <= e["t"] <= t1]
+    if len(ev) < 2 or "seq_steps" not in ev[0]:
+        return None
+    a, b = ev[0], ev[-1]
+    dt = b["t"] - a["t"]
+    steps, seqs, busy = b["steps"] - a["steps"], b["seq_steps"] - a["seq_steps"], b["busy_s"] - a["busy_s"]
+    return {"steps_s": steps / dt, "batch": seqs / max(steps, 1e-9), "step_ms": 1e3 * busy / max(steps, 1e-9)}
+
+
+def run_row(d: Path, name: str, **extra) -> dict:
+    """One run's row of the paired series: tokens/s and mean iteration time (iteration 1 on), the
+    CPU figures of the window iteration 0's sync end .. the last sync end (``cpu_window``: the
+    run's own CPU seconds, the machine's, and the difference = other load), and the decode
+    steps per iteration with their mean batch."""
+    k = _lag_bound(d)
+    f = tail_figures(d, k)
+    cw = cpu_window(d / "cpu_samples.jsonl")
+    rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+    row = {"system": name, "dir": str(d), **extra, "tokens_s_1": f["tokens_s_1"], "iter_time_1": f["iter_time_1"],
+           "tokens_1": sum(r["tokens"] for r in rows[1:]) / max(1, len(rows) - 1), "lag_max": f["lag_max"],
+           "steal": f["steal"], "defer": f["defer"], "trainer_1": f["trainer_1"], "longest_1": f["longest_1"]}
+    if cw is not None:
+        row.update(wall=cw["wall"], run_cpu_s=cw["run_cores"] * cw["wall"],
+                   machine_cpu_s=cw["machine_cores"] * cw["wall"],
+                   other_cores=cw["machine_cores"] - cw["run_cores"], run_cores=cw["run_cores"])
+    t_end = [r["t"] for r in rows]
+    st = decode_steps(d, t_end[0], t_end[-1]) if len(t_end) > 1 else None
+    if st is not None:
+        row.update(steps_iter=st["steps_s"] * f["iter_time_1"], batch=st["batch"], step_ms=st["step_ms"])
+    return row
+
+
+def paired(out: Path, extra: list[str], systems: list[str], blocks: int, order: str) -> None:
+    """``blocks`` more blocks of the paired series in ``out`` (see the module docstring)."""
+    a, b = systems
+    seq = {"abba": [a, b, b, a], "ab": [a, b]}[order]
+    log = out / "paired.jsonl"
+    done = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+    first = 1 + max((r["block"] for r in done), default=-1)
+    for blk in range(first, first + blocks):
+        for pos, name in enumerate(seq):
+            d = _train(out / f"b{blk:02d}_{pos}_{name}", TAIL_TASK + TAIL_SYSTEMS[name] + extra, cpu=True)
+            row = run_row(d, name, block=blk, pos=pos, t=time.time(), overrides=extra)
+            done.append(row)
+            tmp = log.with_suffix(".tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in done))
+            tmp.replace(log)
+            print(f"[block {blk} run {pos} {name}] tokens/s {row['tokens_s_1']:.0f}, iteration "
+                  f"{row['iter_time_1']:.3f} s, other load {row.get('other_cores', float('nan')):.2f} cores", flush=True)
+    paired_report(out, systems)
+
+
+def paired_report(out: Path, systems: list[str] | None = None) -> dict:
+    """The series in ``out/paired.jsonl``: every run, then per pair B / A (tokens/s; iteration
+    time A / B, so > 1 = B faster), the median and min-max over the pairs, and each block's mean."""
+    import numpy as np
+
+    rows = [json.loads(x) for x in (out / "paired.jsonl").read_text().splitlines()]
+    a, b = systems or (rows[0]["system"], next(r["system"] for r in rows if r["system"] != rows[0]["system"]))
+    print(f"\n{'block':>5s} {'run':>3s} {'system':20s} {'tok/s 1+':>8s} {'it_s 1+':>7s} {'tokens/it':>9s} "
+          f"{'run CPU s':>9s} {'other cores':>11s} {'steps/it':>8s} {'batch':>5s} {'step ms':>7s} {'steal':>5s} "
+          f"{'lag':>3s}")
+    nan = float("nan")
+    for r in rows:
+        print(f"{r['block']:5d} {r['pos']:3d} {r['system']:20s} {r['tokens_s_1']:8.0f} {r['iter_time_1']:7.3f} "
+              f"{r['tokens_1']:9.0f} {r.get('run_cpu_s', nan):9.1f} {r.get('other_cores', nan):11.2f} "
+              f"{r.get('steps_iter', nan):8.1f} {r.get('batch', nan):5.1f} {r.get('step_ms', nan):7.1f} "
+              f"{r['steal']:5d} {r['lag_max']:3d}")
+    pairs = []
+    for blk in sorted({r["block"] for r in rows}):
+        runs = sorted((r for r in rows if r["block"] == blk), key=lambda r: r["pos"])
+        for x, y in zip(runs[::2], runs[1::2]):   # (0, 1), (2, 3): AB, then BA
+            ra, rb = (x, y) if x["system"] == a else (y, x)
+            if ra["system"] == a and rb["system"] == b:
+                pairs.append({"block": blk, "tok": rb["tokens_s_1"] / ra["tokens_s_1"],
+                              "it": ra["iter_time_1"] / rb["iter_time_1"], "tokens": rb["tokens_1"] / ra["tokens_1"]})
+    if not pairs:
+        print("no complete pair yet")
+        return {}
+    print(f"\npairs ({b} over {a}; iteration time {a} / {b}: > 1 = {b} faster; tokens/it {b} / {a}):")
+    for p in pairs:
+        print(f"  block {p['block']}: tokens/s {p['tok']:.3f}x   iteration time {p['it']:.3f}x   tokens/it {p['tokens']:.3f}x")
+    res = {}
+    for key, label in (("tok", "tokens/s"), ("it", "iteration time"), ("tokens", "tokens per iteration")):
+        v = np.array([p[key] for p in pairs])
+        res[key] = (float(np.median(v)), float(v.min()), float(v.max()))
+        print(f"{label:22s} median {res[key][0]:.3f}x  (min {res[key][1]:.3f}x, max {res[key][2]:.3f}x, {len(v)} pairs)")
+    fa = [r["tokens_s_1"] for r in rows if r["system"] == a]
+    print(f"{a} alone: tokens/s {min(fa):.0f} .. {max(fa):.0f} over {len(fa)} runs (the drift the pairs cancel)")
+    return res
+
+
 def _tree_cpu(root: int) -> float:
     """CPU seconds (user + system) of process ``root`` and its live descendants."""
     tick = os.sysconf("SC_CLK_TCK")
@@ -437,11 +545,14 @@ def convergence(out: Path, seeds: list[int], extra: list[str]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("throughput", "tail", "stepcost", "bound", "convergence"))
+    p.add_argument("what", choices=("throughput", "tail", "paired", "stepcost", "bound", "convergence"))
     p.add_argument("--out", default="runs/bench_runtime")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--systems", default="", help="tail: comma-separated systems to run (default: all)")
     p.add_argument("--repeats", type=int, default=2, help="tail: runs of each system (interleaved)")
+    p.add_argument("--blocks", type=int, default=1, help="paired: blocks to add to --out")
+    p.add_argument("--order", default="abba", choices=("abba", "ab"), help="paired: the order inside a block")
+    p.add_argument("--report-only", action="store_true", help="paired: summarise --out's series, run nothing")
     p.add_argument("--batches", default="1,2,4,8,16,32,64,128", help="stepcost: batch sizes")
     p.add_argument("--stepcost", default="runs/stepcost/stepcost.json", help="bound: stepcost's output")
     p.add_argument("overrides", nargs="*")
@@ -452,6 +563,14 @@ def main() -> None:
         throughput(out, a.overrides)
     elif a.what == "tail":
         tail(out, a.overrides, [x for x in a.systems.split(',') if x], a.repeats)
+    elif a.what == "paired":
+        pair = [x for x in a.systems.split(",") if x] or ["async_fifo", "async_asp_lossless"]
+        if len(pair) != 2 or any(x not in TAIL_SYSTEMS for x in pair):
+            p.error(f"paired: --systems takes two of {', '.join(TAIL_SYSTEMS)} (got {a.systems!r})")
+        if a.report_only:
+            paired_report(out, pair)
+        else:
+            paired(out, a.overrides, pair, a.blocks, a.order)
     elif a.what == "stepcost":
         stepcost(out, a.overrides, [int(x) for x in a.batches.split(",")])
     elif a.what == "bound":
