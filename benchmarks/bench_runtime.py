@@ -65,9 +65,13 @@ TAIL_SYSTEMS = {
     "async_fifo": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=fifo",
                    "rollout.tail_concurrency=off", "scheduler.reestimate=false"],
     "async_asp_lossless": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp", *LOSSLESS],
+    # diagnosis: the lossless mechanisms without guided dispatch's steals (each group on its planned instance)
+    "async_asp_static": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp",
+                         "scheduler.dispatch=static", "scheduler.reestimate=true", "rollout.tail_concurrency=auto"],
     "async_asp_partial": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp", *LOSSLESS,
                           "rollout.partial_rollout=true", "rollout.max_split=1"],
 }
+TAIL_DEFAULT = ("sync", "async_fifo", "async_asp_lossless", "async_asp_partial")   # ``tail`` without --systems
 KEYS = ("throughput", "iteration_time_mean", "padding_bubble", "skew_bubble", "sorting_bubble",
         "lower_bound_ratio", "policy_lag_max", "queue_occupancy_cv")
 
@@ -245,7 +249,7 @@ def tail(out: Path, extra: list[str], systems: list[str] | None = None, repeats:
     """Every system ``repeats`` times, interleaved (fifo, asp, ..., fifo, asp, ...), so slow
     phases of a shared machine hit every system; then the figures side by side and, per
     repeat, each system's tokens/s over async fifo's of the same repeat."""
-    names = [n for n in TAIL_SYSTEMS if not systems or n in systems]
+    names = [n for n in TAIL_SYSTEMS if (n in systems if systems else n in TAIL_DEFAULT)]
     res: dict[tuple[str, int], dict] = {}
     for rep in range(repeats):
         for name in names:
@@ -348,6 +352,9 @@ def run_row(d: Path, name: str, **extra) -> dict:
     return row
 
 
+OTHER_LOAD_MAX = 0.1   # cores other processes used during a run above which its pair is marked (and left out of the clean median)
+
+
 def paired(out: Path, extra: list[str], systems: list[str], blocks: int, order: str) -> None:
     """``blocks`` more blocks of the paired series in ``out`` (see the module docstring)."""
     a, b = systems
@@ -377,13 +384,13 @@ def paired_report(out: Path, systems: list[str] | None = None) -> dict:
     time A / B, so > 1 = B faster), the median and min-max over the pairs, and each block's mean."""
     import numpy as np
 
+    nan = float("nan")
     rows = [{**r, **run_row(Path(r["dir"]), r["system"])}      # figures read again from each run directory
             for r in map(json.loads, (out / "paired.jsonl").read_text().splitlines())]
     a, b = systems or (rows[0]["system"], next(r["system"] for r in rows if r["system"] != rows[0]["system"]))
     print(f"\n{'block':>5s} {'run':>3s} {'system':20s} {'tok/s 1+':>8s} {'it_s 1+':>7s} {'tokens/it':>9s} "
           f"{'run CPU s':>9s} {'other cores':>11s} {'steps/it':>8s} {'batch':>5s} {'step ms':>7s} {'idle':>5s} "
           f"{'few':>5s} {'trainer':>7s} {'steal':>5s} {'lag':>3s}")
-    nan = float("nan")
     for r in rows:
         print(f"{r['block']:5d} {r['pos']:3d} {r['system']:20s} {r['tokens_s_1']:8.0f} {r['iter_time_1']:7.3f} "
               f"{r['tokens_1']:9.0f} {r.get('run_cpu_s', nan):9.1f} {r.get('other_cores', nan):11.2f} "
@@ -395,19 +402,29 @@ def paired_report(out: Path, systems: list[str] | None = None) -> dict:
         for x, y in zip(runs[::2], runs[1::2]):   # (0, 1), (2, 3): AB, then BA
             ra, rb = (x, y) if x["system"] == a else (y, x)
             if ra["system"] == a and rb["system"] == b:
+                load = max(ra.get("other_cores", 0.0), rb.get("other_cores", 0.0))
                 pairs.append({"block": blk, "tok": rb["tokens_s_1"] / ra["tokens_s_1"],
-                              "it": ra["iter_time_1"] / rb["iter_time_1"], "tokens": rb["tokens_1"] / ra["tokens_1"]})
+                              "it": ra["iter_time_1"] / rb["iter_time_1"], "tokens": rb["tokens_1"] / ra["tokens_1"],
+                              "steps": rb.get("steps_iter", nan) / ra.get("steps_iter", nan),
+                              "clean": load <= OTHER_LOAD_MAX, "load": load})
     if not pairs:
         print("no complete pair yet")
         return {}
-    print(f"\npairs ({b} over {a}; iteration time {a} / {b}: > 1 = {b} faster; tokens/it {b} / {a}):")
+    print(f"\npairs ({b} over {a}; iteration time {a} / {b}: > 1 = {b} faster; tokens/it and steps/it {b} / {a};"
+          f" '*': other load above {OTHER_LOAD_MAX} cores in one of the two runs):")
     for p in pairs:
-        print(f"  block {p['block']}: tokens/s {p['tok']:.3f}x   iteration time {p['it']:.3f}x   tokens/it {p['tokens']:.3f}x")
+        print(f"  block {p['block']}: tokens/s {p['tok']:.3f}x   iteration time {p['it']:.3f}x   tokens/it "
+              f"{p['tokens']:.3f}x   steps/it {p['steps']:.3f}x{'' if p['clean'] else '   * other load %.2f' % p['load']}")
     res = {}
-    for key, label in (("tok", "tokens/s"), ("it", "iteration time"), ("tokens", "tokens per iteration")):
-        v = np.array([p[key] for p in pairs])
-        res[key] = (float(np.median(v)), float(v.min()), float(v.max()))
-        print(f"{label:22s} median {res[key][0]:.3f}x  (min {res[key][1]:.3f}x, max {res[key][2]:.3f}x, {len(v)} pairs)")
+    for subset, label0 in ((pairs, "all pairs"), ([p for p in pairs if p["clean"]], "pairs without other load")):
+        if not subset or (label0 != "all pairs" and len(subset) == len(pairs)):
+            continue
+        print(f"{label0}:")
+        for key, label in (("tok", "tokens/s"), ("it", "iteration time"), ("tokens", "tokens per iteration"),
+                           ("steps", "engine steps per it.")):
+            v = np.array([p[key] for p in subset])
+            res[(label0, key)] = (float(np.median(v)), float(v.min()), float(v.max()))
+            print(f"  {label:22s} median {np.median(v):.3f}x  (min {v.min():.3f}x, max {v.max():.3f}x, {len(v)} pairs)")
     fa = [r["tokens_s_1"] for r in rows if r["system"] == a]
     print(f"{a} alone: tokens/s {min(fa):.0f} .. {max(fa):.0f} over {len(fa)} runs (the drift the pairs cancel)")
     return res
