@@ -12,7 +12,11 @@ and the other way round; prints the mean iteration time measured vs predicted fo
 Run directories with the same name under different parents (``A/async_fifo_seed0`` and
 ``B/async_fifo_seed0``: the same config run twice) are also compared with each other: the
 measured run-to-run difference of each phase and of the fitted coefficients, the machine's noise
-that an out-of-sample error has to be read against. ``--one-sync-mean`` fits the weight sync as
+that an out-of-sample error has to be read against. The **noise floor** of a system (run
+directories named ``<system>_seed<S>``) is the largest relative difference of the measured mean
+iteration time between two runs of it with the same seed (and, printed beside it, with other
+seeds): a pair off by more than ``--tolerance`` is marked ``~`` where its error is within the
+predicted system's same-seed floor, ``*`` where it is beyond it. ``--one-sync-mean`` fits the weight sync as
 one mean (no ``sync_busy_s`` term, the fit before that term) to show what the term changes;
 ``--json PATH`` also writes the table.
 
@@ -32,6 +36,7 @@ Figures are printed, not asserted. Imports no torch/ray/vllm.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -103,6 +108,50 @@ def noise(run_dirs: list[str], fits: dict, out: dict) -> list[dict]:
     return rows
 
 
+def _system(d: str) -> tuple[str, str]:
+    """(system, seed) of a run directory named ``<system>_seed<S>`` (bench_convergence's names)."""
+    m = re.fullmatch(r"(.+)_seed(\d+)", Path(d).name)
+    return (m.group(1), m.group(2)) if m else (Path(d).name, "")
+
+
+def noise_floor(run_dirs: list[str], measured: dict) -> dict:
+    """Run-to-run spread of the measured mean iteration time, per system (the run directory's name
+    without ``_seed<S>``): over repeats of the same config and seed (same-named directories under
+    different parents) and over the same config with other seeds. The spread of a set is the
+    largest ``|m_a - m_b| / m_b`` over its ordered pairs: what a prediction of run b from run a
+    would be off by if the model were perfect and run a's time were the prediction. A prediction
+    of run b cannot be judged closer than the spread of b's own config (its noise floor)."""
+    by_sys: dict = {}
+    for d in run_dirs:
+        sysname, seed = _system(d)
+        by_sys.setdefault(sysname, []).append((seed, d))
+
+    def spread(pairs):
+        v = [abs(measured[a] - measured[b]) / measured[b] * 100 for a, b in pairs if measured[b]]
+        return max(v) if v else None
+
+    out = {}
+    for sysname, runs in by_sys.items():
+        same = [(a, b) for sa, a in runs for sb, b in runs if a != b and sa == sb]
+        other = [(a, b) for sa, a in runs for sb, b in runs if a != b and sa != sb]
+        out[sysname] = {"runs": {d: measured[d] for _, d in runs},
+                        "same_seed_pct": spread(same), "same_seed_pairs": len(same) // 2,
+                        "other_seed_pct": spread(other), "other_seed_pairs": len(other) // 2,
+                        "any_pct": spread(same + other)}
+    return out
+
+
+def print_noise_floor(floor: dict) -> None:
+    print("\nnoise floor: run-to-run spread of the measured mean iteration time (largest |m_a - m_b| / m_b "
+          "over the pairs of runs of one system):")
+    print(f"  {'system':16s} {'runs (measured s)':40s} {'same seed':>16s} {'other seeds':>16s}")
+    for sysname, f in floor.items():
+        runs = ", ".join(f"{v:.3f}" for v in f["runs"].values())
+        cell = (lambda p, n: "-" if p is None else f"{p:5.1f} % ({n} pr)")
+        print(f"  {sysname:16s} {runs:40s} {cell(f['same_seed_pct'], f['same_seed_pairs']):>16s} "
+              f"{cell(f['other_seed_pct'], f['other_seed_pairs']):>16s}")
+
+
 def cross(run_dirs: list[str], tolerance: float, one_mean: bool = False, json_path: str | None = None) -> dict:
     """Fit on each run, replay every run with it: {(fit run, predicted run): phases frame}."""
     tls = {d: Timeline.read_jsonl(Path(d) / "timeline.jsonl") for d in run_dirs}
@@ -119,19 +168,32 @@ def cross(run_dirs: list[str], tolerance: float, one_mean: bool = False, json_pa
             print(f"   -- predict {Path(d).name}{' (in sample)' if d == f else ''}")
             print("\n".join("   " + line for line in rp.format_phases(df)))
     names = [_label(d, run_dirs) for d in run_dirs]
+    measured = {d: float(out[(d, d)].loc["iteration_time", "measured_s"]) for d in run_dirs}
+    floor = noise_floor(run_dirs, measured)
+    floor_of = {d: floor[_system(d)[0]]["same_seed_pct"] for d in run_dirs}
+
+    def verdict(f, d):
+        err = abs(float(out[(f, d)].loc["iteration_time", "error_pct"]))
+        if d == f or err <= tolerance:
+            return "ok"
+        return "within noise" if floor_of[d] is not None and err <= floor_of[d] else "miss"
+
     w = max(12, *map(len, names))
     print(f"\nmean iteration time, predicted vs measured (rows: fitted on; columns: predicted run; "
-          f"* = out of sample and off by more than {tolerance:g} %):")
+          f"out of sample and off by more than {tolerance:g} %: * beyond the predicted system's noise floor, "
+          f"~ within it; noise floor: the same config and seed run again, below):")
     print(f"  {'fit on':{w}s} " + " ".join(f"{n:>{w}s}" for n in names))
-    print(f"  {'measured':{w}s} " + " ".join(f"{out[(run_dirs[0], d)].loc['iteration_time', 'measured_s']:>{w - 1}.3f}s"
-                                            for d in run_dirs))
+    print(f"  {'measured':{w}s} " + " ".join(f"{measured[d]:>{w - 1}.3f}s" for d in run_dirs))
+    print(f"  {'noise floor':{w}s} " + " ".join(("-" if floor_of[d] is None else f"{floor_of[d]:.1f} %").rjust(w)
+                                              for d in run_dirs))
     for f, n in zip(run_dirs, names):
         cells = []
         for d in run_dirs:
             r = out[(f, d)].loc["iteration_time"]
-            miss = d != f and abs(r["error_pct"]) > tolerance
-            cells.append(f"{r['simulated_s']:.3f}s {r['error_pct']:+6.1f}%{'*' if miss else ' '}".rjust(w))
+            mark = {"ok": " ", "within noise": "~", "miss": "*"}[verdict(f, d)]
+            cells.append(f"{r['simulated_s']:.3f}s {r['error_pct']:+6.1f}%{mark}".rjust(w))
         print(f"  {n:{w}s} " + " ".join(cells))
+    print_noise_floor(floor)
     rows = noise(run_dirs, fits, out)
     if json_path:
         from asp_ascend.io import write_json_atomic
@@ -142,11 +204,14 @@ def cross(run_dirs: list[str], tolerance: float, one_mean: bool = False, json_pa
             "fits": {n: {k: fits[d].get(k) for k in COEFS} for n, d in zip(names, run_dirs)},
             "iteration_time": {fn: {dn: {"measured_s": float(out[(f, d)].loc["iteration_time", "measured_s"]),
                                          "predicted_s": float(out[(f, d)].loc["iteration_time", "simulated_s"]),
-                                         "error_pct": float(out[(f, d)].loc["iteration_time", "error_pct"])}
+                                         "error_pct": float(out[(f, d)].loc["iteration_time", "error_pct"]),
+                                         "verdict": verdict(f, d)}
                                     for dn, d in zip(names, run_dirs)} for fn, f in zip(names, run_dirs)},
             "phases": {fn: {dn: {k: {c: (None if v != v else float(v)) for c, v in r.items()}
                                  for k, r in out[(f, d)].iterrows()}
                             for dn, d in zip(names, run_dirs)} for fn, f in zip(names, run_dirs)},
+            "noise_floor": {k: dict(v, runs={_label(d, run_dirs): m for d, m in v["runs"].items()})
+                            for k, v in floor.items()},
             "noise": rows})
         print(f"wrote {json_path}")
     return out
