@@ -2,7 +2,7 @@
 
     python benchmarks/bench_calibration.py RUN_DIR [RUN_DIR ...]
     python benchmarks/bench_calibration.py --cross RUN_DIR RUN_DIR [RUN_DIR ...] [--tolerance 15]
-        [--one-sync-mean] [--json PATH]
+        [--one-sync-mean] [--no-tail-caps] [--explain] [--json PATH]
 
 ``--cross`` (out of sample): fit the cost model on each run and replay every *other* run's jobs
 with it (its prompts, lengths, placement and admission order, its own mode, lag bound and
@@ -18,7 +18,10 @@ iteration time between two runs of it with the same seed (and, printed beside it
 seeds): a pair off by more than ``--tolerance`` is marked ``~`` where its error is within the
 predicted system's same-seed floor, ``*`` where it is beyond it. ``--one-sync-mean`` fits the weight sync as
 one mean (no ``sync_busy_s`` term, the fit before that term) to show what the term changes;
-``--json PATH`` also writes the table.
+``--no-tail-caps`` replays without the runs' recorded tail caps (``sim/replay.recorded_caps``), to
+show what modelling them changes. ``--explain`` prints, for each out-of-sample miss, the error with one group of coefficients
+(decode, trainer, sync, overheads) taken from the predicted run's own fit: the terms that carry
+the miss. ``--json PATH`` also writes the table.
 
 For each finished `asp train` run directory: fit the cost model to its timeline.jsonl, simulate
 the run's own jobs (its prompts, response lengths, iterations, mini-batches, instances and
@@ -75,7 +78,7 @@ def one_sync_mean(fit: dict, tl: Timeline) -> dict:
                 sync_busy_s=0.0)
 
 
-COEFS = ("decode_a", "decode_c", "prefill_per_token", "train_per_token", "train_per_step", "sync_s", "sync_busy_s",
+COEFS = ("decode_a", "decode_b", "decode_c", "prefill_per_token", "train_per_token", "train_per_step", "sync_s", "sync_busy_s",
          "step_latency_s", "publish_s", "admit_latency_s")
 
 
@@ -152,7 +155,36 @@ def print_noise_floor(floor: dict) -> None:
               f"{cell(f['other_seed_pct'], f['other_seed_pairs']):>16s}")
 
 
-def cross(run_dirs: list[str], tolerance: float, one_mean: bool = False, json_path: str | None = None) -> dict:
+TERMS = {"decode": ("decode_a", "decode_b", "decode_c", "prefill_per_token"),
+         "trainer": ("train_per_token", "train_per_step"),
+         "sync": ("sync_s", "sync_busy_s"),
+         "overheads": ("step_latency_s", "publish_s", "admit_latency_s")}
+
+
+def explain(run_dirs: list[str], tls: dict, fits: dict, out: dict, tolerance: float, caps: bool = True) -> dict:
+    """For each out-of-sample pair off by more than ``tolerance``: the mean iteration time error
+    with one group of coefficients (:data:`TERMS`) taken from the predicted run's own fit instead,
+    the others left at the fitted run's: how much of the miss each group carries."""
+    res = {}
+    misses = [(f, d) for f in run_dirs for d in run_dirs
+              if f != d and abs(float(out[(f, d)].loc["iteration_time", "error_pct"])) > tolerance]
+    if not misses:
+        return res
+    print(f"\nmisses by term (error with one group of coefficients from the predicted run's own fit):")
+    for f, d in misses:
+        row = {"fitted": float(out[(f, d)].loc["iteration_time", "error_pct"])}
+        for name, keys in TERMS.items():
+            fit = dict(fits[f], **{k: fits[d].get(k) for k in keys})
+            df = rp.compare_phases(tls[d], rp.replay(tls[d], fit, tail_caps=caps, **rp.run_settings(d)))
+            row[name] = float(df.loc["iteration_time", "error_pct"])
+        res[(f, d)] = row
+        print(f"  {_label(f, run_dirs)} -> {_label(d, run_dirs)}: {row['fitted']:+.1f} %; with its own "
+              + ", ".join(f"{k} {v:+.1f} %" for k, v in row.items() if k != "fitted"))
+    return res
+
+
+def cross(run_dirs: list[str], tolerance: float, one_mean: bool = False, json_path: str | None = None,
+          explain_misses: bool = False, caps: bool = True) -> dict:
     """Fit on each run, replay every run with it: {(fit run, predicted run): phases frame}."""
     tls = {d: Timeline.read_jsonl(Path(d) / "timeline.jsonl") for d in run_dirs}
     fits = {d: cal.fit_timeline(tl) for d, tl in tls.items()}
@@ -163,7 +195,7 @@ def cross(run_dirs: list[str], tolerance: float, one_mean: bool = False, json_pa
         print(f"== fit on {Path(f).name}: " + ", ".join(f"{k}={v:.4g}" for k, v in fits[f].items()
                                                         if isinstance(v, float)))
         for d in run_dirs:
-            df = rp.compare_phases(tls[d], rp.replay(tls[d], fits[f], **rp.run_settings(d)))
+            df = rp.compare_phases(tls[d], rp.replay(tls[d], fits[f], tail_caps=caps, **rp.run_settings(d)))
             out[(f, d)] = df
             print(f"   -- predict {Path(d).name}{' (in sample)' if d == f else ''}")
             print("\n".join("   " + line for line in rp.format_phases(df)))
@@ -195,11 +227,12 @@ def cross(run_dirs: list[str], tolerance: float, one_mean: bool = False, json_pa
         print(f"  {n:{w}s} " + " ".join(cells))
     print_noise_floor(floor)
     rows = noise(run_dirs, fits, out)
+    terms = explain(run_dirs, tls, fits, out, tolerance, caps) if explain_misses else {}
     if json_path:
         from asp_ascend.io import write_json_atomic
 
         write_json_atomic(Path(json_path), {
-            "schema_version": 1, "tolerance_pct": tolerance, "one_sync_mean": one_mean,
+            "schema_version": 1, "tolerance_pct": tolerance, "one_sync_mean": one_mean, "tail_caps": caps,
             "runs": dict(zip(names, run_dirs)),
             "fits": {n: {k: fits[d].get(k) for k in COEFS} for n, d in zip(names, run_dirs)},
             "iteration_time": {fn: {dn: {"measured_s": float(out[(f, d)].loc["iteration_time", "measured_s"]),
@@ -212,7 +245,8 @@ def cross(run_dirs: list[str], tolerance: float, one_mean: bool = False, json_pa
                             for dn, d in zip(names, run_dirs)} for fn, f in zip(names, run_dirs)},
             "noise_floor": {k: dict(v, runs={_label(d, run_dirs): m for d, m in v["runs"].items()})
                             for k, v in floor.items()},
-            "noise": rows})
+            "noise": rows,
+            "explain": {f"{_label(f, run_dirs)} -> {_label(d, run_dirs)}": v for (f, d), v in terms.items()}})
         print(f"wrote {json_path}")
     return out
 
@@ -224,10 +258,14 @@ def main(argv=None) -> int:
     ap.add_argument("--tolerance", type=float, default=15.0, help="%% error that marks an out-of-sample miss")
     ap.add_argument("--one-sync-mean", action="store_true",
                     help="--cross: fit the sync as one mean (no sync_busy_s), to see what that term changes")
+    ap.add_argument("--no-tail-caps", action="store_true",
+                    help="--cross: replay without the runs' recorded tail caps (the replay before it modelled them)")
+    ap.add_argument("--explain", action="store_true",
+                    help="--cross: for each miss, the error with each group of coefficients from the predicted run's fit")
     ap.add_argument("--json", default=None, help="--cross: also write the table to this JSON file")
     args = ap.parse_args(argv)
     if args.cross:
-        cross(args.run_dirs, args.tolerance, args.one_sync_mean, args.json)
+        cross(args.run_dirs, args.tolerance, args.one_sync_mean, args.json, args.explain, not args.no_tail_caps)
         return 0
     summary = {d: bench(d) for d in args.run_dirs}
     print("\nmean iteration time error (simulated vs measured, %):")
