@@ -210,7 +210,8 @@ class SchedulerConfig:
     concurrency: str = _f("full", "asp: sequences the dispatcher keeps admitted per instance: full (default) = "
                           "rollout.max_num_seqs; auto = the planner's choice from the predicted work, the fewest that "
                           "still generate twice an iteration's decode work within its predicted period, so the "
-                          "longest groups decode at a lighter load (scheduler/concurrency.py)",
+                          "longest groups decode at a lighter load; opt-in: chosen from the cost coefficients, it is only as good "
+                          "as they are (calibrate them; docs/scheduler.md) (scheduler/concurrency.py)",
                           choices=("auto", "full"))
 
 
