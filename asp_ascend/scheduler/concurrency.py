@@ -65,3 +65,19 @@ def admission_concurrency(pred, plen, *, group_size: int, global_batch_size: int
         if R * m / float(cost.step(m, m * ctx)) * period >= margin * tokens:
             return m
     return S
+
+
+def configured_concurrency(cfg, pred, plen, *, group_size: int, num_instances: int, max_num_seqs: int,
+                           lag_bound: int, cost: CostModel, group_max_factor: float, packed: bool) -> int:
+    """asp's admission concurrency under ``cfg`` (``scheduler.concurrency``): ``max_num_seqs`` for
+    ``full``, else :func:`admission_concurrency` with the run's batch sizes and response cap.
+    ``asp schedule`` (scheduler/run.py) and ``asp simulate`` (sim/run.py) both call this; they pass
+    what differs between them (instances, concurrency, costs of the system they plan for)."""
+    if cfg.scheduler.concurrency != "auto":
+        return int(max_num_seqs)
+    t = cfg.train
+    return admission_concurrency(pred, plen, group_size=group_size, global_batch_size=t.global_batch_size,
+                                 mini_batch_size=t.mini_batch_size, num_instances=num_instances,
+                                 max_num_seqs=max_num_seqs, lag_bound=lag_bound, cost=cost,
+                                 group_max_factor=group_max_factor,
+                                 max_response_length=cfg.lengths.max_response_length, packed=packed)

@@ -170,19 +170,15 @@ def estimate_schedule(cfg, sched, inp: PlanInputs, lengths: np.ndarray) -> dict:
 def planned_concurrency(cfg, inp: PlanInputs) -> int:
     """Sequences per instance the dispatcher admits for an asp schedule (``scheduler.concurrency``,
     scheduler/concurrency.py): the planner's choice from the predictions, or rollout.max_num_seqs."""
-    from .concurrency import admission_concurrency
+    from .concurrency import configured_concurrency
 
     t, r = cfg.train, cfg.rollout
-    if cfg.scheduler.concurrency != "auto":
-        return int(r.max_num_seqs)
-    return admission_concurrency(inp.predicted, inp.prompt_lengths, group_size=t.group_size,
-                                 global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
-                                 num_instances=r.num_instances, max_num_seqs=r.max_num_seqs,
-                                 lag_bound=lag_bound_of(cfg),
-                                 cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0)),
-                                 group_max_factor=inp.group_max_factor,
-                                 max_response_length=cfg.lengths.max_response_length,
-                                 packed=resolve_mode(t.micro_batching) == "packed")
+    return configured_concurrency(cfg, inp.predicted, inp.prompt_lengths, group_size=t.group_size,
+                                  num_instances=r.num_instances, max_num_seqs=r.max_num_seqs,
+                                  lag_bound=lag_bound_of(cfg),
+                                  cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0)),
+                                  group_max_factor=inp.group_max_factor,
+                                  packed=resolve_mode(t.micro_batching) == "packed")
 
 
 PREDICTED_KEYS = ("iteration_time_mean", "padding_bubble", "skew_bubble", "sorting_bubble", "lower_bound_ratio")

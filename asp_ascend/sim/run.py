@@ -165,20 +165,17 @@ def with_admission_concurrency(cfg, spec: SystemSpec, costs: SimCosts, workload,
     """``spec`` with asp's admission concurrency (``scheduler.concurrency: auto``,
     scheduler/concurrency.py): the planner's choice from the first simulated epoch's predictions,
     as ``asp schedule`` makes it; other systems (and ``full``) keep ``rollout.max_num_seqs``."""
-    from ..scheduler.concurrency import admission_concurrency
+    from ..scheduler.concurrency import configured_concurrency
     from ..scheduler.reestimate import group_max_factor
 
     if spec.dispatch != "asp" or cfg.scheduler.concurrency != "auto":
         return spec
     hist, sim = epoch_split(workload, cfg.sim.epochs)
-    t = cfg.train
-    n = admission_concurrency(preds.predict(tuple(hist), sim[0]), workload.prompt_length, group_size=workload.group_size,
-                              global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
-                              num_instances=spec.num_instances, max_num_seqs=spec.max_num_seqs,
-                              lag_bound=spec.lag_bound, cost=planning_cost(costs),
-                              group_max_factor=group_max_factor(workload.group_spread, workload.group_size),
-                              max_response_length=cfg.lengths.max_response_length,
-                              packed=system_micro_batching(cfg, spec) == "packed")
+    n = configured_concurrency(cfg, preds.predict(tuple(hist), sim[0]), workload.prompt_length,
+                               group_size=workload.group_size, num_instances=spec.num_instances,
+                               max_num_seqs=spec.max_num_seqs, lag_bound=spec.lag_bound, cost=planning_cost(costs),
+                               group_max_factor=group_max_factor(workload.group_spread, workload.group_size),
+                               packed=system_micro_batching(cfg, spec) == "packed")
     return replace(spec, max_num_seqs=n)
 
 
