@@ -112,8 +112,11 @@ class CarryOver:
             return []
         nxt = iteration + 1
         movable = [k for k in late if nxt <= self.planned[k] + self.S]
+        if not movable:
+            return []
+        fin, trained = self.finished, self.trained
         donors = sorted((k for slot in self._slots_of.get(nxt, ()) for k in self.members[slot]
-                         if k in self.finished and k not in self.trained), key=self.finished.__getitem__)
+                         if k in fin and k not in trained), key=fin.__getitem__)
         out = []
         for d, s in zip(movable, donors):
             (i, m), (j, n) = self.where[d], self.where[s]

@@ -303,9 +303,14 @@ class TailControl:
 
     def on_finish(self, key: Key, lengths: list[int]) -> None:
         """A group came back complete (``lengths``: its samples' response lengths, by sample)."""
-        if self.estimator is not None and key in self.estimator.groups:
-            self._finish_samples(key, dict(enumerate(lengths)))
-            self.estimator.on_group_finish(key)
+        est = self.estimator
+        if est is not None and key in est.groups:
+            # _finish_samples(key, dict(enumerate(lengths))), without the sort: samples in order
+            seen = self._reported.get(key, ())
+            for s, length in enumerate(lengths):
+                if s not in seen:
+                    est.on_sample_finish(key, int(length))
+            est.on_group_finish(key)
         self._reported.pop(key, None)
         self.prefixes.pop(key, None)
         self._jobs.pop(key, None)

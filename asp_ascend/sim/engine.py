@@ -109,6 +109,7 @@ class Engine:
         self.resumed: list[int] = []   # shared queue: instances back from a sync pause, not yet stepping
         self.released = 0          # barrier mode: highest iteration released for generation
         self.dirty = False         # a group finished: trainer/barrier must react (see _react)
+        self._sizes: dict[int, float] = {}   # carry-over: iteration -> defer_share x its groups
 
     # ------------------------------------------------------------------ admission
     def _has_room(self, r: int) -> bool:
@@ -267,7 +268,10 @@ class Engine:
             tr.swap(self.job_of[sw.deferred], self.job_of[sw.swapped_in])
 
     def _size(self, i: int) -> float:
-        return self.mech.defer_share * sum(len(v) for v in self.plan.iterations.get(i, {}).values())
+        size = self._sizes.get(i)
+        if size is None:
+            size = self._sizes[i] = self.mech.defer_share * sum(len(v) for v in self.plan.iterations.get(i, {}).values())
+        return size
 
     def _start_sync(self, t: float, version: int) -> None:
         if self.sync_pause:
@@ -362,7 +366,7 @@ class Engine:
                 self._react(t)
         self._check_done()
         self.preemptions = inst.preemptions
-        return build_timeline(self.jobs, tr.mbt, inst, tr.queue, tr.step_rows, tr.sync_rows, self.record_samples,
+        return build_timeline(self.jobs, tr.table(), inst, tr.queue, tr.step_rows, tr.sync_rows, self.record_samples,
                               members=tr.members, trained_iteration=tr.job_it)
 
     def _check_done(self) -> None:

@@ -60,29 +60,37 @@ class SimProgress:
         self._cache: dict = {}      # key -> (instance step, samples left, remaining) at the last report
 
     def remaining(self, key) -> float:
+        # like the runtime's periodic polls, a group's progress is re-reported only when a sample
+        # finished or its tokens grew by an eighth (at least 64) since the last report
+        inst = self.inst
+        hit = self._cache.get(key)
+        if hit is not None:
+            # (hot: guided dispatch asks for every running group of every candidate victim) a cached
+            # group is running: once it finishes its job_left (0) differs from the cached count (>= 1)
+            b, step0, left, rem = hit
+            step = inst.S[inst.seq_inst[b]]
+            if inst.job_left[b // inst.G] == left:
+                grown = (step - inst.s0[b]) // 8
+                if step - step0 < (grown if grown > 64 else 64):
+                    return rem
         est = self.tc.estimator
         if key not in est.groups:
             return 0.0
-        inst, G = self.inst, self.inst.G
+        G = inst.G
         j = self.job_of[key]
-        # like the runtime's periodic polls, a group's progress is re-reported only when a sample
-        # finished or its tokens grew by an eighth (at least 64) since the last report
-        step, left = inst.S[inst.seq_inst[j * G]], inst.job_left[j]
-        hit = self._cache.get(key)
-        if hit is not None and hit[1] == left and step - hit[0] < max(64, (step - inst.s0[j * G]) // 8):
-            return hit[2]
+        b = j * G
+        step, left = inst.S[inst.seq_inst[b]], inst.job_left[j]
         finished, tokens = {}, []
-        for smp in range(G):
-            s = j * G + smp
+        for s in range(b, b + G):
             if inst.in_run[s]:
                 tokens.append(inst.g0[s] + inst.S[inst.seq_inst[s]] - inst.s0[s])
             elif inst.t_fin[s] > 0.0:
-                finished[smp] = inst.resp[s]
+                finished[s - b] = inst.resp[s]
             else:
                 tokens.append(inst.g0[s])       # waiting (or preempted: its tokens so far kept)
         self.tc.on_progress([{"key": key, "finished": finished, "tokens": tokens}])
         rem = est.remaining(key)
-        self._cache[key] = (step, left, rem)
+        self._cache[key] = (b, step, left, rem)
         return rem
 
 

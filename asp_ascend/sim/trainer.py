@@ -128,7 +128,7 @@ class Trainer:
         self.members: dict | None = None   # (iteration, mini_batch) -> job indices, once groups were swapped
         self.mbt = mbt = micro_batch_table(jobs, spec.micro_batch_size, spec.micro_batching,
                                            spec.max_tokens_per_micro_batch)
-        self._col_tokens, self._col_pad = mbt.columns.get_loc("tokens"), mbt.columns.get_loc("padded_tokens")
+        self._recosted: dict[int, tuple[int, int]] = {}   # swapped mini-batch -> (tokens, pad); see table()
         self.mb_iter = mbt["iteration"].to_numpy().tolist()
         self.mb_mini = mbt["mini_batch"].to_numpy().tolist()
         self.mb_groups = mbt["groups"].to_numpy().tolist()
@@ -264,19 +264,31 @@ class Trainer:
         for x, key in ((xd, kd), (xs, ks)):
             self._recost(x, self.members[key])
 
+    def table(self) -> pd.DataFrame:
+        """The micro-batch table as trained: swapped mini-batches carry their new members' tokens
+        and pad (written once at the end: a pandas write per swap cost more than the swap)."""
+        if self._recosted:
+            rows = sorted(self._recosted)
+            mbt = self.mbt
+            mbt.iloc[rows, mbt.columns.get_loc("tokens")] = [self._recosted[x][0] for x in rows]
+            mbt.iloc[rows, mbt.columns.get_loc("padded_tokens")] = [self._recosted[x][1] for x in rows]
+            self._recosted = {}
+        return self.mbt
+
     def _recost(self, x: int, js: list[int]) -> None:
         """Mini-batch ``x``'s tokens, pad and duration from its members ``js`` (in order), cut as
         :func:`micro_batch_table` cuts one step (on arrays: a table per swap cost more than the rest)."""
         jobs, spec = self.jobs, self.spec
         seq = (jobs.resp[js] + jobs.prompt_length[js, None]).reshape(-1).astype(np.int64)
         tokens = int(seq.sum())
-        if spec.micro_batching == "padded_to_dispatch":
+        if spec.micro_batching == "packed":
+            pad = 0                    # packed micro-batches carry no pad (step_slots' answer, without its arrays)
+        elif spec.micro_batching == "padded_to_dispatch":
             # colocated only, never swaps; here it would pad to this mini-batch's longest
             pad = int(seq.size * seq.max()) - tokens
         else:
             pad = int(step_slots(np.zeros(seq.size, np.int64), seq, mode=spec.micro_batching,
                                  micro=spec.micro_batch_size, max_tokens=spec.max_tokens_per_micro_batch)[1][0])
-        self.mbt.iat[x, self._col_tokens] = tokens
-        self.mbt.iat[x, self._col_pad] = pad
+        self._recosted[x] = (tokens, pad)
         self.mb_dur[x] = (spec.train_per_token * float(trainer_slots(tokens, pad, spec.micro_batching))
                           + spec.train_per_step)
