@@ -77,9 +77,10 @@ class Engine:
         jobs = self.jobs
         self._events: list = []
         self._seq = 0
+        partial = self.mech.partial_rollout
         self.trainer = Trainer(jobs, self.tr, self.stream, self._push, self._start_sync,
-                               self._trainer_waits if self.mech.partial_rollout else None,
-                               decoding=lambda: any(self.inst.n))
+                               self._trainer_waits if partial else None, decoding=lambda: any(self.inst.n),
+                               trained=self._trained if partial else None)
         job_objs = jobs_from_columns(jobs.iteration, jobs.dispatch_rank, [str(p) for p in jobs.prompt_id.tolist()],
                                      jobs.epoch, jobs.instance, jobs.mini_batch, jobs.predicted_length)
         self.job_of = {(j.epoch, j.prompt_id): x for x, j in enumerate(job_objs)}
@@ -266,6 +267,11 @@ class Engine:
             return
         for sw in self.tc.maybe_defer(i):
             tr.swap(self.job_of[sw.deferred], self.job_of[sw.swapped_in])
+
+    def _trained(self, i: int, m: int) -> None:
+        """Carry-over: mini-batch (i, m) was trained. As the runtime's orchestrator does at the end
+        of an optimizer step, its groups leave iteration i's budget (``TailControl.on_trained``)."""
+        self.tc.on_trained(i, m)
 
     def _size(self, i: int) -> float:
         size = self._sizes.get(i)

@@ -119,11 +119,12 @@ class Trainer:
 
     def __init__(self, jobs: SimJobs, spec: TrainerSpec, stream: bool, push: Callable,
                  start_sync: Callable[[float, int], None], waiting: Callable[[int, float], None] | None = None,
-                 decoding: Callable[[], bool] | None = None):
+                 decoding: Callable[[], bool] | None = None, trained: Callable[[int, int], None] | None = None):
         self.spec, self.stream, self.push, self.start_sync = spec, stream, push, start_sync
         self.decoding = decoding       # is any instance decoding now (spec.sync_busy_s)
         self.sync_dur = spec.sync_s    # the duration of the sync started last
         self.waiting = waiting         # called when the trainer waits on an iteration (carry-over)
+        self.trained = trained         # called with (iteration, mini_batch) when its step ends (carry-over)
         self.jobs = jobs
         self.members: dict | None = None   # (iteration, mini_batch) -> job indices, once groups were swapped
         self.mbt = mbt = micro_batch_table(jobs, spec.micro_batch_size, spec.micro_batching,
@@ -214,6 +215,8 @@ class Trainer:
             return
         i = self.mb_iter[x]
         self.steps_done[i] += 1
+        if self.trained is not None:
+            self.trained(i, self.mb_mini[x])
         if self.steps_done[i] < len(self.it_mbs[i]):
             self.try_step(t)
             return

@@ -77,12 +77,12 @@ def test_sim_guided_dispatch_corrects_a_misprediction():
 
 def test_sim_partial_rollout_defers_and_swaps_exactly_once():
     # two instances, two slots each, 1 s per step, k = 1, S = 1. Iteration 0 = {A (100 tokens, on
-    # instance 0), B (2)}, iteration 1 = {C (2), D (2)}, iteration 2 = {E (2), F (2)}; one group
-    # per mini-batch, 1 s per optimizer step. B and C finish at 2 s, B trains 2 -> 3; the trainer
-    # then waits on A alone, re-estimated far past the iteration's budget (B's 2 tokens): A is
-    # deferred to iteration 1 and C (finished) takes its slot in iteration 0.
+    # instance 0), B (2)} in one mini-batch, iteration 1 = {C (2), D (2)}, iteration 2 = {E (2), F (2)}
+    # one group per mini-batch; 1 s per optimizer step. B and C finish at 2 s; the trainer waits on
+    # A alone, re-estimated far past the iteration's budget (B's 2 tokens, finished, not trained):
+    # A is deferred to iteration 1 and C (finished) takes its slot in iteration 0.
     jobs = _jobs([100, 2, 2, 2, 2, 2], [0, 0, 1, 1, 2, 2], [0, 1, 1, 1, 1, 1],
-                 predicted=[100, 2, 2, 2, 2, 2], mini_batch=[0, 1, 0, 1, 0, 1])
+                 predicted=[100, 2, 2, 2, 2, 2], mini_batch=[0, 0, 0, 1, 0, 1])
     tr = TrainerSpec(train_per_token=0.0, train_per_step=1.0, sync_s=0.5, micro_batch_size=8, micro_batching="packed")
     mech = SimMechanisms(reestimate=True, partial_rollout=True, max_split=1, max_tokens=4096)
     eng, req, tl = _run(jobs, R=2, mns=2, cost=PER_STEP, trainer=tr, mech=mech)
@@ -91,13 +91,34 @@ def test_sim_partial_rollout_defers_and_swaps_exactly_once():
     steps = tl.frame("step")
     trained = [tuple(x) for s in steps["samples"] for x in s]
     assert sorted(trained) == sorted((0, f"p{i}", 0) for i in range(6))          # exactly once
-    assert [x[1] for x in steps[steps["iteration"] == 0]["samples"].sum()] == ["p1", "p2"]
+    assert sorted(x[1] for x in steps[steps["iteration"] == 0]["samples"].sum()) == ["p1", "p2"]
+    assert steps["t_start"].iloc[0] == 2.0                  # B + C trained at once: no wait for A
     lag = req["iteration"] - req["admission_version"]
     assert lag.max() <= 1 + 1 and lag["p0"] == 1
     # without carry-over the same run waits for A in iteration 0
     _, plain, tl0 = _run(jobs, R=2, mns=2, cost=PER_STEP, trainer=tr)
     assert plain["iteration"].tolist() == [0, 0, 1, 1, 2, 2]
     assert tl.frame("sync")["t_end"].iloc[0] < tl0.frame("sync")["t_end"].iloc[0]
+
+
+def test_sim_trained_groups_leave_the_carry_over_budget():
+    # The runtime's rule (TailControl.on_trained, called when a step ends), which the simulator
+    # now follows: the budget B_i counts finished groups of iteration i not trained yet. The case
+    # above with B in its own mini-batch: B finishes at 2 s and is trained 2 -> 3 s; at 3 s the
+    # trainer waits on A alone, but no finished, untrained sample of iteration 0 is left, so there
+    # is no budget and nothing is late: A is not deferred, iteration 0 waits for it (100 s). The
+    # simulator used to keep B's 2 tokens in the budget and deferred A here (iterations [1, 0, 0, 1]).
+    jobs = _jobs([100, 2, 2, 2, 2, 2], [0, 0, 1, 1, 2, 2], [0, 1, 1, 1, 1, 1],
+                 predicted=[100, 2, 2, 2, 2, 2], mini_batch=[0, 1, 0, 1, 0, 1])
+    tr = TrainerSpec(train_per_token=0.0, train_per_step=1.0, sync_s=0.5, micro_batch_size=8, micro_batching="packed")
+    mech = SimMechanisms(reestimate=True, partial_rollout=True, max_split=1, max_tokens=4096)
+    eng, req, tl = _run(jobs, R=2, mns=2, cost=PER_STEP, trainer=tr, mech=mech)
+    assert req["iteration"].tolist() == [0, 0, 1, 1, 2, 2]
+    assert "defer" not in eng.log.counts
+    assert eng.tc.late(0) == ([], {}, None)                 # A finished and both trained: no budget
+    steps = tl.frame("step")
+    assert steps["t_start"].tolist()[:2] == [2.0, 100.0]    # B at 2 s, A once it finished
+    assert eng.tc.carry.trained == {(0, f"p{i}") for i in range(6)}
 
 
 def test_sim_speculation_divides_the_fixed_step_cost():
