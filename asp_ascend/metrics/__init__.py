@@ -1,8 +1,8 @@
 """Metric definitions shared by the planner, the simulator and real runs (DESIGN 5)."""
-from .bubbles import (iteration_lower_bounds, iteration_time_stats, lag_histogram, lower_bound_ratio,
+from .bubbles import (deferred_lags, iteration_lower_bounds, iteration_time_stats, lag_histogram, lower_bound_ratio,
                       padding_bubble, rollout_breakdown, summarize, time_weighted_cv, trainer_breakdown)
 from .timeline import Timeline, TimelineWriter
 
 __all__ = ["Timeline", "TimelineWriter", "summarize", "padding_bubble", "iteration_time_stats",
            "time_weighted_cv", "lag_histogram", "iteration_lower_bounds", "lower_bound_ratio",
-           "rollout_breakdown", "trainer_breakdown"]
+           "rollout_breakdown", "trainer_breakdown", "deferred_lags"]

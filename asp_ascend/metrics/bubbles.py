@@ -17,6 +17,8 @@ The simulator, real runs and the planner's analytic estimate all call these func
     other = the rest (syncs, idle while nothing generates); divided by |W| (they sum to 1)
 - queue_occupancy_cv   = time-weighted std / mean of the sample-queue length over W
 - policy_lag           = iteration - admission_version per trained sample: max and histogram
+- deferred lags        : the same over the samples trained after their planned iteration (carry-over),
+                         by admission version and by the version of their newest token
 - lower_bound_ratio    = |W| / sum_i LB_i,  LB_i = max(decode work_i / (R * peak),
                           trainer time_i, solo latency of i's longest group / (k + 1))
 """
@@ -76,6 +78,31 @@ def lag_histogram(lags: Sequence[int]) -> dict[str, int]:
         return {}
     vals, counts = np.unique(lags, return_counts=True)
     return {str(int(v)): int(c) for v, c in zip(vals, counts)}
+
+
+def deferred_lags(trained_iteration, planned_iteration, admission_version, last_version) -> dict[str, Any]:
+    """Carry-over's lag keys (DESIGN 9 e), one entry per trained sample.
+
+    A sample is *deferred* when the iteration that trained it is after its planned one
+    (carry-over moved its group later). A group swapped in to fill a deferred group's slot is
+    trained *before* its planned iteration: it is not deferred (its lag only shrank) and counts
+    under the lossless bound with every other sample.
+
+    - ``deferred_samples``: how many samples are deferred;
+    - ``policy_lag_max_lossless``: the largest lag (trained iteration - admission version) of
+      the samples not deferred (never above k);
+    - ``deferred_lag_hist``: the deferred samples' lag by admission version (<= k + S);
+    - ``deferred_token_lag_hist``: their lag by the version behind their newest token
+      (trained iteration - ``last_version``).
+    """
+    it = np.asarray(trained_iteration, dtype=np.int64)
+    deferred = it > np.asarray(planned_iteration, dtype=np.int64)
+    lag_adm = it - np.asarray(admission_version, dtype=np.int64)
+    lag_tok = it - np.asarray(last_version, dtype=np.int64)
+    return {"deferred_samples": int(deferred.sum()),
+            "policy_lag_max_lossless": int(lag_adm[~deferred].max(initial=0)),
+            "deferred_lag_hist": lag_histogram(lag_adm[deferred]),
+            "deferred_token_lag_hist": lag_histogram(lag_tok[deferred])}
 
 
 def iteration_lower_bounds(decode_work_s: Sequence[float], train_time_s: Sequence[float],

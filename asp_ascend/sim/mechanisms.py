@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ..metrics import deferred_lags
 from ..scheduler.tail_control import TailOptions
 
 
@@ -116,19 +117,14 @@ def ks_distance(x: np.ndarray, ref_sorted: np.ndarray) -> float:
 
 def tail_summary(req: pd.DataFrame, planned_iteration: np.ndarray, version_at_finish, lag_bound: int,
                  log: MechanismLog | None) -> dict:
-    """Mechanism counters, the deferred samples' lag histograms and the per-iteration length mix.
-    ``req``: the request frame (its ``iteration`` = the iteration that trained the sample);
-    ``planned_iteration``: per sample, the plan's."""
+    """Mechanism counters, the deferred samples' lag histograms (``metrics.deferred_lags``: a sample
+    trained after its planned iteration; a group swapped in early is not deferred) and the
+    per-iteration length mix. ``req``: the request frame (its ``iteration`` = the iteration that
+    trained the sample); ``planned_iteration``: per sample, the plan's."""
     it = req["iteration"].to_numpy()
-    deferred = it != planned_iteration
-    lag_adm = it - req["admission_version"].to_numpy()
-    lag_tok = it - np.asarray(version_at_finish)
     out = {"tail_capped_groups": (log.counts.get("tail", 0) if log else 0),
            "deferred_groups": (log.counts.get("defer", 0) if log else 0),
-           "deferred_samples": int(deferred.sum()),
-           "policy_lag_max_lossless": int(lag_adm[~deferred].max(initial=0)),
-           "deferred_lag_hist": _hist(lag_adm[deferred]),
-           "deferred_token_lag_hist": _hist(lag_tok[deferred])}
+           **deferred_lags(it, planned_iteration, req["admission_version"].to_numpy(), version_at_finish)}
     L = req["response_length"].to_numpy()
     order = np.argsort(it, kind="stable")
     cuts = np.flatnonzero(np.diff(it[order])) + 1
@@ -138,7 +134,3 @@ def tail_summary(req: pd.DataFrame, planned_iteration: np.ndarray, version_at_fi
     out["length_mix_ks_max"] = float(np.max(ks))
     return out
 
-
-def _hist(lags: np.ndarray) -> dict:
-    v, c = np.unique(lags, return_counts=True)
-    return {str(int(a)): int(b) for a, b in zip(v, c)}

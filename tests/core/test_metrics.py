@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from asp_ascend.metrics import Timeline, summarize, time_weighted_cv
+from asp_ascend.metrics import Timeline, deferred_lags, summarize, time_weighted_cv
 from asp_ascend.metrics.bubbles import iteration_lower_bounds, iteration_time_stats, padding_bubble
 
 
@@ -70,3 +70,20 @@ def test_primitives():
     assert time_weighted_cv([0, 1], [5, 5], 0, 2) == 0.0
     lb = iteration_lower_bounds([1, 5], [2, 1], [6, 2], lag_bound=1)
     assert lb.tolist() == [3.0, 5.0]
+
+
+def test_deferred_lags_count_only_groups_trained_after_their_plan():
+    # carry-over with k = 1: d (planned for iteration 0, admitted at v0) is deferred to iteration 1,
+    # its newest tokens from v1; s (planned for 1, admitted at v0) was swapped into its slot and
+    # trained in iteration 0; a trained as planned in 0, b in 1 (admitted at v1). Only d is deferred:
+    # s moved earlier (lag 0), it counts under the lossless bound with a and b.
+    trained = [1, 1, 0, 0, 0, 1]             # d (2 samples), s (2 samples), a, b
+    planned = [0, 0, 1, 1, 0, 1]
+    admitted = [0, 0, 0, 0, 0, 1]
+    newest = [1, 1, 0, 0, 0, 1]
+    out = deferred_lags(trained, planned, admitted, newest)
+    assert out == {"deferred_samples": 2, "policy_lag_max_lossless": 0,
+                   "deferred_lag_hist": {"1": 2}, "deferred_token_lag_hist": {"0": 2}}
+    # nothing moved: no deferred sample, the lossless maximum over every sample
+    assert deferred_lags([2, 3], [2, 3], [1, 3], [1, 3]) == {
+        "deferred_samples": 0, "policy_lag_max_lossless": 1, "deferred_lag_hist": {}, "deferred_token_lag_hist": {}}

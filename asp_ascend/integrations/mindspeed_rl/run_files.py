@@ -5,9 +5,10 @@
 ``defer`` / ``swap``), ``metrics.jsonl`` (one row per iteration) and, when the run ends,
 ``summary.json``: the shared metric functions over the timeline (``metrics.summarize``), keyed
 by the simulator's name of the run's system, plus what the tail mechanisms did
-(``sim.mechanisms.tail_summary``: ``deferred_groups``, ``deferred_lag_hist`` by admission version,
-``deferred_token_lag_hist`` by the version of each deferred sample's last token, the per-iteration
-length mix). So ``asp report OUTPUT_DIR`` and ``asp simulate CONFIG --calibrate OUTPUT_DIR`` read a
+(``sim.mechanisms.tail_summary``: ``deferred_groups``, and by ``metrics.deferred_lags``
+``deferred_lag_hist`` by admission version and ``deferred_token_lag_hist`` by the version of each
+deferred sample's last token, a deferred sample being one trained after its planned iteration;
+the per-iteration length mix). So ``asp report OUTPUT_DIR`` and ``asp simulate CONFIG --calibrate OUTPUT_DIR`` read a
 MindSpeed-RL run as they read one of ``asp train``.
 
 No torch: numpy/pandas only (the summary runs in the driver after training).
