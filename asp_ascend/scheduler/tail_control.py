@@ -378,6 +378,13 @@ class TailControl:
         waiting = [k for k in self.carry.members_of(iteration) if k not in fin]
         if budget is None or not waiting:
             return [], {}, budget
+        if every:
+            # maybe_defer defers only groups that may still move (CarryOver.defer: at most S
+            # iterations after the planned one): when none may, its answer is no swap whatever
+            # is late, so nothing is estimated (the usual case once a deferred tail is all that is left)
+            nxt, planned, S = iteration + 1, self.carry.planned, self.carry.S
+            if not any(nxt <= planned[k] + S for k in waiting):
+                return [], {}, budget
         rem = {}
         for key in waiting:
             rem[key] = x = self._remaining_of(key)

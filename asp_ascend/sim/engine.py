@@ -84,6 +84,7 @@ class Engine:
         job_objs = jobs_from_columns(jobs.iteration, jobs.dispatch_rank, [str(p) for p in jobs.prompt_id.tolist()],
                                      jobs.epoch, jobs.instance, jobs.mini_batch, jobs.predicted_length)
         self.job_of = {(j.epoch, j.prompt_id): x for x, j in enumerate(job_objs)}
+        self.key_of = [(j.epoch, j.prompt_id) for j in job_objs]    # job index -> (epoch, prompt_id)
         self.plan = ExecutionPlan(self.settings, job_objs)
         self.dispatcher = self.plan.dispatcher
         self.adm = self.dispatcher.adm
@@ -244,9 +245,10 @@ class Engine:
         late = self.tr.admit_latency_s > 0
         if late:                            # the runtime learns of the free slot this much later
             self._push(t + self.tr.admit_latency_s, SLOT, r)
-        self.feeder.finished(int(jobs.epoch[j]), str(jobs.prompt_id[j]), release=not late)
+        key = self.key_of[j]
+        self.feeder.finished(key[0], key[1], release=not late)
         if self.tc is not None:
-            self.tc.on_finish((int(jobs.epoch[j]), str(jobs.prompt_id[j])), jobs.resp[j].tolist())
+            self.tc.on_finish(key, jobs.resp[j].tolist())
         self.trainer.on_group(j, t)
         self.dirty = True
 
