@@ -175,10 +175,12 @@ class Engine:
         for steal in (False, True) if disp.guided else (False,):
             # an instance's held count changes only when it is itself advanced or filled (once a pass)
             held = [n[r] + len(waiting[r]) for r in range(self.R)]
-            for r in sorted(range(self.R), key=held.__getitem__):
+            # paused or full instances are left out first (neither changes during a pass); the
+            # stable sort keeps the others in the order the full sort gives them
+            for r in sorted([r for r in range(self.R) if not paused[r] and held[r] < cap[r]], key=held.__getitem__):
                 # may_take first (cheap, asks no estimator); with tail caps the room rule itself
                 # peeks with stealing, so then only may_take(r, True) may skip it
-                if (paused[r] or held[r] >= cap[r] or not disp.may_take(r, steal or self.gov is not None)
+                if (not disp.may_take(r, steal or self.gov is not None)
                         or (self.gov is not None and not self._has_room(r))):   # (else: held < cap is room)
                     continue
                 head = disp.peek(r, steal)
