@@ -118,16 +118,9 @@ def test_entry_dry_run_composes_translates_and_plans(tmp_path):
 
     import pandas as pd
 
-    from asp_ascend.engines.tiny_model import build_tiny_model
-    from verl_fixtures import WORDS
+    from verl_fixtures import model_dir
 
-    model = build_tiny_model(["<pad>", "<eos>", "<unk>"] + WORDS, tmp_path / "model", hidden_size=32, num_layers=1)
-    tc = model / "tokenizer_config.json"
-    import json
-
-    meta = json.loads(tc.read_text())
-    meta["chat_template"] = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    tc.write_text(json.dumps(meta))
+    model = model_dir(tmp_path / "model")
     ov = [o for o in base_overrides(tmp_path) if not o.startswith(("trainer.balance_batch", "trainer.use_v1"))]
     r = subprocess.run([sys.executable, "-m", "asp_ascend.integrations.verl.main_ppo", *ov,
                         f"actor_rollout_ref.model.path={model}", "+asp.dry_run=true"],

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_fixtures import HAVE_VERL, SKIP_REASON, base_overrides
+from verl_fixtures import HAVE_VERL, SKIP_REASON, base_overrides, model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,8 +52,6 @@ def test_verl_trains_one_epoch_with_the_asp_schedule(tmp_path, mode):
     import pandas as pd
     import verl
 
-    from test_verl_routing import _model
-
     ov = [o for o in base_overrides(tmp_path, n=16, batch=4, mini=4, epochs=1)
           if not (mode == "fully_async" and o.startswith("data.train_batch_size"))]
     args = [a.format(verl=os.path.dirname(verl.__file__)) for a in MODES[mode]]
@@ -61,7 +59,7 @@ def test_verl_trains_one_epoch_with_the_asp_schedule(tmp_path, mode):
         args += [f"hydra.searchpath=[pkg://verl.trainer.config,file://{ROOT}/asp_ascend/integrations/verl/config]",
                  "+asp=default"]
     r = subprocess.run([sys.executable, "-m", "asp_ascend.integrations.verl.main_ppo", *args, *ov,
-                        f"actor_rollout_ref.model.path={_model(tmp_path)}", "trainer.device=cuda",
+                        f"actor_rollout_ref.model.path={model_dir(tmp_path / 'model')}", "trainer.device=cuda",
                         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.gpu_memory_utilization=0.3"],
                        capture_output=True, text=True, timeout=1800, cwd=tmp_path,
                        env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT / 'tests' / 'integrations'}"})

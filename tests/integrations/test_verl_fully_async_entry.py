@@ -3,26 +3,14 @@ translates, verl's fully async task runner is the base of ours, and its rolloute
 actor options -- is the ASP one, constructed here with verl's own ``__init__`` on CPU."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
-from verl_fixtures import HAVE_VERL, SKIP_REASON, WORDS, base_overrides
+from verl_fixtures import HAVE_VERL, SKIP_REASON, WORDS, base_overrides, model_dir, prompt_tokens
 
 ASP_CONFIG = Path(__file__).resolve().parents[2] / "asp_ascend" / "integrations" / "verl" / "config"
 pytestmark = [pytest.mark.verl, pytest.mark.skipif(not HAVE_VERL, reason=SKIP_REASON)]
-
-
-def _model(tmp_path):
-    from asp_ascend.engines.tiny_model import build_tiny_model
-
-    model = build_tiny_model(["<pad>", "<eos>", "<unk>"] + WORDS, tmp_path / "model", hidden_size=32, num_layers=1)
-    tc = model / "tokenizer_config.json"
-    meta = json.loads(tc.read_text())
-    meta["chat_template"] = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    tc.write_text(json.dumps(meta))
-    return model
 
 
 def _config(tmp_path, extra=()):
@@ -36,7 +24,7 @@ def _config(tmp_path, extra=()):
     with initialize_config_dir(config_dir=os.path.join(os.path.dirname(fa.__file__), "config"), version_base=None):
         return compose(config_name="fully_async_ppo_trainer",
                        overrides=[f"hydra.searchpath=[pkg://verl.trainer.config,file://{ASP_CONFIG}]", "+asp=default",
-                                  "asp.verl.mode=fully_async", "asp.verl.batch_layout=dispatch", *ov, f"actor_rollout_ref.model.path={_model(tmp_path)}", "data.train_batch_size=0",
+                                  "asp.verl.mode=fully_async", "asp.verl.batch_layout=dispatch", *ov, f"actor_rollout_ref.model.path={model_dir(tmp_path / 'model')}", "data.train_batch_size=0",
                                   "actor_rollout_ref.rollout.calculate_log_probs=true",
                                   "async_training.trigger_parameter_sync_step=2",
                                   "async_training.staleness_threshold=1", "trainer.device=cpu", "actor_rollout_ref.hybrid_engine=false", *extra])
@@ -63,6 +51,9 @@ def test_fully_async_entry_builds_verls_runner_with_the_asp_rollouter(tmp_path):
     assert issubclass(ro_cls.__ray_actor_class__, FullyAsyncRollouter.__ray_actor_class__)
 
     cfg, tok, asp = prepare(config)
+    # the tokenizer verl's HFModelConfig loaded from model.path encodes each word as one token
+    text = tok.apply_chat_template([{"role": "user", "content": " ".join(WORDS[:5])}], tokenize=False)
+    assert len(tok.encode(text, add_special_tokens=False)) == prompt_tokens(" ".join(WORDS[:5])) == 6
     asp = cloudpickle.loads(cloudpickle.dumps(asp))                                # it travels to the actor
     assert cfg.train.global_batch_size == 4 * 2                                    # mini x trigger = one version
     ro = ro_cls.__ray_actor_class__(config=config, tokenizer=tok, processor=None, device_name="cpu", asp=asp)

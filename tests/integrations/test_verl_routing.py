@@ -20,7 +20,8 @@ import pytest
 
 from asp_ascend.integrations.verl.routing import (LENGTH_SPAN, PRIORITY_BASE, GuidedRoutes, Route, decode_instance,
                                                    decode_priority, encode_priority, priority_table)
-from verl_fixtures import HAVE_VERL, SKIP_REASON, WORDS, ServerStandIn, base_overrides, response_length
+from verl_fixtures import (HAVE_VERL, SKIP_REASON, WORDS, ServerStandIn, base_overrides, model_dir, prompt_tokens,
+                           response_length)
 
 ASP_CONFIG = Path(__file__).resolve().parents[2] / "asp_ascend" / "integrations" / "verl" / "config"
 needs_verl = [pytest.mark.verl, pytest.mark.skipif(not HAVE_VERL, reason=SKIP_REASON)]
@@ -157,27 +158,6 @@ def test_verls_balancer_subclass_holds_a_group_until_an_instance_admits_it():
     assert asyncio.run(static()) is False                  # static: group 1 waits for its own s1
 
 
-def _model(tmp_path):
-    """The tiny Qwen2 model with a byte-level BPE tokenizer (no merges: one token per byte). verl's agent
-    loop loads it with ``AutoTokenizer`` (which picks Qwen2's tokenizer class for this model type) and
-    its Qwen continuous-token builder needs a newline token; the word-level test tokenizer has neither."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from asp_ascend.engines.tiny_model import build_tiny_model
-
-    specials = ["<pad>", "<eos>", "<unk>"]
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    model = build_tiny_model(specials + alphabet, tmp_path / "model", hidden_size=32, num_layers=1)
-    bpe = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(specials + alphabet)}, merges=[], unk_token="<unk>"))
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")
-    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    tok.save_pretrained(model)
-    return model
-
-
 def _fully_async_config(tmp_path, epochs: int):
     import os
 
@@ -192,7 +172,7 @@ def _fully_async_config(tmp_path, epochs: int):
         cfg = compose(config_name="fully_async_ppo_trainer", overrides=[
             f"hydra.searchpath=[pkg://verl.trainer.config,file://{ASP_CONFIG}]", "+asp=default",
             "asp.verl.mode=fully_async", "asp.verl.batch_layout=dispatch", *ov,
-            f"actor_rollout_ref.model.path={_model(tmp_path)}", "data.train_batch_size=0",
+            f"actor_rollout_ref.model.path={model_dir(tmp_path / 'model')}", "data.train_batch_size=0",
             "actor_rollout_ref.rollout.calculate_log_probs=true", "async_training.trigger_parameter_sync_step=2",
             "async_training.staleness_threshold=1", "trainer.device=cpu", "actor_rollout_ref.hybrid_engine=false",
             "rollout.nnodes=1", "rollout.n_gpus_per_node=2", "actor_rollout_ref.rollout.agent.num_workers=1",
@@ -302,6 +282,10 @@ def test_fully_async_rollout_routes_groups_to_their_servers_and_records_lengths(
     assert set(hist.columns) >= {"prompt_id", "response_length", "epoch", "sample", "prompt_length", "step"}
     assert len(hist) == 2 * per_epoch * cfg.train.group_size and sorted(hist.epoch.unique()) == [0, 1]
     assert (hist.response_length == hist.prompt_length.astype(int).map(response_length)).all()
+    # verl's agent loop tokenized each prompt with the model directory's own tokenizer: one token per word
+    # (plus the chat template's trailing space), as AutoTokenizer loads it in verl's transformers
+    words = {i: " ".join(WORDS[: 1 + (i * 7) % 13]) for i in range(24)}
+    assert (hist.prompt_length == hist.prompt_id.astype(int).map(lambda i: prompt_tokens(words[i]))).all()
     assert sorted(hist.step.unique())[0] >= 0 and len(list((Path(cfg.output_dir) / "lengths").iterdir())) > 1
     # the adaptive re-plan of epoch 1 predicts the lengths epoch 0 produced, for the prompts seen by then
     observed = hist[hist.epoch == 0].groupby("prompt_id").response_length.mean()

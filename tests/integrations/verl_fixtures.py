@@ -22,12 +22,45 @@ needs_verl = [pytest.mark.verl, pytest.mark.skipif(not HAVE_VERL, reason=SKIP_RE
 WORDS = "what is one two three four five six seven eight nine plus minus equals".split()
 
 
-def tokenizer():
-    from asp_ascend.engines.tiny_model import build_tokenizer
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
 
-    tok = build_tokenizer(["<pad>", "<eos>", "<unk>"] + WORDS)
-    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    return tok
+
+def model_dir(path: Path) -> Path:
+    """The tiny Qwen2 model (``build_tiny_model``: random weights, a Qwen2-format tokenizer in which each
+    of WORDS is one token) with a chat template, written to ``path``: what a verl run's
+    ``actor_rollout_ref.model.path`` names. verl loads its tokenizer with its own ``hf_tokenizer``."""
+    from transformers import AutoTokenizer
+
+    from asp_ascend.engines.tiny_model import build_tiny_model, task_vocabulary
+
+    model = build_tiny_model(task_vocabulary([" ".join(WORDS)]), path, hidden_size=32, num_layers=1)
+    tok = AutoTokenizer.from_pretrained(model)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(model)
+    return model
+
+
+_MODEL: list = []
+
+
+def tokenizer():
+    """verl's own loader (``verl.utils.hf_tokenizer``) on the tiny model directory (built once per process)."""
+    import atexit
+    import shutil
+    import tempfile
+
+    from verl.utils import hf_tokenizer
+
+    if not _MODEL:
+        root = tempfile.mkdtemp(prefix="asp-verl-model-")
+        atexit.register(shutil.rmtree, root, True)
+        _MODEL.append(model_dir(Path(root) / "model"))
+    return hf_tokenizer(str(_MODEL[0]))
+
+
+def prompt_tokens(text: str) -> int:
+    """Token count of a dataset prompt after CHAT_TEMPLATE: one per word, one for the template's trailing space."""
+    return len(text.split()) + 1
 
 
 def write_dataset(path: Path, n: int) -> Path:
