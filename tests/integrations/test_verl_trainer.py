@@ -194,3 +194,115 @@ def test_training_batches_carry_their_groups_schedule_instance_to_the_balancer(t
             break
     val = DataProto.from_single_dict(next(iter(tr.val_dataloader)))
     assert "priority" not in tr._get_gen_batch(val).non_tensor_batch
+
+
+def _rollout(batch, n: int, width: int = 6):
+    """verl's batch after generation (``fit``: repeat interleaved, union with the agent loop's output):
+    left-padded 2-token prompts, right-padded responses of ``(prompt_id * 3 + sample) % width + 1`` tokens."""
+    import torch
+    from verl import DataProto
+
+    rows = batch.repeat(repeat_times=n, interleave=True)
+    ids = [int(e["asp_prompt_id"]) for e in rows.non_tensor_batch["extra_info"]]
+    resp = [(pid * 3 + k % n) % width + 1 for k, pid in enumerate(ids)]
+    mask = torch.zeros(len(rows), 4 + width, dtype=torch.long)
+    mask[:, 2:4] = 1
+    for r, length in enumerate(resp):
+        mask[r, 4:4 + length] = 1
+    out = DataProto.from_single_dict({
+        "input_ids": torch.full((len(rows), 4 + width), 3, dtype=torch.long), "attention_mask": mask,
+        "position_ids": torch.clamp(torch.cumsum(mask, -1) - 1, min=0), "responses": torch.full((len(rows), width), 3),
+        "response_mask": mask[:, 4:].clone()})
+    return rows.union(out), resp
+
+
+@pytest.mark.parametrize("mode", ["sync", "one_step_off"])
+def test_each_trained_batch_is_recorded_and_its_groups_reported_to_the_balancer(tmp_path, mode):
+    """verl's own update path -- ``RayPPOTrainer._update_actor`` (sync ``fit``) and, one-step-off,
+    ``SeparateRayPPOTrainer._fit_update_actor`` -- on batches made as verl's ``fit`` makes them (uid, then
+    ``_get_gen_batch``): every trained batch's lengths are in its step's history part, and every group's
+    lengths reach the balancer under the priority it was generated with. One-step-off order: batch k+1 is
+    generated (the next epoch's, at the epoch boundary) before batch k is trained."""
+    import uuid
+
+    from verl import DataProto
+    from verl.experimental.one_step_off_policy.ray_trainer import OneStepOffRayTrainer
+    from verl.trainer.ppo.ray_trainer import ResourcePoolManager, RayPPOTrainer
+    from verl.trainer.ppo.utils import Role
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    from asp_ascend.integrations.verl.router import AspLoadBalancer, router_settings
+    from asp_ascend.integrations.verl.trainer import asp_trainer_class
+    from verl_fixtures import ActorGroupStandIn, LocalHandle
+
+    n = 2
+    ov = base_overrides(tmp_path, n=16, batch=4, mini=2)
+    extra = ["verl.mode=one_step_off"] if mode == "one_step_off" else []
+    if mode == "one_step_off":
+        ov.append("actor_rollout_ref.hybrid_engine=false")
+    cfg_verl, asp, tok = _asp(tmp_path, ov, extra)
+    assert asp.cfg.verl.route_servers and asp.cfg.verl.record_lengths
+    ds = train_dataset(cfg_verl, tok)
+    base = OneStepOffRayTrainer if mode == "one_step_off" else RayPPOTrainer
+    tr = asp_trainer_class(base)(config=cfg_verl, tokenizer=tok, role_worker_mapping={Role.ActorRollout: object},
+                                 resource_pool_manager=ResourcePoolManager(resource_pool_spec={}, mapping={}),
+                                 train_dataset=ds, val_dataset=ds, collate_fn=collate_fn, asp=asp)
+    tr.asp_sampler.set_trainer_dp(2)
+    tr.actor_rollout_wg = ActorGroupStandIn()
+    lb = LocalHandle(AspLoadBalancer({"s0": None, "s1": None}, router_settings(asp.cfg)))
+    tr.llm_server_manager = type("LLMServerManagerStandIn", (), {"global_load_balancer": lb})()
+    tr.metrics, tr.timing_raw = {}, {}
+
+    generated = []                              # (batch after generation, {priority: its rows' lengths})
+
+    def generate(epoch, batch_dict):            # what fit / _async_gen_next_batch do before generating
+        batch = DataProto.from_single_dict(batch_dict)
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(len(batch))], dtype=object)
+        gen = tr._get_gen_batch(batch)
+        rows, resp = _rollout(batch, n)
+        groups = {}
+        for p, length in zip(gen.non_tensor_batch["priority"].repeat(n), resp):
+            groups.setdefault(int(p), []).append(length)
+        generated.append((rows, groups))
+
+    def train(step):
+        tr.global_steps = step
+        rows = generated[step - 1][0]
+        if mode == "one_step_off":
+            tr._fit_update_actor(rows)
+        else:
+            tr._update_actor(rows)
+
+    if mode == "one_step_off":
+        batches = tr._create_continuous_iterator()          # verl's, over the dataloader, epoch after epoch
+        generate(*next(batches))
+        for step in range(1, 9):                            # 16 prompts / 4 per batch x 2 epochs
+            if step < 8:
+                generate(*next(batches))                    # the next batch starts before this one trains
+            train(step)
+        assert next(batches, None) is None
+    else:
+        step = 0
+        for epoch in range(2):
+            for batch_dict in tr.train_dataloader:
+                step += 1
+                generate(epoch, batch_dict)
+                train(step)
+        assert step == 8
+
+    from asp_ascend.integrations.verl.routing import decode_priority
+
+    reports = [r for name, args in lb.calls if name == "report_groups" for r in args[0]]
+    want = {p: lengths for _, groups in generated for p, lengths in groups.items()}
+    assert len(reports) == 8 * 4 and dict(reports) == want           # every group once, with its lengths
+    positions = sorted(decode_priority(p, asp.cfg.rollout.num_instances).position for p, _ in reports)
+    assert positions == list(range(32))         # epoch 0's 16 dispatch positions, then epoch 1's
+    assert lb._obj.routes.estimator._err.n == 32 and not tr.asp_routed
+    assert [len(u) for u in tr.actor_rollout_wg.updated] == [8] * 8
+    parts = sorted((tmp_path / "ckpt" / "asp" / "lengths").glob("step_*.parquet"))
+    assert len(parts) == 8
+    import pandas as pd
+
+    for step, (rows, groups) in enumerate(generated, start=1):
+        part = pd.read_parquet(parts[step - 1])
+        assert (part.step == step).all() and sorted(part.response_length) == sorted(sum(groups.values(), []))

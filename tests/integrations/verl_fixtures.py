@@ -99,10 +99,11 @@ def base_overrides(tmp: Path, n: int = 40, batch: int = 8, mini: int = 4, group:
 
 
 class ActorGroupStandIn:
-    """Stands in for verl's actor worker group (accelerator-only): checkpoint calls write a marker."""
+    """Stands in for verl's actor worker group (accelerator-only): checkpoint calls write a marker, the update
+    records the rows it was sent."""
 
     def __init__(self):
-        self.saved, self.loaded = [], []
+        self.saved, self.loaded, self.updated = [], [], []
 
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
         os.makedirs(local_path, exist_ok=True)
@@ -111,6 +112,37 @@ class ActorGroupStandIn:
 
     def load_checkpoint(self, local_path, del_local_after_load=False):
         self.loaded.append(Path(local_path, "actor.marker").read_text())
+
+    def update_actor(self, data):
+        """The actor update's call (verl's ``_update_actor`` sends the no-padding TensorDict): the rows'
+        ``uid`` order is kept, the metrics verl reads come back."""
+        from tensordict import TensorDict
+        from verl.utils import tensordict_utils as tu
+
+        self.updated.append(list(tu.get(data, "uid")))
+        out = TensorDict({}, batch_size=[])
+        tu.assign_non_tensor(out, metrics={"mfu": 0.0, "pg_loss": 0.0})
+        return out
+
+
+class LocalHandle:
+    """A Ray actor handle's ``handle.method.remote(...)`` on an object in this process (the call is made at
+    once); ``calls`` lists ``(method, args)``."""
+
+    def __init__(self, obj):
+        self._obj, self.calls = obj, []
+
+    def __getattr__(self, name):
+        method = getattr(self._obj, name)
+        handle = self
+
+        class _Remote:
+            @staticmethod
+            def remote(*args, **kwargs):
+                handle.calls.append((name, args))
+                return method(*args, **kwargs)
+
+        return _Remote()
 
 
 def make_trainer(cfg_verl, asp_schedule, tok):

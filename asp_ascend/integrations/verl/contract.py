@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from ..apicheck import Checker, Exists, Finding, Params, Pattern, Ref, Report, installed_root, ours_root
+from ..apicheck import Checker, Exists, Finding, Order, Params, Pattern, Ref, Report, installed_root, ours_root
 from ..apicheck.expect import ConfigKeys
 from .config_bridge import TRANSLATION
 
@@ -23,6 +23,8 @@ DS = "verl/utils/dataset/rl_dataset.py"
 EW = "verl/workers/engine_workers.py"
 TU = "verl/utils/tensordict_utils.py"
 OSO = "verl/experimental/one_step_off_policy/ray_trainer.py"
+SEP = "verl/experimental/separation/ray_trainer.py"
+LLM = "verl/workers/rollout/llm_server.py"
 FA = "verl/experimental/fully_async_policy/fully_async_rollouter.py"
 MQ = "verl/experimental/fully_async_policy/message_queue.py"
 ROUTER = "verl/workers/rollout/router.py"
@@ -122,6 +124,23 @@ EXPECTATIONS = (
     Exists(V(FA, "FullyAsyncRollouter.fit"), "method", why="overridden: writes the length history at the end"),
     Params(V(RT, "RayPPOTrainer._get_gen_batch"), ("batch",), exact=True,
            why="overridden: training batches carry their groups' routing priority"),
+    Order(V(RT, "RayPPOTrainer.fit"), 'batch.non_tensor_batch["uid"] = _', "gen_batch = self._get_gen_batch(batch)",
+          why="each prompt has its uid when _get_gen_batch sets its priority: AspTrainer keeps uid -> priority until "
+              "the batch is trained"),
+    Order(V(RT, "RayPPOTrainer.fit"), "gen_batch = self._get_gen_batch(batch)", "actor_output = self._update_actor(batch)",
+          why="every trained batch passes _update_actor after generation: its lengths are recorded and reported there"),
+    Order(V(OSO, "OneStepOffRayTrainer._async_gen_next_batch"), 'batch.non_tensor_batch["uid"] = _',
+          "gen_batch = self._get_gen_batch(batch)", why="as in RayPPOTrainer.fit, for the batch generated ahead"),
+    Pattern(V(OSO, "OneStepOffRayTrainer.fit_step"), "batch = self._fit_update_actor(batch)",
+            why="one-step-off trains each batch through _fit_update_actor"),
+    Pattern(V(SEP, "SeparateRayPPOTrainer._fit_update_actor"), "actor_output = self._update_actor(batch)",
+            why="... which calls the overridden _update_actor (records and reports the batch's lengths)"),
+    Pattern(V(RT, "RayPPOTrainer.init_workers"), "self.llm_server_manager = LLMServerManager.create(...)",
+            why="the sync trainer reaches the load balancer through llm_server_manager.global_load_balancer"),
+    Pattern(V(OSO, "OneStepOffRayTrainer._init_async_rollout_manager"),
+            "self.llm_server_manager = LLMServerManager.create(...)", why="the same for one-step-off"),
+    Pattern(V(LLM, "LLMServerManager._init_global_load_balancer"), "self.global_load_balancer = get_router_handle(...)",
+            why="the handle of the balancer the router_config_path YAML names (AspLoadBalancerActor): report_groups"),
     Params(V("verl/experimental/agent_loop/single_turn_agent_loop.py", "SingleTurnAgentLoop.run"),
            ("sampling_params", "priority"), why="the agent loop takes the batch's priority and forwards it to "
                                                 "generate (and so to the balancer)"),

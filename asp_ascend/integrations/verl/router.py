@@ -108,7 +108,8 @@ class AspLoadBalancer(_router.GlobalRequestLoadBalancer):
             self._admitted(self.routes.finished(key))
 
     def report_lengths(self, priority: int, lengths: list[int]) -> None:
-        """A finished group's response lengths (the fully async rollouter sends them): the estimator
+        """A finished group's response lengths (the fully async rollouter sends them; the sync and
+        one-step-off trainers through :meth:`report_groups`): the estimator
         learns its spread and prediction bias from them (the re-estimated remaining work of the
         groups still running)."""
         route = decode_priority(priority, self.num_instances)
@@ -120,6 +121,12 @@ class AspLoadBalancer(_router.GlobalRequestLoadBalancer):
         for n in lengths[: est.G]:
             est.on_sample_finish(key, int(n))
         est.on_group_finish(key)
+
+    def report_groups(self, reports: list) -> None:
+        """``[(priority, lengths), ...]``: the groups of a batch the sync or one-step-off trainer trained
+        (``AspTrainer.asp_report``), each as :meth:`report_lengths`."""
+        for priority, lengths in reports:
+            self.report_lengths(priority, list(lengths))
 
     def _admitted(self, admissions, planned: Optional[dict] = None) -> None:
         for key, r in admissions:

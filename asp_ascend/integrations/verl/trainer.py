@@ -11,10 +11,17 @@ verl's method:
   (``_get_dp_size(actor_rollout_wg, "actor")``), which fixes the mini-batch layout;
 - ``_load_checkpoint``: aligns the sampler with the resumed ``global_steps`` (verl skips
   ``data.pt`` at an epoch boundary) and drops length records of steps after the checkpoint;
-- ``_update_actor``: records the batch's response lengths (DESIGN 6) before verl's update;
+- ``_update_actor``: records the batch's response lengths (DESIGN 6) before verl's update, and
+  reports each group's lengths to the load balancer (``report_groups``), whose estimator learns the
+  within-group spread and the prediction bias from them (what the fully async rollouter reports per
+  finished group). verl calls ``_update_actor`` once per trained batch: ``RayPPOTrainer.fit`` and,
+  one-step-off, ``SeparateRayPPOTrainer._fit_update_actor``; both skip it during critic warm-up
+  (``trainer.critic_warmup`` steps), whose batches only train the critic and are not recorded;
 - ``_get_gen_batch``: gives every row of a training batch the ``priority`` that carries its group's
   schedule instance (``verl.route_servers``; :mod:`.routing`), which verl's agent loops pass to the
-  load balancer the entry installs (:mod:`.router`). Validation batches keep verl's priorities.
+  load balancer the entry installs (:mod:`.router`). Validation batches keep verl's priorities. The
+  priority of each prompt's ``uid`` (set by verl just before) is kept until its batch is trained:
+  one-step-off generates the next batch, possibly of the next epoch, before it trains this one.
 
 verl is imported only when a class is made.
 """
@@ -38,6 +45,7 @@ def asp_trainer_class(base: Optional[type] = None) -> type:
         def __init__(self, *args: Any, asp, **kwargs: Any):
             self.asp = asp
             self.asp_sampler = None
+            self.asp_routed: list[dict] = []     # per generated batch: prompt uid -> priority, until trained
             super().__init__(*args, **kwargs)
 
         def _create_dataloader(self, train_dataset, val_dataset, collate_fn, train_sampler=None):
@@ -67,6 +75,7 @@ def asp_trainer_class(base: Optional[type] = None) -> type:
         def _update_actor(self, batch):
             if self.asp.cfg.verl.record_lengths:
                 self.asp_record(batch)
+            self.asp_report(batch)
             return super()._update_actor(batch)
 
         def _get_gen_batch(self, batch):
@@ -75,7 +84,31 @@ def asp_trainer_class(base: Optional[type] = None) -> type:
                 priorities = self.asp_priorities(batch)
                 if priorities is not None:
                     gen.non_tensor_batch["priority"] = priorities
+                    uids = batch.non_tensor_batch.get("uid")
+                    if uids is not None:
+                        self.asp_routed = self.asp_routed[-3:] + [dict(zip(uids, priorities.tolist()))]
             return gen
+
+        def asp_report(self, batch) -> None:
+            """Each group's response lengths of a trained batch to the balancer's estimator."""
+            from .lengths import batch_lengths
+
+            balancer = getattr(getattr(self, "llm_server_manager", None), "global_load_balancer", None)
+            uids = batch.non_tensor_batch.get("uid")
+            if balancer is None or not hasattr(balancer, "report_groups") or uids is None or not self.asp_routed:
+                return
+            routed = {}
+            for table in self.asp_routed:
+                routed.update(table)
+            lengths = batch_lengths(batch.batch, batch.non_tensor_batch, self.asp.cfg.train.group_size)
+            groups: dict[int, list[int]] = {}
+            for uid, n in zip(uids, lengths["response_length"].tolist()):
+                if uid in routed:
+                    groups.setdefault(int(routed[uid]), []).append(int(n))
+            done = set(uids)
+            self.asp_routed = [t for t in ({u: p for u, p in t.items() if u not in done} for t in self.asp_routed) if t]
+            if groups:
+                balancer.report_groups.remote(sorted(groups.items()))
 
         def asp_priorities(self, batch):
             """Per row of a drawn training batch, its group's routing priority (None: not a training batch)."""
