@@ -147,7 +147,9 @@ def test_two_ranks_match_one_trainer(pair):
     l1 = single.sft(ex, 2, 5, 1e-3, 0)
     l2 = ray.get(group.sft.remote(ex, 2, 5, 1e-3, 0))
     assert l2 == pytest.approx(l1, rel=1e-4)
-    _assert_same_weights(single, group, 2, atol=1e-5)
+    # AdamW scales each element's step by 1/sqrt(v): an element whose gradient is near AdamW's eps turns the
+    # ranks' summation-order difference into up to ~1 % of lr (1e-3); a wrong gradient moves elements by ~lr
+    _assert_same_weights(single, group, 2, atol=1e-4)
 
 
 def test_checkpoint_round_trip(pair, tmp_path):
