@@ -111,16 +111,9 @@ def window_features(m, N, C, T) -> np.ndarray:
     return np.stack(np.broadcast_arrays(w, C / m * w, N / m * w, T / m * w), axis=-1)
 
 
-def fit_step_coefficients(rows: np.ndarray) -> tuple[float, float, float]:
-    """(a, b, c) >= 0 minimising sum_w m_w (T_w / m_w - a - b C_w / m_w - c N_w / m_w)^2 over
-    windows ``rows`` = (m, N, C, T): per-step averages weighted by steps (:func:`fit_gram`)."""
-    m, N, C, T = np.asarray(rows, dtype=float).T
-    z = window_features(m, N, C, T)
-    return fit_gram(z.T @ z)
-
-
 def fit_gram(gram: np.ndarray) -> tuple[float, float, float]:
-    """The least-squares fit of :func:`fit_step_coefficients` from ``gram``, the sums of the
+    """(a, b, c) >= 0 minimising sum_w m_w (T_w / m_w - a - b C_w / m_w - c N_w / m_w)^2 over the
+    windows (m, N, C, T) (per-step averages weighted by steps), from ``gram``, the sums of the
     products of :func:`window_features` over the windows (so a meter keeps 16 numbers, not every
     window, and a refit costs the same after an hour as after a second). Every subset of the
     three terms is tried (a always in); the best fit with no negative coefficient wins, a term
