@@ -271,8 +271,16 @@ class Dispatcher:
                 if i != instance and self.alive[i] and q.iters and q.iters[0] <= limit]
         if not cand:
             return None, None
-        v = min(cand, key=lambda i: (-self.remaining_work(i), i))
-        return self.queues[v].best(limit), v
+        work = {i: self.remaining_work(i) for i in cand}
+        v = min(cand, key=lambda i: (-work[i], i))
+        job = self.queues[v].best(limit)
+        # a steal must lower the later of the two instances' finishes: the thief's remaining work
+        # plus the job stays below the victim's (which includes the job). Without this a thief
+        # takes the victim's longest group whenever its own queue is empty, and long groups pile
+        # up on whichever instance asked first (docs/scheduler.md, the 64-device grid)
+        if job is None or self.remaining_work(instance) + job.predicted_length >= work[v]:
+            return None, None
+        return job, v
 
     def may_take(self, instance: int, steal: bool = True) -> bool:
         """False when ``peek``/``next_for`` would give ``instance`` nothing: a cheap test (no
