@@ -157,7 +157,19 @@ class Dispatcher:
       remaining work: its queued jobs' predicted lengths plus, with a ``remaining``
       estimator (:class:`~.reestimate.GroupEstimator`), the re-estimated remaining tokens
       of its running groups. Running groups never move. The thief's own version decides
-      admissibility, so the lag rule is unchanged. A thief steals only while it holds fewer
+      admissibility, so the lag rule is unchanged. The steal is taken only if it lowers the later
+      of the two instances' finishes: ``remaining_work(thief) + job.predicted_length <
+      remaining_work(victim)`` (the victim's work includes the job; a tie is refused), else the
+      thief takes nothing. Moving the job adds its length to the thief's work and takes it off
+      the victim's; where the thief would then end at or past the victim's present finish, the
+      later of the two finishes got no earlier, only moved. Without the test a thief whose queue
+      ran dry took the victim's highest-priority (longest) group every time, victims stole in
+      turn, and long groups piled up on whichever instance asked first (docs/scheduler.md, the
+      64-device grid). Only the instance with the most remaining work is asked: when its best
+      admissible job fails the test, the thief takes nothing this time. Without an estimator,
+      running groups count nothing on either side, so the test compares queued work alone (a
+      thief with an empty queue never takes a victim's last queued job). A thief steals only
+      while it holds fewer
       sequences than the plan assumed an instance runs (``steal_room``, the planned
       ``max_num_seqs``): the plan balanced the instances' work at that concurrency, and every
       sequence past it slows each group the thief already runs (its earlier iteration's long
@@ -274,10 +286,8 @@ class Dispatcher:
         work = {i: self.remaining_work(i) for i in cand}
         v = min(cand, key=lambda i: (-work[i], i))
         job = self.queues[v].best(limit)
-        # a steal must lower the later of the two instances' finishes: the thief's remaining work
-        # plus the job stays below the victim's (which includes the job). Without this a thief
-        # takes the victim's longest group whenever its own queue is empty, and long groups pile
-        # up on whichever instance asked first (docs/scheduler.md, the 64-device grid)
+        # a steal must lower the later of the two instances' finishes (see the class doc): the
+        # thief's remaining work plus the job stays below the victim's (which includes the job)
         if job is None or self.remaining_work(instance) + job.predicted_length >= work[v]:
             return None, None
         return job, v

@@ -12,7 +12,8 @@ their ``on_*`` updates:
   ``TailOptions.measure_costs`` the room the run's *measured* costs give (below);
 - every instance poll: per running group, the lengths of its finished samples and the tokens
   so far of the others (``RolloutEngine.poll``'s ``progress``) -> the estimator, so guided
-  dispatch steals from the instance with the most *re-estimated* remaining work; with
+  dispatch steals from the instance with the most *re-estimated* remaining work, and only where
+  the steal lowers the later of the two instances' re-estimated finishes (the Dispatcher); with
   measured costs, a running group that re-estimation now finds to be a tail gets a room (and
   one that no longer is loses it);
 - a finished group: the estimator learns from it; the governor releases its room;

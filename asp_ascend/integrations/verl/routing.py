@@ -27,7 +27,9 @@ balancer waits there (not in vLLM's queue) until an instance admits it. Whenever
 highest-priority waiting group; only then (``scheduler.dispatch: guided``) does an instance with
 room, fewest groups in flight first, take the highest-priority waiting group of the instance with
 the most re-estimated remaining work (its waiting groups' predicted lengths plus its running
-groups' re-estimated remaining lengths). Running groups never move: every sample of a group and
+groups' re-estimated remaining lengths), and only if that lowers the later of the two instances'
+finishes: the helper's remaining work plus the group's predicted length stays below the busy
+instance's (the Dispatcher's steal rule). Running groups never move: every sample of a group and
 every partial-rollout resume goes to the server that admitted the group. ``static`` runs exactly
 the planned groups on each instance.
 """
