@@ -109,19 +109,31 @@ def test_finish_twice_is_an_error():
 
 
 def test_guided_takes_the_most_loaded_instances_next_job():
+    """No estimator: an instance's remaining work is its queued jobs' predicted lengths."""
     adm = AdmissionController(1, 3)
     jobs = [Job(0, 0, "a", instance=0, predicted_length=100), Job(0, 1, "b", instance=0, predicted_length=50),
             Job(0, 2, "c", instance=1, predicted_length=10), Job(1, 3, "d", instance=1, predicted_length=900)]
     d = Dispatcher(jobs, 3, adm, dispatch="guided")
     # instance 2 has no jobs: own jobs only -> nothing
     assert d.next_for(2, steal=False) is None and d.peek(2, steal=False) is None
-    # it takes from instance 1 (most queued work: 910 against 150) its highest-priority admissible job
+    # work: instance 0 = 100 + 50 = 150, instance 1 = 10 + 900 = 910, instance 2 = 0. The victim is
+    # instance 1 (910 > 150), its highest-priority admissible job "c" (rank 2): 0 + 10 < 910, taken
     job, v = d.next_for(2)
     assert job.prompt_id == "c" and d.stolen == 1 and d.steals[-1][1:] == (1, 2)
-    job, v = d.next_for(2)
-    assert job.prompt_id == "d"  # iteration 1 is admissible at version 0 with k = 1
+    # now instance 1 = 900 ("d"), instance 0 = 150, instance 2 = 0 (a running group counts nothing
+    # without an estimator). Victim instance 1, its job "d" (iteration 1, admissible at version 0
+    # with k = 1): 0 + 900 >= 900, refused -- instance 2 would end where instance 1 would have
+    assert d.peek(2) is None and d.next_for(2) is None and d.stolen == 1
     assert [d.next_for(0)[0].prompt_id, d.next_for(0)[0].prompt_id] == ["a", "b"]
+    assert d.next_for(1)[0].prompt_id == "d"
     assert d.next_for(1) is None and d.next_for(2) is None
+    # instance 1 clearly heavier: a second 900-token job "e" behind "d". After "c" is taken,
+    # instance 1 = 900 + 900 = 1800: 0 + 900 < 1800, so instance 2 takes "d" (iteration 1 is
+    # admissible at version 0 with k = 1); then instance 1 = 900 ("e") against 0 + 900: refused
+    d3 = Dispatcher([*jobs, Job(1, 4, "e", instance=1, predicted_length=900)], 3, AdmissionController(1, 3),
+                    dispatch="guided")
+    assert [d3.next_for(2)[0].prompt_id, d3.next_for(2)[0].prompt_id] == ["c", "d"]
+    assert d3.next_for(2) is None and [s[1:] for s in d3.steals] == [(1, 2), (1, 2)]
     # static: an instance only ever takes its own jobs
     d2 = Dispatcher(jobs, 3, AdmissionController(1, 3))
     assert d2.next_for(2) is None
@@ -151,20 +163,54 @@ class _Remaining:
 def test_a_misprediction_guided_dispatch_must_correct():
     """Both instances were planned 2 x 100 tokens; instance 0's running group turns out to
     have 5,000 tokens left (re-estimated), instance 1's 10. Instance 2 has no plan of its own:
-    it takes instance 0's next group, the one that would wait longest there."""
+    it takes instance 0's next group, the one that would wait longest there, but not instance
+    1's, which would end later on instance 2 than where it is."""
     adm = AdmissionController(1, 3)
     jobs = [Job(0, 0, "x0", instance=0, predicted_length=100), Job(0, 1, "x1", instance=0, predicted_length=100),
             Job(0, 2, "y0", instance=1, predicted_length=100), Job(0, 3, "y1", instance=1, predicted_length=100)]
-    est = _Remaining({(0, "x0"): 5000.0, (0, "y0"): 10.0})
+    est = _Remaining({(0, "x0"): 5000.0, (0, "y0"): 10.0, (0, "x1"): 100.0})
     d = Dispatcher(jobs, 3, adm, dispatch="guided", remaining=est)
     assert d.next_for(0, steal=False)[0].prompt_id == "x0"
     assert d.next_for(1, steal=False)[0].prompt_id == "y0"
-    assert d.remaining_work(0) == 5100 and d.remaining_work(1) == 110
+    assert d.remaining_work(0) == 5100 and d.remaining_work(1) == 110 and d.remaining_work(2) == 0
+    # victim instance 0 (5100 = x1 queued 100 + x0 running 5000), its job x1: 0 + 100 < 5100, taken
     job, _ = d.next_for(2)
     assert job.prompt_id == "x1"
-    # running groups never move: nothing of instance 0 is left to take
+    # running groups never move: nothing of instance 0 is left to take. Instance 1 = y1 queued 100
+    # + y0 running 10 = 110; instance 2 = x1 running 100: 100 + 100 = 200 >= 110, refused (y1 ends
+    # at 110 on instance 1, at 200 on instance 2)
+    assert d.remaining_work(2) == 100 and d.peek(2) is None and d.next_for(2) is None
+    # x1 re-estimated at 5 tokens left: 5 + 100 = 105 < 110, taken
+    est.left[(0, "x1")] = 5.0
     assert d.next_for(2)[0].prompt_id == "y1" and d.next_for(2) is None
-    assert d.running[(0, "x0")][0] == 0
+    assert d.running[(0, "x0")][0] == 0 and [s[1:] for s in d.steals] == [(0, 2), (1, 2)]
+
+
+def test_a_steal_must_lower_the_later_finish_boundary():
+    """The rule alone: thief 0's remaining work W_t, the victim's best admissible job of length L,
+    the victim's work W_v (the job included): taken iff W_t + L < W_v. Thief 0 runs a group with
+    50 tokens left (estimator) and queues a job of iteration 2, not admissible at version 0 with
+    k = 1 (it counts: 30 tokens). Victim 1 queues v0 (100, rank 1, taken first) and v1 (X), so
+    W_t = 50 + 30 = 80, L = 100, W_v = 100 + X: taken iff 180 < 100 + X, i.e. X > 80."""
+    def thief_and_victim(x):
+        jobs = [Job(0, 0, "run", instance=0, predicted_length=50), Job(2, 3, "later", instance=0, predicted_length=30),
+                Job(0, 1, "v0", instance=1, predicted_length=100), Job(0, 2, "v1", instance=1, predicted_length=x)]
+        d = Dispatcher(jobs, 2, AdmissionController(1, 2), dispatch="guided",
+                       remaining=_Remaining({(0, "run"): 50.0}))
+        assert d.next_for(0)[0].prompt_id == "run"
+        assert d.remaining_work(0) == 80 and d.remaining_work(1) == 100 + x
+        return d
+
+    d = thief_and_victim(80.0)              # 80 + 100 = 180 >= 180: a tie is refused
+    assert d.peek(0) is None and d.next_for(0) is None and d.stolen == 0
+    assert d.may_take(0)                    # the cheap test does not ask the rule; peek decides
+    d = thief_and_victim(80.5)              # 180 < 180.5: taken
+    assert d.peek(0).prompt_id == "v0"
+    assert d.next_for(0)[0].prompt_id == "v0" and d.steals[-1][1:] == (1, 0)
+    # a victim with more work than the thief, by less than the job: refused (the thief would end
+    # at 80 + 100 = 180, past the victim's present 100)
+    d = thief_and_victim(0.0)               # W_t = 80 < W_v = 100, but 180 >= 100
+    assert d.next_for(0) is None
 
 
 def test_guided_steals_only_under_the_planned_concurrency():

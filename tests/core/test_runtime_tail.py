@@ -40,7 +40,10 @@ def _fill(feeder, ctl, gate=None):
 def test_progress_reports_decide_whom_guided_dispatch_steals_from():
     # instance 0 runs a0, instance 1 runs b0; a third instance with room steals. The plan says
     # a0 is long, but the progress says a0's siblings are done and b0 is far past its prediction:
-    # the thief takes from instance 1's queue.
+    # the thief takes from instance 1's queue. Work after the reports: instance 0 = a1's 10 queued
+    # + a0's 0 left (both samples done), instance 1 = b1's 10 + b0's re-estimated R_b > 0 (its
+    # samples are at 150 and 160 tokens, unfinished), the thief 0: victim instance 1, and the steal
+    # rule takes b1 since 0 + 10 < 10 + R_b.
     jobs = [_job(0, 0, "a0", 0, 100.0), _job(0, 1, "a1", 0, 10.0), _job(0, 2, "b0", 1, 10.0), _job(0, 3, "b1", 1, 10.0)]
     plan = _plan(jobs, slots_seqs=G, R=3)            # one group slot per instance
     ctl, tl = _control(plan, reestimate=True)
@@ -54,7 +57,8 @@ def test_progress_reports_decide_whom_guided_dispatch_steals_from():
     assert _fill(feeder, ctl) == [(2, "b1")]
     (ev,) = tl.events["steal"]
     assert (ev["prompt_id"], ev["from_instance"], ev["to_instance"]) == ("b1", 1, 2)
-    # without the reports the plan's prediction (a0 long) would have sent the thief to instance 0
+    # without the reports the plan's prediction (a0 long) would have sent the thief to instance 0:
+    # 10 + R_a0 (a 100-token prediction, nothing done) against 10 + R_b0 (10 tokens); 0 + 10 < 10 + R_a0
     plan2 = _plan(jobs, slots_seqs=G, R=3)
     ctl2, _ = _control(plan2, reestimate=True)
     f2 = plan2.feeder()
@@ -294,11 +298,19 @@ def test_reestimation_gives_a_running_group_a_room_and_takes_it_back():
 
 def test_no_instance_idles_while_it_may_admit():
     # instance 0 runs the tail "t" (room: itself alone), so its other job "u" must not start
-    # there; instance 1, empty, takes it (guided dispatch) instead of idling
+    # there; instance 1, empty, takes it (guided dispatch) instead of idling. With re-estimation
+    # (asp's default) instance 0's work is u's 5 queued tokens + t's re-estimated remaining R_t
+    # (> 0: nothing of a 50-token prediction is done yet); instance 1's is 0: 0 + 5 < 5 + R_t, taken
     jobs = [_job(0, 0, "t", 0, 50.0), _job(0, 1, "u", 0, 5.0)]
     plan = _plan(jobs, slots_seqs=2 * G, dispatch="guided", R=2)
-    ctl, _ = _control(plan, tail_concurrency="auto", rooms={(0, "t"): G})
+    ctl, _ = _control(plan, tail_concurrency="auto", rooms={(0, "t"): G}, reestimate=True)
     assert _fill(plan.feeder(), ctl) == [(0, "t"), (1, "u")]
+    assert plan.dispatcher.steals[-1][1:] == (0, 1)
+    # without an estimator the running tail counts nothing: instance 0's work is u's 5 alone and
+    # 0 + 5 >= 5, so the steal rule refuses and u waits for t (the rule sees queued work only)
+    plan2 = _plan(jobs, slots_seqs=2 * G, dispatch="guided", R=2)
+    ctl2, _ = _control(plan2, tail_concurrency="auto", rooms={(0, "t"): G})
+    assert _fill(plan2.feeder(), ctl2) == [(0, "t")] and plan2.dispatcher.pending(0) == 1
 
 
 def test_late_is_remaining_tokens_above_the_mean_finished_sample_of_the_iteration():

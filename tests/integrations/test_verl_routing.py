@@ -53,6 +53,7 @@ def test_guided_own_group_first_then_the_most_loaded_instances_group():
     assert routes.waiting() == 2
     # instance 2 frees up with nothing of its own: it takes the waiting group of the instance with the
     # most remaining work -- instance 0 (a 1000-token group running + 100 waiting) over instance 1 (10 + 100)
+    # -- as the steal lowers the later finish: instance 2's 0 + 100 < instance 0's 100 + (> 1000)
     assert routes.remaining_work(0) > 1100 > routes.remaining_work(1) > 110
     assert routes.finished(2) == [(3, 2)]
     assert routes.steals == [(3, 0, 2)]
@@ -124,7 +125,9 @@ def test_verls_balancer_subclass_holds_a_group_until_an_instance_admits_it():
         assert isinstance(lb, GlobalRequestLoadBalancer) and lb.require_acquire_fields() == ["priority"]
         assert await lb.acquire_server("a0", priority=g[0]) == ("s1", "h1")
         assert (await lb.acquire_server("a1", priority=g[0]))[0] == "s1"   # the sibling follows the group
-        assert (await lb.acquire_server("b0", priority=g[1]))[0] == "s0"   # s1 full: idle s0 takes it (9a)
+        # s1 full: idle s0 takes it (9a): s0's work 0 + 50 < s1's 50 waiting + group 0's re-estimated
+        # remaining (a 50-token prediction, nothing done yet: > 0)
+        assert (await lb.acquire_server("b0", priority=g[1]))[0] == "s0"
         c = asyncio.ensure_future(lb.acquire_server("c0", priority=g[2]))  # both full: it waits
         await asyncio.sleep(0.01)
         assert not c.done() and lb.get_status()["asp"]["waiting"] == 1
@@ -132,7 +135,9 @@ def test_verls_balancer_subclass_holds_a_group_until_an_instance_admits_it():
         lb.release_server("s1", "a0")
         await asyncio.sleep(0.01)
         assert not c.done()                                # one sample of group 0 is still running
-        lb.release_server("s1", "a1")                      # group 0 is done: s1 takes the waiting group
+        # group 0 is done: s1 (nothing of its own, work 0) takes s0's waiting group 2, as 0 + 50 < s0's
+        # 50 waiting + group 1's re-estimated remaining (> 0)
+        lb.release_server("s1", "a1")
         assert (await c)[0] == "s1"
         assert (await lb.acquire_server("a1", priority=g[0]))[0] == "s1"   # a partial-rollout resume: same server
         lb.remove_servers(["s0"])                          # group 1's server leaves: it waits for s1
