@@ -172,8 +172,13 @@ def test_simulator_runtime_and_mindspeed_admit_alike(policy, dispatch, k, mode, 
     if epochs > 1:   # the epoch boundary was crossed (a divergence there fails only these cases)
         assert {e for _, e, _ in sum(want, [])} == set(range(epochs))
     if dispatch == "guided":
-        assert any(r != inst for r, (e, p) in ((a[0], a[1:]) for a in sum(want, []))
-                   for inst in sched.loc[(sched.epoch == e) & (sched.prompt_id == p), "instance"])
+        moved = any(r != inst for r, (e, p) in ((a[0], a[1:]) for a in sum(want, []))
+                    for inst in sched.loc[(sched.epoch == e) & (sched.prompt_id == p), "instance"])
+        # asp's schedules leave steals to take, so the executors are compared on them. balanced at
+        # k = 2 has none: without an estimator the steal rule sees the predictions alone (a thief's
+        # work + the job < the victim's), which that plan spread evenly, and on this schedule it
+        # refuses every steal (so did seeds 2-8); the case compares the executors' refusals
+        assert moved == (policy == "asp")
 
 
 @pytest.mark.parametrize("policy,dispatch,tail,epochs", [("asp", "static", "2", 1), ("asp", "guided", "2", 2),
