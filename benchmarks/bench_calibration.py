@@ -2,7 +2,7 @@
 
     python benchmarks/bench_calibration.py RUN_DIR [RUN_DIR ...]
     python benchmarks/bench_calibration.py --cross RUN_DIR RUN_DIR [RUN_DIR ...] [--tolerance 15]
-        [--one-sync-mean] [--no-tail-caps] [--explain] [--json PATH]
+        [--one-sync-mean] [--no-tail-caps] [--no-admit-each] [--explain] [--json PATH]
 
 ``--cross`` (out of sample): fit the cost model on each run and replay every *other* run's jobs
 with it (its prompts, lengths, placement and admission order, its own mode, lag bound and
@@ -19,7 +19,8 @@ seeds): a pair off by more than ``--tolerance`` is marked ``~`` where its error 
 predicted system's same-seed floor, ``*`` where it is beyond it. ``--one-sync-mean`` fits the weight sync as
 one mean (no ``sync_busy_s`` term, the fit before that term) to show what the term changes;
 ``--no-tail-caps`` replays without the runs' recorded tail caps (``sim/replay.recorded_caps``), to
-show what modelling them changes. ``--explain`` prints, for each out-of-sample miss, the error with one group of coefficients
+show what modelling them changes; ``--no-admit-each`` sets every fit's ``admit_each_s`` (an
+admission's hand-over to its engine, one at a time per instance) to 0, the replay before that term. ``--explain`` prints, for each out-of-sample miss, the error with one group of coefficients
 (decode, trainer, sync, overheads) taken from the predicted run's own fit: the terms that carry
 the miss. ``--json PATH`` also writes the table.
 
@@ -79,7 +80,7 @@ def one_sync_mean(fit: dict, tl: Timeline) -> dict:
 
 
 COEFS = ("decode_a", "decode_b", "decode_c", "prefill_per_token", "train_per_token", "train_per_step", "sync_s", "sync_busy_s",
-         "step_latency_s", "publish_s", "admit_latency_s")
+         "step_latency_s", "publish_s", "admit_latency_s", "admit_each_s")
 
 
 def _label(d: str, run_dirs: list[str]) -> str:
@@ -158,7 +159,7 @@ def print_noise_floor(floor: dict) -> None:
 TERMS = {"decode": ("decode_a", "decode_b", "decode_c", "prefill_per_token"),
          "trainer": ("train_per_token", "train_per_step"),
          "sync": ("sync_s", "sync_busy_s"),
-         "overheads": ("step_latency_s", "publish_s", "admit_latency_s")}
+         "overheads": ("step_latency_s", "publish_s", "admit_latency_s", "admit_each_s")}
 
 
 def explain(run_dirs: list[str], tls: dict, fits: dict, out: dict, tolerance: float, caps: bool = True) -> dict:
@@ -184,12 +185,14 @@ def explain(run_dirs: list[str], tls: dict, fits: dict, out: dict, tolerance: fl
 
 
 def cross(run_dirs: list[str], tolerance: float, one_mean: bool = False, json_path: str | None = None,
-          explain_misses: bool = False, caps: bool = True) -> dict:
+          explain_misses: bool = False, caps: bool = True, admit_each: bool = True) -> dict:
     """Fit on each run, replay every run with it: {(fit run, predicted run): phases frame}."""
     tls = {d: Timeline.read_jsonl(Path(d) / "timeline.jsonl") for d in run_dirs}
     fits = {d: cal.fit_timeline(tl) for d, tl in tls.items()}
     if one_mean:
         fits = {d: one_sync_mean(f, tls[d]) for d, f in fits.items()}
+    if not admit_each:
+        fits = {d: dict(f, admit_each_s=0.0) for d, f in fits.items()}
     out = {}
     for f in run_dirs:
         print(f"== fit on {Path(f).name}: " + ", ".join(f"{k}={v:.4g}" for k, v in fits[f].items()
@@ -233,6 +236,7 @@ def cross(run_dirs: list[str], tolerance: float, one_mean: bool = False, json_pa
 
         write_json_atomic(Path(json_path), {
             "schema_version": 1, "tolerance_pct": tolerance, "one_sync_mean": one_mean, "tail_caps": caps,
+            "admit_each": admit_each,
             "runs": dict(zip(names, run_dirs)),
             "fits": {n: {k: fits[d].get(k) for k in COEFS} for n, d in zip(names, run_dirs)},
             "iteration_time": {fn: {dn: {"measured_s": float(out[(f, d)].loc["iteration_time", "measured_s"]),
@@ -260,12 +264,15 @@ def main(argv=None) -> int:
                     help="--cross: fit the sync as one mean (no sync_busy_s), to see what that term changes")
     ap.add_argument("--no-tail-caps", action="store_true",
                     help="--cross: replay without the runs' recorded tail caps (the replay before it modelled them)")
+    ap.add_argument("--no-admit-each", action="store_true",
+                    help="--cross: replay with admit_each_s = 0 (the replay before that term)")
     ap.add_argument("--explain", action="store_true",
                     help="--cross: for each miss, the error with each group of coefficients from the predicted run's fit")
     ap.add_argument("--json", default=None, help="--cross: also write the table to this JSON file")
     args = ap.parse_args(argv)
     if args.cross:
-        cross(args.run_dirs, args.tolerance, args.one_sync_mean, args.json, args.explain, not args.no_tail_caps)
+        cross(args.run_dirs, args.tolerance, args.one_sync_mean, args.json, args.explain, not args.no_tail_caps,
+              not args.no_admit_each)
         return 0
     summary = {d: bench(d) for d in args.run_dirs}
     print("\nmean iteration time error (simulated vs measured, %):")

@@ -23,7 +23,17 @@ time; their distributions are long-tailed on a loaded machine):
 - ``admit_latency_s``: from the end of an instance's sync to its first admission of an iteration
   that this version made admissible (lag-bound admissions), pooled with the gaps from a group's
   finish to the next admission on its instance while the instance held its most groups
-  (slot-bound admissions).
+  (slot-bound admissions);
+- ``admit_each_s``: how long one admission takes to reach its instance's engine. An instance
+  handles its admissions one after another (the runtime's ``submit`` calls, each adding a
+  group's requests to vLLM under the engine lock, stamping ``t_admit`` as it starts), so the
+  admissions of a burst (several groups admissible at once, e.g. an iteration's groups after a
+  weight sync) are stamped one hand-over apart: the mean gap between consecutive admissions on an
+  instance where the later group was already admissible at the earlier stamp (nothing it could
+  have waited for happened in between: no group of the instance finished, no weight sync ended,
+  no optimizer step started, no tail cap changed, and its iteration was within the lag bound of the version the instance
+  held; with the runtime's ``admit_latency_s``, nothing of that in the latency before the earlier
+  stamp either) (:func:`_burst_gaps`).
 
 :mod:`.replay` simulates the run's own jobs with a fit and sets the measured and simulated
 per-iteration phases side by side.
@@ -46,9 +56,10 @@ def _group_ready(req: pd.DataFrame) -> pd.Series:
 
 
 def fit_overheads(tl: Timeline) -> dict:
-    """``step_latency_s``, ``publish_s``, ``admit_latency_s`` (module doc); None where unmeasurable."""
+    """``step_latency_s``, ``publish_s``, ``admit_latency_s``, ``admit_each_s`` (module doc); None
+    where unmeasurable."""
     req, steps, syncs = tl.frame("request"), tl.frame("step"), tl.frame("sync")
-    out = {"step_latency_s": None, "publish_s": None, "admit_latency_s": None}
+    out = {"step_latency_s": None, "publish_s": None, "admit_latency_s": None, "admit_each_s": None}
     if not steps.empty and "samples" in steps and len(steps) >= 2:
         fin = _group_ready(req)
         ready = []
@@ -72,7 +83,51 @@ def fit_overheads(tl: Timeline) -> dict:
     gaps = _admit_gaps(req, syncs)
     if gaps:
         out["admit_latency_s"] = float(np.mean(gaps))
+    burst = _burst_gaps(req, syncs, tl.frame("tail"), steps, out["admit_latency_s"] or 0.0)
+    if burst:
+        out["admit_each_s"] = float(np.mean(burst))
     return out
+
+
+def _burst_gaps(req: pd.DataFrame, syncs: pd.DataFrame, tail: pd.DataFrame, steps: pd.DataFrame,
+                late: float = 0.0) -> list:
+    """Gaps between consecutive admissions on an instance within a burst (module doc,
+    ``admit_each_s``): the later group was admissible at the earlier stamp (its iteration within
+    the lag bound of the version the instance held then) and between the two stamps no group of
+    the instance finished, no weight sync ended, no optimizer step started (the trainer's take
+    frees the sample queue's room, the runtime's backpressure) and no ``tail`` event (a cap given
+    or lifted) was recorded on the instance. The runtime learns of a finish or a new version
+    ``admit_latency_s`` (``late``) after it, so a finish or sync end up to ``late`` before the
+    earlier stamp also leaves the gap out (the later admission may have waited for it)."""
+    if req.empty:
+        return []
+    lag = int((req["iteration"] - req["admission_version"]).max())
+    v0 = int(req["admission_version"].min())
+    g = req.groupby(["epoch", "prompt_id"]).agg(inst=("instance", "first"), ta=("t_admit", "min"),
+                                                tf=("t_finish", "max"), it=("iteration", "first"))
+    if syncs.empty:
+        ends, vers = np.zeros(0), np.zeros(0, dtype=np.int64)
+    else:
+        sy = syncs.sort_values("t_end")
+        ends, vers = sy["t_end"].to_numpy(float), np.maximum.accumulate(sy["version"].to_numpy(np.int64))
+    st = np.sort(steps["t_start"].to_numpy(float)) if not steps.empty else np.zeros(0)
+    gaps = []
+    for inst, x in g.groupby("inst"):
+        x = x.sort_values("ta", kind="stable")
+        ta, it = x["ta"].to_numpy(float), x["it"].to_numpy(np.int64)
+        tf = np.sort(x["tf"].to_numpy(float))
+        tt = np.sort(tail.loc[tail["instance"] == inst, "t"].to_numpy(float)) if not tail.empty else np.zeros(0)
+        a, b = ta[:-1], ta[1:]
+
+        def none_in(t, lo=a):       # no stamp of ``t`` in (lo, b]
+            return np.searchsorted(t, b, side="right") == np.searchsorted(t, lo, side="right")
+
+        k = np.searchsorted(ends, a, side="right") - 1
+        held = np.where(k >= 0, vers[np.maximum(k, 0)] if vers.size else v0, v0)
+        ok = (none_in(tf, a - late) & none_in(ends, a - late) & none_in(tt) & none_in(st)
+              & (it[1:] <= held + lag))
+        gaps.extend((b - a)[ok].tolist())
+    return gaps
 
 
 def _admit_gaps(req: pd.DataFrame, syncs: pd.DataFrame) -> list:

@@ -6,6 +6,11 @@
   tokens; when the next decode step would overflow, the most recently admitted sequence is
   preempted (its KV freed, re-queued first, recomputed by prefill on re-admission, as vLLM does);
 - admitted sequences cost ``prefill_per_token`` per prompt (+ already generated) token;
+- ``admit_each_s`` (0 = none; calibrated from a real run): an admission reaches the engine this
+  long after its hand-over starts, and an instance hands admissions over one at a time (the
+  runtime's ``submit`` calls run one after another), so the k-th of a burst decided at ``t`` is
+  stamped ``t + k * admit_each_s`` and its sequences may start at the first step boundary at or
+  after ``t + (k + 1) * admit_each_s``; the instance decodes on meanwhile;
 - one decode step gives every running sequence one token and costs the cost model's
   :func:`~asp_ascend.scheduler.cost.step_time`.
 
@@ -31,7 +36,7 @@ class Instances:
 
     def __init__(self, jobs, R: int, cost: CostModel, max_num_seqs: int, kv_capacity: int,
                  push: Callable, on_group_done: Callable[[int, float], None], speculation=None,
-                 version_of: Callable[[int], int] | None = None):
+                 version_of: Callable[[int], int] | None = None, admit_each_s: float = 0.0):
         J, G = jobs.resp.shape
         self.G, self.R = G, R
         self.cm = cost
@@ -40,6 +45,9 @@ class Instances:
         self.spec_max = 0 if speculation is None else int(speculation.max_batch)
         self.version_of = version_of or (lambda r: 0)
         self.mns, self.kv = int(max_num_seqs), int(kv_capacity)
+        if admit_each_s < 0:
+            raise ValueError(f"admit_each_s must be >= 0, got {admit_each_s}")
+        self.each = float(admit_each_s)
         self.push, self.on_group_done = push, on_group_done
         N = J * G
         # sequences
@@ -53,6 +61,7 @@ class Instances:
         self.t_first = [-1.0] * N
         self.t_fin = [0.0] * N
         self.adm_ver = [0] * N
+        self.ready = [0.0] * N          # admit_each_s: the sequence may start at a boundary at or after this
         self.seq_inst = [0] * N
         self.ver_fin = [0] * N          # the instance's version when the sample finished (its newest tokens')
         self.job_left = [G] * J
@@ -71,6 +80,7 @@ class Instances:
         self.paused = [False] * R
         self.resume_version = [0] * R
         self.cap = [self.mns] * R       # sequences an instance may hold (tail-aware concurrency lowers it)
+        self.handover = [0.0] * R       # admit_each_s: when the instance's last hand-over ends
 
     # ------------------------------------------------------------------ decisions
     def cost_at(self, n: int) -> CostModel:
@@ -90,6 +100,11 @@ class Instances:
     def enqueue(self, r: int, job: int, version: int) -> None:
         """Job ``job`` admitted on instance ``r`` (at its boundary T[r]): its sequences wait for a slot."""
         w, t, G = self.waiting[r], self.T[r], self.G
+        if self.each:                   # hand-overs one after another (module doc)
+            t = max(t, self.handover[r])
+            self.handover[r] = ready = t + self.each
+            for s in range(job * G, job * G + G):
+                self.ready[s] = ready
         for s in range(job * G, job * G + G):
             w.append(s)
             self.t_admit[s] = t
@@ -106,8 +121,11 @@ class Instances:
         fresh = []
         h, od = self.heaps[r], self.order[r]
         Sr = self.S[r]
+        each, ready, Tr = self.each, self.ready, self.T[r] + 1e-12
         while w and n[r] < self.mns:
             s = w[0]
+            if each and ready[s] > Tr:  # not handed over yet (schedule wakes the instance then)
+                break
             need = plen_j[s // G] + g0[s]
             if kv and n[r] > 0 and K[r] + n[r] * Sr + need + n[r] + 1 > kv:
                 break
@@ -144,8 +162,15 @@ class Instances:
         while h and (not in_run[h[0][1]] or fin_step[h[0][1]] != h[0][0]):     # _clean, inlined (hot)
             heapq.heappop(h)
         nn = self.n[r]
+        w = self.waiting[r]
+        due = self.ready[w[0]] if self.each and w and nn < self.mns and self.ready[w[0]] > self.T[r] + 1e-12 else None
         if nn == 0:
-            self.ev_time[r] = None
+            if due is None:
+                self.ev_time[r] = None
+                return
+            self.ev_time[r] = due       # an idle instance takes the hand-over when it ends
+            self.ev_step[r] = self.S[r]
+            self.push(due, INST, r, self.ev_tok[r])
             return
         kv, Sr = self.kv, self.S[r]
         C0 = self.K[r] + nn * Sr
@@ -161,6 +186,8 @@ class Instances:
             if 1 <= mk < m:
                 m = mk
         cm = self.cost_at(nn)
+        if due is not None:             # the first boundary at or after the next hand-over's end
+            m = min(m, cm.steps_to_reach(due - self.T[r], nn, C0))
         a, b, c = cm.decode_a, cm.decode_b, cm.decode_c
         dt = m * (a + c * nn) + b * (m * C0 + nn * m * (m + 1) / 2.0)     # cm.steps(m, nn, C0), inlined
         self.ev_time[r] = t = self.T[r] + dt
@@ -181,8 +208,10 @@ class Instances:
     def advance(self, r: int, t: float) -> None:
         """Bring instance ``r`` to its first step boundary at or after ``t`` (the caller reschedules)."""
         self.ev_tok[r] += 1
-        if self.ev_time[r] is None:
+        if self.ev_time[r] is None or (self.n[r] == 0 and t < self.ev_time[r]):
+            # idle (an idle instance's event is a hand-over's end, admit_each_s: not reached yet)
             self.T[r] = max(self.T[r], t)
+            self.ev_time[r] = None
             return
         if t >= self.ev_time[r]:
             self.at_event(r)

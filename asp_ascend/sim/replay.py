@@ -165,7 +165,7 @@ def replay(tl: Timeline, fit: dict, *, max_num_seqs: int, lag_bound: int, sync_m
                      micro_batch_size, micro_batching,
                      publish_s=fit.get("publish_s") if overheads else None,
                      step_latency_s=o("step_latency_s"), admit_latency_s=o("admit_latency_s"),
-                     sync_busy_s=fit.get("sync_busy_s") or 0.0)
+                     sync_busy_s=fit.get("sync_busy_s") or 0.0, admit_each_s=o("admit_each_s"))
     R = max(num_instances or 0, int(jobs.instance.max()) + 1)  # the configured count, or the timeline's if more
     # the run's own placement and admission order: per-instance queues
     settings = ExecutionSettings(policy="asp", lag_bound=0 if sync_mode else lag_bound, sync_mode=sync_mode,

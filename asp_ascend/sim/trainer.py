@@ -49,6 +49,8 @@ class TrainerSpec:
     max_tokens_per_micro_batch: int = 0   # train.max_tokens_per_micro_batch: the token budget (0 = micro x longest)
     sync_busy_s: float = 0.0         # a sync that starts while an instance decodes takes this much longer
     #                                  (the weights land between engine steps of a busy instance)
+    admit_each_s: float = 0.0        # each admission reaches its instance's engine this long after its hand-over
+    #                                  starts, one hand-over at a time per instance (sim/instances.py)
 
 
 def resolve_micro_batching(sim_mode: str, train_mode: str) -> str:
