@@ -3,6 +3,7 @@
     python benchmarks/bench_calibration.py RUN_DIR [RUN_DIR ...]
     python benchmarks/bench_calibration.py --cross RUN_DIR RUN_DIR [RUN_DIR ...] [--tolerance 15]
         [--one-sync-mean] [--no-tail-caps] [--no-admit-each] [--explain] [--json PATH]
+    python benchmarks/bench_calibration.py --decode-split RUN_DIR [RUN_DIR ...]
 
 ``--cross`` (out of sample): fit the cost model on each run and replay every *other* run's jobs
 with it (its prompts, lengths, placement and admission order, its own mode, lag bound and
@@ -23,6 +24,14 @@ show what modelling them changes; ``--no-admit-each`` sets every fit's ``admit_e
 admission's hand-over to its engine, one at a time per instance) to 0, the replay before that term. ``--explain`` prints, for each out-of-sample miss, the error with one group of coefficients
 (decode, trainer, sync, overheads) taken from the predicted run's own fit: the terms that carry
 the miss. ``--json PATH`` also writes the table.
+
+``--decode-split`` looks at the decode fit's own rows (the reconstructed engine intervals,
+``sim/decode_fit.step_intervals``, without the idle and sync-overlapping ones): per run, measured
+over fitted time of the intervals that overlap an optimizer step and of those that do not (does
+the trainer slow the instance?), of the intervals that hold an admission stamp and of those that
+do not, and the per-admission cost a fit with a fifth column (admission stamps per interval)
+finds; then, for every pair of runs, the fitted run's four- and five-column fits' prediction of
+the other run's decode time (fitted / measured), split the same way.
 
 For each finished `asp train` run directory: fit the cost model to its timeline.jsonl, simulate
 the run's own jobs (its prompts, response lengths, iterations, mini-batches, instances and
@@ -255,6 +264,75 @@ def cross(run_dirs: list[str], tolerance: float, one_mean: bool = False, json_pa
     return out
 
 
+def _decode_rows(run_dir: str):
+    """The decode fit's rows of a run: X (steps, contexts, running counts, prompt tokens), admission
+    stamps per interval, share of each interval spent in an optimizer step, durations."""
+    import numpy as np
+
+    from asp_ascend.sim.decode_fit import step_intervals
+
+    tl = Timeline.read_jsonl(Path(run_dir) / "timeline.jsonl")
+    req, sy, st = tl.frame("request"), tl.frame("sync"), tl.frame("step")
+    iv, _ = step_intervals(req)
+    use = iv["k"].notna() & (iv["n_through"] > 0)
+    t0, t1 = iv["t0"].to_numpy(float), iv["t1"].to_numpy(float)
+    for s0, s1 in zip(sy.get("t_start", []), sy.get("t_end", [])):
+        use &= ~((t0 < s1) & (t1 > s0))
+    iv = iv[use]
+    t0, t1 = iv["t0"].to_numpy(float), iv["t1"].to_numpy(float)
+    adm = np.zeros(len(iv))
+    for _, g in req.groupby("instance"):
+        ta = np.sort(g.groupby(["epoch", "prompt_id"])["t_admit"].min().to_numpy(float))
+        mine = (iv["instance"] == g["instance"].iloc[0]).to_numpy()
+        adm[mine] = (np.searchsorted(ta, t1[mine], side="right") - np.searchsorted(ta, t0[mine], side="right"))
+    train = np.zeros(len(iv))
+    for s0, s1 in zip(st.get("t_start", []), st.get("t_end", [])):
+        train += np.clip(np.minimum(t1, s1) - np.maximum(t0, s0), 0, None)
+    return iv[["k", "C", "N", "P"]].to_numpy(float), adm, train / (t1 - t0), iv["y"].to_numpy(float)
+
+
+def decode_split(run_dirs: list[str]) -> dict:
+    """``--decode-split`` (module doc). Returns {run: per-run figures, (fit run, run): ratios}."""
+    import numpy as np
+
+    from asp_ascend.sim.decode_fit import fit_total
+
+    rows = {d: _decode_rows(d) for d in run_dirs}
+    fits, out = {}, {}
+
+    def ratio(pred, y, m):
+        return float(pred[m].sum() / y[m].sum()) if m.any() else float("nan")
+
+    print("decode fit rows: measured / fitted time, per run (own four-column fit)")
+    for d, (X, A, tr, y) in rows.items():
+        c4 = fit_total(X, y)
+        c5 = fit_total(np.column_stack([X, A]), y)
+        fits[d] = (c4, c5)
+        p4 = X @ c4
+        busy, idle, with_a = tr > 0.5, tr == 0, A > 0
+        out[d] = {"rows": int(len(y)), "admissions_in_rows": int(A.sum()), "admission_time_share": float(y[with_a].sum() / y.sum()),
+                  "trainer_busy": 1 / ratio(p4, y, busy), "trainer_idle": 1 / ratio(p4, y, idle),
+                  "with_admission": 1 / ratio(p4, y, with_a), "without_admission": 1 / ratio(p4, y, ~with_a),
+                  "per_admission_s": float(c5[4])}
+        o = out[d]
+        print(f"  {_label(d, run_dirs)}: {o['rows']} rows; during an optimizer step {o['trainer_busy']:.3f}, "
+              f"without one {o['trainer_idle']:.3f}; with an admission stamp {o['with_admission']:.3f} "
+              f"({o['admissions_in_rows']} admissions, {100 * o['admission_time_share']:.0f} % of the time), "
+              f"without {o['without_admission']:.3f}; five-column fit: {1e3 * o['per_admission_s']:.2f} ms per admission")
+    print("decode time of each run predicted by each fit (fitted / measured; four columns, five columns; "
+          "all rows, rows with an admission stamp, rows without):")
+    for f in run_dirs:
+        c4, c5 = fits[f]
+        for d, (X, A, tr, y) in rows.items():
+            p4, p5 = X @ c4, np.column_stack([X, A]) @ c5
+            m = A > 0
+            r = [ratio(p, y, s) for p in (p4, p5) for s in (np.ones_like(m), m, ~m)]
+            out[(f, d)] = r
+            print(f"  {_label(f, run_dirs)} -> {_label(d, run_dirs)}: four {r[0]:.3f} ({r[1]:.3f}, {r[2]:.3f}); "
+                  f"five {r[3]:.3f} ({r[4]:.3f}, {r[5]:.3f})")
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dirs", nargs="+")
@@ -269,7 +347,13 @@ def main(argv=None) -> int:
     ap.add_argument("--explain", action="store_true",
                     help="--cross: for each miss, the error with each group of coefficients from the predicted run's fit")
     ap.add_argument("--json", default=None, help="--cross: also write the table to this JSON file")
+    ap.add_argument("--decode-split", action="store_true",
+                    help="the decode fit's rows split by trainer overlap and admissions, and each fit's "
+                         "prediction of every run's decode time")
     args = ap.parse_args(argv)
+    if args.decode_split:
+        decode_split(args.run_dirs)
+        return 0
     if args.cross:
         cross(args.run_dirs, args.tolerance, args.one_sync_mean, args.json, args.explain, not args.no_tail_caps,
               not args.no_admit_each)
