@@ -118,8 +118,9 @@ class TailControl:
         # segments, finished), so a group whose instance fails resumes from its prefix
         self.prefixes: dict[Key, dict[int, dict]] = {}
         self._steals_seen = len(self.disp.steals)
-        self._lengths: dict[Key, list[int]] = {}    # finished, untrained groups' sample lengths (the budget)
-        self._done: dict[int, list[int]] = {}       # iteration -> [sum, count] of _lengths of its members now
+        self._lengths: dict[Key, list[int]] = {}    # finished, untrained groups' sample lengths (a swap moves them)
+        self._done: dict[int, list[int]] = {}       # iteration -> [sum, count] of its finished members' samples (the budget)
+        self._ready: dict[int, int] = {}            # iteration -> its finished, untrained members (swap donors)
         self._witness: dict[int, Key] = {}          # iteration -> a group found not late at the last ask
 
     @staticmethod
@@ -321,7 +322,9 @@ class TailControl:
         if self.carry is not None:
             self.carry.on_finish(key)
             self._lengths[key] = [int(x) for x in lengths]
-            self._count_done(self.carry.iteration_of(key), self._lengths[key], +1)
+            i = self.carry.iteration_of(key)
+            self._count_done(i, self._lengths[key], +1)
+            self._ready[i] = self._ready.get(i, 0) + 1
 
     def on_instance_failed(self, r: int, keys: Iterable[Key]) -> None:
         """Instance ``r`` died; ``keys``: the groups it was running (they start again elsewhere)."""
@@ -352,7 +355,8 @@ class TailControl:
         tokens; the budget B_i, None when none of the iteration's samples has finished).
 
         Definition (docs/runtime.md, "late"). B_i is the mean response length of the samples of
-        the finished groups that are members of iteration i now (after earlier swaps). An
+        the finished groups that are members of iteration i now (after earlier swaps), trained
+        or not: the test does not depend on how many groups a mini-batch holds. An
         unfinished group g of i has R_g remaining tokens: the estimator's ``remaining`` (expected
         tokens until its last unfinished sample finishes, from its finished siblings and the
         tokens so far of the others); a group not admitted yet, its expected longest sample
@@ -400,7 +404,8 @@ class TailControl:
         return est.remaining(key) if key in est.groups else self._expected_longest(key)
 
     def _count_done(self, iteration: int, lengths: list[int] | None, sign: int) -> None:
-        """Add (+1) or take away (-1) a finished group's sample lengths to/from ``iteration``'s budget."""
+        """Add (+1) or take away (-1) a finished group's sample lengths to/from ``iteration``'s
+        budget (a group finishes, or a swap moves it; training it changes nothing)."""
         if lengths:
             d = self._done.setdefault(iteration, [0, 0])
             d[0] += sign * sum(lengths)
@@ -417,8 +422,7 @@ class TailControl:
         unfinished groups must be late) against finished groups of the next iteration."""
         if self.carry is None or self.estimator is None:
             return []
-        donors = self._done.get(iteration + 1)
-        if not donors or not donors[1]:
+        if not self._ready.get(iteration + 1):
             return []     # no finished, untrained group of the next iteration to swap in: no deferral
         late, rem, budget = self._late(iteration, every=True)
         if not late:
@@ -428,6 +432,8 @@ class TailControl:
             moved = self._lengths.get(sw.swapped_in)      # finished: its lengths move to the deferred's iteration
             self._count_done(sw.to_iteration, moved, -1)
             self._count_done(sw.iteration, moved, +1)
+            self._ready[sw.to_iteration] -= 1
+            self._ready[sw.iteration] = self._ready.get(sw.iteration, 0) + 1
             self._event("defer", t=self.now(), epoch=sw.deferred[0], prompt_id=sw.deferred[1], iteration=sw.iteration,
                         to_iteration=sw.to_iteration, remaining=rem[sw.deferred], budget=budget)
             self._event("swap", t=self.now(), epoch=sw.swapped_in[0], prompt_id=sw.swapped_in[1],
@@ -436,6 +442,9 @@ class TailControl:
         return swaps
 
     def on_trained(self, iteration: int, mini_batch: int) -> None:
+        """Mini-batch (iteration, mini_batch) was trained: its groups can no longer be swapped;
+        their samples stay in the iteration's budget (a trained group never moves)."""
         if self.carry is not None:
             for key in self.carry.on_trained(iteration, mini_batch):
-                self._count_done(iteration, self._lengths.pop(key, None), -1)
+                self._lengths.pop(key, None)
+                self._ready[iteration] -= 1

@@ -276,7 +276,8 @@ class Engine:
 
     def _trained(self, i: int, m: int) -> None:
         """Carry-over: mini-batch (i, m) was trained. As the runtime's orchestrator does at the end
-        of an optimizer step, its groups leave iteration i's budget (``TailControl.on_trained``)."""
+        of an optimizer step, its groups stop being swap donors (``TailControl.on_trained``; they
+        stay in iteration i's budget)."""
         self.tc.on_trained(i, m)
 
     def _size(self, i: int) -> float:

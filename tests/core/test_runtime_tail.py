@@ -128,6 +128,60 @@ def test_partial_rollout_defers_only_late_groups_and_swaps_finished_ones():
     assert [e["prompt_id"] for e in tl.events["swap"]] == ["b"]
 
 
+def _one_group_per_mini_batch(a_lengths):
+    # iteration 0 = a (mini-batch 0), z (mini-batch 1); iteration 1 = b (0), c (1): one group per
+    # mini-batch, as when the trainer takes a mini-batch as soon as its group finishes. a finishes
+    # with ``a_lengths`` and is trained at once; b (iteration 1) finishes with 5 and 5; z has
+    # generated 120 and 150 tokens so far; the trainer then waits on z alone.
+    jobs = [_job(0, 0, "a", 0, 5.0, 0), _job(0, 1, "z", 1, 5.0, 1), _job(1, 2, "b", 0, 5.0, 0),
+            _job(1, 3, "c", 0, 5.0, 1)]
+    plan = _plan(jobs, slots_seqs=4 * G, dispatch="static", R=2, k=1)
+    ctl, tl = _control(plan, reestimate=True, partial_rollout=True, max_split=1)
+    feeder = plan.feeder()
+    _fill(feeder, ctl)
+    feeder.finished(0, "a")
+    ctl.on_finish((0, "a"), a_lengths)
+    ctl.on_trained(0, 0)
+    feeder.finished(0, "b")
+    ctl.on_finish((0, "b"), [5, 5])
+    ctl.on_progress([{"key": [0, "z"], "finished": {}, "tokens": [120, 150]}])
+    return ctl, tl
+
+
+def test_a_trained_group_stays_in_the_budget_so_carry_over_fires_with_one_group_per_mini_batch():
+    # a is trained, yet its samples are F_0: B_0 = mean(4, 6) = 5, and z (re-estimated far past
+    # 5 tokens) is late: z moves to iteration 1, b takes z's slot (iteration 0, mini-batch 1).
+    # Counting only untrained groups, F_0 was empty once a was trained: no budget, no deferral.
+    ctl, tl = _one_group_per_mini_batch([4, 6])
+    late, rem, budget = ctl.late(0)
+    assert budget == 5.0 and late == [(0, "z")] and rem[(0, "z")] > 5.0
+    (sw,) = ctl.maybe_defer(0)
+    assert (sw.deferred, sw.swapped_in, sw.iteration, sw.mini_batch, sw.to_iteration, sw.to_mini_batch) == \
+        ((0, "z"), (0, "b"), 0, 1, 1, 0)
+    assert ctl.members(0, {0: [], 1: []}) == {0: [(0, "a")], 1: [(0, "b")]}
+    assert ctl.members(1, {0: [], 1: []}) == {0: [(0, "z")], 1: [(0, "c")]}
+    (ev,) = tl.events["defer"]
+    assert (ev["prompt_id"], ev["budget"]) == ("z", 5.0)
+    # F_0 = a's and b's samples: mean(4, 6, 5, 5) = 5, and training b changes nothing;
+    # iteration 1 has no finished member left (b moved out): no budget
+    assert ctl.late(0) == ([], {}, 5.0)
+    ctl.on_trained(0, 1)
+    assert ctl.late(0) == ([], {}, 5.0)
+    assert ctl.late(1) == ([], {}, None)
+
+
+def test_a_trained_group_with_long_samples_keeps_the_iteration_waiting():
+    # the same run with a's samples 150 and 170 tokens: B_0 = 160. z, with 120 tokens of a sample
+    # already generated and max_tokens 200, has at most 200 - 120 = 80 tokens left: not late,
+    # so nothing is deferred although b could be swapped in.
+    ctl, tl = _one_group_per_mini_batch([150, 170])
+    late, rem, budget = ctl.late(0)
+    assert budget == 160.0 and late == [] and 0.0 < rem[(0, "z")] <= 80.0
+    assert ctl.maybe_defer(0) == []
+    assert not tl.events["defer"] and not tl.events["swap"]
+    assert ctl.members(0, {0: [], 1: []}) == {0: [(0, "a")], 1: [(0, "z")]}
+
+
 def test_without_partial_rollout_membership_is_the_plan():
     plan = _plan([_job(0, 0, "a", 0, 5.0)], R=1)
     ctl, _ = _control(plan, reestimate=True)

@@ -113,23 +113,26 @@ def test_sim_partial_rollout_defers_and_swaps_exactly_once():
     assert tl.frame("sync")["t_end"].iloc[0] < tl0.frame("sync")["t_end"].iloc[0]
 
 
-def test_sim_trained_groups_leave_the_carry_over_budget():
-    # The runtime's rule (TailControl.on_trained, called when a step ends), which the simulator
-    # now follows: the budget B_i counts finished groups of iteration i not trained yet. The case
-    # above with B in its own mini-batch: B finishes at 2 s and is trained 2 -> 3 s; at 3 s the
-    # trainer waits on A alone, but no finished, untrained sample of iteration 0 is left, so there
-    # is no budget and nothing is late: A is not deferred, iteration 0 waits for it (100 s). The
-    # simulator used to keep B's 2 tokens in the budget and deferred A here (iterations [1, 0, 0, 1]).
+def test_sim_trained_groups_stay_in_the_carry_over_budget():
+    # The case above with B in its own mini-batch (one group per mini-batch). B and C finish at
+    # 2 s; B is trained 2 -> 3 s; at 3 s the trainer waits on A alone. B is trained, but its
+    # 2 tokens stay in iteration 0's budget (TailControl.late: every finished member group, trained
+    # or not): A (predicted 100 tokens) is re-estimated far past 2 tokens, so it is deferred to iteration 1 and C
+    # (finished, untrained) takes its slot, trained 3 -> 4 s. When the budget counted only
+    # untrained groups, it was empty at 3 s, nothing was late and iteration 0 waited for A (100 s).
     jobs = _jobs([100, 2, 2, 2, 2, 2], [0, 0, 1, 1, 2, 2], [0, 1, 1, 1, 1, 1],
                  predicted=[100, 2, 2, 2, 2, 2], mini_batch=[0, 1, 0, 1, 0, 1])
     tr = TrainerSpec(train_per_token=0.0, train_per_step=1.0, sync_s=0.5, micro_batch_size=8, micro_batching="packed")
     mech = SimMechanisms(reestimate=True, partial_rollout=True, max_split=1, max_tokens=4096)
     eng, req, tl = _run(jobs, R=2, mns=2, cost=PER_STEP, trainer=tr, mech=mech)
-    assert req["iteration"].tolist() == [0, 0, 1, 1, 2, 2]
-    assert "defer" not in eng.log.counts
-    assert eng.tc.late(0) == ([], {}, None)                 # A finished and both trained: no budget
+    assert req["iteration"].tolist() == [1, 0, 0, 1, 2, 2]
+    assert eng.log.counts.get("defer") == 1 and eng.log.counts.get("swap") == 1
+    (sw,) = eng.tc.carry.swaps
+    assert (sw.deferred, sw.swapped_in, sw.iteration, sw.mini_batch, sw.to_iteration) == ((0, "p0"), (0, "p2"), 0, 0, 1)
     steps = tl.frame("step")
-    assert steps["t_start"].tolist()[:2] == [2.0, 100.0]    # B at 2 s, A once it finished
+    assert steps["t_start"].tolist()[:2] == [2.0, 3.0]      # B at 2 s, C in A's slot at 3 s
+    assert [x[1] for x in steps["samples"].iloc[1]] == ["p2"]
+    assert eng.tc.late(0) == ([], {}, 2.0)                  # B and C, both trained, are i's members
     assert eng.tc.carry.trained == {(0, f"p{i}") for i in range(6)}
 
 
