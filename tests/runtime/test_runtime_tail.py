@@ -31,11 +31,18 @@ def _run(out: Path, overrides: list[str]):
 
 @pytest.fixture(scope="module")
 def partial_run(tmp_path_factory):
-    """Guided dispatch, re-estimation, tail concurrency and partial rollout (S = 1), 4 iterations."""
+    """Guided dispatch, re-estimation, tail concurrency and partial rollout (S = 1), 8 iterations
+    (two epochs). Something to defer: a group is late when it has more tokens left than the
+    iteration's mean sample (docs/runtime.md, "Late"). Under SMALL's 40-token cap a third of the
+    samples stop at the cap, every group's longest is about 40 and the mean about 25, so a group is
+    late only in its first ~15 tokens, and in 4 iterations nothing may be. Here responses go up to
+    128 tokens and an instance runs two groups (8 sequences), so an iteration's groups run in
+    waves and the trainer, done with a mini-batch, waits on groups admitted late."""
     if stack_missing():
         pytest.skip(stack_missing())
     return _run(tmp_path_factory.mktemp("partial_run"),
-                TAIL + ["rollout.partial_rollout=true", "rollout.max_split=1", "train.max_iterations=4"])
+                TAIL + ["rollout.partial_rollout=true", "rollout.max_split=1", "train.max_iterations=8",
+                        "rollout.max_num_seqs=8", "lengths.max_response_length=128"])
 
 
 def _trained_lags(tl):
@@ -91,6 +98,28 @@ def test_request_events_carry_the_trained_iteration_and_the_planned_one(partial_
     assert entry["policy_lag_max"] == max(_trained_lags(tl).values())
 
 
+def test_summary_has_the_simulators_carry_over_keys(partial_run):
+    # summary.json counts what the timeline shows: deferred groups = defer events; a deferred sample
+    # is one trained after its planned iteration; its lag is counted by admission version and by the
+    # version behind its newest token (the last of its segments)
+    from collections import Counter
+
+    out, cfg, tl = partial_run
+    (entry,) = [v for k, v in json.loads((out / "summary.json").read_text()).items() if k != "schema_version"]
+    late = [ev for ev in tl.events["request"] if ev["iteration"] > ev["planned_iteration"]]
+    assert late, "no sample was deferred: the run does not test carry-over"
+    assert entry["deferred_groups"] == len(tl.events["defer"])
+    assert entry["deferred_samples"] == len(late)
+    assert entry["deferred_lag_hist"] == {str(lag): n for lag, n in sorted(
+        Counter(ev["iteration"] - ev["admission_version"] for ev in late).items())}
+    assert entry["deferred_token_lag_hist"] == {str(lag): n for lag, n in sorted(
+        Counter(ev["iteration"] - ev["segments"][-1][1] for ev in late).items())}
+    k, S = cfg.pipeline.lag_bound, cfg.rollout.max_split
+    assert max(map(int, entry["deferred_lag_hist"])) <= k + S
+    assert entry["policy_lag_max_lossless"] <= k
+    assert entry["stolen_groups"] == len(tl.events["steal"])
+
+
 def test_each_token_carries_the_version_that_drew_it(partial_run):
     out, cfg, tl = partial_run
     for ev in tl.events["request"]:
@@ -112,7 +141,7 @@ def test_tail_decisions_are_timeline_events_and_in_the_report(partial_run):
 
     assert run_report(out) == 0
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 4
+    assert len(rows) == cfg.train.max_iterations
 
 
 def test_killed_instance_during_partial_rollout_loses_no_segment(tmp_path):

@@ -5,8 +5,8 @@
 ``defer`` / ``swap``), ``metrics.jsonl`` (one row per iteration) and, when the run ends,
 ``summary.json``: the shared metric functions over the timeline (``metrics.summarize``), keyed
 by the simulator's name of the run's system, plus what the tail mechanisms did
-(``sim.mechanisms.tail_summary``: ``deferred_groups``, and by ``metrics.deferred_lags``
-``deferred_lag_hist`` by admission version and ``deferred_token_lag_hist`` by the version of each
+(``pipeline.summary.carry_over_summary``, as ``asp train`` writes them: ``deferred_groups``, and by
+``metrics.deferred_lags`` ``deferred_lag_hist`` by admission version and ``deferred_token_lag_hist`` by the version of each
 deferred sample's last token, a deferred sample being one trained after its planned iteration;
 the per-iteration length mix). So ``asp report OUTPUT_DIR`` and ``asp simulate CONFIG --calibrate OUTPUT_DIR`` read a
 MindSpeed-RL run as they read one of ``asp train``.
@@ -20,9 +20,6 @@ from pathlib import Path
 
 from ...io import json_default
 from ...metrics.timeline import Timeline, TimelineWriter
-
-TAIL_KINDS = ("steal", "tail", "defer", "swap")
-
 
 ATTEMPT_FILES = ("timeline.jsonl", "metrics.jsonl", "summary.json")
 
@@ -69,11 +66,12 @@ class RunFiles:
 
 def run_summary(tl: Timeline, cfg) -> dict:
     """summary.json's entry: ``metrics.summarize`` (with ``lower_bound_ratio`` from the cost model fitted to
-    the run, as ``asp train`` computes it) plus :func:`carry_over_summary`."""
+    the run) plus ``pipeline.summary.carry_over_summary``, as ``asp train`` computes them."""
     from ...config import lag_bound_of
     from ...errors import DataError
     from ...metrics import summarize
     from ...pipeline.bounds import run_lower_bounds
+    from ...pipeline.summary import carry_over_summary
 
     k = lag_bound_of(cfg)
     try:   # the ratio needs a cost model fitted to the run; a run too small to fit has none
@@ -84,24 +82,3 @@ def run_summary(tl: Timeline, cfg) -> dict:
                   lag_bound=k, lower_bounds=lb)
     s.update(carry_over_summary(tl, k))
     return s
-
-
-def carry_over_summary(tl: Timeline, lag_bound: int) -> dict:
-    """The simulator's tail keys (``sim.mechanisms.tail_summary``) from a real timeline: a sample is deferred
-    when the iteration that trained it (``request.iteration``) is after its ``planned_iteration``; its token
-    lag is that iteration minus the version of its last token (the last of its ``segments``)."""
-    import numpy as np
-
-    from ...sim.mechanisms import MechanismLog, tail_summary
-
-    req = tl.frame("request")
-    planned = (req["planned_iteration"] if "planned_iteration" in req else req["iteration"]).to_numpy()
-    if "segments" in req:
-        last = np.asarray([int(seg[-1][1]) if seg else int(v)
-                           for seg, v in zip(req["segments"], req["admission_version"])])
-    else:
-        last = req["admission_version"].to_numpy()
-    log = MechanismLog({kind: len(tl.events[kind]) for kind in TAIL_KINDS if tl.events[kind]})
-    out = tail_summary(req, planned, last, lag_bound, log)
-    out["stolen_groups"] = len(tl.events["steal"])
-    return out

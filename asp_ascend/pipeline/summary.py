@@ -1,0 +1,36 @@
+"""The tail keys of a real run's ``summary.json`` (DESIGN 9): what the mechanisms did, from the
+run's own timeline, under the simulator's names.
+
+``asp train`` (``pipeline/run.py: write_summary``) and MindSpeed-RL's async loop
+(``integrations/mindspeed_rl/run_files.py``) add :func:`carry_over_summary` to
+``metrics.summarize``'s entry, so a run's summary has the keys ``asp simulate`` writes
+(``sim.mechanisms.tail_summary``): ``stolen_groups``, ``tail_capped_groups``, ``deferred_groups``,
+and by ``metrics.deferred_lags`` ``deferred_samples``, ``policy_lag_max_lossless``,
+``deferred_lag_hist`` and ``deferred_token_lag_hist``; the per-iteration length mix.
+
+No torch: numpy/pandas only (the summary is written after training, in the driver).
+"""
+from __future__ import annotations
+
+TAIL_KINDS = ("steal", "tail", "defer", "swap")
+
+
+def carry_over_summary(tl, lag_bound: int) -> dict:
+    """The simulator's tail keys (``sim.mechanisms.tail_summary``) from a real timeline: a sample is deferred
+    when the iteration that trained it (``request.iteration``) is after its ``planned_iteration``; its token
+    lag is that iteration minus the version of its last token (the last of its ``segments``)."""
+    import numpy as np
+
+    from ..sim.mechanisms import MechanismLog, tail_summary
+
+    req = tl.frame("request")
+    planned = (req["planned_iteration"] if "planned_iteration" in req else req["iteration"]).to_numpy()
+    if "segments" in req:
+        last = np.asarray([int(seg[-1][1]) if seg else int(v)
+                           for seg, v in zip(req["segments"], req["admission_version"])])
+    else:
+        last = req["admission_version"].to_numpy()
+    log = MechanismLog({kind: len(tl.events[kind]) for kind in TAIL_KINDS if tl.events[kind]})
+    out = tail_summary(req, planned, last, lag_bound, log)
+    out["stolen_groups"] = len(tl.events["steal"])
+    return out
