@@ -154,9 +154,10 @@ class Dispatcher:
     - ``guided``: the plan fixes membership, mini-batches and priority; an instance that can
       admit takes its own highest-priority admissible job, else (``next_for(r, steal=True)``)
       the highest-priority admissible job not yet started of the instance with the most
-      remaining work: its queued jobs' predicted lengths plus, with a ``remaining``
-      estimator (:class:`~.reestimate.GroupEstimator`), the re-estimated remaining tokens
-      of its running groups. Running groups never move. The thief's own version decides
+      remaining work: its queued jobs' predicted lengths plus its running groups' work, which
+      with a ``remaining`` estimator (:class:`~.reestimate.GroupEstimator`) is their
+      re-estimated remaining tokens and without one their planned ``predicted_length`` (the
+      whole group, however far it got). Running groups never move. The thief's own version decides
       admissibility, so the lag rule is unchanged. The steal is taken only if it lowers the later
       of the two instances' finishes: ``remaining_work(thief) + job.predicted_length <
       remaining_work(victim)`` (the victim's work includes the job; a tie is refused), else the
@@ -166,9 +167,10 @@ class Dispatcher:
       ran dry took the victim's highest-priority (longest) group every time, victims stole in
       turn, and long groups piled up on whichever instance asked first (docs/scheduler.md, the
       64-device grid). Only the instance with the most remaining work is asked: when its best
-      admissible job fails the test, the thief takes nothing this time. Without an estimator,
-      running groups count nothing on either side, so the test compares queued work alone (a
-      thief with an empty queue never takes a victim's last queued job). A thief steals only
+      admissible job fails the test, the thief takes nothing this time. Without an estimator a
+      running group counts its full prediction on either side until it finishes: before, it
+      counted nothing, the test compared queued work alone and refused almost no steal
+      (docs/scheduler.md, the ablation's "+ guided dispatch" row). A thief steals only
       while it holds fewer
       sequences than the plan assumed an instance runs (``steal_room``, the planned
       ``max_num_seqs``): the plan balanced the instances' work at that concurrency, and every
@@ -211,6 +213,8 @@ class Dispatcher:
         # keyed by (epoch, prompt_id): a prompt recurs once per epoch
         self.running: dict[tuple[int, str], tuple[int, Job]] = {}  # -> (instance, job)
         self.running_on: list[set] = [set() for _ in range(num_instances)]
+        # per instance, the sum of its running jobs' predicted lengths (remaining work without an estimator)
+        self.running_work: list[float] = [0.0] * num_instances
         self.finished: set[tuple[int, str]] = set()
         self.total = 0
         self.add(jobs)
@@ -313,11 +317,14 @@ class Dispatcher:
         return held < self.steal_room
 
     def remaining_work(self, instance: int) -> float:
-        """Tokens per sample left on ``instance``: its queued jobs' predictions plus, with an
-        estimator, its running groups' re-estimated remaining lengths."""
+        """Tokens per sample left on ``instance``: its queued jobs' predictions plus its running
+        groups' re-estimated remaining lengths (with an estimator) or, without one, their
+        predictions (``Job.predicted_length``, counted in full until the group finishes)."""
         work = self._queue(instance).work
         if self.estimator is not None:
             work += sum(self.estimator.remaining(key) for key in self.running_on[instance])
+        else:
+            work += self.running_work[instance]
         return work
 
     def blocked_by_lag(self, instance: int) -> bool:
@@ -350,6 +357,7 @@ class Dispatcher:
         key = (job.epoch, job.prompt_id)
         self.running[key] = (instance, job)
         self.running_on[instance].add(key)
+        self.running_work[instance] += job.predicted_length
         return job, version
 
     def on_finish(self, prompt_id: str, epoch: int = 0) -> Job:
@@ -358,6 +366,9 @@ class Dispatcher:
             raise ValueError(f"prompt {prompt_id} of epoch {epoch} finished twice")
         instance, job = self.running.pop(key)
         self.running_on[instance].discard(key)
+        # an instance running nothing has none left (no float residue from the running sum)
+        left = self.running_work[instance] - job.predicted_length
+        self.running_work[instance] = left if self.running_on[instance] else 0.0
         self.finished.add(key)
         return job
 
@@ -373,6 +384,7 @@ class Dispatcher:
         for job in moved:
             del self.running[(job.epoch, job.prompt_id)]
         self.running_on[instance].clear()
+        self.running_work[instance] = 0.0
         if not self.shared:
             self._first_moved(self.queues[instance].first_iteration(), None)
             moved.extend(self.queues[instance].drain())
@@ -400,3 +412,5 @@ class Dispatcher:
         self.alive[instance] = True
         while instance >= len(self.running_on):
             self.running_on.append(set())
+        while instance >= len(self.running_work):
+            self.running_work.append(0.0)

@@ -213,6 +213,43 @@ def test_a_steal_must_lower_the_later_finish_boundary():
     assert d.next_for(0) is None
 
 
+def test_without_an_estimator_running_groups_count_their_prediction():
+    """No re-estimator: a running group counts its planned length in full until it finishes.
+    Victim 1 runs "long" (1000) and queues "v" (100): W_v = 1100. Thief 0 runs "own" (900) and has
+    nothing queued: W_t = 900, 900 + 100 = 1000 < 1100, taken. Thief 2 runs "big" (1050):
+    1050 + 100 = 1150 >= 1100, refused (before, running groups counted nothing: 0 + 100 < 100 + 0
+    was false for the victim's last queued job, but a thief running 1050 tokens was seen as idle)."""
+    def dispatcher():
+        jobs = [Job(0, 0, "long", instance=1, predicted_length=1000), Job(0, 1, "v", instance=1, predicted_length=100),
+                Job(0, 2, "own", instance=0, predicted_length=900), Job(0, 3, "big", instance=2, predicted_length=1050),
+                Job(0, 4, "w", instance=1, predicted_length=10)]
+        d = Dispatcher(jobs, 3, AdmissionController(1, 3), dispatch="guided")
+        assert [d.next_for(i, steal=False)[0].prompt_id for i in (1, 0, 2)] == ["long", "own", "big"]
+        assert [d.remaining_work(i) for i in range(3)] == [900, 1110, 1050]
+        return d
+
+    d = dispatcher()
+    # thief 2: victim 1 (1110, its best job "v"): 1050 + 100 = 1150 >= 1110, refused
+    assert d.peek(2) is None and d.next_for(2) is None and d.stolen == 0
+    # thief 0: 900 + 100 = 1000 < 1110, taken; the job now counts on the thief while it runs
+    assert d.next_for(0)[0].prompt_id == "v" and d.steals[-1][1:] == (1, 0)
+    assert d.remaining_work(0) == 1000 and d.remaining_work(1) == 1010
+    # "own" finishes: thief 0 holds only "v" (100); victim 1's last queued job "w" (10): 110 < 1010, taken
+    d.on_finish("own")
+    assert d.remaining_work(0) == 100 and d.next_for(0)[0].prompt_id == "w" and d.remaining_work(1) == 1000
+    # every finish and a failure take the running work off
+    d.on_finish("v")
+    d.on_finish("w")
+    assert d.remaining_work(0) == 0.0
+    moved = d.on_instance_failed(1)
+    assert [j.prompt_id for j in moved] == ["long"] and d.remaining_work(1) == 0.0
+    # the estimator, where there is one, replaces the predictions of running groups
+    d = Dispatcher([Job(0, 0, "r", instance=0, predicted_length=500)], 1, AdmissionController(1, 1),
+                   dispatch="guided", remaining=_Remaining({(0, "r"): 7.0}))
+    d.next_for(0)
+    assert d.remaining_work(0) == 7.0
+
+
 def test_guided_steals_only_under_the_planned_concurrency():
     """The plan assumed 2 groups of G = 4 per instance (8 sequences); the instances can really
     hold more. Instance 0 runs its own long group and its own next-iteration group (8 sequences,
@@ -227,7 +264,9 @@ def test_guided_steals_only_under_the_planned_concurrency():
     assert d.next_for(1)[0].prompt_id == "b0"
     assert not d.may_steal(0) and d.peek(0) is None and d.next_for(0) is None   # 2 groups x 4 = 8 held
     assert d.stolen == 0
-    d.on_finish("next")                                                          # 4 held: room under the plan's
+    # 4 held once "long" finished: room under the plan's (and the finish rule, running groups counted
+    # by their predictions: thief "next" 100 + b1 100 = 200 < victim b0 100 + b1 100 + b2 100 = 300)
+    d.on_finish("long")
     assert d.may_steal(0) and d.next_for(0)[0].prompt_id == "b1" and d.stolen == 1
     assert d.next_for(1)[0].prompt_id == "b2"                                    # own jobs: no such limit
     # the executor's exact count replaces groups x G (the simulator's instances: running + waiting sequences)

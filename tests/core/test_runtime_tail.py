@@ -360,11 +360,13 @@ def test_no_instance_idles_while_it_may_admit():
     ctl, _ = _control(plan, tail_concurrency="auto", rooms={(0, "t"): G}, reestimate=True)
     assert _fill(plan.feeder(), ctl) == [(0, "t"), (1, "u")]
     assert plan.dispatcher.steals[-1][1:] == (0, 1)
-    # without an estimator the running tail counts nothing: instance 0's work is u's 5 alone and
-    # 0 + 5 >= 5, so the steal rule refuses and u waits for t (the rule sees queued work only)
+    # without an estimator the running tail counts its prediction: instance 0's work is u's 5 + t's
+    # 50, instance 1's 0: 0 + 5 < 55, taken the same way
     plan2 = _plan(jobs, slots_seqs=2 * G, dispatch="guided", R=2)
     ctl2, _ = _control(plan2, tail_concurrency="auto", rooms={(0, "t"): G})
-    assert _fill(plan2.feeder(), ctl2) == [(0, "t")] and plan2.dispatcher.pending(0) == 1
+    assert plan2.dispatcher.estimator is None
+    assert _fill(plan2.feeder(), ctl2) == [(0, "t"), (1, "u")] and plan2.dispatcher.pending(0) == 0
+    assert plan2.dispatcher.steals[-1][1:] == (0, 1)
 
 
 def test_late_is_remaining_tokens_above_the_mean_finished_sample_of_the_iteration():

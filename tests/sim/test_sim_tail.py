@@ -65,7 +65,8 @@ def test_sim_guided_dispatch_corrects_a_misprediction():
     # instance 0's three are really 10 tokens, instance 1's really 1. Static: instance 0 ends at
     # 30 s. Guided: instance 1, empty at 3 s, takes instance 0's next group not yet started
     # (p1: 3 -> 13 s); instance 0 runs p0 (0 -> 10) and p2 (10 -> 20). No estimator, so remaining
-    # work is queued predictions: at 3 s instance 0 = p1 + p2 = 2, instance 1 = 0: 0 + 1 < 2, taken.
+    # work is predictions, running groups' included: at 3 s instance 0 = p0 + p1 + p2 = 3, instance
+    # 1 = 0: 0 + 1 < 3, taken.
     # p2 is never stolen: instance 1 is full until 13 s, and instance 0 takes p2 itself at 10 s
     jobs = _jobs([10, 10, 10, 1, 1, 1], [0] * 6, [0, 0, 0, 1, 1, 1], predicted=[1] * 6)
     _, static, _ = _run(jobs, R=2, mns=1, cost=PER_STEP)
@@ -75,13 +76,14 @@ def test_sim_guided_dispatch_corrects_a_misprediction():
     assert guided.loc["p1", "instance"] == 1 and eng.dispatcher.stolen == 1
     # running groups never move; every group generated exactly once
     assert sorted(guided.index) == [f"p{i}" for i in range(6)]
-    # two groups on instance 0: at 3 s instance 0's work is p1's 1 queued token (p0 runs: it counts
-    # nothing without an estimator), instance 1's 0: 0 + 1 >= 1, the steal rule refuses and p1
-    # waits for p0 (10 -> 20 s). With re-estimation p0, 3 tokens into a 1-token prediction, has
-    # R > 0 left: 0 + 1 < 1 + R, so instance 1 takes p1 at 3 s (3 -> 13 s)
+    # two groups on instance 0: at 3 s instance 0's work is p1's 1 queued token plus running p0's
+    # prediction (1: without an estimator a running group counts its prediction in full), instance
+    # 1's 0: 0 + 1 < 2, so instance 1 takes p1 at 3 s (3 -> 13 s). With re-estimation p0, 3 tokens
+    # into a 1-token prediction, has R > 0 left: 0 + 1 < 1 + R, the same steal
     two = _jobs([10, 10, 1, 1, 1], [0] * 5, [0, 0, 1, 1, 1], predicted=[1] * 5)
     eng, blind, _ = _run(two, R=2, mns=1, cost=PER_STEP, dispatch="guided")
-    assert blind.loc[["p0", "p1"], "t_finish"].tolist() == [10.0, 20.0] and eng.dispatcher.stolen == 0
+    assert blind.loc[["p0", "p1"], "t_finish"].tolist() == [10.0, 13.0] and eng.dispatcher.stolen == 1
+    assert blind.loc["p1", "instance"] == 1
     eng, seen, _ = _run(two, R=2, mns=1, cost=PER_STEP, dispatch="guided", mech=SimMechanisms(reestimate=True))
     assert seen.loc[["p0", "p1"], "t_finish"].tolist() == [10.0, 13.0] and eng.dispatcher.stolen == 1
     assert seen.loc["p1", "instance"] == 1
