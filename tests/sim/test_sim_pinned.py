@@ -2,8 +2,10 @@
 
 The golden file ``data/pinned_summaries.json`` was written by the engine before its event
 loop was split into instances / trainer / loop (and before the tail mechanisms were wired in,
-all of which are turned off here explicitly, so the file keeps describing the engine with
-every mechanism off). A change of the simulator's behaviour shows up here as a changed number.
+which are turned off here explicitly, so the file keeps describing the engine with those
+mechanisms off; the one exception is the ``kv_guided`` setup, which turns guided dispatch on to
+pin stealing, without re-estimation). A change of the simulator's behaviour shows up here as a
+changed number.
 Regenerate only for an intended change of behaviour: ``ASP_REPIN=1 pytest tests/sim/test_sim_pinned.py``.
 """
 from __future__ import annotations
