@@ -89,6 +89,23 @@ def fit_overheads(tl: Timeline) -> dict:
     return out
 
 
+def _groups_and_versions(req: pd.DataFrame, syncs: pd.DataFrame):
+    """What both admission-gap fits read of a run: the lag bound seen (k), the first version, one
+    row per group (its instance, first admission, last finish, iteration), and the sync ends with
+    the newest version published by each (``np.maximum.accumulate``: a late sync of an older
+    version does not lower it)."""
+    lag = int((req["iteration"] - req["admission_version"]).max())
+    v0 = int(req["admission_version"].min())
+    g = req.groupby(["epoch", "prompt_id"]).agg(inst=("instance", "first"), ta=("t_admit", "min"),
+                                                tf=("t_finish", "max"), it=("iteration", "first"))
+    if syncs.empty:
+        ends, vers = np.zeros(0), np.zeros(0, dtype=np.int64)
+    else:
+        sy = syncs.sort_values("t_end")
+        ends, vers = sy["t_end"].to_numpy(float), np.maximum.accumulate(sy["version"].to_numpy(np.int64))
+    return lag, v0, g, ends, vers
+
+
 def _burst_gaps(req: pd.DataFrame, syncs: pd.DataFrame, tail: pd.DataFrame, steps: pd.DataFrame,
                 late: float = 0.0) -> list:
     """Gaps between consecutive admissions on an instance within a burst (module doc,
@@ -101,15 +118,7 @@ def _burst_gaps(req: pd.DataFrame, syncs: pd.DataFrame, tail: pd.DataFrame, step
     earlier stamp also leaves the gap out (the later admission may have waited for it)."""
     if req.empty:
         return []
-    lag = int((req["iteration"] - req["admission_version"]).max())
-    v0 = int(req["admission_version"].min())
-    g = req.groupby(["epoch", "prompt_id"]).agg(inst=("instance", "first"), ta=("t_admit", "min"),
-                                                tf=("t_finish", "max"), it=("iteration", "first"))
-    if syncs.empty:
-        ends, vers = np.zeros(0), np.zeros(0, dtype=np.int64)
-    else:
-        sy = syncs.sort_values("t_end")
-        ends, vers = sy["t_end"].to_numpy(float), np.maximum.accumulate(sy["version"].to_numpy(np.int64))
+    lag, v0, g, ends, vers = _groups_and_versions(req, syncs)
     st = np.sort(steps["t_start"].to_numpy(float)) if not steps.empty else np.zeros(0)
     gaps = []
     for inst, x in g.groupby("inst"):
@@ -138,15 +147,7 @@ def _admit_gaps(req: pd.DataFrame, syncs: pd.DataFrame) -> list:
     had a free slot at the sync end."""
     if req.empty:
         return []
-    lag = int((req["iteration"] - req["admission_version"]).max())
-    v0 = int(req["admission_version"].min())
-    g = req.groupby(["epoch", "prompt_id"]).agg(inst=("instance", "first"), ta=("t_admit", "min"),
-                                                tf=("t_finish", "max"), it=("iteration", "first"))
-    if syncs.empty:
-        ends, vers = np.zeros(0), np.zeros(0, dtype=np.int64)
-    else:
-        sy = syncs.sort_values("t_end")
-        ends, vers = sy["t_end"].to_numpy(float), np.maximum.accumulate(sy["version"].to_numpy(np.int64))
+    lag, v0, g, ends, vers = _groups_and_versions(req, syncs)
     gaps = []
     for _, x in g.groupby("inst"):
         x = x.sort_values("ta")
