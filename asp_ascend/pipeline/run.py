@@ -206,7 +206,7 @@ def _finish(cfg, orch, plan, out: Path, k: int, logger, t_start: float) -> dict:
     final, every = plan.end, cfg.train.checkpoint_every
     if not (every and final % every == 0):
         orch.save_checkpoint(final)
-    summary = write_summary(cfg, orch, out, k, logger.say)
+    summary = write_summary(cfg, orch, out, logger.say)
     write_parquet_atomic(out / "lengths.parquet", pd.DataFrame(orch.history))
     logger.close()
     logger.say(f"done in {time.time() - t_start:.1f} s: throughput {summary['throughput']:.0f} tok/s, "
@@ -214,26 +214,16 @@ def _finish(cfg, orch, plan, out: Path, k: int, logger, t_start: float) -> dict:
     return summary
 
 
-def write_summary(cfg, orch, out: Path, k: int, say=print) -> dict:
+def write_summary(cfg, orch, out: Path, say=print) -> dict:
     """summary.json: one entry computed by the shared metric functions, keyed by the simulator's
     name of the run's system (``config.summary_key``: ``async`` + ``asp`` -> ``asp``):
-    ``metrics.summarize`` plus the simulator's tail keys from the run's own events
-    (``pipeline/summary.carry_over_summary``: deferred groups and samples, the deferred samples'
-    lag histograms by ``metrics.deferred_lags``, steals, capped groups, the length mix)."""
+    ``pipeline/summary.run_summary``: ``metrics.summarize`` plus the simulator's tail keys from the
+    run's own events (deferred groups and samples, the deferred samples' lag histograms by
+    ``metrics.deferred_lags``, steals, capped groups, the length mix)."""
     from ..config import summary_key
-    from ..errors import DataError
     from ..io import write_json_atomic
-    from ..metrics import summarize
-    from .bounds import run_lower_bounds
-    from .summary import carry_over_summary
+    from .summary import run_summary
 
-    try:  # the ratio needs a cost model fitted to the run; a run too small to fit has none
-        lb = run_lower_bounds(orch.timeline, cfg, k)
-    except DataError as exc:
-        say(f"lower_bound_ratio left out: {exc}")
-        lb = None
-    s = summarize(orch.timeline, num_instances=cfg.rollout.num_instances, max_num_seqs=cfg.rollout.max_num_seqs,
-                  lag_bound=k, lower_bounds=lb)
-    s.update(carry_over_summary(orch.timeline, k))
+    s = run_summary(orch.timeline, cfg, say)
     write_json_atomic(out / "summary.json", {summary_key(cfg): s})
     return s

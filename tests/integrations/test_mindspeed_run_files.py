@@ -157,6 +157,8 @@ def test_metrics_and_summary_carry_the_deferred_lag_histograms(run_dir):
     assert s["deferred_token_lag_hist"] == {"0": N}        # by the version of the last token
     assert s["policy_lag_max_lossless"] <= K
     assert s["policy_lag_max"] <= K + S and s["iterations"] == 3 and s["throughput"] > 0
+    # the bound the samples are held to, as `asp simulate` reports it under partial rollout: k + S
+    assert s["lag_bound"] == K + S
 
 
 def test_asp_report_and_calibrate_read_the_run(run_dir):

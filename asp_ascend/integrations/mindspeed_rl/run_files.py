@@ -58,27 +58,9 @@ class RunFiles:
             return None
         from ...config import summary_key
         from ...io import write_json_atomic
+        from ...pipeline.summary import run_summary
 
         s = run_summary(self.timeline, cfg)
         write_json_atomic(self.out / "summary.json", {summary_key(cfg): s})
         return s
 
-
-def run_summary(tl: Timeline, cfg) -> dict:
-    """summary.json's entry: ``metrics.summarize`` (with ``lower_bound_ratio`` from the cost model fitted to
-    the run) plus ``pipeline.summary.carry_over_summary``, as ``asp train`` computes them."""
-    from ...config import lag_bound_of
-    from ...errors import DataError
-    from ...metrics import summarize
-    from ...pipeline.bounds import run_lower_bounds
-    from ...pipeline.summary import carry_over_summary
-
-    k = lag_bound_of(cfg)
-    try:   # the ratio needs a cost model fitted to the run; a run too small to fit has none
-        lb = run_lower_bounds(tl, cfg, k)
-    except (DataError, ValueError):
-        lb = None
-    s = summarize(tl, num_instances=cfg.rollout.num_instances, max_num_seqs=cfg.rollout.max_num_seqs,
-                  lag_bound=k, lower_bounds=lb)
-    s.update(carry_over_summary(tl, k))
-    return s
