@@ -92,15 +92,16 @@ class LengthRecorder:
         self.dir = Path(directory)
         self.group_size = int(group_size)
 
-    def record(self, global_step: int, epoch: int, tensors, non_tensors: dict) -> Path:
+    def record(self, global_step: int, epoch: int, tensors, non_tensors: dict) -> pd.DataFrame:
+        """Write the batch's rows (``batch_lengths`` + ``epoch``, ``step``) as the part of
+        ``global_step``; returns them (the trainer reports the same lengths to the balancer)."""
         from ...io import write_parquet_atomic
 
         df = batch_lengths(tensors, non_tensors, self.group_size)
         df.insert(2, "epoch", np.int64(epoch))
         df["step"] = np.int64(global_step)
-        path = self.dir / f"step_{int(global_step):08d}.parquet"
-        write_parquet_atomic(path, df)
-        return path
+        write_parquet_atomic(self.dir / f"step_{int(global_step):08d}.parquet", df)
+        return df
 
     def append(self, global_step: int, rows: pd.DataFrame) -> Path:
         """Add rows (``batch_lengths`` + ``epoch``) to the part of ``global_step`` (fully async: the

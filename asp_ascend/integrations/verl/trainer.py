@@ -73,9 +73,8 @@ def asp_trainer_class(base: Optional[type] = None) -> type:
             return out
 
         def _update_actor(self, batch):
-            if self.asp.cfg.verl.record_lengths:
-                self.asp_record(batch)
-            self.asp_report(batch)
+            lengths = self.asp_record(batch) if self.asp.cfg.verl.record_lengths else None
+            self.asp_report(batch, lengths)
             return super()._update_actor(batch)
 
         def _get_gen_batch(self, batch):
@@ -89,8 +88,9 @@ def asp_trainer_class(base: Optional[type] = None) -> type:
                         self.asp_routed = self.asp_routed[-3:] + [dict(zip(uids, priorities.tolist()))]
             return gen
 
-        def asp_report(self, batch) -> None:
-            """Each group's response lengths of a trained batch to the balancer's estimator."""
+        def asp_report(self, batch, lengths=None) -> None:
+            """Each group's response lengths of a trained batch to the balancer's estimator
+            (``lengths``: the batch's ``batch_lengths`` rows when ``asp_record`` already made them)."""
             from .lengths import batch_lengths
 
             balancer = getattr(getattr(self, "llm_server_manager", None), "global_load_balancer", None)
@@ -100,7 +100,8 @@ def asp_trainer_class(base: Optional[type] = None) -> type:
             routed = {}
             for table in self.asp_routed:
                 routed.update(table)
-            lengths = batch_lengths(batch.batch, batch.non_tensor_batch, self.asp.cfg.train.group_size)
+            if lengths is None:
+                lengths = batch_lengths(batch.batch, batch.non_tensor_batch, self.asp.cfg.train.group_size)
             groups: dict[int, list[int]] = {}
             for uid, n in zip(uids, lengths["response_length"].tolist()):
                 if uid in routed:
@@ -125,12 +126,14 @@ def asp_trainer_class(base: Optional[type] = None) -> type:
                                    self.asp.cfg.rollout.num_instances)
             return np.array([table[int(e[PROMPT_ID_KEY])] for e in extra], dtype=np.int64)
 
-        def asp_record(self, batch) -> None:
-            """Write the response lengths of the step's batch; at an epoch's end, the whole history."""
+        def asp_record(self, batch):
+            """Write the response lengths of the step's batch (returned: its rows); at an epoch's
+            end, the whole history."""
             per_epoch = len(self.train_dataloader)
             step = int(self.global_steps)
-            self.asp.recorder.record(step, (step - 1) // per_epoch, batch.batch, batch.non_tensor_batch)
+            rows = self.asp.recorder.record(step, (step - 1) // per_epoch, batch.batch, batch.non_tensor_batch)
             if step % per_epoch == 0:
                 self.asp.recorder.consolidate()
+            return rows
 
     return AspTrainer
