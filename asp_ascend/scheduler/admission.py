@@ -168,11 +168,10 @@ class Dispatcher:
       turn, and long groups piled up on whichever instance asked first (docs/scheduler.md, the
       64-device grid). Only the instance with the most remaining work is asked: when its best
       admissible job fails the test, the thief takes nothing this time. Without an estimator a
-      running group counts its full prediction on either side until it finishes: before, it
-      counted nothing, the test compared queued work alone and refused almost no steal
-      (docs/scheduler.md, the ablation's "+ guided dispatch" row). A thief steals only
-      while it holds fewer
-      sequences than the plan assumed an instance runs (``steal_room``, the planned
+      running group counts its full prediction on either side until it finishes (counting
+      nothing, the test would compare queued work alone and refuse almost no steal:
+      docs/scheduler.md, the ablation's "+ guided dispatch" row). A thief steals only while it
+      holds fewer sequences than the plan assumed an instance runs (``steal_room``, the planned
       ``max_num_seqs``): the plan balanced the instances' work at that concurrency, and every
       sequence past it slows each group the thief already runs (its earlier iteration's long
       groups), which no plan priced. Where an instance can really hold more than planned (vLLM's
