@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -62,8 +63,10 @@ def start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | None
     inst_opts["runtime_env"] = tr_opts["runtime_env"] = actor_runtime_env(gib, sys.stderr.isatty(), log)
     logger.say(f"starting {R} vLLM instance(s) and the trainer (engine start takes ~20-40 s)")
     Rollout = rollout_actor_class()
-    # named per run, so tools (and the fault-injection test) can find an instance
-    instances = [Rollout.options(num_cpus=inst_cpus[r], name=f"asp-rollout-{os.getpid()}-{r}",
+    # named per run, so tools (and the fault-injection test) can find an instance; the run's own
+    # token keeps a second run in one process (a resume) clear of names Ray has not released yet
+    run_token = uuid.uuid4().hex[:8]
+    instances = [Rollout.options(num_cpus=inst_cpus[r], name=f"asp-rollout-{os.getpid()}-{run_token}-{r}",
                                  max_restarts=cfg.rollout.max_restarts, **inst_opts).remote(
         str(model_dir), max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len, seed=cfg.seed + r,
         kv_cache_gib=cfg.rollout.kv_cache_space_gib, dtype=cfg.model.dtype, cpu_cores=inst_cores[r], instance=r,
@@ -179,6 +182,13 @@ def shutdown_instances(instances) -> None:
         ray.wait(refs, num_returns=len(refs), timeout=30)
     except Exception:  # noqa: BLE001 - best effort at shutdown
         pass
+    # then the actors themselves, so their CPUs are free for a next run in this process at once
+    # (handles going out of scope release them only when Ray gets round to it)
+    for i in instances:
+        try:
+            ray.kill(i, no_restart=True)
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def speculative_config(cfg) -> dict | None:
