@@ -62,9 +62,13 @@ def iteration_sizes(n: int, global_batch: int) -> np.ndarray:
 
 
 def _desc_order(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Indices by descending value, ties in a seeded random order."""
+    """Indices by descending value, ties in a seeded random order.
+
+    The sort must be stable: the seeded shuffle is what orders equal values (previous-epoch
+    means repeat often), and numpy's default kind is unstable, with a tie order that depends
+    on numpy's version and on the CPU's SIMD kernels -- another machine would plan another epoch."""
     perm = rng.permutation(values.shape[0])
-    return perm[np.argsort(-values[perm])]
+    return perm[np.argsort(-values[perm], kind="stable")]
 
 
 def _rank_of(order: np.ndarray) -> np.ndarray:

@@ -25,11 +25,13 @@ COLUMNS = ["epoch", "prompt_id", "iteration", "mini_batch", "instance", "dispatc
 # configs/cpu_tiny_grpo.yaml with train.epochs=2 rollout.num_instances=2 rollout.tail_concurrency=off (the
 # default): sha256 of the schedule's columns. asp's changed on purpose after cd67c1e: the iteration
 # whose longest group is the shortest goes first (it fills the pipeline; planner._lightest_floor_first)
-SCHEDULES = {"asp": "0f782b9333114c97", "fifo": "8a9e5245dc58eac6", "random": "df7217608fbd1938",
-             "sorted": "0b8448e53cd0fe18", "balanced": "f9a889ff327beeda",
+# asp's and balanced's changed on purpose again when planner._desc_order became a stable sort: equal
+# predicted lengths (or works) now keep the seeded shuffle's order on every numpy and CPU
+SCHEDULES = {"asp": "a8c3b6c3039ace66", "fifo": "8a9e5245dc58eac6", "random": "df7217608fbd1938",
+             "sorted": "0b8448e53cd0fe18", "balanced": "6859679227fb9895",
              # rollout.tail_concurrency=auto (opt-in): asp places and orders the groups that set their
              # iteration's floor differently (tail rooms, DESIGN 9 c; pinned when that landed, not at cd67c1e)
-             "asp+tail_auto": "7dc107e137755e64"}
+             "asp+tail_auto": "9dfc97131e13511c"}
 
 
 def schedule_digest(name: str) -> str:

@@ -248,3 +248,19 @@ def test_tail_rooms_isolate_the_long_groups_and_start_them_early():
     pd.testing.assert_series_equal(off["mini_batch"], auto["mini_batch"])
     fixed = plan(np.arange(n).astype(str), pred, plen, tail=48, **kw)
     assert set(fixed.loc[fixed["room"] > 0, "room"]) == {48}
+
+
+def test_desc_order_breaks_ties_by_the_seeded_shuffle_alone():
+    """Equal values keep the order of the seeded permutation; an unstable sort would reorder
+    them by numpy's kernel, so two machines with one seed would plan different epochs."""
+    from asp_ascend.scheduler.planner import _desc_order
+
+    # four distinct values, each repeated 64 times: every tie group is large enough that
+    # numpy's default (unstable) kinds reorder it
+    values = np.repeat(np.array([5.0, 3.0, 9.0, 1.0]), 64)
+    rng_seed = 7
+    order = _desc_order(values, np.random.default_rng(rng_seed))
+    perm = np.random.default_rng(rng_seed).permutation(values.size)
+    # by hand: descending value; within a value, the positions in `perm` order
+    expected = np.concatenate([perm[values[perm] == v] for v in (9.0, 5.0, 3.0, 1.0)])
+    np.testing.assert_array_equal(order, expected)
