@@ -96,6 +96,16 @@ class Instances:
     def has_room(self, r: int) -> bool:
         return self.n[r] + len(self.waiting[r]) < self.cap[r]
 
+    def sample_tokens(self, s: int) -> tuple[bool, int]:
+        """(finished, tokens generated so far) of sample ``s``: its whole response once finished;
+        running, what it had before this admission plus the steps since; waiting or preempted,
+        what it had (kept)."""
+        if self.in_run[s]:
+            return False, self.g0[s] + self.S[self.seq_inst[s]] - self.s0[s]
+        if self.t_fin[s] > 0.0:
+            return True, self.resp[s]
+        return False, self.g0[s]
+
     # ------------------------------------------------------------------ admissions
     def enqueue(self, r: int, job: int, version: int) -> None:
         """Job ``job`` admitted on instance ``r`` (at its boundary T[r]): its sequences wait for a slot."""

@@ -83,12 +83,11 @@ class SimProgress:
         step, left = inst.S[inst.seq_inst[b]], inst.job_left[j]
         finished, tokens = {}, []
         for s in range(b, b + G):
-            if inst.in_run[s]:
-                tokens.append(inst.g0[s] + inst.S[inst.seq_inst[s]] - inst.s0[s])
-            elif inst.t_fin[s] > 0.0:
-                finished[s - b] = inst.resp[s]
+            done, tok = inst.sample_tokens(s)
+            if done:
+                finished[s - b] = tok
             else:
-                tokens.append(inst.g0[s])       # waiting (or preempted: its tokens so far kept)
+                tokens.append(tok)
         self.tc.on_progress([{"key": key, "finished": finished, "tokens": tokens}])
         rem = est.remaining(key)
         self._cache[key] = (b, step, left, rem)

@@ -118,16 +118,8 @@ def _replay_engine_class():
             self.room_changes = room_changes or {}
 
         def _tokens(self, key) -> float:
-            inst, G, j = self.inst, self.G, self.job_of[key]
-            tot = 0
-            for s in range(j * G, j * G + G):
-                if inst.in_run[s]:
-                    tot += inst.g0[s] + inst.S[inst.seq_inst[s]] - inst.s0[s]
-                elif inst.t_fin[s] > 0.0:
-                    tot += inst.resp[s]
-                else:
-                    tot += inst.g0[s]
-            return float(tot)
+            G, j = self.G, self.job_of[key]
+            return float(sum(self.inst.sample_tokens(s)[1] for s in range(j * G, j * G + G)))
 
         def _build(self) -> None:
             super()._build()
