@@ -19,6 +19,9 @@ The simulator, real runs and the planner's analytic estimate all call these func
 - policy_lag           = iteration - admission_version per trained sample: max and histogram
 - deferred lags        : the same over the samples trained after their planned iteration (carry-over),
                          by admission version and by the version of their newest token
+- instance split       : per rollout instance over a window [t0, t1]: samples finished in it, response
+                         tokens generated (response_length - resumed_at), token share, busy = time with
+                         >= 1 running sequence / (t1 - t0) (and optionally the time with 1 .. few - 1)
 - lower_bound_ratio    = |W| / sum_i LB_i,  LB_i = max(decode work_i / (R * peak),
                           trainer time_i, solo latency of i's longest group / (k + 1))
 """
@@ -78,6 +81,15 @@ def lag_histogram(lags: Sequence[int]) -> dict[str, int]:
         return {}
     vals, counts = np.unique(lags, return_counts=True)
     return {str(int(v)): int(c) for v, c in zip(vals, counts)}
+
+
+def sum_histograms(hists: Sequence[dict[str, int]]) -> dict[str, int]:
+    """The histograms of several runs added bin by bin, bins in ascending numeric order."""
+    out: dict[int, int] = {}
+    for h in hists:
+        for k, n in (h or {}).items():
+            out[int(k)] = out.get(int(k), 0) + int(n)
+    return {str(k): out[k] for k in sorted(out)}
 
 
 def deferred_lags(trained_iteration, planned_iteration, admission_version, last_version) -> dict[str, Any]:
@@ -205,6 +217,83 @@ def trainer_breakdown(step_start: np.ndarray, step_end: np.ndarray, step_tokens:
     sorting = max(0.0, gen_union - inter)
     other = max(0.0, W - useful - padding - sorting)
     return {"useful": useful / W, "padding": padding / W, "sorting_bubble": sorting / W, "other": other / W}
+
+
+def instance_split(timeline, *, num_instances: int, t0: float | None = None, t1: float | None = None,
+                   few: int | None = None) -> dict[str, Any]:
+    """Per rollout instance over [t0, t1] (default: the run window W of :func:`summarize`): whether
+    the instances shared the work evenly.
+
+    A request occupies its instance from ``t_admit`` to ``t_finish``. Per instance r (0 ..
+    ``num_instances`` - 1, plus any other instance the requests name):
+
+    - ``samples``: requests on r finishing in [t0, t1];
+    - ``tokens``: their response tokens generated on r (``response_length - resumed_at``: a sample
+      resumed from a failed instance's tokens counts only those drawn here); ``token_share`` =
+      tokens / all instances' tokens;
+    - ``busy_s``: seconds of [t0, t1] with at least one request on r; ``busy`` = busy_s / (t1 - t0);
+    - with ``few``: ``few_s`` / ``few``, the seconds (share) with 1 .. few - 1 requests on r (at a tie
+      a finish counts before an admission).
+
+    Returns ``{"window_s": t1 - t0, "instances": [per-instance dicts, by instance]}``; the sums
+    (samples, tokens, busy_s, few_s, window_s) add over runs (:func:`combine_instance_splits`).
+    """
+    req = timeline.frame("request")
+    if req.empty:
+        raise ValueError("timeline has no request events: nothing was generated")
+    ta, tf = req["t_admit"].to_numpy(float), req["t_finish"].to_numpy(float)
+    if t0 is None or t1 is None:
+        syncs = timeline.frame("sync")
+        t0 = float(ta.min()) if t0 is None else t0
+        t1 = (float(syncs["t_end"].max()) if not syncs.empty else float(tf.max())) if t1 is None else t1
+    if t1 < t0:
+        raise ValueError(f"instance_split: window end t1={t1} is before its start t0={t0}; pass t0 <= t1")
+    inst = req["instance"].to_numpy(int)
+    resumed = req["resumed_at"].fillna(0).to_numpy(float) if "resumed_at" in req else np.zeros(len(req))
+    gen = req["response_length"].to_numpy(float) - resumed
+    done = (tf >= t0) & (tf <= t1)
+    rows = []
+    for r in sorted(set(range(num_instances)) | {int(x) for x in inst}):
+        m = inst == r
+        row = {"instance": r, "samples": int((m & done).sum()), "tokens": int(gen[m & done].sum())}
+        ts = np.concatenate([ta[m], tf[m], [t0, t1]])
+        dn = np.concatenate([np.ones(m.sum()), -np.ones(m.sum()), [0, 0]])
+        order = np.lexsort((dn, ts))                  # at a tie, a finish before an admission
+        ts, n = ts[order], np.cumsum(dn[order])[:-1]  # n: requests running over [ts[j], ts[j + 1])
+        inside = (ts[:-1] >= t0) & (ts[1:] <= t1)
+        seg = np.where(inside, np.diff(ts), 0.0)
+        row["busy_s"] = float(seg[n > 0].sum())
+        if few is not None:
+            row["few_s"] = float(seg[(n > 0) & (n < few)].sum())
+        rows.append(row)
+    return _instance_fractions({"window_s": float(t1 - t0), "instances": rows})
+
+
+def combine_instance_splits(splits: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs' :func:`instance_split` as one: samples, tokens and seconds summed per instance
+    (windows too), the shares and fractions recomputed from the sums."""
+    if not splits:
+        raise ValueError("combine_instance_splits: no split to combine")
+    keys = ("samples", "tokens", "busy_s", "few_s")
+    rows: dict[int, dict[str, Any]] = {}
+    for s in splits:
+        for row in s["instances"]:
+            acc = rows.setdefault(row["instance"], {"instance": row["instance"]})
+            for k in keys:
+                if k in row:
+                    acc[k] = acc.get(k, 0) + row[k]
+    return _instance_fractions({"window_s": float(sum(s["window_s"] for s in splits)),
+                                "instances": [rows[r] for r in sorted(rows)]})
+
+
+def _instance_fractions(split: dict[str, Any]) -> dict[str, Any]:
+    total = sum(r["tokens"] for r in split["instances"])
+    for r in split["instances"]:
+        r["token_share"] = ratio(r["tokens"], total)
+        r["busy"] = ratio(r["busy_s"], split["window_s"])
+        if "few_s" in r:
+            r["few"] = ratio(r["few_s"], split["window_s"])
+    return split
 
 
 # ----------------------------------------------------------------- one call

@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from asp_ascend.metrics import Timeline, deferred_lags, summarize, time_weighted_cv
+from asp_ascend.metrics import (Timeline, combine_instance_splits, deferred_lags, instance_split, sum_histograms,
+                                summarize, time_weighted_cv)
 from asp_ascend.metrics.bubbles import iteration_lower_bounds, iteration_time_stats, padding_bubble
 
 
@@ -87,3 +88,59 @@ def test_deferred_lags_count_only_groups_trained_after_their_plan():
     # nothing moved: no deferred sample, the lossless maximum over every sample
     assert deferred_lags([2, 3], [2, 3], [1, 3], [1, 3]) == {
         "deferred_samples": 0, "policy_lag_max_lossless": 1, "deferred_lag_hist": {}, "deferred_token_lag_hist": {}}
+
+
+def split_timeline() -> Timeline:
+    """Three instances: 0 runs a [0, 4] (10 tokens), b [1, 2] (4) and c [2, 3] (6; admitted as b
+    finishes); 1 runs d [5, 6] (8 tokens, 3 of them kept from a failed instance) then e [6, 7] (2);
+    2 runs nothing. The last sync ends at 8."""
+    tl = Timeline()
+    req = dict(epoch=0, iteration=0, sample=0, admission_version=0, t_first_token=None, prompt_length=1)
+    for inst, pid, ta, tf, n in ((0, "a", 0.0, 4.0, 10), (0, "b", 1.0, 2.0, 4), (0, "c", 2.0, 3.0, 6),
+                                 (1, "e", 6.0, 7.0, 2)):
+        tl.add("request", instance=inst, prompt_id=pid, t_admit=ta, t_finish=tf, response_length=n, **req)
+    tl.add("request", instance=1, prompt_id="d", t_admit=5.0, t_finish=6.0, response_length=8, resumed_at=3, **req)
+    tl.add("sync", t_start=7.5, t_end=8.0, version=1)
+    return tl
+
+
+def test_instance_split_hand_computed():
+    s = instance_split(split_timeline(), num_instances=3, few=2)   # window W = [0, 8]
+    assert s["window_s"] == 8.0
+    by = {r["instance"]: r for r in s["instances"]}
+    assert sorted(by) == [0, 1, 2]
+    # instance 0: busy [0, 4]; one request running over [0, 1) and [3, 4), two over [1, 3)
+    assert by[0] == pytest.approx({"instance": 0, "samples": 3, "tokens": 20, "busy_s": 4.0, "few_s": 2.0,
+                                   "token_share": 20 / 27, "busy": 0.5, "few": 0.25})
+    # instance 1: busy [5, 7], one request at a time; d drew 8 - 3 = 5 tokens here
+    assert by[1] == pytest.approx({"instance": 1, "samples": 2, "tokens": 7, "busy_s": 2.0, "few_s": 2.0,
+                                   "token_share": 7 / 27, "busy": 0.25, "few": 0.25})
+    assert by[2] == {"instance": 2, "samples": 0, "tokens": 0, "busy_s": 0.0, "few_s": 0.0,
+                     "token_share": 0.0, "busy": 0.0, "few": 0.0}
+
+
+def test_instance_split_window_and_runs_combined():
+    tl = split_timeline()
+    w = instance_split(tl, num_instances=2, t0=2.5, t1=6.5)
+    assert w["window_s"] == 4.0
+    by = {r["instance"]: r for r in w["instances"]}
+    # finished inside [2.5, 6.5]: c and a on 0 (16 tokens), d on 1 (5); busy 1.5 s each
+    assert by[0] == pytest.approx({"instance": 0, "samples": 2, "tokens": 16, "busy_s": 1.5,
+                                   "token_share": 16 / 21, "busy": 1.5 / 4})
+    assert by[1] == pytest.approx({"instance": 1, "samples": 1, "tokens": 5, "busy_s": 1.5,
+                                   "token_share": 5 / 21, "busy": 1.5 / 4})
+    both = combine_instance_splits([instance_split(tl, num_instances=2), w])
+    assert both["window_s"] == 12.0
+    by = {r["instance"]: r for r in both["instances"]}
+    assert by[0] == pytest.approx({"instance": 0, "samples": 5, "tokens": 36, "busy_s": 5.5,
+                                   "token_share": 36 / 48, "busy": 5.5 / 12})
+    assert by[1] == pytest.approx({"instance": 1, "samples": 3, "tokens": 12, "busy_s": 3.5,
+                                   "token_share": 12 / 48, "busy": 3.5 / 12})
+    with pytest.raises(ValueError, match="t1=1.0 is before its start t0=2.0"):
+        instance_split(tl, num_instances=2, t0=2.0, t1=1.0)
+
+
+def test_sum_histograms_adds_bins_in_numeric_order():
+    out = sum_histograms([{"1": 3, "0": 1}, {"10": 1, "2": 1, "1": 1}, {}, None])
+    assert out == {"0": 1, "1": 4, "2": 1, "10": 1}
+    assert list(out) == ["0", "1", "2", "10"]
