@@ -26,7 +26,11 @@ directories each time the series is summarised), so a series can be split into s
 Per run: tokens/s and mean iteration time without iteration 0, the CPU its processes used and
 what the machine used besides (other load), decode steps per iteration and sequences per step
 (the ``costs`` events), the instance-time idle and with fewer than 8 running sequences, the
-trainer's seconds per iteration; then per pair (A, B adjacent in time: AB and BA of each block) the
+trainer's seconds per iteration, the steal and defer events; then per run and summed per system
+the policy-lag histogram of the trained samples (summary.json; with partial rollout also the
+deferred samples' lags by admission version and by newest-token version) and the per-instance
+split (response tokens each instance drew and its busy share, ``asp_ascend.metrics.instance_split``;
+``tail`` prints these too); then per pair (A, B adjacent in time: AB and BA of each block) the
 ratio B / A, and over all pairs the median with its min-max spread.
 ``stepcost``: CPU and wall time per engine step of one vLLM-CPU instance against batch size.
 ``bound``: the CPU-time bound of tail runs (what any dispatch order could gain; docs/runtime.md).
@@ -212,10 +216,15 @@ def tail_figures(d: Path, k: int) -> dict:
     mechanisms' decisions, and where the time went (per iteration, mean over iterations >= 1):
     the trainer's seconds (its optimizer steps and the weight sync), the latency of the
     iteration's longest group (first admission to last sample) and the tail floor it implies,
-    latency / (k + 1) (DESIGN 9: k + 1 iterations take at least the longest group's latency)."""
+    latency / (k + 1) (DESIGN 9: k + 1 iterations take at least the longest group's latency).
+    Also the run's lag histograms (summary.json: every trained sample, and partial rollout's
+    deferred samples by admission and by newest-token version) and the per-instance split from
+    iteration 0's sync end to the last (``split``: :func:`asp_ascend.metrics.instance_split`; None
+    with fewer than two iterations)."""
     from collections import defaultdict
 
-    from asp_ascend.metrics import Timeline
+    from asp_ascend.metrics import Timeline, instance_split
+    from asp_ascend.report.run import train_summary
 
     rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
     tl = Timeline.read_jsonl(d / "timeline.jsonl")
@@ -236,13 +245,68 @@ def tail_figures(d: Path, k: int) -> dict:
     later = [r["iteration"] for r in rows[1:]]
     mean = lambda xs: sum(xs) / max(1, len(xs))  # noqa: E731
     costs = tl.events.get("costs") or []
+    entry = next(iter(train_summary(d).values()))
+    t_end = [r["t"] for r in rows]
+    split = instance_split(tl, num_instances=_config(d)["rollout"]["num_instances"], t0=t_end[0], t1=t_end[-1],
+                           few=FEW) if len(t_end) > 1 else None
     return {"iter_time": mean(times), "iter_time_1": mean(times[1:]),
             "tokens_s": sum(tokens) / sum(times), "tokens_s_1": sum(tokens[1:]) / max(sum(times[1:]), 1e-9),
             "lag_max": max(r["policy_lag_max"] for r in rows), "reward": mean([r["reward_mean"] for r in rows]),
             "steal": len(tl.events["steal"]), "tail": sum(1 for e in tl.events["tail"] if e["room"]),
             "defer": len(tl.events["defer"]), "trainer_1": mean([steps[i] for i in later]),
             "longest_1": mean([longest[i] for i in later]), "floor_1": mean([longest[i] for i in later]) / (k + 1),
-            "decode": (costs[-1]["decode_a"], costs[-1]["decode_c"]) if costs else None}
+            "decode": (costs[-1]["decode_a"], costs[-1]["decode_c"]) if costs else None,
+            "lag_hist": entry.get("policy_lag_hist") or {}, "deferred_lag_hist": entry.get("deferred_lag_hist") or {},
+            "deferred_token_lag_hist": entry.get("deferred_token_lag_hist") or {},
+            "deferred_groups": entry.get("deferred_groups", 0), "deferred_samples": entry.get("deferred_samples", 0),
+            "split": split}
+
+
+FEW = 8   # fewer running sequences than this on an instance: a tail step (the ``few`` share)
+
+
+def _hist(h: dict) -> str:
+    return " ".join(f"{k}:{v}" for k, v in h.items()) or "-"
+
+
+def _lag_line(f: dict) -> str:
+    line = f"lag {_hist(f['lag_hist'])}"
+    if f["deferred_samples"]:
+        line += (f" | deferred {f['deferred_groups']} groups, {f['deferred_samples']} samples: by admission "
+                 f"{_hist(f['deferred_lag_hist'])}, by newest token {_hist(f['deferred_token_lag_hist'])}")
+    return line + f" | defer {f['defer']}, steal {f['steal']}"
+
+
+def _split_line(split: dict | None) -> str:
+    if split is None:
+        return "instances: fewer than two iterations"
+    return "instances: " + " | ".join(f"{r['instance']}: {r['tokens']} tokens ({100 * r['token_share']:.0f} %), "
+                                      f"busy {r['busy']:.2f}" for r in split["instances"])
+
+
+def lags_and_instances(runs: list[tuple[str, str, dict]]) -> None:
+    """Per run (``(system, label, figures of tail_figures)``) and summed per system: the policy lag of
+    the trained samples, partial rollout's deferred samples, the mechanisms' decisions, and each
+    instance's share of the response tokens and of the time busy, so a reader sees what partial
+    rollout adds at what lag and whether the instances were balanced."""
+    from asp_ascend.metrics import combine_instance_splits, sum_histograms
+
+    print("\npolicy lag of the trained samples (every iteration; lag:samples); partial rollout's deferred "
+          "samples by admission version and by their newest token's version; defer and steal events; per "
+          "instance from iteration 0's sync end to the last: response tokens it drew (share) and the share "
+          "of the time it ran >= 1 sequence (busy)")
+    for _, label, f in runs:
+        print(f"  {label:30s} {_lag_line(f)}")
+        print(f"  {'':30s} {_split_line(f['split'])}")
+    print("summed per system:")
+    for name in dict.fromkeys(n for n, _, _ in runs):
+        fs = [f for n, _, f in runs if n == name]
+        tot = {k: sum_histograms([f[k] for f in fs]) for k in ("lag_hist", "deferred_lag_hist", "deferred_token_lag_hist")}
+        tot.update({k: sum(f[k] for f in fs) for k in ("deferred_groups", "deferred_samples", "defer", "steal")})
+        splits = [f["split"] for f in fs if f["split"] is not None]
+        label = f"{name} ({len(fs)} runs)"
+        print(f"  {label:30s} {_lag_line(tot)}")
+        print(f"  {'':30s} {_split_line(combine_instance_splits(splits) if splits else None)}")
 
 
 def tail(out: Path, extra: list[str], systems: list[str] | None = None, repeats: int = 1) -> None:
@@ -278,6 +342,7 @@ def tail(out: Path, extra: list[str], systems: list[str] | None = None, repeats:
         print(f"{name:20s} {rep:3d} {c['wall']:6.2f} {c['machine_cores']:7.2f} {c['run_cores']:5.2f} "
               f"{r.get('trainer', 0):7.2f} {r.get('instance', 0):5.2f} {r.get('engine', 0):6.2f} "
               f"{r.get('driver', 0):6.2f} {r.get('ray', 0):5.2f} {c['cores'] / max(c['run_cores'], 1e-9):5.2f}")
+    lags_and_instances([(name, f"{name} r{rep}", f) for (name, rep), f in res.items()])
     if "async_fifo" in names:
         for rep in range(repeats):
             base = res[("async_fifo", rep)]
@@ -302,36 +367,23 @@ def decode_steps(d: Path, t0: float, t1: float) -> dict | None:
     return {"steps_s": steps / dt, "batch": seqs / max(steps, 1e-9), "step_ms": 1e3 * busy / max(steps, 1e-9)}
 
 
-def occupancy(d: Path, t0: float, t1: float, few: int) -> dict:
-    """Share of the instance-time in [t0, t1] (run seconds; all instances together) with no
-    running sequence (``idle``: the engine does not step) and with 1 .. ``few`` - 1 (``few``:
-    tail steps that pay an engine step's fixed cost for a handful of tokens), from the request
-    events (a sample occupies its instance from admission to its finish)."""
-    import numpy as np
-
-    from asp_ascend.metrics import Timeline
-
-    req = Timeline.read_jsonl(d / "timeline.jsonl").frame("request")
-    out = {"idle": 0.0, "few": 0.0}
-    inst = sorted(set(req["instance"]))
-    for r in inst:
-        g = req[req["instance"] == r]
-        ts = np.concatenate([g["t_admit"].to_numpy(float), g["t_finish"].to_numpy(float), [t0, t1]])
-        dn = np.concatenate([np.ones(len(g)), -np.ones(len(g)), [0, 0]])
-        order = np.lexsort((dn, ts))                     # at a tie, a finish before an admission
-        ts, n = ts[order], np.cumsum(dn[order])
-        seg = np.clip(np.diff(ts), 0, None) * ((ts[:-1] >= t0) & (ts[1:] <= t1))
-        out["idle"] += float(seg[n[:-1] <= 0].sum())
-        out["few"] += float(seg[(n[:-1] > 0) & (n[:-1] < few)].sum())
-    span = max(t1 - t0, 1e-9) * max(1, len(inst))
-    return {k: v / span for k, v in out.items()}
+def occupancy(split: dict) -> dict:
+    """Share of the instance-time of ``split``'s window (all instances together) with no running
+    sequence (``idle``: the engine does not step) and with 1 .. ``FEW`` - 1 (``few``: tail steps that
+    pay an engine step's fixed cost for a handful of tokens), from
+    :func:`asp_ascend.metrics.instance_split` (a sample occupies its instance from admission to its
+    finish)."""
+    span = max(split["window_s"], 1e-9) * max(1, len(split["instances"]))
+    return {"idle": 1.0 - sum(r["busy_s"] for r in split["instances"]) / span,
+            "few": sum(r["few_s"] for r in split["instances"]) / span}
 
 
 def run_row(d: Path, name: str, **extra) -> dict:
     """One run's row of the paired series: tokens/s and mean iteration time (iteration 1 on), the
     CPU figures of the window iteration 0's sync end .. the last sync end (``cpu_window``: the
     run's own CPU seconds, the machine's, and the difference = other load), and the decode
-    steps per iteration with their mean batch."""
+    steps per iteration with their mean batch, the idle and few-running instance-time shares;
+    ``figures``: everything :func:`tail_figures` read (lag histograms, per-instance split)."""
     k = _lag_bound(d)
     f = tail_figures(d, k)
     cw = cpu_window(d / "cpu_samples.jsonl")
@@ -347,8 +399,9 @@ def run_row(d: Path, name: str, **extra) -> dict:
     st = decode_steps(d, t_end[0], t_end[-1]) if len(t_end) > 1 else None
     if st is not None:
         row.update(steps_iter=st["steps_s"] * f["iter_time_1"], batch=st["batch"], step_ms=st["step_ms"])
-    if len(t_end) > 1:
-        row.update(occupancy(d, t_end[0], t_end[-1], few=8))
+    if f["split"] is not None:
+        row.update(occupancy(f["split"]))
+    row["figures"] = f
     return row
 
 
@@ -390,12 +443,14 @@ def paired_report(out: Path, systems: list[str] | None = None) -> dict:
     a, b = systems or (rows[0]["system"], next(r["system"] for r in rows if r["system"] != rows[0]["system"]))
     print(f"\n{'block':>5s} {'run':>3s} {'system':20s} {'tok/s 1+':>8s} {'it_s 1+':>7s} {'tokens/it':>9s} "
           f"{'run CPU s':>9s} {'other cores':>11s} {'steps/it':>8s} {'batch':>5s} {'step ms':>7s} {'idle':>5s} "
-          f"{'few':>5s} {'trainer':>7s} {'steal':>5s} {'lag':>3s}")
+          f"{'few':>5s} {'trainer':>7s} {'steal':>5s} {'defer':>5s} {'lag':>3s}")
     for r in rows:
         print(f"{r['block']:5d} {r['pos']:3d} {r['system']:20s} {r['tokens_s_1']:8.0f} {r['iter_time_1']:7.3f} "
               f"{r['tokens_1']:9.0f} {r.get('run_cpu_s', nan):9.1f} {r.get('other_cores', nan):11.2f} "
               f"{r.get('steps_iter', nan):8.1f} {r.get('batch', nan):5.1f} {r.get('step_ms', nan):7.1f} "
-              f"{r.get('idle', nan):5.2f} {r.get('few', nan):5.2f} {r['trainer_1']:7.3f} {r['steal']:5d} {r['lag_max']:3d}")
+              f"{r.get('idle', nan):5.2f} {r.get('few', nan):5.2f} {r['trainer_1']:7.3f} {r['steal']:5d} {r['defer']:5d} "
+              f"{r['lag_max']:3d}")
+    lags_and_instances([(r["system"], f"block {r['block']} run {r['pos']} {r['system']}", r["figures"]) for r in rows])
     pairs = []
     for blk in sorted({r["block"] for r in rows}):
         runs = sorted((r for r in rows if r["block"] == blk), key=lambda r: r["pos"])
