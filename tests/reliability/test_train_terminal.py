@@ -1,7 +1,8 @@
 """`asp train` as a user runs it, in its own process with its output piped (not a terminal):
 
 - a run whose loss really turns non-finite (train.lr=1e30 passes validation: it is finite)
-  stops with exit status 2 and an error naming the iteration, and writes no checkpoint;
+  stops with exit status 2 and an error naming the iteration, and writes no checkpoint of the
+  diverged policy;
 - the terminal holds only asp's own lines: the actors' vLLM/torch warnings, Ray's notices and
   load bars go to output_dir/train.log;
 - Ctrl-C (SIGINT to the process group, as a terminal sends it) names the newest checkpoint and
@@ -45,12 +46,16 @@ def test_a_diverging_run_stops_naming_the_iteration_and_the_terminal_stays_reada
                             f"output_dir={out}"), capture_output=True, text=True, timeout=600)
     text = p.stdout + p.stderr
     assert p.returncode == 2, text[-3000:]
-    assert re.search(r"asp train: error: iteration \d+ \(policy version \d+\), mini-batch \d+: loss nan", p.stderr), \
-        p.stderr[-3000:]
+    err = re.search(r"asp train: error: iteration \d+ \(policy version (\d+)\), mini-batch \d+: loss nan", p.stderr)
+    assert err, p.stderr[-3000:]
     assert "Traceback" not in text
     assert not (out / "summary.json").exists()
+    # no checkpoint of the diverged policy: only versions up to the one the failing iteration trained
+    # from (an iteration whose rewards are all equal has zero advantages, no update, and may be saved)
+    bad = int(err.group(1))
     ckpts = out / "checkpoints"
-    assert not ckpts.exists() or not any(ckpts.glob("iter_*")), sorted(ckpts.iterdir())
+    saved = sorted(int(c.name[5:]) for c in ckpts.glob("iter_*")) if ckpts.exists() else []
+    assert all(v <= bad for v in saved), (saved, bad)
     # the run's own lines only: what the actors and the libraries printed is in train.log
     assert _foreign(text) == [], "\n".join(_foreign(text)[:30])
     log = (out / "train.log").read_text()
