@@ -5,6 +5,7 @@
     python benchmarks/bench_tail.py seed       [--devices 128]
     python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...]
     python benchmarks/bench_tail.py admission  [--devices 32 64] [--prompts N]
+    python benchmarks/bench_tail.py reestimate [--data DIR] [--prompts N] [--devices 32 64]
 
 ``ablation``: per heavy-tailed workload (reasoning-like synthetic, bimodal synthetic, Azure
 code trace x8 and conversation trace x6 from ``--data``, the repository's ../shared/data by
@@ -22,7 +23,11 @@ generation and planning included) for 100k prompts x G = 8 on 64 rollout instanc
 rollout of 256 devices) on the reasoning-like workload with every mechanism on (guided dispatch,
 re-estimation, tail-aware concurrency, ngram speculative decoding; asp_partial adds carry-over);
 target <= 30 s per policy. ``admission``: asp with ``scheduler.concurrency`` full and auto beside
-``fully_async_fifo`` on the ablation's workloads and split.
+``fully_async_fifo`` on the ablation's workloads and split. ``reestimate``: on every cell of
+``robustness``'s grid, asp's defaults (guided dispatch and re-estimation) beside guided dispatch
+without re-estimation (``scheduler.reestimate=false``) and ``fully_async_fifo``, then per device
+count the cells where turning re-estimation off is ahead / level / behind (0.5 % of iteration
+time) and the decision rule of docs/scheduler.md ("Does re-estimation still pay?").
 Prints markdown tables (docs/scheduler.md holds a copy).
 """
 from __future__ import annotations
@@ -164,6 +169,62 @@ def robustness(args) -> None:
                       f"{vs(auto, full['iteration_time_mean'])} | {auto['admission_concurrency']} |", flush=True)
 
 
+LEVEL = 0.5       # % of iteration time: closer than this is level
+WORST = 1.0       # %: the most a variant that beats the other may be behind it in any cell
+
+
+def _beats(d: list, x_fifo: list, y_fifo: list) -> bool:
+    """docs/scheduler.md "Does re-estimation still pay?": X beats Y on one device count's cells, where
+    d[i] = X / Y - 1 and x_fifo / y_fifo are X's and Y's iteration times vs fifo (all in %)."""
+    ahead = sum(v < -LEVEL for v in d)
+    behind = sum(v > LEVEL for v in d)
+    flips = sum(y < 0 and x > LEVEL for x, y in zip(x_fifo, y_fifo))
+    return len(d) - behind >= 2 * len(d) / 3 and ahead > behind and max(d) <= WORST and flips == 0
+
+
+def reestimate(args) -> None:
+    """asp's defaults vs guided dispatch without re-estimation, on robustness's grid."""
+    from asp_ascend.lengths.workloads import workload_from_config
+    from asp_ascend.sim.run import Mismatch
+
+    NOREEST = {**OFF, **LOSSLESS, "scheduler.reestimate": "false"}
+    print("| workload | devices | true costs (plan: configured) | fifo iter. time (s) | asp defaults vs fifo | "
+          "no re-estimation vs fifo | no re-estimation vs defaults | steals (defaults / no re-est.) |")
+    print("|---|---|---|---|---|---|---|---|")
+    summary = []
+    for D in args.devices:
+        d, rd, on_f, off_f = [], [], [], []
+        for wl in args.workloads:
+            w = workload_from_config(_cfg(wl, args.data, args.prompts, D, {}))
+            for label, mm in GRID:
+                m = Mismatch(**mm)
+
+                def it(name, over):
+                    return _run(_cfg(wl, args.data, args.prompts, D, over), w, name, m)
+
+                fifo = it("fully_async_fifo", OFF)
+                on = it("asp", {**OFF, **LOSSLESS})       # asp's defaults
+                off = it("asp", NOREEST)
+                f = fifo["iteration_time_mean"]
+                pct = [100 * (x["iteration_time_mean"] / ref - 1)
+                       for x, ref in ((on, f), (off, f), (off, on["iteration_time_mean"]))]
+                on_f.append(pct[0])
+                off_f.append(pct[1])
+                d.append(pct[2])
+                rd.append(100 * (on["iteration_time_mean"] / off["iteration_time_mean"] - 1))
+                print(f"| {wl} | {D} | {label} | {f:.1f} | {pct[0]:+.1f}% | {pct[1]:+.1f}% | {pct[2]:+.1f}% | "
+                      f"{on['stolen_groups']} / {off['stolen_groups']} |", flush=True)
+        ahead, behind = sum(v < -LEVEL for v in d), sum(v > LEVEL for v in d)
+        summary.append(
+            f"{D} devices, no re-estimation vs defaults: ahead in {ahead}, level in {len(d) - ahead - behind}, "
+            f"behind in {behind} of {len(d)} cells (level = within {LEVEL} %), range {min(d):+.1f} % .. "
+            f"{max(d):+.1f} %; no re-estimation beats defaults: {_beats(d, off_f, on_f)}; "
+            f"defaults beat no re-estimation: {_beats(rd, on_f, off_f)}")
+    print()
+    for line in summary:
+        print(line)
+
+
 def seed(args) -> None:
     from asp_ascend.config import load_config
     from asp_ascend.lengths.workloads import workload_from_config
@@ -238,7 +299,7 @@ def speed(args) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("ablation", "robustness", "seed", "speed", "admission"))
+    ap.add_argument("what", choices=("ablation", "robustness", "seed", "speed", "admission", "reestimate"))
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data",
                     help="directory of the Azure LLM trace CSVs")
     ap.add_argument("--prompts", type=int, default=None, help="prompts per epoch (default 4096; speed: 100000)")
@@ -250,7 +311,7 @@ def main(argv=None) -> int:
     args.devices = args.devices or ([128] if args.what == "seed" else [256] if args.what == "speed" else [32])
     args.prompts = args.prompts or (100000 if args.what == "speed" else 4096)
     {"ablation": ablation, "robustness": robustness, "seed": seed, "speed": speed,
-     "admission": admission}[args.what](args)
+     "admission": admission, "reestimate": reestimate}[args.what](args)
     return 0
 
 
