@@ -135,38 +135,43 @@ GRID = [("planned costs", {}), ("decode a x0.1", {"decode_a": 0.1}), ("decode a 
         ("half the planned concurrency", {"concurrency": 0.5}), ("twice the planned concurrency", {"concurrency": 2.0})]
 
 
-def robustness(args) -> None:
+def _grid_cells(args, D: int):
+    """(workload, grid label, run) for every cell of robustness's grid at ``D`` devices:
+    ``run(policy, overrides)`` simulates ``policy`` planned on the configured costs and executed
+    on the cell's (the workload built once per workload)."""
     from asp_ascend.lengths.workloads import workload_from_config
     from asp_ascend.sim.run import Mismatch
 
+    for wl in args.workloads:
+        w = workload_from_config(_cfg(wl, args.data, args.prompts, D, {}))
+        for label, mm in GRID:
+            def run(name, over, wl=wl, w=w, m=Mismatch(**mm)):
+                return _run(_cfg(wl, args.data, args.prompts, D, over), w, name, m)
+            yield wl, label, run
+
+
+def robustness(args) -> None:
     print("| workload | devices | true costs (plan: configured) | asp iter. time (s) | vs fifo (shared queue) | "
           "vs balanced | asp static plan vs fifo | asp + tail auto vs fifo | asp, concurrency full vs fifo | "
           "asp, concurrency auto vs fifo | auto vs full | auto admits |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for D in args.devices:
-        for wl in args.workloads:
-            w = workload_from_config(_cfg(wl, args.data, args.prompts, D, {}))
-            for label, mm in GRID:
-                m = Mismatch(**mm)
+        for wl, label, it in _grid_cells(args, D):
+            asp = it("asp", {**OFF, **LOSSLESS})        # asp's defaults (scheduler.concurrency as configured)
+            static = it("asp", OFF)
+            fifo = it("fully_async_fifo", OFF)
+            bal = it("async_balanced", OFF)
+            tail = it("asp", {**OFF, **TAIL_AUTO})
+            full = it("asp", {**OFF, **LOSSLESS, **CONC_FULL})
+            auto = it("asp", {**OFF, **LOSSLESS, **CONC_AUTO})
+            a, f = asp["iteration_time_mean"], fifo["iteration_time_mean"]
 
-                def it(name, over):
-                    return _run(_cfg(wl, args.data, args.prompts, D, over), w, name, m)
+            def vs(x, ref=f):
+                return f"{100 * (x['iteration_time_mean'] / ref - 1):+.1f}%"
 
-                asp = it("asp", {**OFF, **LOSSLESS})        # asp's defaults (scheduler.concurrency as configured)
-                static = it("asp", OFF)
-                fifo = it("fully_async_fifo", OFF)
-                bal = it("async_balanced", OFF)
-                tail = it("asp", {**OFF, **TAIL_AUTO})
-                full = it("asp", {**OFF, **LOSSLESS, **CONC_FULL})
-                auto = it("asp", {**OFF, **LOSSLESS, **CONC_AUTO})
-                a, f = asp["iteration_time_mean"], fifo["iteration_time_mean"]
-
-                def vs(x, ref=f):
-                    return f"{100 * (x['iteration_time_mean'] / ref - 1):+.1f}%"
-
-                print(f"| {wl} | {D} | {label} | {a:.1f} | {vs(asp)} | {vs(asp, bal['iteration_time_mean'])} | "
-                      f"{vs(static)} | {vs(tail)} | {vs(full)} | {vs(auto)} | "
-                      f"{vs(auto, full['iteration_time_mean'])} | {auto['admission_concurrency']} |", flush=True)
+            print(f"| {wl} | {D} | {label} | {a:.1f} | {vs(asp)} | {vs(asp, bal['iteration_time_mean'])} | "
+                  f"{vs(static)} | {vs(tail)} | {vs(full)} | {vs(auto)} | "
+                  f"{vs(auto, full['iteration_time_mean'])} | {auto['admission_concurrency']} |", flush=True)
 
 
 LEVEL = 0.5       # % of iteration time: closer than this is level
@@ -184,9 +189,6 @@ def _beats(d: list, x_fifo: list, y_fifo: list) -> bool:
 
 def reestimate(args) -> None:
     """asp's defaults vs guided dispatch without re-estimation, on robustness's grid."""
-    from asp_ascend.lengths.workloads import workload_from_config
-    from asp_ascend.sim.run import Mismatch
-
     NOREEST = {**OFF, **LOSSLESS, "scheduler.reestimate": "false"}
     print("| workload | devices | true costs (plan: configured) | fifo iter. time (s) | asp defaults vs fifo | "
           "no re-estimation vs fifo | no re-estimation vs defaults | steals (defaults / no re-est.) |")
@@ -194,26 +196,19 @@ def reestimate(args) -> None:
     summary = []
     for D in args.devices:
         d, rd, on_f, off_f = [], [], [], []
-        for wl in args.workloads:
-            w = workload_from_config(_cfg(wl, args.data, args.prompts, D, {}))
-            for label, mm in GRID:
-                m = Mismatch(**mm)
-
-                def it(name, over):
-                    return _run(_cfg(wl, args.data, args.prompts, D, over), w, name, m)
-
-                fifo = it("fully_async_fifo", OFF)
-                on = it("asp", {**OFF, **LOSSLESS})       # asp's defaults
-                off = it("asp", NOREEST)
-                f = fifo["iteration_time_mean"]
-                pct = [100 * (x["iteration_time_mean"] / ref - 1)
-                       for x, ref in ((on, f), (off, f), (off, on["iteration_time_mean"]))]
-                on_f.append(pct[0])
-                off_f.append(pct[1])
-                d.append(pct[2])
-                rd.append(100 * (on["iteration_time_mean"] / off["iteration_time_mean"] - 1))
-                print(f"| {wl} | {D} | {label} | {f:.1f} | {pct[0]:+.1f}% | {pct[1]:+.1f}% | {pct[2]:+.1f}% | "
-                      f"{on['stolen_groups']} / {off['stolen_groups']} |", flush=True)
+        for wl, label, it in _grid_cells(args, D):
+            fifo = it("fully_async_fifo", OFF)
+            on = it("asp", {**OFF, **LOSSLESS})       # asp's defaults
+            off = it("asp", NOREEST)
+            f = fifo["iteration_time_mean"]
+            pct = [100 * (x["iteration_time_mean"] / ref - 1)
+                   for x, ref in ((on, f), (off, f), (off, on["iteration_time_mean"]))]
+            on_f.append(pct[0])
+            off_f.append(pct[1])
+            d.append(pct[2])
+            rd.append(100 * (on["iteration_time_mean"] / off["iteration_time_mean"] - 1))
+            print(f"| {wl} | {D} | {label} | {f:.1f} | {pct[0]:+.1f}% | {pct[1]:+.1f}% | {pct[2]:+.1f}% | "
+                  f"{on['stolen_groups']} / {off['stolen_groups']} |", flush=True)
         ahead, behind = sum(v < -LEVEL for v in d), sum(v > LEVEL for v in d)
         summary.append(
             f"{D} devices, no re-estimation vs defaults: ahead in {ahead}, level in {len(d) - ahead - behind}, "
