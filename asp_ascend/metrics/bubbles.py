@@ -21,7 +21,8 @@ The simulator, real runs and the planner's analytic estimate all call these func
                          by admission version and by the version of their newest token
 - instance split       : per rollout instance over a window [t0, t1]: samples finished in it, response
                          tokens generated (response_length - resumed_at), token share, busy = time with
-                         >= 1 running sequence / (t1 - t0) (and optionally the time with 1 .. few - 1)
+                         >= 1 running sequence / (t1 - t0) (and optionally the time with 1 .. few - 1);
+                         in the summary over [first sync end, last sync end]
 - lower_bound_ratio    = |W| / sum_i LB_i,  LB_i = max(decode work_i / (R * peak),
                           trainer time_i, solo latency of i's longest group / (k + 1))
 """
@@ -252,12 +253,16 @@ def instance_split(timeline, *, num_instances: int, t0: float | None = None, t1:
     resumed = req["resumed_at"].fillna(0).to_numpy(float) if "resumed_at" in req else np.zeros(len(req))
     gen = req["response_length"].to_numpy(float) - resumed
     done = (tf >= t0) & (tf <= t1)
+    by_inst = np.argsort(inst, kind="stable")     # one sort, then each instance's requests are a slice
+    names, first = np.unique(inst[by_inst], return_index=True)
+    bounds = dict(zip(names.tolist(), zip(first.tolist(), [*first[1:].tolist(), inst.size])))
     rows = []
-    for r in sorted(set(range(num_instances)) | {int(x) for x in inst}):
-        m = inst == r
-        row = {"instance": r, "samples": int((m & done).sum()), "tokens": int(gen[m & done].sum())}
+    for r in sorted(set(range(num_instances)) | set(bounds)):
+        lo, hi = bounds.get(r, (0, 0))
+        m = by_inst[lo:hi]
+        row = {"instance": r, "samples": int(done[m].sum()), "tokens": int(gen[m][done[m]].sum())}
         ts = np.concatenate([ta[m], tf[m], [t0, t1]])
-        dn = np.concatenate([np.ones(m.sum()), -np.ones(m.sum()), [0, 0]])
+        dn = np.concatenate([np.ones(m.size), -np.ones(m.size), [0, 0]])
         order = np.lexsort((dn, ts))                  # at a tie, a finish before an admission
         ts, n = ts[order], np.cumsum(dn[order])[:-1]  # n: requests running over [ts[j], ts[j + 1])
         inside = (ts[:-1] >= t0) & (ts[1:] <= t1)
@@ -267,6 +272,19 @@ def instance_split(timeline, *, num_instances: int, t0: float | None = None, t1:
             row["few_s"] = float(seg[(n > 0) & (n < few)].sum())
         rows.append(row)
     return _instance_fractions({"window_s": float(t1 - t0), "instances": rows})
+
+
+def instance_split_entry(timeline, *, num_instances: int) -> dict[str, Any] | None:
+    """summary.json's ``instance_split``: :func:`instance_split` from the first weight sync's end to the
+    last's (iteration 0, the pipeline fill, left out, as the benchmarks print it), per instance only
+    ``tokens``, ``token_share`` and ``busy``; None with fewer than two syncs (no such window)."""
+    syncs = timeline.frame("sync")
+    if len(syncs) < 2:
+        return None
+    t_end = np.sort(syncs["t_end"].to_numpy(float))
+    s = instance_split(timeline, num_instances=num_instances, t0=float(t_end[0]), t1=float(t_end[-1]))
+    return {"window_s": s["window_s"],
+            "instances": [{k: r[k] for k in ("instance", "tokens", "token_share", "busy")} for r in s["instances"]]}
 
 
 def combine_instance_splits(splits: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -343,5 +361,6 @@ def summarize(timeline, *, num_instances: int, max_num_seqs: int, lag_bound: int
         "iterations": int(len(syncs)),
         "samples": int(len(req)),
         "lag_bound": lag_bound,
+        "instance_split": instance_split_entry(timeline, num_instances=num_instances),
     }
     return out

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from asp_ascend.metrics import (Timeline, combine_instance_splits, deferred_lags, instance_split, sum_histograms,
-                                summarize, time_weighted_cv)
+from asp_ascend.metrics import (Timeline, combine_instance_splits, deferred_lags, instance_split, instance_split_entry,
+                                sum_histograms, summarize, time_weighted_cv)
 from asp_ascend.metrics.bubbles import iteration_lower_bounds, iteration_time_stats, padding_bubble
 
 
@@ -43,6 +43,11 @@ def test_summary_hand_computed():
     assert s["queue_occupancy_cv"] == pytest.approx(1.0)  # 2 for 4 s then 0 for 4 s
     assert s["lower_bound_ratio"] == pytest.approx(2.0)
     assert sum(rb.values()) == pytest.approx(1.0) and sum(tb.values()) == pytest.approx(1.0)
+    # per instance from the first sync end (5) to the last (8): only d (instance 1, 5 -> 6, 1 token) is in it
+    split = s["instance_split"]
+    assert split["window_s"] == 3.0
+    assert split["instances"] == [{"instance": 0, "tokens": 0, "token_share": 0.0, "busy": 0.0},
+                                  {"instance": 1, "tokens": 1, "token_share": 1.0, "busy": pytest.approx(1 / 3)}]
 
 
 def test_timeline_jsonl_roundtrip(tmp_path):
@@ -138,6 +143,19 @@ def test_instance_split_window_and_runs_combined():
                                    "token_share": 12 / 48, "busy": 3.5 / 12})
     with pytest.raises(ValueError, match="t1=1.0 is before its start t0=2.0"):
         instance_split(tl, num_instances=2, t0=2.0, t1=1.0)
+
+
+def test_summary_instance_split_leaves_out_iteration_0():
+    tl = split_timeline()                     # one sync: no window after iteration 0
+    assert instance_split_entry(tl, num_instances=2) is None
+    tl.add("sync", t_start=2.0, t_end=2.5, version=0)
+    e = instance_split_entry(tl, num_instances=3)
+    full = instance_split(tl, num_instances=3, t0=2.5, t1=8.0)
+    assert e["window_s"] == 5.5
+    assert e["instances"] == [{k: r[k] for k in ("instance", "tokens", "token_share", "busy")}
+                              for r in full["instances"]]
+    assert sum(r["token_share"] for r in e["instances"]) == pytest.approx(1.0)
+    assert summarize(tl, num_instances=3, max_num_seqs=2, lag_bound=1)["instance_split"] == e
 
 
 def test_sum_histograms_adds_bins_in_numeric_order():
