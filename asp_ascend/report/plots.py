@@ -144,6 +144,28 @@ def bubble_breakdown(summary: dict[str, dict], path) -> Path:
     return _save(fig, path)
 
 
+def instance_split(split: dict, path) -> Path:
+    """Per rollout instance (summary.json's ``instance_split``): its share of the response tokens, with the
+    even share 1 / R as a line, and the share of the window it was busy."""
+    plt = _plt()
+    rows = split["instances"]
+    x = np.arange(len(rows))
+    fig, axes = plt.subplots(1, 2, figsize=(min(14, max(6, 0.3 * len(rows) + 4)), 3), sharex=True)
+    axes[0].bar(x, [r["token_share"] for r in rows], color="#1b9e77")
+    axes[0].axhline(1 / max(1, len(rows)), color="k", lw=1, ls="--", label="even")
+    axes[0].set_title("share of response tokens", fontsize=9)
+    axes[0].legend(fontsize=7)
+    axes[1].bar(x, [r["busy"] for r in rows], color="#7570b3")
+    axes[1].set_ylim(0, 1)
+    axes[1].set_title("busy (>= 1 sequence running)", fontsize=9)
+    for ax in axes:
+        if len(rows) <= 32:
+            ax.set_xticks(x)
+            ax.set_xticklabels([str(r["instance"]) for r in rows], fontsize=7)
+        ax.set_xlabel("rollout instance")
+    return _save(fig, path)
+
+
 def scaling_curve(points: pd.DataFrame, path, metric: str = "throughput", x: str = "devices",
                   xlabel: str = "devices (rollout + training)",
                   title: str = "scaling: throughput against device count", log_x: bool = True) -> Path:

@@ -86,13 +86,41 @@ def train_summary(out: Path, tl=None) -> dict:
         return s
     tl = tl or Timeline.read_jsonl(out / "timeline.jsonl")
     cfg = run_config(out)  # through the schema: a missing key has the value the run used
-    req = tl.frame("request")
-    R = cfg.rollout.num_instances if (out / "config.yaml").is_file() else (
-        int(req["instance"].max()) + 1 if not req.empty else 1)
+    R = _num_instances(out, tl)
     s = {summary_key(cfg): summarize(tl, num_instances=R, max_num_seqs=cfg.rollout.max_num_seqs,
                                      lag_bound=lag_bound_of(cfg))}
     write_json_atomic(p, s)
     return s
+
+
+def _num_instances(out: Path, tl) -> int:
+    """The run's rollout instance count: config.yaml's, else one past the highest instance in the timeline."""
+    from ..config import run_config
+
+    if (out / "config.yaml").is_file():
+        return run_config(out).rollout.num_instances
+    req = tl.frame("request")
+    return int(req["instance"].max()) + 1 if not req.empty else 1
+
+
+def instance_section(entry: dict, tl, out: Path) -> tuple[list[str], dict | None]:
+    """The per-instance split of the run (summary.json's ``instance_split``; computed from the timeline for
+    a summary written before the key existed) as a markdown table, and the split (None: no window)."""
+    from ..metrics import instance_split_entry
+
+    split = entry["instance_split"] if "instance_split" in entry else instance_split_entry(
+        tl, num_instances=_num_instances(out, tl))
+    md = ["## Per-instance split", ""]
+    if split is None:
+        return md + ["Fewer than two weight syncs: no window after iteration 0, so no per-instance split.", ""], None
+    n = len(split["instances"])
+    md += [f"Each rollout instance from the first weight sync's end to the last ({split['window_s']:.1f} s, "
+           f"iteration 0 left out): the response tokens it drew, their share (even: {100 / max(n, 1):.1f} %) "
+           "and the share of the time it ran at least one sequence (docs/metrics.md).", "",
+           "| instance | tokens | token share | busy |", "|---|---|---|---|"]
+    md += [f"| {r['instance']} | {r['tokens']} | {100 * r['token_share']:.1f} % | {r['busy']:.2f} |"
+           for r in split["instances"]]
+    return md + [""], split
 
 
 def beside_simulation(summary: dict, sim_dir) -> list[str]:
@@ -166,6 +194,8 @@ def write_train_report(out: Path, sim_dir=None) -> Path:
     if sim_dir is not None:
         md += beside_simulation(summary, sim_dir)
     md += tail_decisions(tl)
+    split_md, split = instance_section(next(iter(summary.values()), {}), tl, out)
+    md += split_md
     figs = []
     req = tl.frame("request")
     if not req.empty:
@@ -176,6 +206,8 @@ def write_train_report(out: Path, sim_dir=None) -> Path:
     figs.append(("Policy lag", plots.lag_histograms({n: s.get("policy_lag_hist") for n, s in summary.items()},
                                                     out / "policy_lag.png")))
     figs.append(("Bubble breakdown", plots.bubble_breakdown(summary, out / "bubbles.png")))
+    if split is not None:
+        figs.append(("Per-instance split", plots.instance_split(split, out / "instances.png")))
     if not metrics.empty:
         figs.append(("Per-iteration metrics", plots.iteration_series(metrics, out / "iterations.png")))
         md += [f"{len(metrics)} iterations in metrics.jsonl" + (f" ({len(runs)} attempts)." if len(runs) > 1 else "."),

@@ -65,6 +65,24 @@ def summary_table(summary: dict) -> list[str]:
     return lines
 
 
+def instance_spread(summary: dict) -> list[str]:
+    """Per system, how evenly its rollout instances shared the work (summary.json's ``instance_split``,
+    after iteration 0): the lowest and highest token share and busy share; nothing when no entry has one."""
+    rows = [(n, s["instance_split"]["instances"]) for n, s in summary.items()
+            if (s.get("instance_split") or {}).get("instances")]
+    if not rows:
+        return []
+    md = ["## Per-instance split", "", "Each system's rollout instances after iteration 0 (first to last weight "
+          "sync): the lowest and highest share of the response tokens (even = 1 / instances) and of the time "
+          "with at least one sequence running (busy); docs/metrics.md.", "",
+          "| policy | instances | token share min / max (even) | busy min / max |", "|---|---|---|---|"]
+    for name, inst in rows:
+        sh, busy = [r["token_share"] for r in inst], [r["busy"] for r in inst]
+        md.append(f"| {name} | {len(inst)} | {100 * min(sh):.1f} / {100 * max(sh):.1f} % ({100 / len(inst):.1f} %) "
+                  f"| {min(busy):.2f} / {max(busy):.2f} |")
+    return md + [""]
+
+
 def write_sim_report(out, views: dict | None = None) -> Path:
     """Write ``report.md`` and the PNGs into simulation directory ``out``; returns the report path.
 
@@ -79,6 +97,7 @@ def write_sim_report(out, views: dict | None = None) -> Path:
     hl = headline(summary)
     if hl:
         md += ["## Comparisons", "", *hl, ""]
+    md += instance_spread(summary)
     if (out / "calibration.json").is_file():
         md += _calibration_lines(_load(out / "calibration.json"))
     figs = [("Bubble breakdown per policy", plots.bubble_breakdown(summary, out / "bubbles.png")),

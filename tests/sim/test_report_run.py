@@ -34,6 +34,12 @@ def test_report_asp_simulate_cli_end_to_end(tmp_path):
                             "asp", "asp_adaptive"}
     for entry in summary.values():
         assert DESIGN_KEYS <= set(entry)
+        # per instance after iteration 0 (metrics.instance_split_entry): every instance, shares summing to 1
+        split = entry["instance_split"]
+        assert [r["instance"] for r in split["instances"]] == list(range(len(split["instances"])))
+        assert sum(r["token_share"] for r in split["instances"]) == pytest.approx(1.0)
+        assert all(0 < r["busy"] <= 1 for r in split["instances"]) and split["window_s"] > 0
+    assert len(summary["asp"]["instance_split"]["instances"]) == 4      # 4 rollout devices, TP 1
     for png in ("bubbles.png", "policy_lag.png", "queue_occupancy.png", "gantt_asp.png", "scaling.png"):
         assert (out / png).stat().st_size > 1000, png
     for D in (4, 8):
@@ -43,6 +49,7 @@ def test_report_asp_simulate_cli_end_to_end(tmp_path):
         assert "sync_colocated" not in split and "asp" in split
     report = (out / "report.md").read_text()
     assert "| asp |" in report and "## Scaling" in report and "scaling.png" in report
+    assert "## Per-instance split" in report and "| asp | 4 |" in report
     assert "## Rollout/trainer split" in report and (out / "split.png").is_file()
     assert (out / "config.yaml").is_file() and (out / "timeline_asp.jsonl").is_file()
     # `asp report` regenerates the report from the files alone
@@ -101,3 +108,49 @@ def test_report_puts_a_run_beside_its_simulation(tmp_path, capsys):
     (sim / "summary.json").write_text(json.dumps({"asp": {}}))
     with pytest.raises(DataError, match="no entry 'fully_async_fifo'"):
         run_report(run, sim)
+
+
+def _split_run(tmp_path) -> Path:
+    """A hand-made training run on 3 instances, syncs ending at 2 and 8 (window [2, 8], 6 s): instance 0
+    runs a [0, 4] (10 tokens) and b [1, 3] (6), instance 1 runs c [5, 8] (4), instance 2 nothing."""
+    from asp_ascend.metrics import Timeline
+
+    tl = Timeline()
+    req = dict(epoch=0, sample=0, admission_version=0, t_first_token=None, prompt_length=3)
+    for inst, pid, it, ta, tf, n in ((0, "a", 0, 0.0, 4.0, 10), (0, "b", 0, 1.0, 3.0, 6), (1, "c", 1, 5.0, 8.0, 4)):
+        tl.add("request", instance=inst, prompt_id=pid, iteration=it, t_admit=ta, t_finish=tf, response_length=n, **req)
+    tl.add("sync", t_start=1.5, t_end=2.0, version=1)
+    tl.add("sync", t_start=7.5, t_end=8.0, version=2)
+    run = tmp_path / "run"
+    tl.write_jsonl(run / "timeline.jsonl")
+    save_resolved(load_config(None, ["rollout.num_instances=3"]), run)
+    return run
+
+
+SPLIT_ROWS = ["| 0 | 16 | 80.0 % | 0.33 |", "| 1 | 4 | 20.0 % | 0.50 |", "| 2 | 0 | 0.0 % | 0.00 |"]
+
+
+def test_report_tables_the_per_instance_split(tmp_path):
+    run = _split_run(tmp_path)
+    assert run_report(run) == 0
+    summary = json.loads((run / "summary.json").read_text())
+    summary.pop("schema_version")
+    ((key, entry),) = summary.items()
+    assert [r["tokens"] for r in entry["instance_split"]["instances"]] == [16, 4, 0]
+    md = (run / "report.md").read_text()
+    assert "## Per-instance split" in md and "(6.0 s, iteration 0 left out)" in md and "even: 33.3 %" in md
+    table = md[md.index("| instance | tokens | token share | busy |"):].splitlines()
+    assert table[2:5] == SPLIT_ROWS
+    assert (run / "instances.png").stat().st_size > 1000
+    # a summary.json written before the key existed: the report computes the split from the timeline
+    entry.pop("instance_split")
+    (run / "summary.json").write_text(json.dumps({key: entry}))
+    assert run_report(run) == 0
+    md = (run / "report.md").read_text()
+    assert md[md.index("| instance |"):].splitlines()[2:5] == SPLIT_ROWS
+    # one weight sync: no window after iteration 0
+    entry["instance_split"] = None
+    (run / "summary.json").write_text(json.dumps({key: entry}))
+    assert run_report(run) == 0
+    md = (run / "report.md").read_text()
+    assert "no per-instance split" in md and "| instance |" not in md
