@@ -161,6 +161,23 @@ def test_metrics_and_summary_carry_the_deferred_lag_histograms(run_dir):
     assert s["lag_bound"] == K + S
 
 
+def test_summary_has_the_per_instance_split_after_iteration_0(run_dir):
+    # run_summary (asp train's too) writes metrics.instance_split_entry: response tokens each instance drew for
+    # the samples finishing between the first weight sync's end and the last, their shares, the busy share
+    out, _ = run_dir
+    split = json.loads((out / "summary.json").read_text())["asp"]["instance_split"]
+    tl = Timeline.read_jsonl(out / "timeline.jsonl")
+    t_end = sorted(e["t_end"] for e in tl.events["sync"])
+    assert len(t_end) == 3 and split["window_s"] == pytest.approx(t_end[-1] - t_end[0])
+    req = tl.frame("request")
+    inside = req[(req.t_finish >= t_end[0]) & (req.t_finish <= t_end[-1])]
+    tokens = inside.groupby("instance")["response_length"].sum().reindex([0, 1], fill_value=0).tolist()
+    assert [r["instance"] for r in split["instances"]] == [0, 1]
+    assert [r["tokens"] for r in split["instances"]] == tokens and sum(tokens) > 0
+    assert sum(r["token_share"] for r in split["instances"]) == pytest.approx(1.0)
+    assert all(0 < r["busy"] <= 1 for r in split["instances"])
+
+
 def test_asp_report_and_calibrate_read_the_run(run_dir):
     out, _ = run_dir
     from asp_ascend.report.run import run_report
@@ -169,6 +186,7 @@ def test_asp_report_and_calibrate_read_the_run(run_dir):
     assert run_report(out) == 0
     md = (out / "report.md").read_text()
     assert "## Tail mechanisms" in md and "| defer | 1 |" in md and "| swap | 1 |" in md
+    assert "## Per-instance split" in md and "| instance | tokens | token share | busy |" in md
     fit = calibrate_run(out)
     assert fit["decode_a"] is not None and fit["decode_a"] >= 0
 

@@ -43,6 +43,11 @@ def test_run_dir_holds_the_design_files(async_run):
     entry = summary["asp_adaptive"]  # async + asp + adaptive, the simulator's name
     for key in DESIGN_SUMMARY_KEYS:
         assert key in entry, key
+    # whether the instances shared the work, after iteration 0 (metrics.instance_split_entry)
+    split = entry["instance_split"]
+    assert [r["instance"] for r in split["instances"]] == list(range(cfg.rollout.num_instances))
+    assert sum(r["token_share"] for r in split["instances"]) == pytest.approx(1.0)
+    assert all(0 < r["busy"] <= 1 for r in split["instances"])
     assert any((out / "tensorboard").glob("events.out.tfevents.*"))
     latest = (out / "checkpoints" / "latest").read_text().strip()
     assert (out / "checkpoints" / latest / "model.safetensors").is_file()
