@@ -6,7 +6,8 @@ run's own timeline, under the simulator's names.
 entry plus :func:`carry_over_summary`, so a run's summary has the keys ``asp simulate`` writes
 (``sim.mechanisms.tail_summary``): ``stolen_groups``, ``tail_capped_groups``, ``deferred_groups``,
 and by ``metrics.deferred_lags`` ``deferred_samples``, ``policy_lag_max_lossless``,
-``deferred_lag_hist`` and ``deferred_token_lag_hist``; the per-iteration length mix.
+``deferred_lag_hist`` and ``deferred_token_lag_hist``; the per-iteration length mix. ``summarize``'s
+``instance_split`` (per rollout instance after iteration 0) comes from the same function in both.
 
 No torch: numpy/pandas only (the summary is written after training, in the driver).
 """
