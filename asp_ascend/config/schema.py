@@ -247,6 +247,12 @@ class SimConfig:
                                        "(use_remove_padding true)",
                                        choices=("auto", "padded_to_dispatch", "padded", "sorted", "packed"))
     rollout_sync_pause: bool = _f(True, "async policies: instances pause generation during each weight sync")
+    stream_groups: bool = _f(False, "streaming trainers (every policy but sync_colocated and one_step_off) run each "
+                                    "generated group's forward/backward as soon as it is generated, for the mini-batch "
+                                    "being trained, and the optimizer step after its last group (the same update: "
+                                    "gradients sum over groups, the token-mean scale applies before the step); off: "
+                                    "a step starts once its whole mini-batch is generated. Simulator only: asp train's "
+                                    "trainer does not do this yet")
     write_timeline: str = _f("auto", "write timeline_<policy>.jsonl: auto (<= 50k samples) | always | never",
                              choices=("auto", "always", "never"))
 

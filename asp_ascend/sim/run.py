@@ -230,7 +230,8 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
                      system_micro_batching(cfg, spec), costs.switch_s, publish_s=costs.publish_s,
                      step_latency_s=costs.step_latency_s, admit_latency_s=costs.admit_latency_s,
                      sync_busy_s=costs.sync_busy_s, admit_each_s=costs.admit_each_s,
-                     max_tokens_per_micro_batch=int(cfg.train.max_tokens_per_micro_batch))
+                     max_tokens_per_micro_batch=int(cfg.train.max_tokens_per_micro_batch),
+                     stream_groups=bool(cfg.sim.stream_groups))
     settings = spec.execution(jobs.group_size, dispatch=cfg.scheduler.dispatch)
     true_cm = costs.instance
     if mismatch is not None:
@@ -245,7 +246,8 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
                  sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples,
                  mechanisms=mech, fast_path=fast_path)
     tl = eng.run()
-    mbt = micro_batch_table(jobs, tr.micro_batch_size, tr.micro_batching, tr.max_tokens_per_micro_batch)
+    mbt = micro_batch_table(jobs, tr.micro_batch_size, tr.micro_batching, tr.max_tokens_per_micro_batch,
+                            per_group=tr.stream_groups and spec.stream_train)
     lb = lower_bounds(jobs, mbt, tr.train_per_token, tr.train_per_step, true_cm, spec.num_instances,
                       max(engine_seqs, settings.max_num_seqs), costs.kv_capacity, spec.lag_bound, tr.micro_batching)
     lag_bound = spec.lag_bound + (mech.max_split if mech.partial_rollout else 0)

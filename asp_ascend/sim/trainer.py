@@ -51,6 +51,8 @@ class TrainerSpec:
     #                                  (the weights land between engine steps of a busy instance)
     admit_each_s: float = 0.0        # each admission reaches its instance's engine this long after its hand-over
     #                                  starts, one hand-over at a time per instance (sim/instances.py)
+    stream_groups: bool = False      # sim.stream_groups: a streaming trainer runs each group's forward/backward
+    #                                  as it is generated, the optimizer step after the mini-batch's last group
 
 
 def resolve_micro_batching(sim_mode: str, train_mode: str) -> str:
@@ -66,7 +68,17 @@ def resolve_micro_batching(sim_mode: str, train_mode: str) -> str:
 SIM_MODES = ("padded", "sorted", "packed", "padded_to_dispatch")
 
 
-def micro_batch_table(jobs: SimJobs, micro_batch_size: int, mode: str, max_tokens: int = 0) -> pd.DataFrame:
+def group_pads(jobs: SimJobs, micro_batch_size: int, mode: str, max_tokens: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(tokens, pad slots) of every job's group cut on its own as :func:`micro_batch_table` cuts one
+    step (``sim.stream_groups``: a group's forward/backward runs alone, as soon as it is generated;
+    its padded/sorted micro-batches hold only its own sequences)."""
+    J, G = jobs.resp.shape
+    seq = (jobs.resp + jobs.prompt_length[:, None]).reshape(-1).astype(np.int64)
+    return step_slots(np.repeat(np.arange(J), G), seq, mode=mode, micro=micro_batch_size, max_tokens=max_tokens)
+
+
+def micro_batch_table(jobs: SimJobs, micro_batch_size: int, mode: str, max_tokens: int = 0,
+                      per_group: bool = False) -> pd.DataFrame:
     """Per optimizer step (iteration, mini_batch): ``groups``, real ``tokens`` (prompt + response
     of its sequences) and ``padded_tokens`` (pad slots the trainer computes on).
 
@@ -86,6 +98,9 @@ def micro_batch_table(jobs: SimJobs, micro_batch_size: int, mode: str, max_token
     splits it into fixed micro-batches of that width; the ranks meet at every optimizer step, so
     the rank holding the iteration's longest sequence sets the pace: every sequence of the
     iteration costs the iteration's longest.
+
+    ``per_group`` (``sim.stream_groups``): each group is cut on its own (:func:`group_pads`); a
+    step's ``padded_tokens`` is the sum of its groups' pad.
     """
     if mode not in SIM_MODES:
         raise ValueError(f"sim micro-batching: {mode!r} is not one of {', '.join(SIM_MODES)}")
@@ -111,6 +126,12 @@ def micro_batch_table(jobs: SimJobs, micro_batch_size: int, mode: str, max_token
         _, pad = step_slots(np.repeat(np.arange(starts.size), counts), seq_len, mode=mode, micro=micro_batch_size,
                             max_tokens=max_tokens)
     groups = np.diff(np.r_[np.flatnonzero(np.r_[True, jkey[1:] != jkey[:-1]]), J])
+    if per_group:
+        if mode == "padded_to_dispatch":
+            raise ValueError("sim.stream_groups: padded_to_dispatch (sim.colocated_micro_batching) pads a rank's "
+                             "whole dispatched share; it has no per-group cut")
+        gpad = group_pads(jobs, micro_batch_size, mode, max_tokens)[1][order]
+        pad = np.add.reduceat(gpad, np.flatnonzero(np.r_[True, jkey[1:] != jkey[:-1]]))
     return pd.DataFrame({"iteration": skey // n_mb, "mini_batch": skey % n_mb, "tokens": tokens,
                          "padded_tokens": pad, "groups": groups})
 
@@ -129,8 +150,11 @@ class Trainer:
         self.trained = trained         # called with (iteration, mini_batch) when its step ends (carry-over)
         self.jobs = jobs
         self.members: dict | None = None   # (iteration, mini_batch) -> job indices, once groups were swapped
+        # sim.stream_groups: only a streaming trainer (stream_train) can take groups before the iteration is
+        # generated; a trainer that waits for the whole iteration (sync_colocated, one_step_off) is unaffected
+        self.by_group = spec.stream_groups and stream
         self.mbt = mbt = micro_batch_table(jobs, spec.micro_batch_size, spec.micro_batching,
-                                           spec.max_tokens_per_micro_batch)
+                                           spec.max_tokens_per_micro_batch, per_group=self.by_group)
         self._recosted: dict[int, tuple[int, int]] = {}   # swapped mini-batch -> (tokens, pad); see table()
         self.mb_iter = mbt["iteration"].to_numpy().tolist()
         self.mb_mini = mbt["mini_batch"].to_numpy().tolist()
@@ -161,6 +185,19 @@ class Trainer:
         self.step_rows: list = []
         self.sync_rows: list = []
         self.early_free = spec.publish_s is not None   # the trainer's own time per sync, not the sync's
+        self.n_mb = len(self.mb_iter)
+        if self.by_group and spec.switch_s > 0:
+            raise ValueError("sim.stream_groups: a colocated trainer (train<->infer switch, sim.colocated_switch_s) "
+                             "waits for the whole iteration; streaming groups applies to decoupled trainers only")
+        if self.by_group:
+            # per group: its forward/backward's seconds (its own micro-batches, group_pads)
+            tok, pad = group_pads(jobs, spec.micro_batch_size, spec.micro_batching, spec.max_tokens_per_micro_batch)
+            self.g_pad = pad
+            self.g_dur = (spec.train_per_token * trainer_slots(tok, pad, spec.micro_batching)).tolist()
+            self.avail: list[list[int]] = [[] for _ in range(self.n_mb)]   # generated, not consumed, per mini-batch
+            self.consumed = [0] * self.n_mb    # groups of the mini-batch whose forward/backward ran
+            self.active = -1                   # the mini-batch being streamed (its step not yet run)
+            self.active_busy = 0.0             # the trainer's seconds on it so far
 
     def _q_event(self, t: float, op: str) -> None:
         self.queue[0].append(t)
@@ -174,9 +211,11 @@ class Trainer:
         self._q_event(t, "put")
         x = self.job_mb[j]
         self.mb_left[x] -= 1
-        if self.mb_left[x] == 0:
+        if self.mb_left[x] == 0 and not (self.by_group and x == self.active):
             heapq.heappush(self.ready[self.mb_iter[x]], x)
         self.it_gen_left[self.job_it[j]] -= 1
+        if self.by_group:
+            self.avail[x].append(j)
 
     def try_step(self, t: float) -> None:
         """Start the next optimizer step (or the colocated switch) if the trainer can."""
@@ -184,6 +223,9 @@ class Trainer:
             return
         i = self.cur_it
         if i >= self.n_it:
+            return
+        if self.by_group:
+            self._try_group(i, t)
             return
         if not self.ready[i] and self.waiting is not None:
             self.waiting(i, t)
@@ -204,10 +246,59 @@ class Trainer:
         self.push(t0 + self.mb_dur[x], TRAIN, x, 0)
         self.step_rows.append((t0, t0 + self.mb_dur[x], x))
 
+    def _try_group(self, i: int, t: float) -> None:
+        """``sim.stream_groups``: run the forward/backward of the next generated group of the mini-batch
+        being streamed. With none under way the trainer takes a fully generated mini-batch of
+        iteration ``i`` (lowest index first, as without streaming), else the one with the fewest
+        groups still to generate (then the lowest index) that has a generated group; it trains that
+        mini-batch to its optimizer step before it takes another (the others' groups need the step's
+        weights)."""
+        x = self.active
+        latency = 0.0
+        if x < 0:
+            if not self.ready[i] and self.waiting is not None:
+                self.waiting(i, t)     # carry-over may swap generated groups in (swap keeps avail current)
+            if self.ready[i]:
+                x = heapq.heappop(self.ready[i])
+            else:
+                cand = [y for y in self.it_mbs[i] if self.avail[y]]
+                if not cand:
+                    return
+                x = min(cand, key=lambda y: (self.mb_left[y], y))
+            self.active, self.active_busy = x, 0.0
+            latency = self.spec.step_latency_s    # once per optimizer step, before its first group
+        elif not self.avail[x] and self.waiting is not None:
+            self.waiting(i, t)
+        if not self.avail[x]:
+            return
+        j = self.avail[x].pop(0)
+        self.consumed[x] += 1
+        self.qsize -= 1
+        self._q_event(t, "get")
+        self.busy = True
+        self.active_busy += self.g_dur[j]
+        self.push(t + latency + self.g_dur[j], TRAIN, self.n_mb + j)
+
     def on_train_end(self, x: int, t: float) -> None:
         """A TRAIN event: a step ended (``x`` >= 0), a switch ended (-1), or the trainer's
-        part of a sync ended (``x`` = -version - 2)."""
+        part of a sync ended (``x`` = -version - 2); with ``sim.stream_groups`` a group's
+        forward/backward ended (``x`` = number of mini-batches + job)."""
         self.busy = False
+        if x >= self.n_mb:             # a group's forward/backward ended
+            a = self.active
+            if self.consumed[a] < self.mb_groups[a]:
+                self.try_step(t)
+                return
+            dur = self.spec.train_per_step       # the mini-batch's last group: its optimizer step
+            self.active_busy += dur
+            self.busy = True
+            self.push(t + dur, TRAIN, a)
+            # one row per optimizer step, as long as the trainer was busy on it (so the trainer
+            # breakdown counts busy time): it ends with the step, its groups may have started earlier
+            self.step_rows.append((t + dur - self.active_busy, t + dur, a))
+            return
+        if x >= 0 and self.by_group:
+            self.active = -1
         if x <= -2:                    # published: the trainer holds version -x - 2, the sync goes on
             self.cur_it = -x - 2
             self.try_step(t)
@@ -255,6 +346,13 @@ class Trainer:
         md, ms = self.members[kd], self.members[ks]
         md[md.index(deferred)] = swapped_in
         ms[ms.index(swapped_in)] = deferred
+        if self.by_group:
+            # deferred is not generated (in no avail list); swapped_in is generated and, being of a
+            # later iteration than the trainer's, not consumed yet: it moves to deferred's mini-batch
+            if swapped_in not in self.avail[xs] or xs == self.active:
+                raise RuntimeError(f"sim.stream_groups: swapped-in group {swapped_in} was already trained; this is a bug")
+            self.avail[xs].remove(swapped_in)
+            self.avail[xd].append(swapped_in)
         self.job_mb[deferred], self.job_mb[swapped_in] = xs, xd
         self.job_it[deferred], self.job_it[swapped_in] = self.mb_iter[xs], self.mb_iter[xd]
         self.it_gen_left[self.mb_iter[xd]] -= 1
@@ -264,7 +362,7 @@ class Trainer:
             self.ready[self.mb_iter[xs]].remove(xs)
             heapq.heapify(self.ready[self.mb_iter[xs]])
         self.mb_left[xd] -= 1
-        if self.mb_left[xd] == 0:
+        if self.mb_left[xd] == 0 and not (self.by_group and xd == self.active):
             heapq.heappush(self.ready[self.mb_iter[xd]], xd)
         for x, key in ((xd, kd), (xs, ks)):
             self._recost(x, self.members[key])
@@ -286,7 +384,9 @@ class Trainer:
         jobs, spec = self.jobs, self.spec
         seq = (jobs.resp[js] + jobs.prompt_length[js, None]).reshape(-1).astype(np.int64)
         tokens = int(seq.sum())
-        if spec.micro_batching == "packed":
+        if self.by_group:
+            pad = int(self.g_pad[js].sum())   # each group cut on its own (group_pads)
+        elif spec.micro_batching == "packed":
             pad = 0                    # packed micro-batches carry no pad (step_slots' answer, without its arrays)
         elif spec.micro_batching == "padded_to_dispatch":
             # colocated only, never swaps; here it would pad to this mini-batch's longest
