@@ -231,7 +231,7 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
                      step_latency_s=costs.step_latency_s, admit_latency_s=costs.admit_latency_s,
                      sync_busy_s=costs.sync_busy_s, admit_each_s=costs.admit_each_s,
                      max_tokens_per_micro_batch=int(cfg.train.max_tokens_per_micro_batch),
-                     stream_groups=bool(cfg.sim.stream_groups))
+                     stream_groups=bool(cfg.sim.stream_groups), stream_start=str(cfg.sim.stream_groups_start))
     settings = spec.execution(jobs.group_size, dispatch=cfg.scheduler.dispatch)
     true_cm = costs.instance
     if mismatch is not None:

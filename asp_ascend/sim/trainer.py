@@ -53,6 +53,7 @@ class TrainerSpec:
     #                                  starts, one hand-over at a time per instance (sim/instances.py)
     stream_groups: bool = False      # sim.stream_groups: a streaming trainer runs each group's forward/backward
     #                                  as it is generated, the optimizer step after the mini-batch's last group
+    stream_start: str = "fewest_left"  # sim.stream_groups_start: which partly generated mini-batch it starts (_partial)
 
 
 def resolve_micro_batching(sim_mode: str, train_mode: str) -> str:
@@ -66,6 +67,7 @@ def resolve_micro_batching(sim_mode: str, train_mode: str) -> str:
 
 
 SIM_MODES = ("padded", "sorted", "packed", "padded_to_dispatch")
+STREAM_STARTS = ("fewest_left", "half_generated", "lowest_index")   # sim.stream_groups_start
 
 
 def group_pads(jobs: SimJobs, micro_batch_size: int, mode: str, max_tokens: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -189,12 +191,15 @@ class Trainer:
         if self.by_group and spec.switch_s > 0:
             raise ValueError("sim.stream_groups: a colocated trainer (train<->infer switch, sim.colocated_switch_s) "
                              "waits for the whole iteration; streaming groups applies to decoupled trainers only")
+        if self.by_group and spec.stream_start not in STREAM_STARTS:
+            raise ValueError(f"sim.stream_groups_start: {spec.stream_start!r} is not one of {', '.join(STREAM_STARTS)}")
         if self.by_group:
             # per group: its forward/backward's seconds (its own micro-batches, group_pads)
             tok, pad = group_pads(jobs, spec.micro_batch_size, spec.micro_batching, spec.max_tokens_per_micro_batch)
             self.g_pad = pad
             self.g_dur = (spec.train_per_token * trainer_slots(tok, pad, spec.micro_batching)).tolist()
             self.avail: list[list[int]] = [[] for _ in range(self.n_mb)]   # generated, not consumed, per mini-batch
+            self.mb_trained = [False] * self.n_mb   # its optimizer step ran
             self.consumed = [0] * self.n_mb    # groups of the mini-batch whose forward/backward ran
             self.active = -1                   # the mini-batch being streamed (its step not yet run)
             self.active_busy = 0.0             # the trainer's seconds on it so far
@@ -246,11 +251,24 @@ class Trainer:
         self.push(t0 + self.mb_dur[x], TRAIN, x, 0)
         self.step_rows.append((t0, t0 + self.mb_dur[x], x))
 
+    def _partial(self, i: int) -> list[int]:
+        """The partly generated mini-batches of iteration ``i`` a free trainer may start streaming
+        (``sim.stream_groups_start``): any with a generated group (``fewest_left``), only those at least
+        half generated (``half_generated``), or only the lowest-indexed untrained one (``lowest_index``)."""
+        rule = self.spec.stream_start
+        if rule == "lowest_index":
+            x = next(y for y in self.it_mbs[i] if not self.mb_trained[y])
+            return [x] if self.avail[x] else []
+        if rule == "half_generated":
+            return [y for y in self.it_mbs[i] if self.avail[y] and 2 * self.mb_left[y] <= self.mb_groups[y]]
+        return [y for y in self.it_mbs[i] if self.avail[y]]
+
     def _try_group(self, i: int, t: float) -> None:
         """``sim.stream_groups``: run the forward/backward of the next generated group of the mini-batch
         being streamed. With none under way the trainer takes a fully generated mini-batch of
-        iteration ``i`` (lowest index first, as without streaming), else the one with the fewest
-        groups still to generate (then the lowest index) that has a generated group; it trains that
+        iteration ``i`` (lowest index first, as without streaming), else of the partly generated ones
+        :meth:`_partial` allows the one with the fewest groups still to generate (then the lowest
+        index), and once it has taken a group of a mini-batch it trains that
         mini-batch to its optimizer step before it takes another (the others' groups need the step's
         weights)."""
         x = self.active
@@ -261,7 +279,7 @@ class Trainer:
             if self.ready[i]:
                 x = heapq.heappop(self.ready[i])
             else:
-                cand = [y for y in self.it_mbs[i] if self.avail[y]]
+                cand = self._partial(i)
                 if not cand:
                     return
                 x = min(cand, key=lambda y: (self.mb_left[y], y))
@@ -299,6 +317,7 @@ class Trainer:
             return
         if x >= 0 and self.by_group:
             self.active = -1
+            self.mb_trained[x] = True
         if x <= -2:                    # published: the trainer holds version -x - 2, the sync goes on
             self.cur_it = -x - 2
             self.try_step(t)

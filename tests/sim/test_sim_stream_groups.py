@@ -27,11 +27,11 @@ def _jobs(resp, instance, mini_batch, iteration=None):
                    dispatch_rank=np.arange(J, dtype=np.int64), prompt_length=np.zeros(J, np.int64), resp=resp)
 
 
-def _run(jobs, stream_groups):
+def _run(jobs, stream_groups, start="fewest_left"):
     # one sequence per instance at a time; 1 s per trained token (micro-batches of one sequence: no pad),
     # 5 s per optimizer step, 1 s per sync
     tr = TrainerSpec(train_per_token=1.0, train_per_step=5.0, sync_s=1.0, micro_batch_size=1,
-                     micro_batching="padded", stream_groups=stream_groups)
+                     micro_batching="padded", stream_groups=stream_groups, stream_start=start)
     R = int(jobs.instance.max()) + 1
     return Engine(jobs, ExecutionSettings(policy="asp", num_instances=R, max_num_seqs=1, lag_bound=1,
                                           group_size=jobs.group_size),
@@ -66,6 +66,26 @@ def test_stream_groups_commits_to_the_mini_batch_it_started():
                                                                                              [65, 82, 1]]
 
 
+@pytest.mark.parametrize("start, end", [("fewest_left", 113.0), ("lowest_index", 113.0), ("half_generated", 106.0)])
+def test_stream_groups_start_waits_for_half_a_mini_batch(start, end):
+    # mini-batch 0 = {A (10 s), B (30 s), D (31 s)}, mini-batch 1 = {C (12 s)}. fewest_left and
+    # lowest_index take mini-batch 0 at 10 with A (10 -> 20), B 30 -> 60, D 60 -> 91, step -> 96, then
+    # C 96 -> 108, step -> 113. half_generated waits (1 of 3 generated): C 12 -> 24, step -> 29; at 30
+    # two of three: A 30 -> 40, B 40 -> 70, D 70 -> 101, step -> 106.
+    jobs = _jobs([10, 30, 12, 31], instance=[0, 1, 2, 3], mini_batch=[0, 0, 1, 0])
+    assert _run(jobs, True, start).frame("step")["t_end"].max() == end
+
+
+@pytest.mark.parametrize("start, end", [("fewest_left", 105.0), ("half_generated", 105.0), ("lowest_index", 110.0)])
+def test_stream_groups_start_fewest_left_before_lowest_index(start, end):
+    # mini-batch 0 = {A (20 s), B (40 s)}, mini-batch 1 = {C (10 s), D (15 s)}. At 10 fewest_left (and
+    # half_generated: 1 of 2) take mini-batch 1: C 10 -> 20, D 20 -> 35, step -> 40; A 40 -> 60,
+    # B 60 -> 100, step -> 105. lowest_index waits for mini-batch 0 until mini-batch 1 is complete at
+    # 15: C 15 -> 25, D 25 -> 40, step -> 45; A 45 -> 65, B 65 -> 105, step -> 110.
+    jobs = _jobs([20, 40, 10, 15], instance=[0, 1, 2, 3], mini_batch=[0, 0, 1, 1])
+    assert _run(jobs, True, start).frame("step")["t_end"].max() == end
+
+
 def test_stream_groups_prefers_a_complete_mini_batch_and_pads_per_group():
     # C's mini-batch is complete (at 12) before the trainer is free: it trains first, as without streaming
     jobs = _jobs([14, 30, 12], instance=[0, 1, 2], mini_batch=[0, 0, 1])
@@ -96,6 +116,7 @@ def test_stream_groups_trains_every_mini_batch_once_after_its_groups(case):
             "scheduler.dispatch": str(rng.choice(["guided", "static"])),
             "sim.micro_batching": str(rng.choice(["packed", "padded", "sorted"])),
             "cost.decode_a": float(rng.choice([0.002, 0.02])), "cost.decode_c": float(rng.choice([1e-5, 1e-3]))}
+    over["sim.stream_groups_start"] = ("fewest_left", "half_generated", "lowest_index", "fewest_left")[case]
     cfg = _cfg(case, **over)
     w = workload_from_config(cfg)
     mm = Mismatch(decode_a=float(rng.choice([0.5, 1, 2])), concurrency=1.0)
@@ -135,3 +156,5 @@ def test_stream_groups_trains_every_mini_batch_once_after_its_groups(case):
 def test_stream_groups_is_a_bool_config_key():
     with pytest.raises(ConfigError, match="sim.stream_groups"):
         load_config(None, ["sim.stream_groups=maybe"])
+    with pytest.raises(ConfigError, match="sim.stream_groups_start"):
+        load_config(None, ["sim.stream_groups_start=latest"])
