@@ -253,12 +253,14 @@ class SimConfig:
                                     "gradients sum over groups, the token-mean scale applies before the step); off: "
                                     "a step starts once its whole mini-batch is generated. Simulator only: asp train's "
                                     "trainer does not do this yet")
-    stream_groups_start: str = _f("fewest_left", "sim.stream_groups: when no mini-batch of the iteration is fully "
-                                                 "generated, which partly generated one a free trainer starts (it then "
-                                                 "trains that one to its step before any other): fewest_left (any, "
-                                                 "fewest groups still to generate first), half_generated (only one "
-                                                 "at least half generated), lowest_index (only the lowest-indexed "
-                                                 "untrained one)", choices=("fewest_left", "half_generated", "lowest_index"))
+    stream_groups_start: str = _f("half_generated", "sim.stream_groups: when no mini-batch of the iteration is fully "
+                                                    "generated, which partly generated one a free trainer starts (it "
+                                                    "then trains that one to its step before any other): "
+                                                    "half_generated (one at least half generated, the fewest groups "
+                                                    "still to generate first), fewest_left (any with a generated "
+                                                    "group, the same order), lowest_index (only the lowest-indexed "
+                                                    "untrained one)",
+                                  choices=("half_generated", "fewest_left", "lowest_index"))
     write_timeline: str = _f("auto", "write timeline_<policy>.jsonl: auto (<= 50k samples) | always | never",
                              choices=("auto", "always", "never"))
 

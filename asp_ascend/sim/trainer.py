@@ -53,7 +53,7 @@ class TrainerSpec:
     #                                  starts, one hand-over at a time per instance (sim/instances.py)
     stream_groups: bool = False      # sim.stream_groups: a streaming trainer runs each group's forward/backward
     #                                  as it is generated, the optimizer step after the mini-batch's last group
-    stream_start: str = "fewest_left"  # sim.stream_groups_start: which partly generated mini-batch it starts (_partial)
+    stream_start: str = "half_generated"  # sim.stream_groups_start: which partly generated mini-batch it starts (_partial)
 
 
 def resolve_micro_batching(sim_mode: str, train_mode: str) -> str:
@@ -67,7 +67,7 @@ def resolve_micro_batching(sim_mode: str, train_mode: str) -> str:
 
 
 SIM_MODES = ("padded", "sorted", "packed", "padded_to_dispatch")
-STREAM_STARTS = ("fewest_left", "half_generated", "lowest_index")   # sim.stream_groups_start
+STREAM_STARTS = ("half_generated", "fewest_left", "lowest_index")   # sim.stream_groups_start
 
 
 def group_pads(jobs: SimJobs, micro_batch_size: int, mode: str, max_tokens: int = 0) -> tuple[np.ndarray, np.ndarray]:
