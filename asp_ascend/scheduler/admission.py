@@ -214,6 +214,12 @@ class Dispatcher:
         self.running_on: list[set] = [set() for _ in range(num_instances)]
         # per instance, the sum of its running jobs' predicted lengths (remaining work without an estimator)
         self.running_work: list[float] = [0.0] * num_instances
+        # re-estimated remaining work of each instance's running groups, memoised while a caller
+        # holds the instances' state still (``memo_running``); None: always asked afresh
+        self._run_memo: dict[int, float] | None = None
+        # with it, per admission limit: the instances with an admissible queued job, most remaining
+        # work first (guided dispatch's victims), until any queue, running set or progress moves
+        self._victims_memo: dict[int, list[int]] = {}
         self.finished: set[tuple[int, str]] = set()
         self.total = 0
         self.add(jobs)
@@ -243,12 +249,14 @@ class Dispatcher:
         before = queue.first_iteration()
         queue.push(job)
         self._first_moved(before, queue.first_iteration())
+        self._victims_memo.clear()
 
     def _pop(self, q: int, job: Job) -> None:
         queue = self.queues[q]
         before = queue.first_iteration()
         queue.pop(job)
         self._first_moved(before, queue.first_iteration())
+        self._victims_memo.clear()
 
     def _first_moved(self, before: int | None, after: int | None) -> None:
         if before == after:
@@ -282,16 +290,28 @@ class Dispatcher:
         # queue has none, so no queue's first iteration <= limit means no victim (the usual case)
         if not self._firsts or self._firsts[0] > limit:
             return None, None
-        cand = [i for i, q in enumerate(self.queues)
-                if i != instance and self.alive[i] and q.iters and q.iters[0] <= limit]
-        if not cand:
-            return None, None
-        work = {i: self.remaining_work(i) for i in cand}
-        v = min(cand, key=lambda i: (-work[i], i))
+        if self._run_memo is None:
+            cand = [i for i, q in enumerate(self.queues)
+                    if i != instance and self.alive[i] and q.iters and q.iters[0] <= limit]
+            if not cand:
+                return None, None
+            work = {i: self.remaining_work(i) for i in cand}
+            v = min(cand, key=lambda i: (-work[i], i))
+            work_v = work[v]
+        else:   # memoised: every thief of this limit until something moves asks the same victims
+            victims = self._victims_memo.get(limit)
+            if victims is None:
+                cand = [i for i, q in enumerate(self.queues) if self.alive[i] and q.iters and q.iters[0] <= limit]
+                work = {i: self.remaining_work(i) for i in cand}
+                victims = self._victims_memo[limit] = sorted(cand, key=lambda i: (-work[i], i))
+            v = next((i for i in victims if i != instance), None)
+            if v is None:
+                return None, None
+            work_v = self.remaining_work(v)
         job = self.queues[v].best(limit)
         # a steal must lower the later of the two instances' finishes (see the class doc): the
         # thief's remaining work plus the job stays below the victim's (which includes the job)
-        if job is None or self.remaining_work(instance) + job.predicted_length >= work[v]:
+        if job is None or self.remaining_work(instance) + job.predicted_length >= work_v:
             return None, None
         return job, v
 
@@ -320,11 +340,32 @@ class Dispatcher:
         groups' re-estimated remaining lengths (with an estimator) or, without one, their
         predictions (``Job.predicted_length``, counted in full until the group finishes)."""
         work = self._queue(instance).work
-        if self.estimator is not None:
-            work += sum(self.estimator.remaining(key) for key in self.running_on[instance])
-        else:
-            work += self.running_work[instance]
-        return work
+        if self.estimator is None:
+            return work + self.running_work[instance]
+        memo = self._run_memo
+        if memo is None:
+            return work + sum(self.estimator.remaining(key) for key in self.running_on[instance])
+        run = memo.get(instance)
+        if run is None:
+            run = memo[instance] = sum(self.estimator.remaining(key) for key in self.running_on[instance])
+        return work + run
+
+    def memo_running(self, on: bool) -> None:
+        """Memoise (``on``) or stop memoising each instance's running remaining work.
+
+        Guided dispatch asks every candidate victim's remaining work on every steal attempt; a
+        caller that holds the instances' progress still between its attempts (the simulator's
+        admission pass at one instant) memoises it: an instance's entry is dropped when a group
+        starts or finishes on it or fails (here) and when the caller advances it (:meth:`forget`).
+        The answers are the ones asked afresh would give, as long as only those change them."""
+        self._run_memo = {} if on else None
+        self._victims_memo.clear()
+
+    def forget(self, instance: int) -> None:
+        """``instance``'s progress moved: its memoised running remaining work is stale."""
+        if self._run_memo is not None:
+            self._run_memo.pop(instance, None)
+            self._victims_memo.clear()
 
     def blocked_by_lag(self, instance: int) -> bool:
         """True if ``instance`` has queued work but none of it is admissible yet."""
@@ -357,6 +398,7 @@ class Dispatcher:
         self.running[key] = (instance, job)
         self.running_on[instance].add(key)
         self.running_work[instance] += job.predicted_length
+        self.forget(instance)
         return job, version
 
     def on_finish(self, prompt_id: str, epoch: int = 0) -> Job:
@@ -365,6 +407,7 @@ class Dispatcher:
             raise ValueError(f"prompt {prompt_id} of epoch {epoch} finished twice")
         instance, job = self.running.pop(key)
         self.running_on[instance].discard(key)
+        self.forget(instance)
         # an instance running nothing has none left (no float residue from the running sum)
         left = self.running_work[instance] - job.predicted_length
         self.running_work[instance] = left if self.running_on[instance] else 0.0
@@ -384,6 +427,7 @@ class Dispatcher:
             del self.running[(job.epoch, job.prompt_id)]
         self.running_on[instance].clear()
         self.running_work[instance] = 0.0
+        self.forget(instance)
         if not self.shared:
             self._first_moved(self.queues[instance].first_iteration(), None)
             moved.extend(self.queues[instance].drain())
@@ -409,6 +453,7 @@ class Dispatcher:
         while instance >= len(self.adm.instance_version):
             self.adm.instance_version.append(0)
         self.alive[instance] = True
+        self._victims_memo.clear()
         while instance >= len(self.running_on):
             self.running_on.append(set())
         while instance >= len(self.running_work):
