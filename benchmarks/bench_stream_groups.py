@@ -59,16 +59,21 @@ def grid(a, over: dict) -> None:
 def seed(a, over: dict) -> None:
     from asp_ascend.config import load_config
     from asp_ascend.lengths.workloads import workload_from_config
+    from asp_ascend.sim.run import sweep_split
 
+    CFG = ROOT / "configs" / "sim_7b.yaml"
     print("| config | devices | system | iter. time off (s) | on (s) | on vs off |")
     print("|---|---|---|---|---|---|")
     for D in a.devices:
+        # exactly bench_tail.py seed's setup: the config's split rule at D devices, --prompts, asp's
+        # lossless mechanisms named
+        split = [f"sim.total_devices={D}", f"sim.rollout_devices={sweep_split(load_config(CFG, []), D)}",
+                 f"workload.num_prompts={a.prompts}"] + [f"{k}={v}" for k, v in LOSSLESS.items()]
+        cfg0 = load_config(CFG, split)
+        cfg1 = load_config(CFG, split + [f"{k}={v}" for k, v in over.items()])
+        w = workload_from_config(cfg0)
         for name in a.policies:
-            cfg0 = load_config(ROOT / "configs" / "sim_7b.yaml", [f"sim.total_devices={D}"])
-            w = workload_from_config(cfg0)
             t0 = _run(cfg0, w, name)["iteration_time_mean"]
-            cfg1 = load_config(ROOT / "configs" / "sim_7b.yaml",
-                               [f"sim.total_devices={D}"] + [f"{k}={v}" for k, v in over.items()])
             t1 = _run(cfg1, w, name)["iteration_time_mean"]
             print(f"| sim_7b | {D} | {name} | {t0:.1f} | {t1:.1f} | {100 * (t1 / t0 - 1):+.1f} % |", flush=True)
 
