@@ -354,9 +354,9 @@ class Dispatcher:
         """Memoise (``on``) or stop memoising each instance's running remaining work.
 
         Guided dispatch asks every candidate victim's remaining work on every steal attempt; a
-        caller that holds the instances' progress still between its attempts (the simulator's
-        admission pass at one instant) memoises it: an instance's entry is dropped when a group
-        starts or finishes on it or fails (here) and when the caller advances it (:meth:`forget`).
+        caller that knows when each instance's progress moves (the simulator, whose instances
+        report every advance) memoises it: an instance's entry is dropped when a group starts or
+        finishes on it or it fails (here) and when the caller says it progressed (:meth:`forget`).
         The answers are the ones asked afresh would give, as long as only those change them."""
         self._run_memo = {} if on else None
         self._victims_memo.clear()

@@ -174,32 +174,23 @@ class Engine:
         # without guided dispatch a second pass admits nothing: the queues only shrank, and an
         # instance the first pass skipped (paused, full, nothing admissible) is still so
         n, waiting, cap, paused = inst.n, inst.waiting, inst.cap, inst.paused
-        # at one instant an instance's progress moves only when it is advanced here (then the
-        # dispatcher forgets it) or a group starts or finishes on it (the dispatcher's own
-        # updates): every steal attempt of the pass may reuse the others' remaining work
-        disp.memo_running(True)
-        try:
-            for steal in (False, True) if disp.guided else (False,):
-                # an instance's held count changes only when it is itself advanced or filled (once a pass)
-                held = [n[r] + len(waiting[r]) for r in range(self.R)]
-                # paused or full instances are left out first (neither changes during a pass); the
-                # stable sort keeps the others in the order the full sort gives them
-                for r in sorted([r for r in range(self.R) if not paused[r] and held[r] < cap[r]],
-                                key=held.__getitem__):
-                    # may_take first (cheap, asks no estimator); with tail caps the room rule itself
-                    # peeks with stealing, so then only may_take(r, True) may skip it
-                    if (not disp.may_take(r, steal or self.gov is not None)
-                            or (self.gov is not None and not self._has_room(r))):   # (else: held < cap is room)
-                        continue
-                    head = disp.peek(r, steal)
-                    if head is None or (self.barrier and head.iteration > self.released):
-                        continue
-                    inst.advance(r, t)
-                    disp.forget(r)
-                    self._fill(r, steal)
-                    inst.schedule(r)
-        finally:
-            disp.memo_running(False)
+        for steal in (False, True) if disp.guided else (False,):
+            # an instance's held count changes only when it is itself advanced or filled (once a pass)
+            held = [n[r] + len(waiting[r]) for r in range(self.R)]
+            # paused or full instances are left out first (neither changes during a pass); the
+            # stable sort keeps the others in the order the full sort gives them
+            for r in sorted([r for r in range(self.R) if not paused[r] and held[r] < cap[r]], key=held.__getitem__):
+                # may_take first (cheap, asks no estimator); with tail caps the room rule itself
+                # peeks with stealing, so then only may_take(r, True) may skip it
+                if (not disp.may_take(r, steal or self.gov is not None)
+                        or (self.gov is not None and not self._has_room(r))):   # (else: held < cap is room)
+                    continue
+                head = disp.peek(r, steal)
+                if head is None or (self.barrier and head.iteration > self.released):
+                    continue
+                inst.advance(r, t)
+                self._fill(r, steal)
+                inst.schedule(r)
 
     def _wake_spread(self, t: float) -> None:
         """A shared queue: the instances that can admit now take one prompt group at a time, the
@@ -357,6 +348,28 @@ class Engine:
     def run(self) -> SimTimeline:
         self._build()
         inst, tr, feeder = self.inst, self.trainer, self.feeder
+        disp = self.dispatcher
+        # guided dispatch asks every candidate victim's remaining work on each steal attempt, and a
+        # refused thief asks again at its next event: the dispatcher memoises the answers for the
+        # whole run, told by the instances whenever one's sequences progress (advanced or at an
+        # event; starts, finishes and failures it sees itself), so each answer is the fresh one
+        memo = disp.guided and not disp.shared and not self.group_slots and disp.estimator is not None
+        if memo:
+            inst.moved = disp.forget
+            disp.memo_running(True)
+        try:
+            self._loop()
+        finally:
+            if memo:
+                disp.memo_running(False)
+                inst.moved = None
+        self._check_done()
+        self.preemptions = inst.preemptions
+        return build_timeline(self.jobs, tr.table(), inst, tr.queue, tr.step_rows, tr.sync_rows, self.record_samples,
+                              members=tr.members, trained_iteration=tr.job_it)
+
+    def _loop(self) -> None:
+        inst, tr, feeder = self.inst, self.trainer, self.feeder
         if self.group_slots:
             self._wake_together(0.0)
         elif self.dispatcher.shared:
@@ -386,10 +399,6 @@ class Engine:
                 self._on_publish(x, t)
             if self.dirty:
                 self._react(t)
-        self._check_done()
-        self.preemptions = inst.preemptions
-        return build_timeline(self.jobs, tr.table(), inst, tr.queue, tr.step_rows, tr.sync_rows, self.record_samples,
-                              members=tr.members, trained_iteration=tr.job_it)
 
     def _check_done(self) -> None:
         if not self.dispatcher.done:

@@ -68,6 +68,7 @@ class Instances:
         # instances
         self.preemptions = [0] * R
         self.S = [0] * R                # decode steps done
+        self.moved: Callable[[int], None] | None = None   # told when an instance's sequences progressed
         self.T = [0.0] * R              # time of the last boundary
         self.n = [0] * R                # running sequences
         self.K = [0] * R                # sum over running of (prompt + g0 - s0): context = K + n * S
@@ -214,6 +215,8 @@ class Instances:
             fs, s = heapq.heappop(h)
             if in_run[s] and fin_step[s] == fs:
                 self._finish(s, r, self.T[r])
+        if self.moved is not None:
+            self.moved(r)
 
     def advance(self, r: int, t: float) -> None:
         """Bring instance ``r`` to its first step boundary at or after ``t`` (the caller reschedules)."""
@@ -236,6 +239,8 @@ class Instances:
         self.T[r] += cm.steps(m, nn, C0)
         self.S[r] += m
         self.ev_time[r] = None
+        if self.moved is not None:
+            self.moved(r)
 
     def pause(self, r: int, t: float, dur: float, version: int) -> None:
         """Instance ``r`` stops at its boundary after ``t`` for ``dur`` (a weight sync); it

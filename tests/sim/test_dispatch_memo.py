@@ -1,4 +1,4 @@
-"""The simulator's admission pass memoises guided dispatch's remaining-work questions
+"""The simulator memoises guided dispatch's remaining-work questions for a whole run
 (``Dispatcher.memo_running``): every decision must be the one asked afresh would give. A run
 with the memo switched off (every steal attempt asks every victim anew) must give the same
 timeline, steal for steal."""
