@@ -74,13 +74,16 @@ def group_pads(jobs: SimJobs, micro_batch_size: int, mode: str, max_tokens: int 
     """(tokens, pad slots) of every job's group cut on its own as :func:`micro_batch_table` cuts one
     step (``sim.stream_groups``: a group's forward/backward runs alone, as soon as it is generated;
     its padded/sorted micro-batches hold only its own sequences)."""
+    if mode == "padded_to_dispatch":
+        raise ValueError("sim.stream_groups: padded_to_dispatch (sim.colocated_micro_batching) pads a rank's "
+                         "whole dispatched share; it has no per-group cut")
     J, G = jobs.resp.shape
     seq = (jobs.resp + jobs.prompt_length[:, None]).reshape(-1).astype(np.int64)
     return step_slots(np.repeat(np.arange(J), G), seq, mode=mode, micro=micro_batch_size, max_tokens=max_tokens)
 
 
 def micro_batch_table(jobs: SimJobs, micro_batch_size: int, mode: str, max_tokens: int = 0,
-                      per_group: bool = False) -> pd.DataFrame:
+                      per_group: bool = False, group_pad: np.ndarray | None = None) -> pd.DataFrame:
     """Per optimizer step (iteration, mini_batch): ``groups``, real ``tokens`` (prompt + response
     of its sequences) and ``padded_tokens`` (pad slots the trainer computes on).
 
@@ -101,8 +104,9 @@ def micro_batch_table(jobs: SimJobs, micro_batch_size: int, mode: str, max_token
     the rank holding the iteration's longest sequence sets the pace: every sequence of the
     iteration costs the iteration's longest.
 
-    ``per_group`` (``sim.stream_groups``): each group is cut on its own (:func:`group_pads`); a
-    step's ``padded_tokens`` is the sum of its groups' pad.
+    ``per_group`` (``sim.stream_groups``): each group is cut on its own (:func:`group_pads`, or
+    ``group_pad`` where the caller has them already); a step's ``padded_tokens`` is the sum of its
+    groups' pad.
     """
     if mode not in SIM_MODES:
         raise ValueError(f"sim micro-batching: {mode!r} is not one of {', '.join(SIM_MODES)}")
@@ -119,7 +123,12 @@ def micro_batch_table(jobs: SimJobs, micro_batch_size: int, mode: str, max_token
     counts = np.diff(np.r_[starts, key.size])
     tokens = np.add.reduceat(seq_len, starts)
     skey = key[starts]
-    if mode == "padded_to_dispatch":
+    mb_starts = np.flatnonzero(np.r_[True, jkey[1:] != jkey[:-1]])     # per step, its first group
+    if per_group:
+        if group_pad is None:
+            group_pad = group_pads(jobs, micro_batch_size, mode, max_tokens)[1]
+        pad = np.add.reduceat(group_pad[order], mb_starts)
+    elif mode == "padded_to_dispatch":
         it_of = skey // n_mb
         longest = np.zeros(int(it_of.max()) + 1, dtype=np.int64)
         np.maximum.at(longest, it_of, np.maximum.reduceat(seq_len, starts))
@@ -127,13 +136,7 @@ def micro_batch_table(jobs: SimJobs, micro_batch_size: int, mode: str, max_token
     else:
         _, pad = step_slots(np.repeat(np.arange(starts.size), counts), seq_len, mode=mode, micro=micro_batch_size,
                             max_tokens=max_tokens)
-    groups = np.diff(np.r_[np.flatnonzero(np.r_[True, jkey[1:] != jkey[:-1]]), J])
-    if per_group:
-        if mode == "padded_to_dispatch":
-            raise ValueError("sim.stream_groups: padded_to_dispatch (sim.colocated_micro_batching) pads a rank's "
-                             "whole dispatched share; it has no per-group cut")
-        gpad = group_pads(jobs, micro_batch_size, mode, max_tokens)[1][order]
-        pad = np.add.reduceat(gpad, np.flatnonzero(np.r_[True, jkey[1:] != jkey[:-1]]))
+    groups = np.diff(np.r_[mb_starts, J])
     return pd.DataFrame({"iteration": skey // n_mb, "mini_batch": skey % n_mb, "tokens": tokens,
                          "padded_tokens": pad, "groups": groups})
 
@@ -155,8 +158,12 @@ class Trainer:
         # sim.stream_groups: only a streaming trainer (stream_train) can take groups before the iteration is
         # generated; a trainer that waits for the whole iteration (sync_colocated, one_step_off) is unaffected
         self.by_group = spec.stream_groups and stream
+        if self.by_group:   # per group: its tokens and pad cut on its own (group_pads), once for both uses
+            g_tok, self.g_pad = group_pads(jobs, spec.micro_batch_size, spec.micro_batching,
+                                           spec.max_tokens_per_micro_batch)
         self.mbt = mbt = micro_batch_table(jobs, spec.micro_batch_size, spec.micro_batching,
-                                           spec.max_tokens_per_micro_batch, per_group=self.by_group)
+                                           spec.max_tokens_per_micro_batch, per_group=self.by_group,
+                                           group_pad=self.g_pad if self.by_group else None)
         self._recosted: dict[int, tuple[int, int]] = {}   # swapped mini-batch -> (tokens, pad); see table()
         self.mb_iter = mbt["iteration"].to_numpy().tolist()
         self.mb_mini = mbt["mini_batch"].to_numpy().tolist()
@@ -194,10 +201,8 @@ class Trainer:
         if self.by_group and spec.stream_start not in STREAM_STARTS:
             raise ValueError(f"sim.stream_groups_start: {spec.stream_start!r} is not one of {', '.join(STREAM_STARTS)}")
         if self.by_group:
-            # per group: its forward/backward's seconds (its own micro-batches, group_pads)
-            tok, pad = group_pads(jobs, spec.micro_batch_size, spec.micro_batching, spec.max_tokens_per_micro_batch)
-            self.g_pad = pad
-            self.g_dur = (spec.train_per_token * trainer_slots(tok, pad, spec.micro_batching)).tolist()
+            # per group: its forward/backward's seconds (its own micro-batches)
+            self.g_dur = (spec.train_per_token * trainer_slots(g_tok, self.g_pad, spec.micro_batching)).tolist()
             self.avail: list[list[int]] = [[] for _ in range(self.n_mb)]   # generated, not consumed, per mini-batch
             self.mb_trained = [False] * self.n_mb   # its optimizer step ran
             self.consumed = [0] * self.n_mb    # groups of the mini-batch whose forward/backward ran
