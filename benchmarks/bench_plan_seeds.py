@@ -25,6 +25,20 @@ from bench_tail import LOSSLESS, OFF, WORKLOADS, _cfg, _run  # noqa: E402
 SYSTEMS = (("asp, static plan", "asp", OFF), ("asp, lossless defaults", "asp", {**OFF, **LOSSLESS}))
 
 
+def seed_cells(a):
+    """(devices, workload, time) per device count and workload of ``a``: the workload built once
+    (seed 0), ``time(policy, overrides, seed)`` its mean iteration time simulated with that seed."""
+    from asp_ascend.lengths.workloads import workload_from_config
+
+    for D in a.devices:
+        for wl in a.workloads:
+            w = workload_from_config(_cfg(wl, a.data, a.prompts, D, {}))   # seed 0: one workload for every row
+
+            def time_of(name, over, s, wl=wl, w=w, D=D):
+                return _run(_cfg(wl, a.data, a.prompts, D, {**over, "seed": s}), w, name)["iteration_time_mean"]
+            yield D, wl, time_of
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data",
@@ -34,24 +48,16 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     a = ap.parse_args(argv)
-    from asp_ascend.lengths.workloads import workload_from_config
-
     print(f"| workload | devices | system | vs fifo per seed ({', '.join(map(str, a.seeds))}) | mean | min .. max | "
           "fifo iter. time (s) per seed |")
     print("|---|---|---|---|---|---|---|")
-    for D in a.devices:
-        for wl in a.workloads:
-            w = workload_from_config(_cfg(wl, a.data, a.prompts, D, {}))   # seed 0: one workload for every row
-
-            def t(name, over, s):
-                return _run(_cfg(wl, a.data, a.prompts, D, {**over, "seed": s}), w, name)["iteration_time_mean"]
-
-            fifo = [t("fully_async_fifo", OFF, s) for s in a.seeds]
-            for label, name, over in SYSTEMS:
-                rel = [100 * (t(name, over, s) / f - 1) for s, f in zip(a.seeds, fifo)]
-                print(f"| {wl} | {D} | {label} | {' / '.join(f'{x:+.1f}' for x in rel)} % | "
-                      f"{statistics.mean(rel):+.1f} % | {min(rel):+.1f} .. {max(rel):+.1f} % | "
-                      f"{' / '.join(f'{x:.1f}' for x in fifo)} |", flush=True)
+    for D, wl, t in seed_cells(a):
+        fifo = [t("fully_async_fifo", OFF, s) for s in a.seeds]
+        for label, name, over in SYSTEMS:
+            rel = [100 * (t(name, over, s) / f - 1) for s, f in zip(a.seeds, fifo)]
+            print(f"| {wl} | {D} | {label} | {' / '.join(f'{x:+.1f}' for x in rel)} % | "
+                  f"{statistics.mean(rel):+.1f} % | {min(rel):+.1f} .. {max(rel):+.1f} % | "
+                  f"{' / '.join(f'{x:.1f}' for x in fifo)} |", flush=True)
     return 0
 
 

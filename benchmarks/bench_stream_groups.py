@@ -21,7 +21,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_tail import LOSSLESS, OFF, WORKLOADS, _cfg, _run  # noqa: E402
+from bench_plan_seeds import seed_cells  # noqa: E402
+from bench_tail import LOSSLESS, OFF, WORKLOADS, _run  # noqa: E402
 
 
 def _stats(xs) -> str:
@@ -33,27 +34,19 @@ def _pct(a, b):
 
 
 def grid(a, over: dict) -> None:
-    from asp_ascend.lengths.workloads import workload_from_config
-
     key = ", ".join(f"{k}={v}" for k, v in over.items())
     print(f"seeds {', '.join(map(str, a.seeds))}; 'on' = {key}; mean (min .. max) over seeds\n")
     print("| workload | devices | fifo iter. time off / on (s) | fifo on vs off | asp on vs off | "
           "asp vs fifo, off | asp vs fifo, on |")
     print("|---|---|---|---|---|---|---|")
-    for D in a.devices:
-        for wl in a.workloads:
-            w = workload_from_config(_cfg(wl, a.data, a.prompts, D, {}))   # seed 0: one workload for every row
-
-            def t(name, extra, s):
-                return _run(_cfg(wl, a.data, a.prompts, D, {**extra, "seed": s}), w, name)["iteration_time_mean"]
-
-            asp = {**OFF, **LOSSLESS}
-            f0 = [t("fully_async_fifo", OFF, s) for s in a.seeds]
-            f1 = [t("fully_async_fifo", {**OFF, **over}, s) for s in a.seeds]
-            a0 = [t("asp", asp, s) for s in a.seeds]
-            a1 = [t("asp", {**asp, **over}, s) for s in a.seeds]
-            print(f"| {wl} | {D} | {statistics.mean(f0):.1f} / {statistics.mean(f1):.1f} | {_stats(_pct(f1, f0))} | "
-                  f"{_stats(_pct(a1, a0))} | {_stats(_pct(a0, f0))} | {_stats(_pct(a1, f1))} |", flush=True)
+    asp = {**OFF, **LOSSLESS}
+    for D, wl, t in seed_cells(a):
+        f0 = [t("fully_async_fifo", OFF, s) for s in a.seeds]
+        f1 = [t("fully_async_fifo", {**OFF, **over}, s) for s in a.seeds]
+        a0 = [t("asp", asp, s) for s in a.seeds]
+        a1 = [t("asp", {**asp, **over}, s) for s in a.seeds]
+        print(f"| {wl} | {D} | {statistics.mean(f0):.1f} / {statistics.mean(f1):.1f} | {_stats(_pct(f1, f0))} | "
+              f"{_stats(_pct(a1, a0))} | {_stats(_pct(a0, f0))} | {_stats(_pct(a1, f1))} |", flush=True)
 
 
 def seed(a, over: dict) -> None:
