@@ -86,19 +86,20 @@ def train_summary(out: Path, tl=None) -> dict:
         return s
     tl = tl or Timeline.read_jsonl(out / "timeline.jsonl")
     cfg = run_config(out)  # through the schema: a missing key has the value the run used
-    R = _num_instances(out, tl)
+    R = _num_instances(out, tl, cfg)
     s = {summary_key(cfg): summarize(tl, num_instances=R, max_num_seqs=cfg.rollout.max_num_seqs,
                                      lag_bound=lag_bound_of(cfg))}
     write_json_atomic(p, s)
     return s
 
 
-def _num_instances(out: Path, tl) -> int:
-    """The run's rollout instance count: config.yaml's, else one past the highest instance in the timeline."""
+def _num_instances(out: Path, tl, cfg=None) -> int:
+    """The run's rollout instance count: config.yaml's (``cfg``, when the caller has read it already),
+    else one past the highest instance in the timeline."""
     from ..config import run_config
 
     if (out / "config.yaml").is_file():
-        return run_config(out).rollout.num_instances
+        return (cfg or run_config(out)).rollout.num_instances
     req = tl.frame("request")
     return int(req["instance"].max()) + 1 if not req.empty else 1
 
