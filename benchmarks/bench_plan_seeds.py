@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_tail import LOSSLESS, OFF, WORKLOADS, _cfg, _run  # noqa: E402
+from bench_tail import LOSSLESS, OFF, WORKLOADS, plan_seed_cells  # noqa: E402
 
 SYSTEMS = (("asp, static plan", "asp", OFF), ("asp, lossless defaults", "asp", {**OFF, **LOSSLESS}))
 
@@ -28,15 +28,10 @@ SYSTEMS = (("asp, static plan", "asp", OFF), ("asp, lossless defaults", "asp", {
 def seed_cells(a):
     """(devices, workload, time) per device count and workload of ``a``: the workload built once
     (seed 0), ``time(policy, overrides, seed)`` its mean iteration time simulated with that seed."""
-    from asp_ascend.lengths.workloads import workload_from_config
-
-    for D in a.devices:
-        for wl in a.workloads:
-            w = workload_from_config(_cfg(wl, a.data, a.prompts, D, {}))   # seed 0: one workload for every row
-
-            def time_of(name, over, s, wl=wl, w=w, D=D):
-                return _run(_cfg(wl, a.data, a.prompts, D, {**over, "seed": s}), w, name)["iteration_time_mean"]
-            yield D, wl, time_of
+    for D, wl, run in plan_seed_cells(a):
+        def time_of(name, over, s, run=run):
+            return run(name, over, s)["iteration_time_mean"]
+        yield D, wl, time_of
 
 
 def main(argv=None) -> int:

@@ -1,6 +1,6 @@
 """The tail mechanisms (DESIGN 9) in the simulator: ablation, robustness, the seed comparison.
 
-    python benchmarks/bench_tail.py ablation   [--data DIR] [--prompts N] [--devices 32 64]
+    python benchmarks/bench_tail.py ablation   [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N] [--devices 32 64]
     python benchmarks/bench_tail.py seed       [--devices 128]
     python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...]
@@ -11,7 +11,11 @@
 code trace x8 and conversation trace x6 from ``--data``, the repository's ../shared/data by
 default), 8 rollout instances per 32 devices, G = 8, k = 1, previous-epoch predictions: the
 baselines as they ship, then ASP adding one mechanism at a time, then the baselines with the
-same engine features (speculative decoding). ``robustness``: ASP (every lossless mechanism)
+same engine features (speculative decoding). ``--plan-seeds S [S ...]`` (ablation only; default
+0): each row simulated with every planner ``seed`` on the same workload (built with seed 0), then
+per row the mean and (min .. max) over the seeds of its iteration time and of its "vs fifo"
+figure; the rows of systems whose plan draws nothing from the seed (``SEED_FREE``: the shared
+FIFO queue and the sorted one) are simulated once. ``robustness``: ASP (every lossless mechanism)
 planned on the configured costs and executed on other ones (decode coefficients x0.1 / x10,
 half / twice the planned concurrency) against ``fully_async_fifo`` and ``async_balanced``
 executed on the same, with asp at ``scheduler.concurrency`` full and auto (planned on the configured
@@ -102,29 +106,109 @@ def _run(cfg, w, name, mismatch=None) -> dict:
     return s
 
 
-def ablation(args) -> None:
+# system policies whose plan draws nothing from the config's seed (scheduler/planner.py: fifo is
+# the dataset order, sorted a stable argsort; balanced orders equal work by a seeded shuffle and
+# asp draws throughout); the simulator draws nothing else from it
+SEED_FREE = ("fully_async_fifo", "async_sorted")
+
+
+def plan_seed_cells(a, workloads_outer: bool = False):
+    """(devices, workload, run) per device count and workload of ``a`` (device counts outer unless
+    ``workloads_outer``): the workload built once (seed 0: the same prompts, lengths and predictions
+    for every seed), ``run(policy, overrides, seed)`` its summary simulated with that planner seed."""
     from asp_ascend.lengths.workloads import workload_from_config
 
-    print("| workload | devices | system | iter. time (s) | vs fifo, equal engine | throughput vs async_sorted "
-          "(equal engine) | KS mean / max | lag max | stolen | capped | deferred | wall (s) |")
+    cells = ([(D, wl) for wl in a.workloads for D in a.devices] if workloads_outer
+             else [(D, wl) for D in a.devices for wl in a.workloads])
+    for D, wl in cells:
+        w = workload_from_config(_cfg(wl, a.data, a.prompts, D, {}))
+
+        def run(name, over, s, wl=wl, w=w, D=D):
+            return _run(_cfg(wl, a.data, a.prompts, D, {**over, "seed": s}), w, name)
+        yield D, wl, run
+
+
+def ablation_runs(run, seeds) -> dict:
+    """{row label: [summary per seed]} for every ABLATION row, ``run`` as plan_seed_cells's; a
+    SEED_FREE row is simulated once (with ``seeds[0]``) and that summary stands for every seed."""
+    res = {}
+    for label, name, over in ABLATION:
+        if name in SEED_FREE:
+            res[label] = [run(name, over, seeds[0])] * len(seeds)
+        else:
+            res[label] = [run(name, over, s) for s in seeds]
+    return res
+
+
+def _refs(res: dict, over: dict, i: int):
+    """Seed ``i``'s fifo and async_sorted summaries with the row's engine features."""
+    spec = over.get("rollout.speculative", "none") != "none"
+    fifo = res["fully_async_fifo + speculative" if spec else "fully_async_fifo (as shipped)"][i]
+    srt = res["async_sorted + speculative" if spec else "async_sorted (as shipped)"][i]
+    return fifo, srt
+
+
+def _vs_fifo(s: dict, fifo: dict) -> float:
+    return 100 * (s["iteration_time_mean"] / fifo["iteration_time_mean"] - 1)
+
+
+ABLATION_HEAD = ("| workload | devices | system | iter. time (s) | vs fifo, equal engine | throughput vs async_sorted "
+                 "(equal engine) | KS mean / max | lag max | stolen | capped | deferred | wall (s) |")
+ABLATION_SEEDS_HEAD = ("| workload | devices | system | iter. time (s), mean (min .. max) | vs fifo, equal engine, "
+                       "mean (min .. max) | throughput vs async_sorted (equal engine), mean | KS mean / max, mean | "
+                       "lag max, all seeds | stolen, mean | capped, mean | deferred, mean | wall (s), all runs |")
+
+
+def ablation_row(wl: str, D: int, label: str, over: dict, res: dict) -> str:
+    """One row of the single-seed table (the first seed of ``res``)."""
+    s = res[label][0]
+    fifo, srt = _refs(res, over, 0)
+    return (f"| {wl} | {D} | {label} | {s['iteration_time_mean']:.1f} | {_vs_fifo(s, fifo):+.1f}% | "
+            f"{s['throughput'] / srt['throughput']:.3f} | "
+            f"{s.get('length_mix_ks_mean', float('nan')):.3f} / {s.get('length_mix_ks_max', float('nan')):.3f} | "
+            f"{s['policy_lag_max']} | {s['stolen_groups']} | {s.get('tail_capped_groups', 0)} | "
+            f"{s.get('deferred_groups', 0)} | {s['wall_s']:.1f} |")
+
+
+def ablation_seeds_row(wl: str, D: int, label: str, name: str, over: dict, res: dict) -> str:
+    """One row of the table over seeds: per-seed figures of ``res`` averaged (lag: the maximum);
+    a SEED_FREE row says "run once" instead of a range, and its wall time counts once."""
+    runs = res[label]
+    n = len(runs)
+
+    def mean(f):
+        return sum(f(i, s) for i, s in enumerate(runs)) / n
+
+    def spread(xs, fmt, unit=""):
+        if name in SEED_FREE:
+            return f"{xs[0]:{fmt}}{unit} (run once)"
+        return f"{sum(xs) / n:{fmt}}{unit} ({min(xs):{fmt}} .. {max(xs):{fmt}})"
+
+    t = [s["iteration_time_mean"] for s in runs]
+    rel = [_vs_fifo(s, _refs(res, over, i)[0]) for i, s in enumerate(runs)]
+    nan = float("nan")
+    return (f"| {wl} | {D} | {label} | {spread(t, '.1f')} | {spread(rel, '+.1f', '%')} | "
+            f"{mean(lambda i, s: s['throughput'] / _refs(res, over, i)[1]['throughput']):.3f} | "
+            f"{mean(lambda i, s: s.get('length_mix_ks_mean', nan)):.3f} / "
+            f"{mean(lambda i, s: s.get('length_mix_ks_max', nan)):.3f} | "
+            f"{max(s['policy_lag_max'] for s in runs)} | {mean(lambda i, s: s['stolen_groups']):.0f} | "
+            f"{mean(lambda i, s: s.get('tail_capped_groups', 0)):.0f} | "
+            f"{mean(lambda i, s: s.get('deferred_groups', 0)):.0f} | "
+            f"{(runs[0]['wall_s'] if name in SEED_FREE else sum(s['wall_s'] for s in runs)):.1f} |")
+
+
+def ablation(args) -> None:
+    seeds = args.plan_seeds
+    if len(seeds) > 1:
+        print(f"planner seeds {', '.join(map(str, seeds))} (workload built with seed 0); mean (min .. max) over "
+              f"the seeds; {' and '.join(SEED_FREE)} plan nothing at random: run once\n")
+    print(ABLATION_SEEDS_HEAD if len(seeds) > 1 else ABLATION_HEAD)
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for wl in args.workloads:
-        for D in args.devices:
-            w = workload_from_config(_cfg(wl, args.data, args.prompts, D, {}))
-            res = {}
-            for label, name, over in ABLATION:
-                res[label] = _run(_cfg(wl, args.data, args.prompts, D, over), w, name)
-            for label, name, over in ABLATION:
-                s = res[label]
-                spec = over.get("rollout.speculative", "none") != "none"
-                fifo = res["fully_async_fifo + speculative" if spec else "fully_async_fifo (as shipped)"]
-                srt = res["async_sorted + speculative" if spec else "async_sorted (as shipped)"]
-                print(f"| {wl} | {D} | {label} | {s['iteration_time_mean']:.1f} | "
-                      f"{100 * (s['iteration_time_mean'] / fifo['iteration_time_mean'] - 1):+.1f}% | "
-                      f"{s['throughput'] / srt['throughput']:.3f} | "
-                      f"{s.get('length_mix_ks_mean', float('nan')):.3f} / {s.get('length_mix_ks_max', float('nan')):.3f} | "
-                      f"{s['policy_lag_max']} | {s['stolen_groups']} | {s.get('tail_capped_groups', 0)} | "
-                      f"{s.get('deferred_groups', 0)} | {s['wall_s']:.1f} |", flush=True)
+    for D, wl, run in plan_seed_cells(args, workloads_outer=True):
+        res = ablation_runs(run, seeds)
+        for label, name, over in ABLATION:
+            print(ablation_seeds_row(wl, D, label, name, over, res) if len(seeds) > 1
+                  else ablation_row(wl, D, label, over, res), flush=True)
 
 
 GRID = [("planned costs", {}), ("decode a x0.1", {"decode_a": 0.1}), ("decode a x10", {"decode_a": 10.0}),
@@ -302,7 +386,15 @@ def main(argv=None) -> int:
                     help="speed: the system policies to time")
     ap.add_argument("--devices", type=int, nargs="+", default=None)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--plan-seeds", type=int, nargs="+", default=None,
+                    help="ablation: planner seeds, each row simulated with every one (default 0); with more "
+                         "than one, the mean and (min .. max) over them")
     args = ap.parse_args(argv)
+    if args.plan_seeds is not None and args.what != "ablation":
+        ap.error(f"--plan-seeds applies to ablation only, not to {args.what}")
+    args.plan_seeds = args.plan_seeds or [0]
+    if len(set(args.plan_seeds)) != len(args.plan_seeds):
+        ap.error(f"--plan-seeds: {' '.join(map(str, args.plan_seeds))} names a seed twice; give each seed once")
     args.devices = args.devices or ([128] if args.what == "seed" else [256] if args.what == "speed" else [32])
     args.prompts = args.prompts or (100000 if args.what == "speed" else 4096)
     {"ablation": ablation, "robustness": robustness, "seed": seed, "speed": speed,
