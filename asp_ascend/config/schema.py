@@ -197,6 +197,19 @@ class PipelineConfig:
     mode: str = _f("async", "async: rollout and training overlap; sync: generate then train", choices=("async", "sync"))
     lag_bound: int = _f(1, "k: max policy lag in versions (sync forces 0)")
     queue_capacity: int = _f(0, "bounded sample-queue capacity in groups (0 = one global batch x (k+1))")
+    stream_groups: bool = _f(False, "async: the trainer runs each generated group's forward/backward as soon as it "
+                                    "is generated, for the mini-batch being trained, and the optimizer step after its "
+                                    "last group (the same update: gradients sum over groups, the step's denominator "
+                                    "scales them before the step); off: a step starts once its whole mini-batch is "
+                                    "generated. asp simulate models it too (as sim.stream_groups)")
+    stream_groups_start: str = _f("half_generated", "pipeline.stream_groups: when no mini-batch of the iteration is "
+                                                    "fully generated, which partly generated one a free trainer starts "
+                                                    "(it then trains that one to its step before any other): "
+                                                    "half_generated (one at least half generated, the fewest groups "
+                                                    "still to generate first), fewest_left (any with a generated "
+                                                    "group, the same order), lowest_index (only the lowest-indexed "
+                                                    "untrained one)",
+                                  choices=("half_generated", "fewest_left", "lowest_index"))
 
 
 @dataclass
@@ -252,8 +265,8 @@ class SimConfig:
                                     "generated group's forward/backward as soon as it is generated, for the mini-batch "
                                     "being trained, and the optimizer step after its last group (the same update: "
                                     "gradients sum over groups, the token-mean scale applies before the step); off: "
-                                    "a step starts once its whole mini-batch is generated. Simulator only: asp train's "
-                                    "trainer does not do this yet")
+                                    "a step starts once its whole mini-batch is generated. pipeline.stream_groups "
+                                    "turns it on too (and is what asp train reads)")
     stream_groups_start: str = _f("half_generated", "sim.stream_groups: when no mini-batch of the iteration is fully "
                                                     "generated, which partly generated one a free trainer starts (it "
                                                     "then trains that one to its step before any other): "

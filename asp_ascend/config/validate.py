@@ -234,6 +234,9 @@ def _validate_tail_keys(cfg: Config, p: list[str]) -> None:
             p.append(f"{key}: {val} must be >= 0")
     if r.max_split < 1:
         p.append(f"rollout.max_split: {r.max_split} must be >= 1 (iterations a deferred group may move)")
+    if cfg.pipeline.stream_groups and cfg.pipeline.mode == "sync":
+        p.append("pipeline.stream_groups: needs pipeline.mode=async (the sync mode trains once the whole iteration is "
+                 "generated); set it to false or use async")
     if r.partial_rollout and cfg.pipeline.mode == "sync":
         p.append("rollout.partial_rollout: needs pipeline.mode=async (a deferred group keeps generating across "
                  "weight syncs); set it to false or use async")

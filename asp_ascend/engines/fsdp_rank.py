@@ -144,18 +144,48 @@ class FSDPTrainerRank:
         core = self.core
         if denom is None:
             denom = step_denominator(samples, core.loss_cfg.loss_agg)
+        samples, plan, dummies = self._with_passes(samples, micro_batches, passes)
+        st = self._resharded(lambda: core.train_step(samples, denom, plan))
+        st["tokens"] -= DUMMY_TOKENS * dummies
+        st["rank"] = self.rank
+        return st
+
+    def accumulate(self, samples: list[dict], micro_batches: list[list[int]] | None = None,
+                   passes: int = 0) -> dict:
+        """This rank's share of part of a streamed step (the single trainer's ``accumulate``;
+        ``micro_batches`` and ``passes`` as in :meth:`train_step`)."""
+        samples, plan, dummies = self._with_passes(samples, micro_batches, passes)
+        part = self._resharded(lambda: self.core.accumulate(samples, plan))
+        self._dummies = getattr(self, "_dummies", 0) + dummies
+        part["tokens"] -= DUMMY_TOKENS * dummies
+        part["samples"] -= dummies
+        return part
+
+    def apply_step(self, denom: float) -> dict:
+        """End the streamed step (every rank divides by the same global ``denom``)."""
+        st = self._resharded(lambda: self.core.apply_step(denom))
+        st["tokens"] -= DUMMY_TOKENS * getattr(self, "_dummies", 0)
+        self._dummies = 0
+        st["rank"] = self.rank
+        return st
+
+    def _with_passes(self, samples: list[dict], micro_batches: list[list[int]] | None, passes: int):
+        """(``samples`` + dummies, the plan with ``passes`` micro-batches, the number of dummies)."""
+        core = self.core
         if micro_batches is None:
             micro_batches = plan_micro_batches(samples, *core.micro_batch_settings()).ranks[0]
         n, dummies = len(samples), max(0, max(int(passes), 1) - len(micro_batches))
         samples = list(samples) + [_dummy_sample(core.pad_id) for _ in range(dummies)]
-        plan = [list(mb) for mb in micro_batches] + [[n + i] for i in range(dummies)]
+        return samples, [list(mb) for mb in micro_batches] + [[n + i] for i in range(dummies)], dummies
+
+    def _resharded(self, fn):
+        """``fn()`` between reshards of the policy (before) and of pi_prox and the reference (after)."""
+        core = self.core
         reshard(core.model)
-        st = core.train_step(samples, denom, plan)
+        out = fn()
         reshard(core.prox_model)
         reshard(core.ref_model)
-        st["tokens"] -= DUMMY_TOKENS * dummies
-        st["rank"] = self.rank
-        return st
+        return out
 
     def sft(self, examples: list[tuple[list[int], list[int]]], steps: int, batch_size: int, lr: float,
             seed: int) -> list[float]:

@@ -63,6 +63,7 @@ def merge_steps(steps: list[dict]) -> dict:
     ntok = max(s["tokens"], 1.0)
     n = int(s["diff_n"])
     return {"t_start": min(st["t_start"] for st in steps), "t_end": max(st["t_end"] for st in steps),
+            "t_first": min(st.get("t_first", st["t_start"]) for st in steps), "parts": steps[0].get("parts", 1),
             "tokens": sum(st["tokens"] for st in steps), "padded_tokens": sum(st["padded_tokens"] for st in steps),
             "loss": s["loss"], "clip_frac": s["clipped"] / ntok, "is_weight_mean": s["weight"] / ntok,
             "kl": s["kl"] / ntok, "grad_norm": steps[0]["grad_norm"],
@@ -136,6 +137,7 @@ class TrainerGroup:
         self._loss_agg = getattr(loss, "loss_agg", "token-mean-step")
         self._pick = ray.remote(num_cpus=0)(_pick)
         self._merge = ray.remote(num_cpus=0)(_merge)
+        self._merge_parts = ray.remote(num_cpus=0)(_merge_parts)
 
     def _all(self, name: str, *args, **kwargs):
         refs = [getattr(a, name).remote(*args, **kwargs) for a in self.ranks]
@@ -151,6 +153,20 @@ class TrainerGroup:
         passes = max(1, max(len(mbs) for _, mbs in shares))
         refs = [a.train_step.remote(sh, denom, mbs, passes) for a, (sh, mbs) in zip(self.ranks, shares)]
         return self._merge.remote(*refs)
+
+    @_remote
+    def accumulate(self, samples: list[dict]):
+        """Part of a streamed step (``pipeline.stream_groups``): ``samples`` split over the ranks
+        as :meth:`train_step` splits a mini-batch; gradients summed, not yet scaled."""
+        shares = split_micro_batches(samples, self.world, *self._mb_settings)
+        passes = max(1, max(len(mbs) for _, mbs in shares))
+        return self._merge_parts.remote(*[a.accumulate.remote(sh, mbs, passes)
+                                          for a, (sh, mbs) in zip(self.ranks, shares)])
+
+    @_remote
+    def apply_step(self, denom: float):
+        """End the streamed step: every rank divides its summed gradients by ``denom``, then steps."""
+        return self._merge.remote(*[a.apply_step.remote(denom) for a in self.ranks])
 
     @_remote
     def publish(self, version: int, transport: str = "object_store"):
@@ -172,3 +188,9 @@ def _pick(i: int, *values):
 
 def _merge(*steps):
     return merge_steps(list(steps))
+
+
+def _merge_parts(*parts):
+    """One part record (``accumulate``) from the ranks'."""
+    return {"t_start": min(p["t_start"] for p in parts), "t_end": max(p["t_end"] for p in parts),
+            "tokens": sum(p["tokens"] for p in parts), "samples": sum(p["samples"] for p in parts)}

@@ -1,8 +1,11 @@
 """The trainer: a transformers causal LM, AdamW, GRPO optimizer steps, weight publishing.
 
 :class:`TrainerEngine` is a plain class (in-process implementation); :func:`trainer_actor_class`
-wraps it as a Ray actor. One call = one optimizer step over one mini-batch, split into
-micro-batches (gradient accumulation, token-mean loss over the mini-batch).
+wraps it as a Ray actor. One ``train_step`` call = one optimizer step over one mini-batch, split
+into micro-batches (gradient accumulation, token-mean loss over the mini-batch). Streamed
+(``pipeline.stream_groups``): ``accumulate`` calls, one per batch of generated groups, then
+``apply_step(denom)``, which scales the summed gradients by the mini-batch's denominator and
+steps: the same update as ``train_step`` on the whole mini-batch, up to float rounding.
 
 Micro-batches (``train.micro_batching``, cut by scheduler/microbatch.py under the token budget
 ``train.max_tokens_per_micro_batch``): ``padded`` (arrival order, padded rows), ``sorted`` (by
@@ -89,6 +92,7 @@ class TrainerEngine:
         self.prox_model = None
         self.ref_model = None
         self._steps_in_iteration = 0
+        self._acc = None   # an open accumulation (accumulate .. apply_step)
 
     def _resolve_micro_batching(self, mode: str, model, attn: str | None) -> str:
         """``auto``/``packed``: pack when a probe on ``model`` shows its attention (``attn``) keeps
@@ -180,6 +184,9 @@ class TrainerEngine:
     # ------------------------------------------------------------------ RL
     def begin_iteration(self, version: int, mini_batches: int) -> None:
         """Called before the first optimizer step of iteration ``version``."""
+        if self._acc is not None:
+            raise RuntimeError(f"begin_iteration({version}): a streamed step (accumulate) of the previous "
+                               "iteration is still open")
         self.version = version
         self._steps_in_iteration = 0
         if self.loss_cfg.kl_coef > 0 and self.ref_model is None:
@@ -201,26 +208,74 @@ class TrainerEngine:
         list per micro-batch (default: this trainer's own plan). Returns timings, token counts
         (real and pad slots), loss statistics and their raw token sums (``sums``).
         """
-        import torch
-
-        t_start = time.time()
+        if self._acc is not None:
+            raise RuntimeError("train_step: an accumulation (accumulate) is open; finish it with apply_step first")
         if denom is None:
             denom = step_denominator(samples, self.loss_cfg.loss_agg)
-        denom = max(float(denom), 1.0)
+        acc = self._new_acc()
+        self.opt.zero_grad(set_to_none=True)
+        self._backward(samples, max(float(denom), 1.0), micro_batches, acc)
+        return self._step(acc)
+
+    def accumulate(self, samples: list[dict], micro_batches: list[list[int]] | None = None) -> dict:
+        """Forward/backward of part of an optimizer step (``pipeline.stream_groups``: the groups of
+        a mini-batch generated so far), gradients summed over the calls and NOT scaled: the
+        denominator (the whole mini-batch's, known once its last group is generated) is applied
+        by :meth:`apply_step`, which ends the step. The weights do not change, so pi_prox of the
+        iteration's first step is still the current weights. Returns this part's timing and tokens."""
+        t0 = time.time()
+        if self._acc is None:
+            self._acc = self._new_acc(t0)
+            self.opt.zero_grad(set_to_none=True)
+        before = self._acc["tokens"]
+        try:
+            self._backward(samples, 1.0, micro_batches, self._acc)
+        except BaseException:  # half a part's gradients must never reach a step: drop the whole step
+            self._acc = None
+            self.opt.zero_grad(set_to_none=True)
+            raise
+        t1 = time.time()
+        self._acc["busy"] += t1 - t0
+        self._acc["parts"] += 1
+        return {"t_start": t0, "t_end": t1, "tokens": self._acc["tokens"] - before, "samples": len(samples)}
+
+    def apply_step(self, denom: float) -> dict:
+        """End the step :meth:`accumulate` opened: gradients / ``denom`` (what :meth:`train_step`
+        divides each micro-batch's loss by: the same update up to float rounding), clip, AdamW.
+        The record is :meth:`train_step`'s over all parts, its ``t_start`` = ``t_end`` minus the
+        seconds the trainer was busy on the step (so a trainer's busy time adds up from the
+        records, as the simulator writes streamed steps); ``t_first``: when its first part began."""
+        acc = self._acc
+        if acc is None:
+            raise RuntimeError("apply_step: no accumulation is open (accumulate was not called)")
+        self._acc = None
+        d = max(float(denom), 1.0)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                p.grad.div_(d)
+        acc["tot"]["loss"] /= d
+        return self._step(acc)
+
+    def _new_acc(self, t_first: float | None = None) -> dict:
+        return {"t_first": time.time() if t_first is None else t_first, "busy": 0.0, "parts": 0, "tokens": 0, "padded": 0,
+                "tot": {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "weight": 0.0, "kl": 0.0},
+                "diff": [0.0, 0.0, 0]}   # max, sum, count
+
+    def _backward(self, samples: list[dict], denom: float, micro_batches: list[list[int]] | None, acc: dict) -> None:
+        """Forward/backward of ``samples``' micro-batches, each loss sum / ``denom``, into ``acc``."""
+        import torch
+
         seq_mean = self.loss_cfg.loss_agg == "seq-mean"
         first = self._steps_in_iteration == 0
-        tot = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "weight": 0.0, "kl": 0.0}
-        tokens = padded = 0
-        diff_max, diff_sum, diff_n = 0.0, 0.0, 0
-        self.opt.zero_grad(set_to_none=True)
+        tot, diff = acc["tot"], acc["diff"]
         for mb in self.micro_batches(samples, micro_batches):
             batch = build_micro_batch([s["prompt_ids"] + s["response_ids"] for s in mb],
                                       packed=self.micro_batching == "packed", pad_id=self.pad_id,
                                       device=self.device, varlen=self.varlen)
             offs = [len(s["prompt_ids"]) for s in mb]
             counts = [len(s["response_ids"]) for s in mb]
-            tokens += batch.tokens
-            padded += batch.slots - batch.tokens
+            acc["tokens"] += batch.tokens
+            acc["padded"] += batch.slots - batch.tokens
             mask = batch.per_token([[0.0 if s.get("masked") else 1.0] * c for s, c in zip(mb, counts)], offs)
             tw = None
             if seq_mean:  # every sample weighs the same: its tokens share 1
@@ -250,17 +305,28 @@ class TrainerEngine:
                 m = mask * batch.per_sequence(fresh, offs, counts)
                 if m.sum() > 0:
                     d = (logp.detach() - behav).abs() * m
-                    diff_max = max(diff_max, float(d.max()))
-                    diff_sum += float(d.sum())
-                    diff_n += int(m.sum())
+                    diff[0] = max(diff[0], float(d.max()))
+                    diff[1] += float(d.sum())
+                    diff[2] += int(m.sum())
+
+    def _step(self, acc: dict) -> dict:
+        """Clip at the global norm, AdamW (skipped on a NaN/inf norm), the step's record."""
+        import torch
+
+        t_step = time.time()
         gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         if torch.isfinite(gn):  # (the norm is global: every data-parallel rank decides alike)
             self.opt.step()
         else:  # a NaN/inf gradient would poison the weights: skip the step, the driver stops the run
             self.opt.zero_grad(set_to_none=True)
         self._steps_in_iteration += 1
+        t_end = time.time()
+        tot = acc["tot"]
+        diff_max, diff_sum, diff_n = acc["diff"]
         ntok = max(tot["tokens"], 1.0)
-        return {"t_start": t_start, "t_end": time.time(), "tokens": tokens, "padded_tokens": padded,
+        busy = acc["busy"] + (t_end - t_step) if acc["parts"] else t_end - acc["t_first"]
+        return {"t_start": t_end - busy, "t_end": t_end, "t_first": acc["t_first"], "parts": max(acc["parts"], 1),
+                "tokens": acc["tokens"], "padded_tokens": acc["padded"],
                 "loss": tot["loss"], "clip_frac": tot["clipped"] / ntok, "is_weight_mean": tot["weight"] / ntok,
                 "kl": tot["kl"] / ntok, "grad_norm": float(gn),
                 "logprob_diff_max": diff_max if diff_n else None,
@@ -345,6 +411,8 @@ class TrainerEngine:
     def save_checkpoint(self, path: str, state: dict) -> str:
         """Model + tokenizer + optimizer + RNG + ``state`` (+ the KL reference) into ``path``
         (engines/checkpoint_io.py: written aside, then renamed)."""
+        if self._acc is not None:
+            raise RuntimeError("save_checkpoint: a streamed step (accumulate) is open; its gradients would be lost")
         return checkpoint_io.write_checkpoint(path, self.model, self.tokenizer, self.opt.state_dict(),
                                               {"version": self.version, **state},
                                               reference=self.reference_state())

@@ -28,6 +28,8 @@ class Trainer(Protocol):
     ready: RemoteMethod               # () -> int, once the model is loaded
     begin_iteration: RemoteMethod     # (version, mini_batches)
     train_step: RemoteMethod          # (samples) -> step stats (tokens, padded_tokens, loss, ...)
+    accumulate: RemoteMethod          # (samples) -> part stats: forward/backward, no step (stream_groups)
+    apply_step: RemoteMethod          # (denom) -> step stats of the accumulated parts
     publish: RemoteMethod             # (version, transport) -> WeightTicket
     send_weights: RemoteMethod        # (version, group) -> broadcast stats
     sft: RemoteMethod                 # (examples, steps, batch_size, lr, seed) -> losses

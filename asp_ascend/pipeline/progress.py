@@ -13,6 +13,7 @@ from ..errors import TrainingDiverged
 class IterationProgress:
     """One iteration in training (its mini-batches are the plan's)."""
     done: set = field(default_factory=set)
+    begun: bool = False                            # the trainer was told (begin_iteration)
     rewards: list = field(default_factory=list)
     resp_lens: list = field(default_factory=list)
     lags: list = field(default_factory=list)

@@ -118,7 +118,8 @@ def _run(cfg, settings, train, ev, reward_fn, cores, out: Path, resume, attempt,
         orch = Orchestrator(instances, trainer, plan, task,
                             RunOutputs(out / "timeline.jsonl", logger, t_start, t.checkpoint_every, out / "checkpoints"),
                             weight_sync=wsync, ticket=ticket, evaluator=evaluator, replan=replan,
-                            fleet=_fleet_options(cfg), tail=tail_options(cfg, out / "schedule.parquet"))
+                            fleet=_fleet_options(cfg), tail=tail_options(cfg, out / "schedule.parquet"),
+                            stream_start=cfg.pipeline.stream_groups_start if cfg.pipeline.stream_groups else None)
         if resume is not None:
             orch.history = list(resume.history)  # the length history observed before the interruption
         orch.run()

@@ -292,3 +292,29 @@ class Feeder:
         self.inflight[r] = 0
         if self.trace is not None:
             self.trace.append(("restarted", r))
+
+
+STREAM_STARTS = ("half_generated", "fewest_left", "lowest_index")   # pipeline/sim.stream_groups_start
+
+
+def stream_candidate(rule: str, todo: Iterable[int], size: Callable[[int], int],
+                     generated: Callable[[int], int]) -> int | None:
+    """Streaming groups into the trainer (``pipeline.stream_groups``, ``sim.stream_groups``): the
+    partly generated mini-batch a free trainer starts when none of ``todo`` (the iteration's
+    untrained mini-batches, lowest index first) is fully generated. ``size(m)``: its groups;
+    ``generated(m)``: how many of them are generated. ``fewest_left``: any with a generated
+    group; ``half_generated``: only those at least half generated; both take the one with the
+    fewest groups still to generate, then the lowest index. ``lowest_index``: only the lowest-
+    indexed one. None: none may start. The runtime's orchestrator and the simulated trainer
+    both ask this."""
+    if rule not in STREAM_STARTS:
+        raise ValueError(f"stream_groups_start: {rule!r} is not one of {', '.join(STREAM_STARTS)}")
+    best = None
+    for m in todo:
+        n, got = size(m), generated(m)
+        if rule == "lowest_index":
+            return m if got else None
+        left = n - got
+        if got and (rule != "half_generated" or 2 * left <= n) and (best is None or left < best[0]):
+            best = (left, m)
+    return None if best is None else best[1]

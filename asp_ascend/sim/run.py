@@ -48,6 +48,14 @@ class SimResult:
     wall_s: float
 
 
+def stream_settings(cfg) -> dict:
+    """The simulated trainer's streaming (``TrainerSpec`` keys): ``sim.stream_groups`` with its start
+    rule, else ``pipeline.stream_groups`` (what ``asp train`` runs) with its own."""
+    if cfg.sim.stream_groups:
+        return {"stream_groups": True, "stream_start": str(cfg.sim.stream_groups_start)}
+    return {"stream_groups": bool(cfg.pipeline.stream_groups), "stream_start": str(cfg.pipeline.stream_groups_start)}
+
+
 class _Predictions:
     """Per-prompt predicted lengths from a workload's epochs (cached)."""
 
@@ -231,7 +239,7 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
                      step_latency_s=costs.step_latency_s, admit_latency_s=costs.admit_latency_s,
                      sync_busy_s=costs.sync_busy_s, admit_each_s=costs.admit_each_s,
                      max_tokens_per_micro_batch=int(cfg.train.max_tokens_per_micro_batch),
-                     stream_groups=bool(cfg.sim.stream_groups), stream_start=str(cfg.sim.stream_groups_start))
+                     **stream_settings(cfg))
     settings = spec.execution(jobs.group_size, dispatch=cfg.scheduler.dispatch)
     true_cm = costs.instance
     if mismatch is not None:

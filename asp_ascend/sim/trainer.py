@@ -24,6 +24,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from ..scheduler.execution import STREAM_STARTS, stream_candidate
 from ..scheduler.microbatch import step_slots
 from .costs import trainer_slots
 from .jobs import SimJobs
@@ -53,7 +54,7 @@ class TrainerSpec:
     #                                  starts, one hand-over at a time per instance (sim/instances.py)
     stream_groups: bool = False      # sim.stream_groups: a streaming trainer runs each group's forward/backward
     #                                  as it is generated, the optimizer step after the mini-batch's last group
-    stream_start: str = "half_generated"  # sim.stream_groups_start: which partly generated mini-batch it starts (_partial)
+    stream_start: str = "half_generated"  # sim.stream_groups_start: which partly generated mini-batch it starts (scheduler/execution.py stream_candidate)
 
 
 def resolve_micro_batching(sim_mode: str, train_mode: str) -> str:
@@ -67,7 +68,6 @@ def resolve_micro_batching(sim_mode: str, train_mode: str) -> str:
 
 
 SIM_MODES = ("padded", "sorted", "packed", "padded_to_dispatch")
-STREAM_STARTS = ("half_generated", "fewest_left", "lowest_index")   # sim.stream_groups_start
 
 
 def group_pads(jobs: SimJobs, micro_batch_size: int, mode: str, max_tokens: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -256,23 +256,11 @@ class Trainer:
         self.push(t0 + self.mb_dur[x], TRAIN, x, 0)
         self.step_rows.append((t0, t0 + self.mb_dur[x], x))
 
-    def _partial(self, i: int) -> list[int]:
-        """The partly generated mini-batches of iteration ``i`` a free trainer may start streaming
-        (``sim.stream_groups_start``): any with a generated group (``fewest_left``), only those at least
-        half generated (``half_generated``), or only the lowest-indexed untrained one (``lowest_index``)."""
-        rule = self.spec.stream_start
-        if rule == "lowest_index":
-            x = next(y for y in self.it_mbs[i] if not self.mb_trained[y])
-            return [x] if self.avail[x] else []
-        if rule == "half_generated":
-            return [y for y in self.it_mbs[i] if self.avail[y] and 2 * self.mb_left[y] <= self.mb_groups[y]]
-        return [y for y in self.it_mbs[i] if self.avail[y]]
-
     def _try_group(self, i: int, t: float) -> None:
         """``sim.stream_groups``: run the forward/backward of the next generated group of the mini-batch
         being streamed. With none under way the trainer takes a fully generated mini-batch of
         iteration ``i`` (lowest index first, as without streaming), else of the partly generated ones
-        :meth:`_partial` allows the one with the fewest groups still to generate (then the lowest
+        :func:`~asp_ascend.scheduler.execution.stream_candidate` allows the one with the fewest groups still to generate (then the lowest
         index), and once it has taken a group of a mini-batch it trains that
         mini-batch to its optimizer step before it takes another (the others' groups need the step's
         weights)."""
@@ -284,10 +272,10 @@ class Trainer:
             if self.ready[i]:
                 x = heapq.heappop(self.ready[i])
             else:
-                cand = self._partial(i)
-                if not cand:
+                x = stream_candidate(self.spec.stream_start, (y for y in self.it_mbs[i] if not self.mb_trained[y]),
+                                     lambda y: self.mb_groups[y], lambda y: len(self.avail[y]))
+                if x is None:
                     return
-                x = min(cand, key=lambda y: (self.mb_left[y], y))
             self.active, self.active_busy = x, 0.0
             latency = self.spec.step_latency_s    # once per optimizer step, before its first group
         elif not self.avail[x] and self.waiting is not None:

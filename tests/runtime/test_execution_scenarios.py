@@ -125,7 +125,8 @@ def lengths_of(sched, resp) -> dict:
 
 
 def run_loop(trainer, plan_, lengths: dict, out, *, version: int = 0, die_after=(0, 0), restarts: int = 0,
-             replan=None, history=None, checkpoint_every: int = 0, tick: float = TICK) -> Orchestrator:
+             replan=None, history=None, checkpoint_every: int = 0, tick: float = TICK,
+             stream_start: str | None = None) -> Orchestrator:
     """The runtime's loop over fresh instances, from ``version`` (the trainer's weights pushed first)."""
     insts = [ScriptedInstance.options(max_restarts=restarts).remote(r, lengths, die_after[r], tick) for r in range(R)]
     ray.get([i.ready.remote() for i in insts])
@@ -141,7 +142,7 @@ def run_loop(trainer, plan_, lengths: dict, out, *, version: int = 0, die_after=
     orch = Orchestrator(insts, trainer, plan_, task,
                         RunOutputs(out / "timeline.jsonl", logger, time.time(), checkpoint_every, out / "checkpoints"),
                         weight_sync=wsync, ticket=first.ticket, fleet=FleetOptions(poll_s=0.02, max_restarts=restarts),
-                        replan=replan)
+                        replan=replan, stream_start=stream_start)
     if history is not None:
         orch.history = list(history)
     result: dict = {}
@@ -255,3 +256,41 @@ def test_adaptive_replanning(cluster, trainer, tmp_path):
     trained, lags, times = runtime_trained([orch.timeline])
     assert set(times.values()) == {1} and len(times) == len(sched) * G
     assert_agree(sched, K, (trained, lags), *others(sched, resp, settings_for()))
+
+
+@pytest.mark.parametrize("rule", ["fewest_left", "half_generated"])
+def test_stream_groups(cluster, trainer, tmp_path, rule):
+    """``pipeline.stream_groups``: the trainer takes a mini-batch's groups as they are generated
+    (``accumulate``) and steps after its last. Exactly-once, membership and the lag bound hold
+    as without it; some steps really were streamed (their first part started before their
+    mini-batch's last group was generated); a step's record counts the trainer's busy seconds
+    (``t_start`` = ``t_end`` - busy, at or after ``t_first``); one step per planned mini-batch."""
+    settings = settings_for()
+    sched, resp = schedule_and_lengths("asp", K, epochs=EPOCHS)
+    orch = run_loop(trainer, ExecutionPlan.from_schedule(sched, settings), lengths_of(sched, resp), tmp_path,
+                    stream_start=rule)
+    trained, lags, times = runtime_trained([orch.timeline])
+    assert set(times.values()) == {1} and len(times) == len(sched) * G
+    assert_agree(sched, K, (trained, lags), *others(sched, resp, settings))
+    steps = orch.timeline.events["step"]
+    assert sorted((st["iteration"], st["mini_batch"]) for st in steps) == sorted(
+        {(int(i), int(m)) for i, m in zip(sched["iteration"], sched["mini_batch"])})
+    req = orch.timeline.frame("request")
+    done = {(int(e), str(p)): t for (e, p), t in req.groupby(["epoch", "prompt_id"])["t_finish"].max().items()}
+    streamed = [st for st in steps if st.get("parts", 1) > 1]
+    assert streamed, "no step was streamed"
+    for st in streamed:
+        assert st["t_first"] <= st["t_start"] <= st["t_end"]
+    early = [st for st in streamed
+             if st["t_first"] < max(done[(int(e), str(p))] for e, p, _ in st["samples"])]
+    assert early, "every streamed step started after its mini-batch was complete"
+    assert orch.streamed is None
+
+
+def test_stream_groups_refuses_the_sync_mode(cluster, trainer):
+    sched, _ = schedule_and_lengths("asp", 0, epochs=1)
+    settings = ExecutionSettings(policy="asp", lag_bound=0, group_size=G, max_num_seqs=4, num_instances=R,
+                                 sync_mode=True)
+    with pytest.raises(ValueError, match="pipeline.stream_groups.*pipeline.mode=async"):
+        Orchestrator([], trainer, ExecutionPlan.from_schedule(sched, settings), None, None, weight_sync=None,
+                     stream_start="fewest_left")
