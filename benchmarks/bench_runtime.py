@@ -86,6 +86,11 @@ TAIL_SYSTEMS = {
                          "scheduler.dispatch=static", "scheduler.reestimate=true", "rollout.tail_concurrency=auto"],
     "async_asp_partial": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp", *LOSSLESS,
                           "rollout.partial_rollout=true", "rollout.max_split=1"],
+    # pipeline.stream_groups: the trainer takes each generated group of the mini-batch it trains as it arrives
+    "async_fifo_stream": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=fifo",
+                          "rollout.tail_concurrency=off", "scheduler.reestimate=false", "pipeline.stream_groups=true"],
+    "async_asp_stream": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp", *LOSSLESS,
+                         "pipeline.stream_groups=true"],
 }
 TAIL_DEFAULT = ("sync", "async_fifo", "async_asp_lossless", "async_asp_partial")   # ``tail`` without --systems
 KEYS = ("throughput", "iteration_time_mean", "padding_bubble", "skew_bubble", "sorting_bubble",
