@@ -131,13 +131,15 @@ def _replay_engine_class():
 
 def replay(tl: Timeline, fit: dict, *, max_num_seqs: int, lag_bound: int, sync_mode: bool = False,
            micro_batch_size: int = 8, micro_batching: str = "auto", num_instances: int | None = None,
-           overheads: bool = True, kv_capacity: int = 0, group_slots: bool = True, tail_caps: bool = True):
+           overheads: bool = True, kv_capacity: int = 0, group_slots: bool = True, tail_caps: bool = True,
+           stream_start: str | None = None):
     """Simulate the run's own jobs (:func:`replay_jobs`) with the fitted coefficients, under the
     runtime's admission rule (``group_slots``: at most ``max_num_seqs // G`` groups in flight per
     instance, a group holding its slot until its last sample finishes). ``micro_batching``: the
     run's ``train.micro_batching``; ``auto`` is what the run's steps show (:func:`run_micro_batching`).
     ``tail_caps``: replay the run's tail-aware concurrency from its ``tail`` events
-    (:func:`recorded_caps`; nothing changes for a run without them)."""
+    (:func:`recorded_caps`; nothing changes for a run without them). ``stream_start``: the run
+    streamed groups into its trainer (``pipeline.stream_groups``) with this start rule (None: not)."""
     from ..scheduler.cost import CostModel
     from ..scheduler.execution import ExecutionSettings
     from .engine import TrainerSpec
@@ -157,7 +159,9 @@ def replay(tl: Timeline, fit: dict, *, max_num_seqs: int, lag_bound: int, sync_m
                      micro_batch_size, micro_batching,
                      publish_s=fit.get("publish_s") if overheads else None,
                      step_latency_s=o("step_latency_s"), admit_latency_s=o("admit_latency_s"),
-                     sync_busy_s=fit.get("sync_busy_s") or 0.0, admit_each_s=o("admit_each_s"))
+                     sync_busy_s=fit.get("sync_busy_s") or 0.0, admit_each_s=o("admit_each_s"),
+                     stream_groups=stream_start is not None and not sync_mode,
+                     stream_start=stream_start or "half_generated")
     R = max(num_instances or 0, int(jobs.instance.max()) + 1)  # the configured count, or the timeline's if more
     # the run's own placement and admission order: per-instance queues
     settings = ExecutionSettings(policy="asp", lag_bound=0 if sync_mode else lag_bound, sync_mode=sync_mode,
@@ -230,7 +234,8 @@ def run_settings(run_dir: str | Path) -> dict:
     return {"max_num_seqs": mns, "lag_bound": lag_bound_of(cfg),
             "sync_mode": cfg.pipeline.mode == "sync", "micro_batch_size": cfg.train.micro_batch_size,
             "micro_batching": cfg.train.micro_batching,
-            "num_instances": cfg.rollout.num_instances if has_file else None}
+            "num_instances": cfg.rollout.num_instances if has_file else None,
+            "stream_start": str(cfg.pipeline.stream_groups_start) if cfg.pipeline.stream_groups else None}
 
 
 def replay_report(run_dir: str | Path, fit: dict | None = None) -> tuple[dict, pd.DataFrame, pd.DataFrame]:

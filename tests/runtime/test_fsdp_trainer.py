@@ -152,6 +152,26 @@ def test_two_ranks_match_one_trainer(pair):
     _assert_same_weights(single, group, 2, atol=1e-4)
 
 
+def test_two_ranks_stream_a_step_as_one_trainer_steps_it_whole(pair):
+    """pipeline.stream_groups on two ranks: ``accumulate`` over three parts (the first of one
+    sample, so one rank runs an empty pass) and ``apply_step`` with the mini-batch's denominator
+    give the single trainer's whole step: same statistics, same weights."""
+    from asp_ascend.scheduler.microbatch import step_denominator
+
+    single, group = pair
+    single.begin_iteration(7, 1)
+    ray.get(group.begin_iteration.remote(7, 1))
+    batch = _samples(8, 11, version=7)
+    denom = step_denominator(batch, "token-mean-step")
+    a = single.train_step(batch, denom)
+    parts = ray.get([group.accumulate.remote(p) for p in (batch[:1], batch[1:4], batch[4:])])
+    b = ray.get(group.apply_step.remote(denom))
+    assert [p["samples"] for p in parts] == [1, 3, 4] and sum(p["tokens"] for p in parts) == b["tokens"]
+    assert b["parts"] == 3
+    _assert_same_stats(a, b)
+    _assert_same_weights(single, group, 8)
+
+
 def test_checkpoint_round_trip(pair, tmp_path):
     """The group writes the single trainer's layout (full weights, full AdamW state); a new
     2-rank group restored from it takes the same next step as a single trainer restored from it,

@@ -94,7 +94,7 @@ def test_sim_calibrate_cli_simulates_with_fitted_model(tmp_path, capsys):
 
 # ---------------------------------------------------------------- step reconstruction, overheads, replay
 def _run_with(cm, *, mns=32, step_latency=0.0, admit_latency=0.0, publish=None, seed=0, J=240, R=2,
-              train_per_token=2e-4, group_slots=False, length=200, sync=0.4):
+              train_per_token=2e-4, group_slots=False, length=200, sync=0.4, stream: bool = False):
     rng = np.random.default_rng(seed)
     G = 4
     mean = np.exp(rng.normal(np.log(length), 0.8, J))
@@ -103,7 +103,7 @@ def _run_with(cm, *, mns=32, step_latency=0.0, admit_latency=0.0, publish=None, 
                    iteration=np.arange(J) // 16, mini_batch=(np.arange(J) % 16) // 8, instance=np.arange(J) % R,
                    dispatch_rank=np.arange(J), prompt_length=rng.integers(50, 500, J), resp=resp)
     tr = TrainerSpec(train_per_token, 0.3, sync, 8, "padded", publish_s=publish, step_latency_s=step_latency,
-                     admit_latency_s=admit_latency)
+                     admit_latency_s=admit_latency, stream_groups=stream, stream_start="fewest_left")
     return Engine(jobs, ExecutionSettings(policy="asp", num_instances=R, max_num_seqs=mns,
                                                lag_bound=1, group_size=jobs.group_size),
                  cost=cm, kv_capacity=0, trainer=tr, group_slots=group_slots).run()
@@ -214,7 +214,23 @@ def test_sim_calibrate_run_settings_read_through_the_schema(tmp_path):
     d = Config()
     assert run_settings(tmp_path) == {"max_num_seqs": d.rollout.max_num_seqs, "lag_bound": d.pipeline.lag_bound,
                                       "sync_mode": False, "micro_batch_size": d.train.micro_batch_size,
-                                      "micro_batching": d.train.micro_batching, "num_instances": None}
+                                      "micro_batching": d.train.micro_batching, "num_instances": None,
+                                      "stream_start": None}
     (tmp_path / "config.yaml").write_text("pipeline:\n  mode: sync\n  lag_bound: 3\nrollout:\n  num_instances: 2\n")
     got = run_settings(tmp_path)
     assert got["max_num_seqs"] == 64 and got["lag_bound"] == 0 and got["sync_mode"] and got["num_instances"] == 2
+
+
+def test_sim_calibrate_replays_a_streamed_run_streamed():
+    """A run whose trainer streamed groups (pipeline.stream_groups; here simulated with a known
+    trainer cost) is replayed with ``stream_start`` (what ``run_settings`` reads from its
+    config): the mean iteration time comes back; replayed as whole steps it does not."""
+    from asp_ascend.sim.replay import compare_phases, replay
+
+    tl = _run_with(TRUE, train_per_token=4e-4, length=150, stream=True, mns=16)
+    fit = fit_timeline(tl)
+    kw = dict(max_num_seqs=16, lag_bound=1, micro_batch_size=8, micro_batching="padded", overheads=False)
+    streamed = compare_phases(tl, replay(tl, fit, stream_start="fewest_left", **kw))
+    whole = compare_phases(tl, replay(tl, fit, **kw))
+    assert abs(streamed.loc["iteration_time", "error_pct"]) < 3
+    assert whole.loc["iteration_time", "error_pct"] > 2 * abs(streamed.loc["iteration_time", "error_pct"]) + 2

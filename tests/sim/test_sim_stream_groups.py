@@ -158,3 +158,24 @@ def test_stream_groups_is_a_bool_config_key():
         load_config(None, ["sim.stream_groups=maybe"])
     with pytest.raises(ConfigError, match="sim.stream_groups_start"):
         load_config(None, ["sim.stream_groups_start=latest"])
+
+
+def test_pipeline_stream_groups_is_what_asp_simulate_models_too():
+    """``pipeline.stream_groups`` (asp train's key) streams the simulated trainer as
+    ``sim.stream_groups`` does, with its own start rule; ``sim.stream_groups`` wins when set; the
+    sync mode refuses it, naming the key and the fix."""
+    from asp_ascend.sim.run import stream_settings
+
+    w = workload_from_config(_cfg(0))
+    t = {}
+    for name, over in {"sim": {"sim.stream_groups_start": "lowest_index"},
+                       "pipeline": {"sim.stream_groups": "false", "pipeline.stream_groups": "true",
+                                    "pipeline.stream_groups_start": "lowest_index"},
+                       "off": {"sim.stream_groups": "false"}}.items():
+        cfg = _cfg(0, **over)
+        t[name] = simulate_system(cfg, w, "asp").summary["iteration_time_mean"]
+    assert t["sim"] == t["pipeline"] != t["off"]
+    assert stream_settings(_cfg(0, **{"pipeline.stream_groups": "true", "pipeline.stream_groups_start": "fewest_left"})) \
+        == {"stream_groups": True, "stream_start": "half_generated"}      # the sim key and its start rule win
+    with pytest.raises(ConfigError, match="pipeline.stream_groups: needs pipeline.mode=async"):
+        load_config(None, ["pipeline.stream_groups=true", "pipeline.mode=sync"])
