@@ -169,7 +169,10 @@ def test_two_ranks_stream_a_step_as_one_trainer_steps_it_whole(pair):
     assert [p["samples"] for p in parts] == [1, 3, 4] and sum(p["tokens"] for p in parts) == b["tokens"]
     assert b["parts"] == 3
     _assert_same_stats(a, b)
-    _assert_same_weights(single, group, 8)
+    # the same gradients up to float summation order (three backward passes and reductions instead
+    # of one); AdamW turns that rounding into weight differences far below one step (lr 1e-3;
+    # 3e-6 measured)
+    _assert_same_weights(single, group, 8, atol=1e-4)
 
 
 def test_checkpoint_round_trip(pair, tmp_path):
