@@ -95,6 +95,7 @@ def test_fully_async_iteration_is_prompts_per_parameter_version_and_staleness_co
     for key, value, named in ((("asp", "rollout", "tail_concurrency"), "auto", "asp.rollout.tail_concurrency"),
                               (("asp", "rollout", "speculative"), "ngram", "asp.rollout.speculative"),
                               (("asp", "rollout", "partial_rollout"), True, "asp.rollout.partial_rollout"),
+                              (("asp", "pipeline", "stream_groups"), True, "asp.pipeline.stream_groups"),
                               (("async_training", "use_dynamic_resource_scheduling"), True,
                                "async_training.use_dynamic_resource_scheduling")):
         bad = copy.deepcopy(raw)

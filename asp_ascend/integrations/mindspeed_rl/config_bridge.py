@@ -268,6 +268,10 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
             raise ConfigError([_name_source(p, origin) for p in exc.problems], source) from None
     finally:
         os.unlink(tmp)
+    if cfg.pipeline.stream_groups:
+        raise ConfigError(["asp.pipeline.stream_groups: true is not supported with MindSpeed-RL (its actor update "
+                           "takes a whole mini-batch; only asp train streams groups into its trainer); set "
+                           "asp.pipeline.stream_groups: false"], source)
     msrl = {k: v for k, v in raw.items() if k != "asp"}
     return cfg, msrl
 

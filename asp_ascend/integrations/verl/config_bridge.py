@@ -197,6 +197,10 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
     if problems:
         raise ConfigError(problems, source)
     cfg = _load(ours, overrides, check_files, origin, source)
+    if cfg.pipeline.stream_groups:
+        raise ConfigError(["asp.pipeline.stream_groups: true is not supported with verl (its actor update takes "
+                           "a whole mini-batch; only asp train streams groups into its trainer); set "
+                           "asp.pipeline.stream_groups: false"], source)
     return cfg, {key: v for key, v in raw.items() if key != "asp"}
 
 
