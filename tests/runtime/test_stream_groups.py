@@ -121,3 +121,21 @@ def test_stream_candidate_rules(rule, expect):
     assert stream_candidate("lowest_index", [2, 0], size.get, got.get) is None   # 2 has nothing generated
     with pytest.raises(ValueError, match="stream_groups_start"):
         stream_candidate("eager", [0], size.get, got.get)
+
+
+def test_report_counts_streamed_steps():
+    """``asp report``'s tail table names the streamed steps (``parts`` > 1), their parts and the
+    trainer's waits between parts (span from the first part less busy time); a run without any
+    decision or streamed step gets no table."""
+    from asp_ascend.metrics import Timeline
+    from asp_ascend.report.run import tail_decisions
+
+    tl = Timeline()
+    tl.add("step", t_start=1.0, t_end=2.0, iteration=0, mini_batch=0, tokens=10, padded_tokens=0)
+    assert tail_decisions(tl) == []
+    tl.add("step", t_start=5.0, t_end=6.0, iteration=1, mini_batch=0, tokens=10, padded_tokens=0,
+           t_first=4.0, parts=3)
+    tl.add("step", t_start=9.0, t_end=9.5, iteration=2, mini_batch=0, tokens=10, padded_tokens=0,
+           t_first=8.5, parts=2)
+    md = "\n".join(tail_decisions(tl))
+    assert "| streamed optimizer steps (of 3; 2.5 parts each, the trainer waited 0.75 s between parts per step) | 2 |" in md
