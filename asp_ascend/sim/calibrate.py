@@ -71,6 +71,10 @@ def fit_overheads(tl: Timeline) -> dict:
         prev_end = st["t_end"].shift(1).to_numpy(float)
         start, rdy = st["t_start"].to_numpy(float), st["ready"].to_numpy(float)
         first_of_it = (st["iteration"] != st["iteration"].shift(1)).to_numpy()
+        # a streamed step (pipeline.stream_groups, ``parts`` > 1) began before its last group was
+        # ready and its t_start is its busy span's: neither latency is measured on it
+        whole = (st["parts"].fillna(1).to_numpy(float) <= 1) if "parts" in st else np.ones(len(st), bool)
+        rdy = np.where(whole, rdy, np.nan)
         data_bound = np.isfinite(rdy) & (rdy > prev_end) & (start >= rdy)
         # first step of the run: prev_end is NaN, count it as data-bound
         data_bound |= np.isfinite(rdy) & np.isnan(prev_end) & (start >= rdy)

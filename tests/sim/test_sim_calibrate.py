@@ -234,3 +234,22 @@ def test_sim_calibrate_replays_a_streamed_run_streamed():
     whole = compare_phases(tl, replay(tl, fit, **kw))
     assert abs(streamed.loc["iteration_time", "error_pct"]) < 3
     assert whole.loc["iteration_time", "error_pct"] > 2 * abs(streamed.loc["iteration_time", "error_pct"]) + 2
+
+
+def test_sim_calibrate_step_latency_leaves_streamed_steps_out():
+    """The step latency (a step's start after its last group is ready) is measured on whole steps:
+    a streamed step (``parts`` > 1, pipeline.stream_groups) began before its last group and its
+    ``t_start`` is its busy span's, so counting it would read 0 here (the fit 0.05 s, not 0.1 s)."""
+    from asp_ascend.sim.calibrate import fit_overheads
+
+    tl = Timeline()
+    for it, (pid, ready) in enumerate([("a", 1.0), ("b", 1.0), ("c", 2.0), ("d", 3.0)]):
+        tl.add("request", epoch=0, iteration=it // 2, instance=0, prompt_id=pid, sample=0, admission_version=0,
+               t_admit=0.0, t_first_token=0.1, t_finish=ready, prompt_length=4, response_length=8)
+    tl.add("step", t_start=1.1, t_end=1.5, iteration=0, mini_batch=0, version=0, samples=[[0, "a", 0], [0, "b", 0]],
+           tokens=16, padded_tokens=0)
+    tl.add("sync", t_start=1.5, t_end=1.6, version=1)
+    tl.add("step", t_start=3.0, t_end=3.4, iteration=1, mini_batch=0, version=1, samples=[[0, "c", 0], [0, "d", 0]],
+           tokens=16, padded_tokens=0, t_first=2.05, parts=2)
+    tl.add("sync", t_start=3.4, t_end=3.5, version=2)
+    assert fit_overheads(tl)["step_latency_s"] == pytest.approx(0.1)
