@@ -11,6 +11,19 @@ sys.path.insert(0, str(Path(__file__).parent))  # rt_common.py lives next to the
 from rt_common import CONFIG, SMALL, stack_missing  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Qwen2 (hidden 32, one layer) over the words a..p, for the trainer's own tests
+    (torch + transformers; no Ray, no vLLM). A module may define its own ``tiny`` instead."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from asp_ascend.engines.tiny_model import build_tiny_model, task_vocabulary
+
+    return build_tiny_model(task_vocabulary(["a b c d e f g h i j k l m n o p"]),
+                            tmp_path_factory.mktemp("tiny") / "model", hidden_size=32, num_layers=1, num_heads=2,
+                            num_kv_heads=1, max_positions=64, seed=0)
+
+
 def _run(out: Path, overrides: list[str]):
     from asp_ascend.config import load_config
     from asp_ascend.pipeline.run import run_train

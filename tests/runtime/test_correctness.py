@@ -128,19 +128,6 @@ def test_truncated_rule(rule, want_rewards):
 
 # ----------------------------------------------------------------- loss aggregation (item 4)
 
-WORDS = "a b c d e f g h i j k l m n o p"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from asp_ascend.engines.tiny_model import build_tiny_model, task_vocabulary
-
-    return build_tiny_model(task_vocabulary([WORDS]), tmp_path_factory.mktemp("agg") / "model", hidden_size=32,
-                            num_layers=1, num_heads=2, num_kv_heads=1, max_positions=64, seed=0)
-
-
 def _iteration(n: int = 8, seed: int = 0) -> list[dict]:
     rng = random.Random(seed)
     out = []

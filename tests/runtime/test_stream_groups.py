@@ -7,18 +7,6 @@ import pytest
 
 pytestmark = pytest.mark.runtime
 
-WORDS = "a b c d e f g h i j k l m n o p"
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    pytest.importorskip("torch")
-    pytest.importorskip("transformers")
-    from asp_ascend.engines.tiny_model import build_tiny_model, task_vocabulary
-
-    return build_tiny_model(task_vocabulary([WORDS]), tmp_path_factory.mktemp("stream") / "model", hidden_size=32,
-                            num_layers=1, num_heads=2, num_kv_heads=1, max_positions=64, seed=0)
-
 
 def _samples(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
