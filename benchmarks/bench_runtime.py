@@ -33,6 +33,9 @@ deferred samples' lags by admission version and by newest-token version) and the
 split (response tokens each instance drew and its busy share, ``asp_ascend.metrics.instance_split``;
 ``tail`` prints these too); then per pair (A, B adjacent in time: AB and BA of each block) the
 ratio B / A, and over all pairs the median with its min-max spread.
+``train.lr=1e-12`` as an override freezes the policy: every system then draws the same tokens per
+iteration, so tokens/s compares the schedules and not the policies' trajectories (docs/runtime.md,
+"Streaming groups into the trainer").
 ``stepcost``: CPU and wall time per engine step of one vLLM-CPU instance against batch size.
 ``bound``: the CPU-time bound of tail runs (what any dispatch order could gain; docs/runtime.md).
 ``convergence``: sync and async-ASP with lag bound 1 and 2, several seeds (``--systems``: any of
