@@ -28,6 +28,7 @@ from ..algos.grpo import group_advantages
 from ..metrics import Timeline, TimelineWriter
 from ..scheduler.admission import LagViolation
 from ..scheduler.execution import STREAM_STARTS, ExecutionPlan, stream_candidate
+from ..scheduler.microbatch import step_denominator
 from .contracts import RolloutInstance, Trainer, WeightTransport
 from .evaluation import EvalRequest, Evaluator, Prompts
 from .fleet import Fleet, FleetOptions
@@ -39,6 +40,7 @@ from .sync_retry import PendingSyncs
 
 __all__ = ["Orchestrator", "Prompts", "Sampling", "Task", "RunOutputs", "FleetOptions", "Evaluator", "TailOptions",
            "StreamedStep"]
+
 
 @dataclass
 class StreamedStep:
@@ -346,8 +348,6 @@ class Orchestrator:
             return
         denom = self._denominator(mbs)
         if denom is None:
-            from ..scheduler.microbatch import step_denominator
-
             denom = step_denominator(st.samples, self.task.loss_agg)
         self.streamed = None
         self.train_call = (self.trainer.apply_step.remote(denom), self.iteration, m, st.ids, ref)
