@@ -1,7 +1,7 @@
 """The tail mechanisms (DESIGN 9) in the simulator: ablation, robustness, the seed comparison.
 
     python benchmarks/bench_tail.py ablation   [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
-    python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N] [--devices 32 64]
+    python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py seed       [--devices 128]
     python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...]
     python benchmarks/bench_tail.py admission  [--devices 32 64] [--prompts N]
@@ -11,8 +11,8 @@
 code trace x8 and conversation trace x6 from ``--data``, the repository's ../shared/data by
 default), 8 rollout instances per 32 devices, G = 8, k = 1, previous-epoch predictions: the
 baselines as they ship, then ASP adding one mechanism at a time, then the baselines with the
-same engine features (speculative decoding). ``--plan-seeds S [S ...]`` (ablation only; default
-0): each row simulated with every planner ``seed`` on the same workload (built with seed 0), then
+same engine features (speculative decoding). ``--plan-seeds S [S ...]`` (ablation and robustness;
+default 0): each row simulated with every planner ``seed`` on the same workload (built with seed 0), then
 per row the mean and (min .. max) over the seeds of its iteration time and of its "vs fifo"
 figure; the rows of systems whose plan draws nothing from the seed (``SEED_FREE``: the shared
 FIFO queue and the sorted one) are simulated once. ``robustness``: ASP (every lossless mechanism)
@@ -20,7 +20,11 @@ planned on the configured costs and executed on other ones (decode coefficients 
 half / twice the planned concurrency) against ``fully_async_fifo`` and ``async_balanced``
 executed on the same, with asp at ``scheduler.concurrency`` full and auto (planned on the configured
 costs, so auto's cap is chosen from the planned, not the true, costs) and asp with
-``rollout.tail_concurrency=auto`` beside it; one grid per ``--devices``. ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices
+``rollout.tail_concurrency=auto`` beside it; one grid per ``--devices``. With more than one
+``--plan-seeds``: asp's defaults and balanced per seed, fifo once (``SEED_FREE``), then per cell
+the mean and (min .. max) over the seeds of asp against fifo and against balanced, and per device
+count the cells where asp is strictly ahead of fifo (below -0.0 % as printed) on the mean, for
+every seed, and for some seeds only. ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices
 (asp as those configs run it: guided dispatch, re-estimation, ``scheduler.concurrency: auto``).
 ``speed``: the issue-14 speed target, seconds of ``simulate_system`` per policy (workload
 generation and planning included) for 100k prompts x G = 8 on 64 rollout instances (TP 2, 128
@@ -127,21 +131,27 @@ def plan_seed_cells(a, workloads_outer: bool = False):
     for D, wl in cells:
         w = workload_from_config(_cfg(wl, a.data, a.prompts, D, {}))
 
-        def run(name, over, s, wl=wl, w=w, D=D):
-            return _run(_cfg(wl, a.data, a.prompts, D, {**over, "seed": s}), w, name)
+        def run(name, over, s, mismatch=None, wl=wl, w=w, D=D):
+            return _run(_cfg(wl, a.data, a.prompts, D, {**over, "seed": s}), w, name, mismatch)
         yield D, wl, run
 
 
-def ablation_runs(run, seeds) -> dict:
-    """{row label: [summary per seed]} for every ABLATION row, ``run`` as plan_seed_cells's; a
-    SEED_FREE row is simulated once (with ``seeds[0]``) and that summary stands for every seed."""
+def seed_runs(run, seeds, rows) -> dict:
+    """{row label: [summary per seed]} for every (label, policy, overrides) of ``rows``, ``run`` as
+    plan_seed_cells's; a SEED_FREE row is simulated once (with ``seeds[0]``) and that summary stands
+    for every seed."""
     res = {}
-    for label, name, over in ABLATION:
+    for label, name, over in rows:
         if name in SEED_FREE:
             res[label] = [run(name, over, seeds[0])] * len(seeds)
         else:
             res[label] = [run(name, over, s) for s in seeds]
     return res
+
+
+def ablation_runs(run, seeds) -> dict:
+    """seed_runs over every ABLATION row."""
+    return seed_runs(run, seeds, ABLATION)
 
 
 def _refs(res: dict, over: dict, i: int):
@@ -225,20 +235,82 @@ GRID = [("planned costs", {}), ("decode a x0.1", {"decode_a": 0.1}), ("decode a 
 
 def _grid_cells(args, D: int):
     """(workload, grid label, run) for every cell of robustness's grid at ``D`` devices:
-    ``run(policy, overrides)`` simulates ``policy`` planned on the configured costs and executed
-    on the cell's (the workload built once per workload)."""
-    from asp_ascend.lengths.workloads import workload_from_config
+    ``run(policy, overrides, seed=0)`` simulates ``policy`` planned on the configured costs with
+    planner ``seed`` and executed on the cell's (plan_seed_cells: the workload built once per
+    workload, with seed 0)."""
     from asp_ascend.sim.run import Mismatch
 
-    for wl in args.workloads:
-        w = workload_from_config(_cfg(wl, args.data, args.prompts, D, {}))
+    for _, wl, run in plan_seed_cells(argparse.Namespace(**{**vars(args), "devices": [D]})):
         for label, mm in GRID:
-            def run(name, over, wl=wl, w=w, m=Mismatch(**mm)):
-                return _run(_cfg(wl, args.data, args.prompts, D, over), w, name, m)
-            yield wl, label, run
+            def cell(name, over, s=0, run=run, m=Mismatch(**mm)):
+                return run(name, over, s, m)
+            yield wl, label, cell
+
+
+# robustness over planner seeds: asp's defaults against the two baselines executed on the same costs
+ROBUST_ROWS = [("asp", "asp", {**OFF, **LOSSLESS}), ("fifo", "fully_async_fifo", OFF),
+               ("balanced", "async_balanced", OFF)]
+
+
+def _pct(x: dict, ref: dict) -> float:
+    return 100 * (x["iteration_time_mean"] / ref["iteration_time_mean"] - 1)
+
+
+def _ahead(v: float) -> bool:
+    """Strictly ahead as the tables print it: below -0.0 % at one decimal."""
+    return round(v, 1) < 0
+
+
+def robustness_seeds_row(wl: str, D: int, label: str, res: dict) -> tuple[str, list]:
+    """One row of robustness's table over seeds (``res``: seed_runs over ROBUST_ROWS) and asp's
+    figure against fifo per seed (%)."""
+    def spread(xs, fmt, unit=""):
+        return f"{sum(xs) / len(xs):{fmt}}{unit} ({min(xs):{fmt}} .. {max(xs):{fmt}})"
+
+    t = [s["iteration_time_mean"] for s in res["asp"]]
+    f = [_pct(a, r) for a, r in zip(res["asp"], res["fifo"])]
+    b = [_pct(a, r) for a, r in zip(res["asp"], res["balanced"])]
+    return (f"| {wl} | {D} | {label} | {spread(t, '.1f')} | {spread(f, '+.1f', '%')} | {spread(b, '+.1f', '%')} | "
+            f"{sum(map(_ahead, f))} of {len(f)} |"), f
+
+
+def robustness_counts(D: int, seeds: list, cells: list) -> list[str]:
+    """The count lines for one device count; ``cells``: (workload, grid label, asp vs fifo per seed)."""
+    n = len(cells)
+    mean = sum(_ahead(sum(f) / len(f)) for _, _, f in cells)
+    every = sum(all(map(_ahead, f)) for _, _, f in cells)
+    per = ", ".join(f"seed {s}: {sum(_ahead(f[i]) for _, _, f in cells)}" for i, s in enumerate(seeds))
+    some = [f"{wl} / {label} ({' '.join(f'{v:+.1f}' for v in f)})" for wl, label, f in cells
+            if any(map(_ahead, f)) and not all(map(_ahead, f))]
+    return [f"{D} devices: asp strictly ahead of fifo on the mean over seeds {' '.join(map(str, seeds))} in "
+            f"{mean} of {n} cells, for every seed in {every} of {n} ({per})",
+            f"{D} devices: ahead for some seeds only ({len(some)}): {'; '.join(some) or 'none'}"]
+
+
+def robustness_seeds(args) -> None:
+    seeds = args.plan_seeds
+    print(f"planner seeds {', '.join(map(str, seeds))} (workload built with seed 0); mean (min .. max) over the "
+          f"seeds; fully_async_fifo plans nothing at random: run once\n")
+    print("| workload | devices | true costs (plan: configured) | asp iter. time (s), mean (min .. max) | "
+          "asp vs fifo (shared queue), mean (min .. max) | asp vs balanced, mean (min .. max) | "
+          "seeds asp ahead of fifo |")
+    print("|---|---|---|---|---|---|---|")
+    lines = []
+    for D in args.devices:
+        cells = []
+        for wl, label, it in _grid_cells(args, D):
+            row, f = robustness_seeds_row(wl, D, label, seed_runs(it, seeds, ROBUST_ROWS))
+            cells.append((wl, label, f))
+            print(row, flush=True)
+        lines += robustness_counts(D, seeds, cells)
+    print()
+    for line in lines:
+        print(line)
 
 
 def robustness(args) -> None:
+    if len(args.plan_seeds) > 1:
+        return robustness_seeds(args)
     print("| workload | devices | true costs (plan: configured) | asp iter. time (s) | vs fifo (shared queue) | "
           "vs balanced | asp static plan vs fifo | asp + tail auto vs fifo | asp, concurrency full vs fifo | "
           "asp, concurrency auto vs fifo | auto vs full | auto admits |")
@@ -391,11 +463,11 @@ def main(argv=None) -> int:
     ap.add_argument("--devices", type=int, nargs="+", default=None)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--plan-seeds", type=int, nargs="+", default=None,
-                    help="ablation: planner seeds, each row simulated with every one (default 0); with more "
-                         "than one, the mean and (min .. max) over them")
+                    help="ablation, robustness: planner seeds, each row simulated with every one (default 0); "
+                         "with more than one, the mean and (min .. max) over them")
     args = ap.parse_args(argv)
-    if args.plan_seeds is not None and args.what != "ablation":
-        ap.error(f"--plan-seeds applies to ablation only, not to {args.what}")
+    if args.plan_seeds is not None and args.what not in ("ablation", "robustness"):
+        ap.error(f"--plan-seeds applies to ablation and robustness only, not to {args.what}")
     args.plan_seeds = args.plan_seeds or [0]
     if len(set(args.plan_seeds)) != len(args.plan_seeds):
         ap.error(f"--plan-seeds: {' '.join(map(str, args.plan_seeds))} names a seed twice; give each seed once")

@@ -80,7 +80,7 @@ def test_one_seed_over_seeds_says_what_the_single_seed_table_says(one_seed):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["robustness", "--plan-seeds", "1"], "--plan-seeds applies to ablation only"),
+    (["seed", "--plan-seeds", "1"], "--plan-seeds applies to ablation and robustness only"),
     (["ablation", "--plan-seeds", "0", "0"], "names a seed twice"),
 ])
 def test_bad_plan_seeds_refused(argv, message, capsys):
