@@ -1,0 +1,88 @@
+"""benchmarks/bench_tail.py robustness --plan-seeds: asp and balanced simulated per planner seed on
+one grid cell, fifo once, seed 0's figures those of the single-seed grid, and the count lines
+(bimodal workload, 512 prompts, 32 devices, the grid's first two cells)."""
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_tail  # noqa: E402
+
+SEEDS = [0, 1]
+
+
+@pytest.fixture(scope="module")
+def cells():
+    a = argparse.Namespace(workloads=["bimodal"], devices=[32], prompts=512, data=None)  # synthetic: no trace
+    cells = bench_tail._grid_cells(a, 32)
+    return [next(cells), next(cells)]          # planned costs, decode a x0.1
+
+
+@pytest.fixture(scope="module")
+def counted(cells):
+    out = []
+    for wl, label, it in cells:
+        calls = []
+
+        def counting(name, over, s, it=it, calls=calls):
+            calls.append((name, s))
+            return it(name, over, s)
+        out.append((label, bench_tail.seed_runs(counting, SEEDS, bench_tail.ROBUST_ROWS), calls))
+    return out
+
+
+def _cells(row: str) -> list[str]:
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_fifo_runs_once_asp_and_balanced_per_seed(counted):
+    for label, res, calls in counted:
+        assert calls == [("asp", 0), ("asp", 1), ("fully_async_fifo", 0), ("async_balanced", 0),
+                         ("async_balanced", 1)], label
+        assert res["fifo"][0] is res["fifo"][1]
+    # the seed moves asp's plan somewhere on these cells (else the table over seeds says nothing)
+    assert any(res["asp"][0]["iteration_time_mean"] != res["asp"][1]["iteration_time_mean"]
+               for _, res, _ in counted)
+
+
+def test_seed_zero_is_the_single_seed_grid(cells, counted):
+    """What the robustness table at seed 0 prints: the same asp, fifo and balanced runs."""
+    for (wl, label, it), (_, res, _) in zip(cells, counted):
+        for key, name, over in bench_tail.ROBUST_ROWS:
+            assert it(name, over)["iteration_time_mean"] == res[key][0]["iteration_time_mean"], (label, key)
+        one = {k: v[:1] for k, v in res.items()}
+        row, f = bench_tail.robustness_seeds_row(wl, 32, label, one)
+        c = _cells(row)
+        asp, fifo, bal = (res[k][0]["iteration_time_mean"] for k in ("asp", "fifo", "balanced"))
+        assert c[:3] == [wl, "32", label]
+        assert c[3] == f"{asp:.1f} ({asp:.1f} .. {asp:.1f})"
+        vs_f, vs_b = 100 * (asp / fifo - 1), 100 * (asp / bal - 1)
+        assert c[4] == f"{vs_f:+.1f}% ({vs_f:+.1f} .. {vs_f:+.1f})"
+        assert c[5] == f"{vs_b:+.1f}% ({vs_b:+.1f} .. {vs_b:+.1f})"
+        assert f == [pytest.approx(vs_f)]
+
+
+def test_counts_read_the_rounded_figures():
+    cells = [("w", "ahead always", [-1.0, -0.2, -0.5]),
+             ("w", "mean ahead, one seed behind", [-2.0, +0.3, -0.1]),
+             ("w", "level as printed", [-0.04, -0.04, -0.04]),     # prints -0.0: not strictly ahead
+             ("w", "mean behind, one seed ahead", [+1.0, -0.3, +0.2]),
+             ("w", "behind always", [+0.5, +0.1, +2.0])]
+    mean, some = bench_tail.robustness_counts(32, [0, 1, 2], cells)
+    assert mean == ("32 devices: asp strictly ahead of fifo on the mean over seeds 0 1 2 in 2 of 5 cells, "
+                    "for every seed in 1 of 5 (seed 0: 2, seed 1: 2, seed 2: 2)")
+    assert some == ("32 devices: ahead for some seeds only (2): w / mean ahead, one seed behind "
+                    "(-2.0 +0.3 -0.1); w / mean behind, one seed ahead (+1.0 -0.3 +0.2)")
+
+
+def test_one_seed_prints_the_single_seed_table(monkeypatch, capsys):
+    monkeypatch.setattr(bench_tail, "GRID", bench_tail.GRID[:1])
+    argv = ["robustness", "--prompts", "64", "--workloads", "bimodal"]
+    bench_tail.main(argv)
+    plain = capsys.readouterr().out
+    bench_tail.main(argv + ["--plan-seeds", "0"])
+    assert capsys.readouterr().out == plain
+    assert plain.splitlines()[0].startswith("| workload | devices | true costs (plan: configured) | asp iter. time")
+    assert len(plain.splitlines()) == 3
