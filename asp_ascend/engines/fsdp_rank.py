@@ -97,6 +97,7 @@ class FSDPTrainerRank:
         self._args = (model_dir, kw)
         self.rank, self.world = int(rank), int(world_size)
         self.core: TrainerEngine | None = None
+        self._dummies = 0   # empty passes run in the open streamed step (accumulate .. apply_step)
 
     # ------------------------------------------------------------------ setup
     def endpoint(self) -> tuple[str, int]:
@@ -156,7 +157,7 @@ class FSDPTrainerRank:
         ``micro_batches`` and ``passes`` as in :meth:`train_step`)."""
         samples, plan, dummies = self._with_passes(samples, micro_batches, passes)
         part = self._resharded(lambda: self.core.accumulate(samples, plan))
-        self._dummies = getattr(self, "_dummies", 0) + dummies
+        self._dummies += dummies
         part["tokens"] -= DUMMY_TOKENS * dummies
         part["samples"] -= dummies
         return part
@@ -164,7 +165,7 @@ class FSDPTrainerRank:
     def apply_step(self, denom: float) -> dict:
         """End the streamed step (every rank divides by the same global ``denom``)."""
         st = self._resharded(lambda: self.core.apply_step(denom))
-        st["tokens"] -= DUMMY_TOKENS * getattr(self, "_dummies", 0)
+        st["tokens"] -= DUMMY_TOKENS * self._dummies
         self._dummies = 0
         st["rank"] = self.rank
         return st

@@ -21,38 +21,27 @@ from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..algos.grpo import group_advantages
 from ..metrics import Timeline, TimelineWriter
 from ..scheduler.admission import LagViolation
-from ..scheduler.execution import STREAM_STARTS, ExecutionPlan, stream_candidate
-from ..scheduler.microbatch import step_denominator
+from ..scheduler.execution import STREAM_STARTS, ExecutionPlan
 from .contracts import RolloutInstance, Trainer, WeightTransport
 from .evaluation import EvalRequest, Evaluator, Prompts
 from .fleet import Fleet, FleetOptions
-from .progress import IterationProgress, WindowMetrics, check_rewards_finite, check_step_finite
+from .progress import IterationProgress, WindowMetrics, check_rewards_finite
 from .sample_queue import SampleQueue
 from .task import RunOutputs, Sampling, Task, score_response  # noqa: F401 - importable from here too
 from ..scheduler.tail_control import TailControl, TailOptions
 from .sync_retry import PendingSyncs
+from .train_calls import StreamedStep, TrainerCalls
 
 __all__ = ["Orchestrator", "Prompts", "Sampling", "Task", "RunOutputs", "FleetOptions", "Evaluator", "TailOptions",
            "StreamedStep"]
 
 
-@dataclass
-class StreamedStep:
-    """``pipeline.stream_groups``: the mini-batch whose groups go to the trainer as they are
-    generated (``accumulate``); its optimizer step (``apply_step``) follows its last group."""
-    mini_batch: int
-    sent: set = field(default_factory=set)           # keys of the groups already sent to the trainer
-    samples: list = field(default_factory=list)      # their samples (for the step's denominator)
-    ids: list = field(default_factory=list)          # [epoch, prompt_id, sample] of every sent sample
-
-
-class Orchestrator:
+class Orchestrator(TrainerCalls):
     """``replan`` (adaptive): epoch e + 1 is planned from the lengths observed so far once
     epoch e is dispatched. ``ticket``: the reference of version 0's weights (for restarts).
     ``trace``: a list the plan's Feeder records every admission and admission event in.
@@ -270,157 +259,6 @@ class Orchestrator:
                 sp.max_tokens, sp.temperature, sp.top_p, seed, sp.stop_token_ids,
                 {"epoch": job.epoch, "prompt_id": job.prompt_id}, **({"prefix": prefix} if prefix else {})))
         self.tail.record_steals()
-
-    def _start_train_step(self) -> None:
-        if self.train_call is not None or self.iteration >= self.last_iteration:
-            return
-        if self.syncs.broadcasting:
-            return  # a broadcast is in flight: the weights must stay those of its version until it lands
-        planned = self.plan.iterations.get(self.iteration)
-        if planned is None:  # adaptive: the next epoch is not planned yet
-            return
-        it = self.progress.setdefault(self.iteration, IterationProgress())
-        mbs = self.tail.members(self.iteration, planned)
-        todo = [m for m in sorted(mbs) if m not in it.done]
-        if self.settings.sync_mode and not all(k in self.queue for m in todo for k in mbs[m]):
-            return  # sync baseline: generate the whole iteration, then train
-        if self.stream_start is not None:
-            self._stream_groups(it, planned, mbs, todo)
-            return
-        m = next((m for m in todo if all(k in self.queue for k in mbs[m])), None)
-        if m is None and self.tail.maybe_defer(self.iteration):  # partial rollout: carry the late groups over
-            mbs = self.tail.members(self.iteration, planned)
-            m = next((m for m in todo if all(k in self.queue for k in mbs[m])), None)
-        if m is None:
-            return
-        self._train_whole(it, mbs, m)
-
-    def _train_whole(self, it: IterationProgress, mbs: dict, m: int) -> None:
-        """One ``train_step`` over mini-batch ``m``, all of its groups generated."""
-        groups = self.queue.take(mbs[m], self.now())
-        samples = self._trained_samples(it, groups)
-        denom = self._denominator(mbs)
-        ref = (self.trainer.train_step.remote(samples) if denom is None
-               else self.trainer.train_step.remote(samples, denom))
-        ids = [[g["epoch"], g["prompt_id"], s["sample"]] for g in groups for s in g["samples"]]
-        self.train_call = (ref, self.iteration, m, ids)
-
-    def _stream_groups(self, it: IterationProgress, planned: dict, mbs: dict, todo: list[int]) -> None:
-        """``pipeline.stream_groups``: send the generated groups of the mini-batch being streamed to
-        the trainer (``accumulate``), its step (``apply_step``) with its last group. With none
-        under way: a fully generated mini-batch is trained whole (lowest index first), else
-        :func:`stream_candidate` picks a partly generated one; once a group of it is sent, the
-        trainer takes no other mini-batch before its step (the others need the step's weights).
-        Partial rollout may defer the streamed mini-batch's unfinished groups (never a sent one:
-        a sent group is finished) and swap in finished ones of the next iteration."""
-        st = self.streamed
-        if st is None:
-            whole = lambda ms: next((m for m in todo if all(k in self.queue for k in ms[m])), None)  # noqa: E731
-            m = whole(mbs)
-            if m is None and self.tail.maybe_defer(self.iteration):
-                mbs = self.tail.members(self.iteration, planned)
-                m = whole(mbs)
-            if m is not None:
-                self._train_whole(it, mbs, m)
-                return
-            m = stream_candidate(self.stream_start, todo, lambda x: len(mbs[x]),
-                                 lambda x: sum(1 for k in mbs[x] if k in self.queue))
-            if m is None:
-                return
-            st = self.streamed = StreamedStep(m)
-        elif not any(k in self.queue for k in mbs[st.mini_batch] if k not in st.sent):
-            if not self.tail.maybe_defer(self.iteration):
-                return
-            mbs = self.tail.members(self.iteration, planned)
-        m = st.mini_batch
-        keys = [k for k in mbs[m] if k not in st.sent and k in self.queue]
-        if not keys:
-            return
-        last = len(st.sent) + len(keys) == len(mbs[m])
-        groups = self.queue.take(keys, self.now())
-        samples = self._trained_samples(it, groups)
-        st.sent.update(keys)
-        st.samples.extend(samples)
-        st.ids.extend([g["epoch"], g["prompt_id"], s["sample"]] for g in groups for s in g["samples"])
-        ref = self.trainer.accumulate.remote(samples)
-        if not last:
-            self.train_call = (ref, self.iteration, m, None)
-            return
-        denom = self._denominator(mbs)
-        if denom is None:
-            denom = step_denominator(st.samples, self.task.loss_agg)
-        self.streamed = None
-        self.train_call = (self.trainer.apply_step.remote(denom), self.iteration, m, st.ids, ref)
-
-    def _trained_samples(self, it: IterationProgress, groups: list[dict]) -> list[dict]:
-        """The trainer's samples of ``groups`` (taken for the current iteration): their requests
-        written, the lag bound checked, the iteration's statistics counted; the iteration begun
-        on the trainer before its first call."""
-        samples = []
-        self._record_requests(groups)
-        for g in groups:
-            lag = self.iteration - g["admission_version"]
-            bound = self.tail.lag_bound((g["epoch"], g["prompt_id"]))
-            if lag > bound:
-                raise LagViolation(f"prompt {g['prompt_id']} trained in iteration {self.iteration}, admitted at "
-                                   f"version {g['admission_version']}: lag {lag} above {bound}")
-            pids = self.task.prompts.token_ids[g["prompt_id"]]
-            for s in g["samples"]:
-                samples.append({"prompt_ids": pids, "response_ids": s["token_ids"],
-                                "behav_logprobs": s["logprobs"], "advantage": s["advantage"],
-                                "version_first": s["version_first"], "version_last": s["version_last"],
-                                "masked": s.get("masked", False)})
-                it.rewards.append(s["reward"])
-                it.truncated.append(bool(s.get("truncated")))
-                it.resp_lens.append(len(s["token_ids"]))
-                it.lags.append(lag)
-        if not it.begun:
-            it.begun = True
-            self.trainer.begin_iteration.remote(self.iteration, len(self.plan.iterations[self.iteration]))
-        return samples
-
-    def _denominator(self, mbs: dict) -> float | None:
-        """The iteration's denominator (``token-mean-iteration``), or None: the step's own."""
-        return self.task.iteration_denominator(self.plan.predicted.get(self.iteration, 0.0),
-                                               sum(len(keys) for keys in mbs.values()), len(mbs))
-
-    def _record_requests(self, groups: list[dict]) -> None:
-        """The ``request`` events of ``groups``, taken by the trainer for the current iteration:
-        ``iteration`` is the iteration that trains the sample (DESIGN 5: lag = trained iteration -
-        admission version), ``planned_iteration`` the schedule's; they differ for a group that
-        partial rollout deferred or swapped in (as the simulator's and MindSpeed-RL's timelines
-        write them). Written at the take, when the trained iteration is known; the iteration's
-        metrics window counted them when they finished."""
-        for g in groups:
-            for ev in g.pop("requests", ()):
-                ev["iteration"] = self.iteration
-                self.timeline.add("request", **ev)
-                self._writer.add("request", **ev)
-
-    def _finish_train_step(self) -> None:
-        if self.train_call is None:
-            return
-        ref, i, m, ids, *parts = self.train_call
-        ready, _ = self.ray.wait([ref], timeout=0)
-        if not ready:
-            return
-        self.ray.get(parts)  # a streamed step's last part: its error first, if it failed
-        st = self.ray.get(ref)
-        self.train_call = None
-        if ids is None:  # a streamed part (accumulate): no step yet
-            return
-        check_step_finite(st, i, m)  # a NaN/inf step was not applied; stop before any sync or checkpoint
-        streamed = {"t_first": st["t_first"] - self.t0, "parts": st["parts"]} if st.get("parts", 1) > 1 else {}
-        self._event("step", t_start=st["t_start"] - self.t0, t_end=st["t_end"] - self.t0, iteration=i,
-                    mini_batch=m, version=i, samples=ids, tokens=st["tokens"], padded_tokens=st["padded_tokens"],
-                    **streamed)
-        it = self.progress[i]
-        it.done.add(m)
-        it.steps.append(st)
-        self._train_start.setdefault(i, st["t_start"] - self.t0)
-        self.tail.on_trained(i, m)
-        if len(it.done) == len(self.plan.iterations[i]):
-            self._end_iteration(i)
 
     def _end_iteration(self, i: int) -> None:
         it = self.progress.pop(i)

@@ -54,7 +54,8 @@ class TrainerSpec:
     #                                  starts, one hand-over at a time per instance (sim/instances.py)
     stream_groups: bool = False      # sim.stream_groups: a streaming trainer runs each group's forward/backward
     #                                  as it is generated, the optimizer step after the mini-batch's last group
-    stream_start: str = "half_generated"  # sim.stream_groups_start: which partly generated mini-batch it starts (scheduler/execution.py stream_candidate)
+    stream_start: str = "half_generated"  # sim.stream_groups_start: which partly generated mini-batch it starts
+    #                                       (scheduler/execution.py stream_candidate)
 
 
 def resolve_micro_batching(sim_mode: str, train_mode: str) -> str:
@@ -260,8 +261,8 @@ class Trainer:
         """``sim.stream_groups``: run the forward/backward of the next generated group of the mini-batch
         being streamed. With none under way the trainer takes a fully generated mini-batch of
         iteration ``i`` (lowest index first, as without streaming), else of the partly generated ones
-        :func:`~asp_ascend.scheduler.execution.stream_candidate` allows the one with the fewest groups still to generate (then the lowest
-        index), and once it has taken a group of a mini-batch it trains that
+        :func:`~asp_ascend.scheduler.execution.stream_candidate` allows the one with the fewest groups
+        still to generate (then the lowest index), and once it has taken a group of a mini-batch it trains that
         mini-batch to its optimizer step before it takes another (the others' groups need the step's
         weights)."""
         x = self.active
