@@ -366,7 +366,7 @@ class Engine:
         self._check_done()
         self.preemptions = inst.preemptions
         return build_timeline(self.jobs, tr.table(), inst, tr.queue, tr.step_rows, tr.sync_rows, self.record_samples,
-                              members=tr.members, trained_iteration=tr.job_it)
+                              members=tr.members, trained_iteration=tr.job_it, streamed=tr.by_group)
 
     def _loop(self) -> None:
         inst, tr, feeder = self.inst, self.trainer, self.feeder

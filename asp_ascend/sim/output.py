@@ -28,10 +28,13 @@ class SimTimeline(Timeline):
 
 
 def build_timeline(jobs, mbt: pd.DataFrame, seqs, queue: tuple, step_rows: list, sync_rows: list,
-                   record_samples: bool, members: dict | None = None, trained_iteration=None) -> SimTimeline:
+                   record_samples: bool, members: dict | None = None, trained_iteration=None,
+                   streamed: bool = False) -> SimTimeline:
     """The run's events as a :class:`SimTimeline`: one request row per sequence (``seqs``: the
     instances' per-sequence record), one step row per optimizer step (``step_rows``: (t_start,
-    t_end, mini-batch index into ``mbt``)), one sync row per weight sync, the trainer queue's
+    t_end, mini-batch index into ``mbt``, t_first, parts); ``streamed`` (the trainer streamed groups,
+    ``sim.stream_groups``) adds ``t_first`` and ``parts`` to the step rows, as the runtime writes
+    them), one sync row per weight sync, the trainer queue's
     puts and gets. With ``record_samples`` each step lists its (epoch, prompt_id, sample)
     triples; ``members`` ((iteration, mini_batch) -> job indices) and ``trained_iteration`` (per
     job) override the schedule's where carry-over moved groups."""
@@ -50,13 +53,16 @@ def build_timeline(jobs, mbt: pd.DataFrame, seqs, queue: tuple, step_rows: list,
         "prompt_length": np.repeat(jobs.prompt_length, G).astype(np.int64),
         "response_length": np.asarray(seqs.resp, dtype=np.int64),
     })
-    st = np.asarray(step_rows, dtype=float).reshape(-1, 3)
+    st = np.asarray(step_rows, dtype=float).reshape(-1, 5)
     x = st[:, 2].astype(np.int64)
     steps = pd.DataFrame({
         "t_start": st[:, 0], "t_end": st[:, 1],
         "iteration": mbt["iteration"].to_numpy()[x], "mini_batch": mbt["mini_batch"].to_numpy()[x],
         "version": mbt["iteration"].to_numpy()[x],
         "tokens": mbt["tokens"].to_numpy()[x], "padded_tokens": mbt["padded_tokens"].to_numpy()[x]})
+    if streamed:   # as the runtime's streamed steps: when the first part began, and how many parts
+        steps["t_first"] = st[:, 3]
+        steps["parts"] = st[:, 4].astype(np.int64)
     if record_samples:
         steps["samples"] = _step_samples(jobs, steps, members)
     sy = np.asarray(sync_rows, dtype=float).reshape(-1, 3)

@@ -209,6 +209,9 @@ class Trainer:
             self.consumed = [0] * self.n_mb    # groups of the mini-batch whose forward/backward ran
             self.active = -1                   # the mini-batch being streamed (its step not yet run)
             self.active_busy = 0.0             # the trainer's seconds on it so far
+            # as the runtime records a streamed step: when its first group began, and its parts (runs of
+            # group passes back to back; a part ends where the trainer waits for the next group)
+            self.active_first, self.active_parts, self.active_waited = 0.0, 0, False
 
     def _q_event(self, t: float, op: str) -> None:
         self.queue[0].append(t)
@@ -255,7 +258,7 @@ class Trainer:
         self.busy = True
         t0 = t + self.spec.step_latency_s
         self.push(t0 + self.mb_dur[x], TRAIN, x, 0)
-        self.step_rows.append((t0, t0 + self.mb_dur[x], x))
+        self.step_rows.append((t0, t0 + self.mb_dur[x], x, t0, 1))
 
     def _try_group(self, i: int, t: float) -> None:
         """``sim.stream_groups``: run the forward/backward of the next generated group of the mini-batch
@@ -279,10 +282,15 @@ class Trainer:
                     return
             self.active, self.active_busy = x, 0.0
             latency = self.spec.step_latency_s    # once per optimizer step, before its first group
+            self.active_first, self.active_parts, self.active_waited = t + latency, 0, True
         elif not self.avail[x] and self.waiting is not None:
             self.waiting(i, t)
         if not self.avail[x]:
+            self.active_waited = True
             return
+        if self.active_waited:
+            self.active_parts += 1
+            self.active_waited = False
         j = self.avail[x].pop(0)
         self.consumed[x] += 1
         self.qsize -= 1
@@ -307,7 +315,7 @@ class Trainer:
             self.push(t + dur, TRAIN, a)
             # one row per optimizer step, as long as the trainer was busy on it (so the trainer
             # breakdown counts busy time): it ends with the step, its groups may have started earlier
-            self.step_rows.append((t + dur - self.active_busy, t + dur, a))
+            self.step_rows.append((t + dur - self.active_busy, t + dur, a, self.active_first, self.active_parts))
             return
         if x >= 0 and self.by_group:
             self.active = -1

@@ -49,6 +49,9 @@ def test_stream_groups_two_groups_hand_computed():
     # one row per optimizer step, as long as the trainer was busy on it (10 + 30 + 5 s), ending with the step
     assert streamed.frame("step")[["t_start", "t_end"]].to_numpy().tolist() == [[20.0, 65.0]]
     assert streamed.frame("sync")[["t_start", "t_end"]].to_numpy().tolist() == [[65.0, 66.0]]
+    # as the runtime records a streamed step: its first part began at 10, two parts (the trainer waited for B)
+    assert streamed.frame("step")[["t_first", "parts"]].to_numpy().tolist() == [[10.0, 2]]
+    assert "parts" not in plain.frame("step") and "t_first" not in plain.frame("step")
     q = streamed.frame("queue")
     assert q["t"].tolist() == [10.0, 10.0, 30.0, 30.0]            # each group leaves the queue as it is trained
     assert q["op"].tolist() == ["put", "get", "put", "get"] and q["size"].tolist() == [1, 0, 1, 0]
@@ -64,6 +67,8 @@ def test_stream_groups_commits_to_the_mini_batch_it_started():
     assert plain.frame("step")[["t_start", "t_end", "mini_batch"]].to_numpy().tolist() == [[12, 29, 1], [30, 75, 0]]
     assert streamed.frame("step")[["t_start", "t_end", "mini_batch"]].to_numpy().tolist() == [[20, 65, 0],
                                                                                              [65, 82, 1]]
+    # mini-batch 0 streamed in two parts from 10; mini-batch 1 taken whole at 65: one part
+    assert streamed.frame("step")[["t_first", "parts"]].to_numpy().tolist() == [[10, 2], [65, 1]]
 
 
 @pytest.mark.parametrize("start, end", [("fewest_left", 113.0), ("lowest_index", 113.0), ("half_generated", 106.0)])
@@ -92,6 +97,8 @@ def test_stream_groups_prefers_a_complete_mini_batch_and_pads_per_group():
     st = _run(jobs, True).frame("step")
     # C 12 -> 24, step 24 -> 29; then mini-batch 0: A (done at 14) 29 -> 43, B (done at 30) 43 -> 73, step 73 -> 78
     assert st[["t_start", "t_end", "mini_batch"]].to_numpy().tolist() == [[12, 29, 1], [29, 78, 0]]
+    # B is generated (30) while A trains: both run back to back, one part from 29
+    assert st[["t_first", "parts"]].to_numpy().tolist() == [[12, 1], [29, 1]]
     # padded micro-batches: a streamed group is cut on its own (padded to its own longest)
     two = _jobs([[1, 3], [2, 2]], instance=[0, 0], mini_batch=[0, 0])
     assert micro_batch_table(two, 4, "padded")["padded_tokens"].tolist() == [4]            # 4 x 3 - 8
