@@ -452,6 +452,26 @@ def paired(out: Path, extra: list[str], systems: list[str], blocks: int, order: 
     paired_report(out, systems)
 
 
+def pair_ratios(ra: dict, rb: dict) -> dict:
+    """One pair's ratios, B (``rb``) over A (``ra``), from two :func:`run_row` rows: tokens/s;
+    iteration time A / B (> 1: B faster); tokens and engine steps per iteration; the mean engine
+    step time (``step_ms``, B / A); and ``tok_norm``, tokens/s at equal step time: each run's
+    tokens/s times its own mean ms per engine step (tokens per engine-step-second: what a run
+    would draw if its engine stepped at 1 s per step), B / A. It takes out of the pair the
+    machine's speed drift between the two runs, which moves every step of a run alike; it also
+    takes out what a system changes in its own step time, so where the step cost grows with the
+    batch (the fitted ``decode_c`` of the ``costs`` events), a system that steps smaller batches
+    is charged for its cheaper steps. NaN where either run has no decode-step figures.
+    ``load``: the larger other load of the two runs; ``clean``: at most ``OTHER_LOAD_MAX``."""
+    nan = float("nan")
+    load = max(ra.get("other_cores", 0.0), rb.get("other_cores", 0.0))
+    ms_a, ms_b = ra.get("step_ms", nan), rb.get("step_ms", nan)
+    return {"tok": rb["tokens_s_1"] / ra["tokens_s_1"], "it": ra["iter_time_1"] / rb["iter_time_1"],
+            "tokens": rb["tokens_1"] / ra["tokens_1"], "steps": rb.get("steps_iter", nan) / ra.get("steps_iter", nan),
+            "step_ms": ms_b / ms_a, "tok_norm": rb["tokens_s_1"] * ms_b / (ra["tokens_s_1"] * ms_a),
+            "clean": load <= OTHER_LOAD_MAX, "load": load}
+
+
 def paired_report(out: Path, systems: list[str] | None = None) -> dict:
     """The series in ``out/paired.jsonl``: every run, then per pair B / A (tokens/s; iteration
     time A / B, so > 1 = B faster), the median and min-max over the pairs, and each block's mean."""
@@ -477,11 +497,7 @@ def paired_report(out: Path, systems: list[str] | None = None) -> dict:
         for x, y in zip(runs[::2], runs[1::2]):   # (0, 1), (2, 3): AB, then BA
             ra, rb = (x, y) if x["system"] == a else (y, x)
             if ra["system"] == a and rb["system"] == b:
-                load = max(ra.get("other_cores", 0.0), rb.get("other_cores", 0.0))
-                pairs.append({"block": blk, "tok": rb["tokens_s_1"] / ra["tokens_s_1"],
-                              "it": ra["iter_time_1"] / rb["iter_time_1"], "tokens": rb["tokens_1"] / ra["tokens_1"],
-                              "steps": rb.get("steps_iter", nan) / ra.get("steps_iter", nan),
-                              "clean": load <= OTHER_LOAD_MAX, "load": load})
+                pairs.append({"block": blk, **pair_ratios(ra, rb)})
     if not pairs:
         print("no complete pair yet")
         return {}
@@ -489,14 +505,16 @@ def paired_report(out: Path, systems: list[str] | None = None) -> dict:
           f" '*': other load above {OTHER_LOAD_MAX} cores in one of the two runs):")
     for p in pairs:
         print(f"  block {p['block']}: tokens/s {p['tok']:.3f}x   iteration time {p['it']:.3f}x   tokens/it "
-              f"{p['tokens']:.3f}x   steps/it {p['steps']:.3f}x{'' if p['clean'] else '   * other load %.2f' % p['load']}")
+              f"{p['tokens']:.3f}x   steps/it {p['steps']:.3f}x   step ms {p['step_ms']:.3f}x   tokens/s at equal "
+              f"step time {p['tok_norm']:.3f}x{'' if p['clean'] else '   * other load %.2f' % p['load']}")
     res = {}
     for subset, label0 in ((pairs, "all pairs"), ([p for p in pairs if p["clean"]], "pairs without other load")):
         if not subset or (label0 != "all pairs" and len(subset) == len(pairs)):
             continue
         print(f"{label0}:")
         for key, label in (("tok", "tokens/s"), ("it", "iteration time"), ("tokens", "tokens per iteration"),
-                           ("steps", "engine steps per it.")):
+                           ("steps", "engine steps per it."), ("step_ms", "ms per engine step"),
+                           ("tok_norm", "tok/s at equal step ms")):
             v = np.array([p[key] for p in subset])
             res[(label0, key)] = (float(np.median(v)), float(v.min()), float(v.max()))
             print(f"  {label:22s} median {np.median(v):.3f}x  (min {v.min():.3f}x, max {v.max():.3f}x, {len(v)} pairs)")
