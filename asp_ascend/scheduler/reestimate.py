@@ -118,6 +118,11 @@ class GroupEstimator:
 
     # learnt parameters ------------------------------------------------------------
     @property
+    def learnt(self) -> int:
+        """Groups learnt from so far: what :meth:`predict` returns changes only when this does."""
+        return self._stamp
+
+    @property
     def sigma(self) -> float:
         dof, ss = self._within
         w0 = self.n0 * max(1, self.G - 1)

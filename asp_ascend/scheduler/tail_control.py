@@ -29,10 +29,13 @@ concurrency (every real run writes ``costs`` events, so calibration can fit any 
 rooms only with it. A group g of iteration i with expected longest remaining sample L (at admission
 the bias-corrected prediction times the expected largest-of-G factor; later the estimator's
 ``remaining``) is then sized by :class:`~asp_ascend.scheduler.tail.TailModel` over one
-iteration's loads: work = the decode work of i's groups at full concurrency (measured costs),
-train = the measured trainer time, the floor = g's latency / (k + 1). A room is given only when
-the best period a room allows is at least ``TAIL_GAIN_MIN`` (10 %) below the uncapped period
-``max(work / R, train, latency at max_num_seqs / (k + 1))``: where the step cost hardly depends
+iteration's loads: work = the decode work of i's groups (their predictions bias-corrected by the
+estimator, as g's own length is) at the instances' *measured* concurrency (the meter's mean
+batch, ``full_batch``: an instance whose slots are held by finished samples runs fewer
+sequences than ``max_num_seqs``), train = the measured trainer time, the floor = g's latency /
+(k + 1). A room is given only when the best period a room allows is at least
+``TAIL_GAIN_MIN`` (10 %) below the uncapped period
+``max(work / R, train, latency at the measured batch / (k + 1))``: where the step cost hardly depends
 on the batch or the trainer sets the period, nothing is capped. Until the meter has
 ``min_steps`` decode steps and one iteration's trainer time, nothing is capped either. Instances
 that share CPU cores (``dedicated=False``: unpinned on the CPU) get no room at all: an
@@ -48,6 +51,7 @@ the orchestrator). Nothing here calls Ray.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterable
 
@@ -194,17 +198,27 @@ class TailControl:
         longest = min(mean * group_max_factor(est.sigma if est is not None else 0.3, self.G), self.max_tokens)
         return self.size_room(job.iteration, longest, self.plen(job.prompt_id))
 
-    def _loads(self, iteration: int, cm) -> tuple[float, float, float]:
-        """(decode work at full concurrency, instance-seconds; mean context of a running
-        sequence; mean prompt length) of ``iteration``'s groups under the measured costs."""
-        ck = (iteration, self.meter.revision)
+    def _loads(self, iteration: int, cm, full: int) -> tuple[float, float, float]:
+        """(decode work at ``full`` concurrency, instance-seconds; mean context of a running
+        sequence; mean prompt length) of ``iteration``'s groups under the measured costs. Each
+        group's length is its prediction as re-estimation corrects it (``GroupEstimator.predict``:
+        the learnt bias), the same expectation a group's own room is sized from (``_room_of``):
+        with predictions that run short of the lengths drawn, the raw ones made every iteration's
+        work look small beside its bias-corrected longest group, so every long group looked like
+        it set the period and got a room."""
+        est = self.estimator
+        learnt = est.learnt if est is not None else 0
+        ck = (iteration, self.meter.revision, learnt, full)
         if ck not in self._work:
             keys = [k for mb in self.plan.iterations.get(iteration, {}).values() for k in mb]
             n = max(1, len(keys))
-            pred = self.plan.predicted.get(iteration, 0.0) / n
+            if est is not None:
+                pred = sum(est.predict(self.plan.predicted_length.get(k, 0.0)) for k in keys) / n
+            else:
+                pred = self.plan.predicted.get(iteration, 0.0) / n
             plen = sum(self.plen(p) for _, p in keys) / n if keys else 0.0
-            work = self.G * n * float(cm.work(plen, pred, self.S))
-            self._work = {k: v for k, v in self._work.items() if k[1] == self.meter.revision}
+            work = self.G * n * float(cm.work(plen, pred, full))
+            self._work = {k: v for k, v in self._work.items() if k[1:] == ck[1:]}
             self._work[ck] = (work, plen + pred / 2.0, plen)
         return self._work[ck]
 
@@ -216,23 +230,39 @@ class TailControl:
         cm, train = self.meter.cost(), self.meter.train_time()
         if cm is None or train is None or longest <= 0:
             return 0
-        work, ctx, _ = self._loads(iteration, cm)
+        full = self.full_batch()
+        work, ctx, _ = self._loads(iteration, cm, full)
         k1 = self.k + 1
         base = max(work / self.R, train)
-        # uncapped floor: the group at max_num_seqs sequences (cheap check first: most groups are no tail)
-        lat_full = longest * float(cm.step(self.S, self.G * (prompt_length + longest / 2.0) + (self.S - self.G) * ctx))
+        # uncapped floor: the group among ``full`` sequences (cheap check first: most groups are no tail)
+        lat_full = longest * float(cm.step(full, self.G * (prompt_length + longest / 2.0) + (full - self.G) * ctx))
         if lat_full / k1 <= base * (1.0 + TAIL_GAIN_MIN):
             return 0
         loads = IterationLoads(np.array([work]), np.array([train]), np.array([ctx]), np.array([1.0]), iteration,
                                np.array([float(longest)]), np.array([float(prompt_length)]))
-        tm = TailModel(cm, group_size=self.G, max_num_seqs=self.S, lag_bound=self.k, num_instances=self.R,
+        tm = TailModel(cm, group_size=self.G, max_num_seqs=full, lag_bound=self.k, num_instances=self.R,
                        loads=loads)
-        uncapped = max(base, float(tm.latency(longest, prompt_length, self.S, ctx)) / k1)
+        uncapped = max(base, float(tm.latency(longest, prompt_length, full, ctx)) / k1)
         best, _ = tm.best_period(iteration, float(longest), float(prompt_length), 1.0)
         if best > uncapped * (1.0 - TAIL_GAIN_MIN):
             return 0     # the cap is not predicted to pay
         room = tm.room(iteration, float(longest), float(prompt_length))
-        return room if room < self.S else 0
+        return room if room < full else 0
+
+    def full_batch(self) -> int:
+        """Sequences an uncapped instance runs at once, as measured: the meter's mean batch
+        (sequence-steps over engine steps so far), rounded up to a multiple of G, between G and
+        ``max_num_seqs``. An instance does not run ``max_num_seqs`` sequences just because it may:
+        the Feeder's slots are groups, and a group keeps its slot until its last sample
+        finishes, so the finished samples of the groups still running, and the waits for the
+        next version (lag bound), leave part of the slots without a running sequence (the
+        dedicated-core runs of docs/runtime.md: a mean batch of 50-60 with 128 slots). Priced at
+        ``max_num_seqs``, an uncapped tail looked slower, and a room more useful, than they are."""
+        tot = self.meter.totals()
+        if tot["steps"] <= 0:
+            return self.S
+        n = self.G * math.ceil(tot["seq_steps"] / tot["steps"] / self.G - 1e-9)
+        return int(min(self.S, max(self.G, n)))
 
     def _resize(self, key: Key) -> None:
         """Re-size running group ``key`` from its re-estimated remaining tokens (measured costs)."""

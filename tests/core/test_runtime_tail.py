@@ -401,3 +401,51 @@ def test_late_is_remaining_tokens_above_the_mean_finished_sample_of_the_iteratio
     (sw,) = ctl2.maybe_defer(0)
     assert (sw.deferred, sw.swapped_in) == ((0, "z"), (0, "b"))
     assert ctl2.late(0) == ([], {}, 15.0)    # a and b are i's members now, all finished
+
+
+def _one_instance_control(pred, *, a, c, batches, train, G8=8, S=128):
+    """One instance, G = 8, 128 slots, two iterations of 16 groups predicted ``pred`` tokens each,
+    all of iteration 0 admitted; the meter measured 100 steps at each of ``batches`` sequences
+    (step a + c n) and one iteration's trainer time ``train``."""
+    jobs = [Job(i // 16, i, f"p{i}", instance=0, mini_batch=0, predicted_length=pred) for i in range(32)]
+    st = ExecutionSettings(policy="asp", lag_bound=1, group_size=G8, max_num_seqs=S, num_instances=1,
+                           dispatch="guided")
+    plan = ExecutionPlan(st, jobs)
+    tl = Timeline()
+    ctl = TailControl(plan, TailOptions(reestimate=True, tail_concurrency="auto", measure_costs=True),
+                      max_tokens=64, event=tl.add, now=lambda: 0.0)
+    b1, b2 = batches
+    _poll(ctl.meter, 0, 0, 0, 0.0)
+    _poll(ctl.meter, 0, 100, 100 * b1, 100 * (a + c * b1))
+    _poll(ctl.meter, 0, 200, 100 * (b1 + b2), 100 * (2 * a + c * (b1 + b2)))
+    ctl.on_iteration_time(train)
+    feeder = plan.feeder()
+    for r, job, _v in feeder.fill(None, ctl.room_rule(feeder)):
+        ctl.on_admit(r, job)
+    return ctl, feeder
+
+
+def test_the_iteration_work_beside_a_tail_uses_the_learnt_bias():
+    # predictions 10 tokens, drawn 40: once iteration 0's groups taught the estimator its bias,
+    # iteration 1's work (bias-corrected, as the tail's own length is) outweighs a 48-token
+    # group's floor, and the group gets no room; priced from the raw predictions it kept one
+    ctl, feeder = _one_instance_control(10.0, a=0.002, c=0.0005, batches=(120, 128), train=0.2)
+    assert 0 < ctl.size_room(1, 48.0, 0.0) < 128          # nothing learnt yet: the work looks small
+    for i in range(16):
+        ctl.on_progress([{"key": [0, f"p{i}"], "finished": {s: 40 for s in range(8)}, "tokens": []}])
+        feeder.finished(0, f"p{i}")
+        ctl.on_finish((0, f"p{i}"), [40] * 8)
+    assert ctl.estimator.predict(10.0) > 20.0
+    assert ctl.size_room(1, 48.0, 0.0) == 0
+
+
+def test_a_room_is_priced_at_the_batch_the_instance_runs():
+    # the same costs, trainer time and group; the instance measured running 120-128 sequences
+    # a step (mean 124 -> 128) or 32-64 (its slots held by finished samples: mean 48). Among 128
+    # sequences the 64-token group sets the period and a room pays; among the 48 it runs, its
+    # floor is under the trainer's time and nothing is capped
+    full, _ = _one_instance_control(20.0, a=0.0063, c=0.0001, batches=(120, 128), train=0.5)
+    half, _ = _one_instance_control(20.0, a=0.0063, c=0.0001, batches=(32, 64), train=0.5)
+    assert full.full_batch() == 128 and half.full_batch() == 48
+    assert 0 < full.size_room(1, 64.0, 0.0) < 128
+    assert half.size_room(1, 64.0, 0.0) == 0
