@@ -32,7 +32,9 @@ the policy-lag histogram of the trained samples (summary.json; with partial roll
 deferred samples' lags by admission version and by newest-token version) and the per-instance
 split (response tokens each instance drew and its busy share, ``asp_ascend.metrics.instance_split``;
 ``tail`` prints these too); then per pair (A, B adjacent in time: AB and BA of each block) the
-ratio B / A, and over all pairs the median with its min-max spread.
+ratio B / A (also of the mean engine step time, and tokens/s at equal step time: each run's
+tokens/s times its ms per step, :func:`pair_ratios`), and over all pairs the median with its
+min-max spread.
 ``train.lr=1e-12`` as an override freezes the policy: every system then draws the same tokens per
 iteration, so tokens/s compares the schedules and not the policies' trajectories (docs/runtime.md,
 "Streaming groups into the trainer").
