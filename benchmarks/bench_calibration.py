@@ -88,7 +88,8 @@ def one_sync_mean(fit: dict, tl: Timeline) -> dict:
                 sync_busy_s=0.0)
 
 
-COEFS = ("decode_a", "decode_b", "decode_c", "prefill_per_token", "train_per_token", "train_per_step", "sync_s", "sync_busy_s",
+COEFS = ("decode_a", "decode_b", "decode_c", "prefill_per_token", "admit_engine_s", "train_per_token", "train_per_step",
+         "sync_s", "sync_busy_s",
          "step_latency_s", "publish_s", "admit_latency_s", "admit_each_s")
 
 
@@ -165,7 +166,7 @@ def print_noise_floor(floor: dict) -> None:
               f"{cell(f['other_seed_pct'], f['other_seed_pairs']):>16s}")
 
 
-TERMS = {"decode": ("decode_a", "decode_b", "decode_c", "prefill_per_token"),
+TERMS = {"decode": ("decode_a", "decode_b", "decode_c", "prefill_per_token", "admit_engine_s"),
          "trainer": ("train_per_token", "train_per_step"),
          "sync": ("sync_s", "sync_busy_s"),
          "overheads": ("step_latency_s", "publish_s", "admit_latency_s", "admit_each_s")}
@@ -280,11 +281,7 @@ def _decode_rows(run_dir: str):
         use &= ~((t0 < s1) & (t1 > s0))
     iv = iv[use]
     t0, t1 = iv["t0"].to_numpy(float), iv["t1"].to_numpy(float)
-    adm = np.zeros(len(iv))
-    for _, g in req.groupby("instance"):
-        ta = np.sort(g.groupby(["epoch", "prompt_id"])["t_admit"].min().to_numpy(float))
-        mine = (iv["instance"] == g["instance"].iloc[0]).to_numpy()
-        adm[mine] = (np.searchsorted(ta, t1[mine], side="right") - np.searchsorted(ta, t0[mine], side="right"))
+    adm = iv["A"].to_numpy(float)
     train = np.zeros(len(iv))
     for s0, s1 in zip(st.get("t_start", []), st.get("t_end", [])):
         train += np.clip(np.minimum(t1, s1) - np.maximum(t0, s0), 0, None)

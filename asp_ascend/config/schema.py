@@ -107,6 +107,8 @@ class CostConfig:
     admit_latency_s: float = _f(0.0, "runtime overhead: an instance admits work of a new version this long after its sync, s")
     admit_each_s: float = _f(0.0, "runtime overhead: each admission reaches its instance's engine this long after its "
                              "hand-over starts, one hand-over at a time per instance, s (--calibrate fits it)")
+    admit_engine_s: float = _f(0.0, "engine time an admission costs its instance when its sequences start beside "
+                               "running ones (the hand-over runs on the instance's core), s (--calibrate fits it)")
     spec_acceptance: float = _f(0.5, "speculative decoding: probability that a draft token is accepted")
     spec_draft_s: float = _f(5.0e-4, "speculative decoding: s per decode step to propose the drafts, fixed part")
     spec_draft_per_seq: float = _f(1.0e-5, "speculative decoding: s per decode step per sequence to propose its drafts")

@@ -34,6 +34,7 @@ _FLOAT_RANGES: dict[str, tuple] = {
     "cost.step_latency_s": (0.0, True, None, False),
     "cost.admit_latency_s": (0.0, True, None, False),
     "cost.admit_each_s": (0.0, True, None, False),
+    "cost.admit_engine_s": (0.0, True, None, False),
     "rollout.kv_cache_space_gib": (0.0, False, None, False),
     "rollout.request_timeout_s": (0.0, True, None, False),
     "rollout.num_cpus": (0.0, True, None, False),

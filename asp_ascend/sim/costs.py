@@ -124,6 +124,7 @@ class SimCosts:
     admit_latency_s: float = 0.0
     sync_busy_s: float = 0.0     # added to a sync that starts while an instance decodes; calibrated
     admit_each_s: float = 0.0    # each admission reaches its instance's engine this long later, one at a time; calibrated
+    admit_engine_s: float = 0.0  # engine time an admission costs a busy instance; calibrated
 
 
 def instance_costs(cost_cfg, sim_cfg, tp: int, kv_cache_tokens: int = 0) -> tuple[CostModel, int]:
@@ -164,7 +165,8 @@ def system_costs(cost_cfg, sim_cfg, *, tp: int, train_devices: int, kv_cache_tok
         return SimCosts(cm, kv, per_tok * scale, cost_cfg.train_per_step, cost_cfg.sync_s,
                         sim_cfg.colocated_switch_s if colocated else 0.0, _opt(cost_cfg, "publish_s", None),
                         _opt(cost_cfg, "step_latency_s", 0.0), _opt(cost_cfg, "admit_latency_s", 0.0),
-                        _opt(cost_cfg, "sync_busy_s", 0.0), _opt(cost_cfg, "admit_each_s", 0.0))
+                        _opt(cost_cfg, "sync_busy_s", 0.0), _opt(cost_cfg, "admit_each_s", 0.0),
+                        _opt(cost_cfg, "admit_engine_s", 0.0))
     mc = MODEL_CLASSES[sim_cfg.model_class]
     per_tok = (mc.train_per_token + logprob_passes * mc.logprob_per_token) / max(1, train_devices)
     sync = mc.param_bytes / (sim_cfg.sync_bandwidth_gbps * 1e9) + sim_cfg.sync_latency_s

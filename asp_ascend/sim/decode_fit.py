@@ -14,8 +14,14 @@ ones whose first token closes it: they were prefilled in its last step). Each in
 
     b_j - b_{j-1}  =  a * k_j  +  b * (sum of contexts over its steps)
                       + c * (sum of running counts over its steps)  +  prefill * (prompt tokens prefilled)
+                      + admit * (admissions stamped in it)
 
-fitted by non-negative least squares. Plain least squares on purpose: the simulator needs the
+fitted by non-negative least squares. ``admit`` (``admit_engine_s``) is what an admission costs
+its instance's engine: the runtime hands a group to vLLM on the instance's own core (its
+``submit`` call, stamping ``t_admit``), and an interval holding such a stamp takes that much
+longer (2.7-3.9 ms per admission on the CPU default); without the column an async run, which
+admits while it decodes, carries that cost in its step coefficients, and a sync run, which
+admits mostly before decoding, does not. Plain least squares on purpose: the simulator needs the
 *mean* step time, and on a shared machine the noise is one-sided (other work only stretches steps),
 so a robust fit (Huber, medians) describes the typical step and under-predicts the run (by 10-15 %
 on the CPU quickstart). The structure, not the estimator, keeps queueing out of the fit. Intervals with nothing running through them (the engine may have been idle) and
@@ -101,11 +107,14 @@ def step_intervals(req: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """Per instance, the intervals between consecutive observed step boundaries (module doc).
 
     Columns: instance, t0, t1, y (duration), k (steps, NaN when unknown), N (sum of running
-    counts over the steps), C (sum of contexts), P (prompt tokens prefilled), n_through (sequences
-    running through the interval). Returns (intervals, contradictory equations).
+    counts over the steps), C (sum of contexts), P (prompt tokens prefilled), A (admissions, a
+    group's first ``t_admit``, stamped in ``(t0, t1]``), n_through (sequences running through the
+    interval). Returns (intervals, contradictory equations).
     """
     rows, conflicts = [], 0
     for inst, g in req.groupby("instance", sort=True):
+        ta = (np.sort(g.groupby(["epoch", "prompt_id"])["t_admit"].min().to_numpy(float))
+              if {"t_admit", "epoch", "prompt_id"} <= set(g.columns) else np.zeros(0))
         t1 = g["t_first_token"].to_numpy(float)
         t2 = g["t_finish"].to_numpy(float)
         ok = (t1 >= 0) & (t2 >= t1) & (g["response_length"].to_numpy() >= 1)
@@ -136,11 +145,12 @@ def step_intervals(req: pd.DataFrame) -> tuple[pd.DataFrame, int]:
         new_p = np.bincount(i1, weights=p, minlength=m)[j]
         qsum = (S[j - 1] + 1 + S[j]) * k / 2.0
         kk = np.where(known, k, np.nan)
+        adm = (np.searchsorted(ta, b[j], side="right") - np.searchsorted(ta, b[j - 1], side="right")).astype(float)
         rows.append(pd.DataFrame({
             "instance": inst, "t0": b[j - 1], "t1": b[j], "y": b[j] - b[j - 1], "k": kk,
             "N": kk * n_thr + new_n, "C": kk * b_thr + n_thr * qsum + new_p + new_n, "P": new_p,
-            "n_through": n_thr}))
-    cols = ["instance", "t0", "t1", "y", "k", "N", "C", "P", "n_through"]
+            "A": adm, "n_through": n_thr}))
+    cols = ["instance", "t0", "t1", "y", "k", "N", "C", "P", "A", "n_through"]
     return (pd.concat(rows, ignore_index=True) if rows else pd.DataFrame(columns=cols)), conflicts
 
 
@@ -197,13 +207,14 @@ def fit_decode_steps(req: pd.DataFrame, syncs: pd.DataFrame) -> dict | None:
     u = d[use]
     if len(u) < MIN_INTERVALS:
         return None
-    X = u[["k", "C", "N", "P"]].to_numpy(float)
+    X = u[["k", "C", "N", "P", "A"]].to_numpy(float)
     y = u["y"].to_numpy(float)
-    a, b, c, pf = fit_total(X, y)
+    a, b, c, pf, adm = fit_total(X, y)
     per_step = y / u["k"].to_numpy(float)
-    pred = X @ np.array([a, b, c, pf]) / u["k"].to_numpy(float)
+    pred = X @ np.array([a, b, c, pf, adm]) / u["k"].to_numpy(float)
     return {"decode_a": float(a), "decode_b": float(b), "decode_c": float(c), "prefill_per_token": float(pf),
-            "decode_r2": r2(per_step, pred), "decode_rows": int(len(u)), "decode_method": "steps",
+            "admit_engine_s": float(adm), "decode_r2": r2(per_step, pred), "decode_rows": int(len(u)),
+            "decode_method": "steps",
             "step_conflicts": int(conflicts), "step_intervals": int(len(d))}
 
 
@@ -215,7 +226,7 @@ def fit_decode_requests(req: pd.DataFrame) -> dict:
     X = np.column_stack([np.ones(len(d)), d["C"].to_numpy(float), d["n"].to_numpy(float)])
     a, b, c = nnls_small(X, d["y"].to_numpy(float), d["w"].to_numpy(float))
     y = d["y"].to_numpy(float)
-    fit = {"decode_a": float(a), "decode_b": float(b), "decode_c": float(c),
+    fit = {"decode_a": float(a), "decode_b": float(b), "decode_c": float(c), "admit_engine_s": 0.0,
            "decode_r2": r2(y, X @ np.array([a, b, c])), "decode_rows": int(len(d)), "decode_method": "requests"}
     # prefill: lower envelope of first-token latency minus one step, per prompt token
     first = (req["t_first_token"] - req["t_admit"]).to_numpy(float)

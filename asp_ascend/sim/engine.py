@@ -11,7 +11,8 @@ version at the end of each weight sync (pausing during it when ``sync_pause``), 
 ``barrier`` (verl's one-step-off), only between generation batches. An instance admits work
 that its new version made admissible ``admit_latency_s`` after its sync (with ``group_slots``,
 also a new group that long after a group frees its slot); each admission then reaches the
-instance's engine ``admit_each_s`` later, one after another (``Instances``).
+instance's engine ``admit_each_s`` later, one after another, and costs a busy instance's engine
+``admit_engine_s`` (``Instances``).
 
 Events, in processing order at equal times: a publish (end of a weight sync), the end of a
 trainer step, a version reaching an instance, a freed slot, an instance boundary, a steal pass.
@@ -92,7 +93,7 @@ class Engine:
         self.feeder = self.plan.feeder(self.trace)
         self.inst = Instances(jobs, self.R, self.cm, self.mns, self.kv, self._push, self._group_done,
                               speculation=self.mech.speculation, version_of=self.adm.instance_version.__getitem__,
-                              admit_each_s=self.tr.admit_each_s)
+                              admit_each_s=self.tr.admit_each_s, admit_engine_s=self.tr.admit_engine_s)
         self.dispatcher.held = self.inst.held       # guided dispatch's steal room, in sequences exactly
         self.log = MechanismLog()
         self.tc = None             # the tail glue shared with the runtime (scheduler/tail_control.py)

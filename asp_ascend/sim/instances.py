@@ -11,6 +11,10 @@
   runtime's ``submit`` calls run one after another), so the k-th of a burst decided at ``t`` is
   stamped ``t + k * admit_each_s`` and its sequences may start at the first step boundary at or
   after ``t + (k + 1) * admit_each_s``; the instance decodes on meanwhile;
+- ``admit_engine_s`` (0 = none; calibrated): what an admission costs the instance's engine (the
+  hand-over runs on the instance's own core): a group whose sequences start while the instance
+  runs others stalls it this long, paid with the prefill at that boundary (an admission to an idle
+  instance costs no engine time: nothing is slowed);
 - one decode step gives every running sequence one token and costs the cost model's
   :func:`~asp_ascend.scheduler.cost.step_time`.
 
@@ -36,7 +40,8 @@ class Instances:
 
     def __init__(self, jobs, R: int, cost: CostModel, max_num_seqs: int, kv_capacity: int,
                  push: Callable, on_group_done: Callable[[int, float], None], speculation=None,
-                 version_of: Callable[[int], int] | None = None, admit_each_s: float = 0.0):
+                 version_of: Callable[[int], int] | None = None, admit_each_s: float = 0.0,
+                 admit_engine_s: float = 0.0):
         J, G = jobs.resp.shape
         self.G, self.R = G, R
         self.cm = cost
@@ -48,6 +53,9 @@ class Instances:
         if admit_each_s < 0:
             raise ValueError(f"admit_each_s must be >= 0, got {admit_each_s}")
         self.each = float(admit_each_s)
+        if admit_engine_s < 0:
+            raise ValueError(f"admit_engine_s must be >= 0, got {admit_engine_s}")
+        self.adm_cost = float(admit_engine_s)
         self.push, self.on_group_done = push, on_group_done
         N = J * G
         # sequences
@@ -65,6 +73,7 @@ class Instances:
         self.seq_inst = [0] * N
         self.ver_fin = [0] * N          # the instance's version when the sample finished (its newest tokens')
         self.job_left = [G] * J
+        self.unpaid = [False] * J       # admit_engine_s: admitted, its engine cost not charged yet
         # instances
         self.preemptions = [0] * R
         self.S = [0] * R                # decode steps done
@@ -116,6 +125,8 @@ class Instances:
             self.handover[r] = ready = t + self.each
             for s in range(job * G, job * G + G):
                 self.ready[s] = ready
+        if self.adm_cost:
+            self.unpaid[job] = True
         for s in range(job * G, job * G + G):
             w.append(s)
             self.t_admit[s] = t
@@ -133,6 +144,7 @@ class Instances:
         h, od = self.heaps[r], self.order[r]
         Sr = self.S[r]
         each, ready, Tr = self.each, self.ready, self.T[r] + 1e-12
+        stall = 0.0                     # admit_engine_s of the groups starting beside running ones
         while w and n[r] < self.mns:
             s = w[0]
             if each and ready[s] > Tr:  # not handed over yet (schedule wakes the instance then)
@@ -141,6 +153,10 @@ class Instances:
             if kv and n[r] > 0 and K[r] + n[r] * Sr + need + n[r] + 1 > kv:
                 break
             w.popleft()
+            if self.adm_cost and self.unpaid[s // G]:
+                self.unpaid[s // G] = False
+                if n[r] > 0:
+                    stall += self.adm_cost
             n[r] += 1
             K[r] += need - Sr
             s0[s] = Sr
@@ -152,8 +168,8 @@ class Instances:
             newtok += need
             if g0[s] == 0:
                 fresh.append(s)
-        if newtok:
-            self.T[r] += self.cm.prefill_per_token * newtok
+        if newtok or stall:
+            self.T[r] += self.cm.prefill_per_token * newtok + stall
         if fresh:
             nn = n[r]
             tf = self.T[r] + self.cost_at(nn).steps(1, nn, K[r] + nn * Sr)

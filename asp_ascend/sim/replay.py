@@ -160,6 +160,7 @@ def replay(tl: Timeline, fit: dict, *, max_num_seqs: int, lag_bound: int, sync_m
                      publish_s=fit.get("publish_s") if overheads else None,
                      step_latency_s=o("step_latency_s"), admit_latency_s=o("admit_latency_s"),
                      sync_busy_s=fit.get("sync_busy_s") or 0.0, admit_each_s=o("admit_each_s"),
+                     admit_engine_s=fit.get("admit_engine_s") or 0.0,
                      stream_groups=stream_start is not None and not sync_mode,
                      stream_start=stream_start or "half_generated")
     R = max(num_instances or 0, int(jobs.instance.max()) + 1)  # the configured count, or the timeline's if more

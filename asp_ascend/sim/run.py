@@ -238,6 +238,7 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
                      system_micro_batching(cfg, spec), costs.switch_s, publish_s=costs.publish_s,
                      step_latency_s=costs.step_latency_s, admit_latency_s=costs.admit_latency_s,
                      sync_busy_s=costs.sync_busy_s, admit_each_s=costs.admit_each_s,
+                     admit_engine_s=costs.admit_engine_s,
                      max_tokens_per_micro_batch=int(cfg.train.max_tokens_per_micro_batch),
                      **stream_settings(cfg))
     settings = spec.execution(jobs.group_size, dispatch=cfg.scheduler.dispatch)
@@ -280,7 +281,8 @@ def _setup_entry(res: SimResult) -> dict:
             "kv_capacity_tokens": c.kv_capacity, "train_per_token": c.train_per_token,
             "train_per_step": c.train_per_step, "sync_s": c.sync_s, "switch_s": c.switch_s,
             "publish_s": c.publish_s, "step_latency_s": c.step_latency_s, "admit_latency_s": c.admit_latency_s,
-            "sync_busy_s": c.sync_busy_s, "admit_each_s": c.admit_each_s, "preemptions": res.preemptions,
+            "sync_busy_s": c.sync_busy_s, "admit_each_s": c.admit_each_s,
+            "admit_engine_s": c.admit_engine_s, "preemptions": res.preemptions,
             "wall_s": res.wall_s}
 
 
@@ -341,7 +343,7 @@ def apply_calibration(cfg, fit: dict):
     """A copy of ``cfg`` simulating with fitted coefficients (``sim.model_class=custom``)."""
     cfg = copy.deepcopy(cfg)
     for k in ("decode_a", "decode_b", "decode_c", "prefill_per_token", "train_per_token", "train_per_step", "sync_s",
-              "sync_busy_s", "publish_s", "step_latency_s", "admit_latency_s", "admit_each_s"):
+              "sync_busy_s", "publish_s", "step_latency_s", "admit_latency_s", "admit_each_s", "admit_engine_s"):
         if fit.get(k) is not None:
             setattr(cfg.cost, k, float(fit[k]))
     cfg.cost.logprob_per_token = 0.0    # the fitted trainer cost already includes the log-prob passes

@@ -52,6 +52,8 @@ class TrainerSpec:
     #                                  (the weights land between engine steps of a busy instance)
     admit_each_s: float = 0.0        # each admission reaches its instance's engine this long after its hand-over
     #                                  starts, one hand-over at a time per instance (sim/instances.py)
+    admit_engine_s: float = 0.0      # engine time an admission costs its instance when it starts beside running
+    #                                  sequences (the hand-over runs on the instance's core; sim/instances.py)
     stream_groups: bool = False      # sim.stream_groups: a streaming trainer runs each group's forward/backward
     #                                  as it is generated, the optimizer step after the mini-batch's last group
     stream_start: str = "half_generated"  # sim.stream_groups_start: which partly generated mini-batch it starts
