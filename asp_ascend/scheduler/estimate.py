@@ -19,7 +19,9 @@ runs, so
     latency = its solo latency + the (c + b * context) terms and prefill of the sequences its
               instance generates beside it,
 
-at most ``(S - G) x (c + b x mean context)`` per step of its own (a full instance) and at most the
+at most a full instance's: ``(S - G) x (c + b x mean context)`` per step of its own, the prefill of
+the ``S - G`` sequences admitted with it (when it starts with its window) and of each one's
+replacement once per mean length; and at most the
 instance's share of the work still to come: the rest of its window, plus the next window's share
 once that is admitted, for the part done before the group ends (a fixed point, three rounds).
 A group's longest sample runs ``min(mean x group_max_factor, max_response_length)`` steps.
@@ -68,6 +70,7 @@ class _Rollout:
     solo: np.ndarray        # latency of the group alone on an instance
     steps: np.ndarray       # decode steps of the group (its longest sample)
     per_step: np.ndarray    # per window: what a full instance's other sequences add to each step
+    pre_wave: np.ndarray    # per window: the prefill of a full instance's other sequences admitted at once
     beside: np.ndarray      # per group: the (c + b * context) terms and prefill of its own sequences
     W: np.ndarray           # per window: work at full concurrency, instance-seconds
     cells: np.ndarray       # (window, instance) work as placed (bubble figures)
@@ -139,8 +142,14 @@ def _rollout(it, inst, rank, L, longest, P, n_iter, *, G, R, S, cost: CostModel,
     solo = (cost.prefill_per_token * Po * G + cost.steps(Lo, G, G * Po) + cost.steps(Lg - Lo, 1, Po + Lo))
     beside = G * (c * Lo + b * (Po * Lo + Lo * Lo / 2.0) + cost.prefill_per_token * Po)
     per_step = np.maximum(0.0, conc - G) * (c + b * mean_ctx)
+    # a full instance's prefill beside the group: the co-runners admitted with it (first wave), and
+    # each co-runner's slot turning over once per mean length (the replacement's prefill)
+    mean_p = np.bincount(w, weights=G * Po, minlength=n_iter) / np.maximum(seqs, 1.0)
+    mean_l = np.bincount(w, weights=G * Lo, minlength=n_iter) / np.maximum(seqs, 1.0)
+    pre_wave = np.maximum(0.0, conc - G) * cost.prefill_per_token * mean_p
+    pre_step = pre_wave / np.maximum(mean_l, 1.0)
     cells = np.bincount(w * R + inst[order], weights=w_o, minlength=n_iter * R).reshape(n_iter, R)
-    return _Rollout(order, win_start, first_wave, before, solo, Lg, per_step, beside,
+    return _Rollout(order, win_start, first_wave, before, solo, Lg, per_step + pre_step, pre_wave, beside,
                     np.bincount(w, weights=w_o, minlength=n_iter), cells, work)
 
 
@@ -223,7 +232,8 @@ def _pipeline(ro: _Rollout, it, inst, tr: dict, n_iter, *, R, k, sync_s) -> dict
         start = np.maximum(start, V[np.maximum(0, it_o[g] - k)])
         done_before = np.where(ro.first_wave[g], 0.0, ro.before[g] / max(ro.W[j], 1e-12))
         rest = np.maximum(0.0, ro.beside[ws[j]:ws[j + 1]].sum() / R * (1.0 - done_before) - ro.beside[g] / R)
-        full = ro.per_step[j] * ro.steps[g]   # a full instance beside every step of the group
+        # a full instance beside every step of the group (and, starting with its window, its prefill)
+        full = ro.per_step[j] * ro.steps[g] + np.where(ro.first_wave[g], ro.pre_wave[j], 0.0)
         fin = start + ro.solo[g] + np.minimum(full, rest)
         if k > 0 and j + 1 < n_iter:  # the next window's share co-runs once it is admitted
             nxt_admit = V[max(0, j + 1 - k)]
