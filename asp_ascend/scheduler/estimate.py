@@ -24,6 +24,10 @@ the ``S - G`` sequences admitted with it (when it starts with its window) and of
 replacement once per mean length; and at most the
 instance's share of the work still to come: the rest of its window, plus the next window's share
 once that is admitted, for the part done before the group ends (a fixed point, three rounds).
+An instance's share of a window is 1/R, except from a shared queue (``shared_queue``): there the
+window goes to the instances free when it is admitted, each up to S sequences (the simulator's
+instances take a new version's work as they come back from the weight sync, the idle ones first),
+so an instance holds ``min(S, seqs / R_free)`` of it (``_queue_share``).
 A group's longest sample runs ``min(mean x group_max_factor, max_response_length)`` steps.
 
 Trainer (as the simulator's and the runtime's): iteration i's optimizer steps in the order their
@@ -73,6 +77,8 @@ class _Rollout:
     pre_wave: np.ndarray    # per window: the prefill of a full instance's other sequences admitted at once
     beside: np.ndarray      # per group: the (c + b * context) terms and prefill of its own sequences
     W: np.ndarray           # per window: work at full concurrency, instance-seconds
+    seqs: np.ndarray        # per window: its sequences
+    cap: np.ndarray         # per window: the sequences an instance holds at most
     cells: np.ndarray       # (window, instance) work as placed (bubble figures)
     work: np.ndarray        # per group (input order)
 
@@ -81,7 +87,7 @@ def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_len
              num_instances: int, max_num_seqs: int, lag_bound: int, micro_batch_size: int,
              cost: CostModel, group_max_factor: float = 1.0, kv_cache_tokens: int = 0,
              micro_batching: str = "padded", max_tokens_per_micro_batch: int = 0,
-             max_response_length: float | None = None) -> dict:
+             max_response_length: float | None = None, shared_queue: bool = False) -> dict:
     """Predicted run figures for a schedule whose groups have mean lengths ``lengths``;
     ``micro_batching``/``max_tokens_per_micro_batch``: how the trainer cuts micro-batches (the
     runtime's mode, ``microbatch.resolve_mode(train.micro_batching)``); ``max_response_length``:
@@ -102,7 +108,8 @@ def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_len
     tr = _trainer(it, np.asarray(mini_batch, dtype=np.int64), rank, P, L, n_iter, G=group_size,
                   micro_batch_size=micro_batch_size, micro_batching=micro_batching, max_tokens=max_tokens_per_micro_batch,
                   cost=cost, group_max_factor=group_max_factor)
-    pipe = _pipeline(ro, it, inst, tr, n_iter, R=num_instances, k=lag_bound, sync_s=cost.sync_s)
+    pipe = _pipeline(ro, it, inst, tr, n_iter, R=num_instances, k=lag_bound, sync_s=cost.sync_s,
+                     shared_queue=shared_queue)
     lb = iteration_lower_bounds(np.bincount(it, weights=ro.work, minlength=n_iter) / num_instances,
                                 tr["train_unpadded"], _longest_solo(it, P, longest, group_size, cost, n_iter), lag_bound)
     return _figures(pipe, tr, ro.cells, lb, num_instances)
@@ -150,7 +157,7 @@ def _rollout(it, inst, rank, L, longest, P, n_iter, *, G, R, S, cost: CostModel,
     pre_step = pre_wave / np.maximum(mean_l, 1.0)
     cells = np.bincount(w * R + inst[order], weights=w_o, minlength=n_iter * R).reshape(n_iter, R)
     return _Rollout(order, win_start, first_wave, before, solo, Lg, per_step + pre_step, pre_wave, beside,
-                    np.bincount(w, weights=w_o, minlength=n_iter), cells, work)
+                    np.bincount(w, weights=w_o, minlength=n_iter), seqs, cap, cells, work)
 
 
 def _trainer(it, mb, rank, P, L, n_iter, *, G, micro_batch_size, micro_batching, max_tokens, cost: CostModel,
@@ -190,7 +197,7 @@ def _trainer(it, mb, rank, P, L, n_iter, *, G, micro_batch_size, micro_batching,
             "train_unpadded": cost.train_time(real_i, n_steps), "real": real_i, "slots": real_i + pad_i}
 
 
-def _pipeline(ro: _Rollout, it, inst, tr: dict, n_iter, *, R, k, sync_s) -> dict:
+def _pipeline(ro: _Rollout, it, inst, tr: dict, n_iter, *, R, k, sync_s, shared_queue=False) -> dict:
     """The recurrence over windows: versions V, each group's finish, each step's readiness.
 
     Window j needs V up to V_j (its groups' admission versions are <= j); V_j needs iteration
@@ -207,6 +214,8 @@ def _pipeline(ro: _Rollout, it, inst, tr: dict, n_iter, *, R, k, sync_s) -> dict
     c_prev = np.zeros(R)             # per instance as placed (bubble figures)
     S_cell = np.zeros((n_iter, R))
     C_cell = np.zeros((n_iter, R))
+    start_o = np.zeros(order.size)   # each group's start and finish, in pooled order
+    fin_o = np.zeros(order.size)
 
     def train(i: int) -> float:
         """Iteration i's steps in the order they become ready, from V_i; the trainer's idle time."""
@@ -231,7 +240,11 @@ def _pipeline(ro: _Rollout, it, inst, tr: dict, n_iter, *, R, k, sync_s) -> dict
         start = np.where(ro.first_wave[g], s, s + ro.before[g] / R)
         start = np.maximum(start, V[np.maximum(0, it_o[g] - k)])
         done_before = np.where(ro.first_wave[g], 0.0, ro.before[g] / max(ro.W[j], 1e-12))
-        rest = np.maximum(0.0, ro.beside[ws[j]:ws[j + 1]].sum() / R * (1.0 - done_before) - ro.beside[g] / R)
+        share = 1.0 / R              # the instance's share of the window
+        if shared_queue and ro.seqs[j] > 0:
+            run = slice(ws[max(0, j - k)], ws[j])
+            share = _queue_share(start_o[run], fin_o[run], admit, ro.seqs[j], ro.cap[j], R)
+        rest = np.maximum(0.0, ro.beside[g].sum() * share * (1.0 - done_before) - ro.beside[g] * share)
         # a full instance beside every step of the group (and, starting with its window, its prefill)
         full = ro.per_step[j] * ro.steps[g] + np.where(ro.first_wave[g], ro.pre_wave[j], 0.0)
         fin = start + ro.solo[g] + np.minimum(full, rest)
@@ -242,10 +255,24 @@ def _pipeline(ro: _Rollout, it, inst, tr: dict, n_iter, *, R, k, sync_s) -> dict
             for _ in range(FIXED_POINT_ROUNDS):
                 frac = np.clip((fin - np.maximum(nxt_admit, start)) / nxt_len, 0.0, 1.0)
                 fin = start + ro.solo[g] + np.minimum(full, rest + frac * nxt_share)
+        start_o[g], fin_o[g] = start, fin
         np.maximum.at(ready, step_o[g], fin)
         np.maximum.at(gen, it_o[g], fin)
     V[n_iter] = train(n_iter - 1)
     return {"V": V, "C": C_cell, "S": S_cell, "gen": gen, "wait": wait}
+
+
+def _queue_share(start: np.ndarray, fin: np.ndarray, admit: float, seqs: float, cap: float, R: int) -> float:
+    """The share of a shared-queue window that one instance holding its groups runs: the window
+    goes first to the instances free at its admission (``R_free``), each taking up to ``cap``
+    sequences, so an instance holds ``min(cap, seqs / R_free)`` of it (at least ``seqs / R``). The
+    earlier windows' groups started before ``admit`` and still running then occupy
+    ``R (1 - (1 - 1/R)^n)`` instances (n groups landing independently on R instances); groups
+    admitted at the same moment are spread with the window."""
+    n_run = int(np.count_nonzero((start < admit) & (fin > admit)))
+    busy = R * (1.0 - (1.0 - 1.0 / R) ** n_run)
+    per_instance = max(seqs / R, min(cap, seqs / max(1.0, R - busy)))
+    return per_instance / seqs
 
 
 def _figures(pipe: dict, tr: dict, W, lb, R) -> dict:

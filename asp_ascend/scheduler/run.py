@@ -148,9 +148,10 @@ def plan_epoch_columns(cfg, inp: PlanInputs, policy: str | None = None, epochs: 
     return parts[0] if len(parts) == 1 else {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}
 
 
-def estimate_schedule(cfg, sched, inp: PlanInputs, lengths: np.ndarray) -> dict:
+def estimate_schedule(cfg, sched, inp: PlanInputs, lengths: np.ndarray, policy: str | None = None) -> dict:
     """Analytic figures of ``sched`` (a schedule frame or columns from ``plan_epochs``: each epoch's
-    rows in ``inp.prompt_ids`` order) when the groups' mean lengths are ``lengths`` (per prompt of inp)."""
+    rows in ``inp.prompt_ids`` order, planned with ``policy``, default ``scheduler.policy``) when the
+    groups' mean lengths are ``lengths`` (per prompt of inp)."""
     t, r = cfg.train, cfg.rollout
     n_rows = len(sched["epoch"])
     if n_rows % len(inp.prompt_ids):
@@ -164,7 +165,8 @@ def estimate_schedule(cfg, sched, inp: PlanInputs, lengths: np.ndarray) -> dict:
                     micro_batch_size=t.micro_batch_size, cost=cost, group_max_factor=inp.group_max_factor,
                     kv_cache_tokens=r.kv_cache_tokens, micro_batching=resolve_mode(t.micro_batching),
                     max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
-                    max_response_length=cfg.lengths.max_response_length)
+                    max_response_length=cfg.lengths.max_response_length,
+                    shared_queue=SHARED_QUEUE[policy or cfg.scheduler.policy])
 
 
 def planned_concurrency(cfg, inp: PlanInputs) -> int:
@@ -232,7 +234,7 @@ def build_schedule(cfg, prompts=None, history: pd.DataFrame | None = None, *, co
                 continue
             other = plan_epoch_columns(base_cfg, inp, pol)
             base[pol] = _short(estimate_schedule(base_cfg, other, inp,
-                                                 inp.truth if inp.truth is not None else inp.predicted))
+                                                 inp.truth if inp.truth is not None else inp.predicted, pol))
         report["baselines"] = base
         report["baselines_judged_on"] = "truth" if inp.truth is not None else "predictions"
     if compare:

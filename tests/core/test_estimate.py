@@ -20,3 +20,26 @@ def test_a_group_waits_for_the_prefill_of_the_sequences_admitted_with_it():
     e = estimate([0, 0], [0, 0], [0, 0], [0, 1], [1.0, 1.0], [100.0, 1000.0], group_size=1, num_instances=1,
                  max_num_seqs=2, lag_bound=0, micro_batch_size=2, cost=STEP_AND_PREFILL, micro_batching="packed")
     assert e["iteration_time_mean"] == pytest.approx(12.0)
+
+
+# a decode step costs 1 s + 0.5 s per running sequence; no prefill, free trainer and sync
+PER_SEQ = CostModel(decode_a=1.0, decode_b=0.0, decode_c=0.5, prefill_per_token=0.0, train_per_token=0.0,
+                    train_per_step=0.0, logprob_per_token=0.0, sync_s=0.0)
+
+
+def test_a_shared_queue_window_lands_on_the_instances_free_at_its_admission():
+    # two instances of two slots, one-sample groups, lag bound 1. Iterations 0 and 1 (1 + 2 and
+    # 4 + 2 tokens) start at 0 s; iteration 0 is done at 4 s, when iteration 2 (two groups of 6
+    # tokens) becomes admissible. Iteration 1's 4-token group still runs on one instance then, so
+    # from one shared queue both new groups go to the other, free one and run beside each other
+    # (the event simulator: both finish at 16 s, the last version at 16 s). The estimate: the pool's
+    # capacity frees at (1 + 2 + 4 + 2) x (0.5 + 0.5) / 2 = 4.5 s; each group's solo latency is
+    # 6 x 1.5 = 9 s plus the other's 6 x 0.5 = 3 s beside it: 16.5 s. Planned on their own queues
+    # (one group per instance) the other group's steps count half: 15 s.
+    args = ([0, 0, 1, 1, 2, 2], [0, 1, 0, 1, 0, 1], [0] * 6, list(range(6)), [1.0, 2.0, 4.0, 2.0, 6.0, 6.0], [0.0] * 6)
+    kw = dict(group_size=1, num_instances=2, max_num_seqs=2, lag_bound=1, micro_batch_size=2, cost=PER_SEQ,
+              micro_batching="packed")
+    shared = estimate(*args, **kw, shared_queue=True)
+    own = estimate(*args, **kw, shared_queue=False)
+    assert shared["run_time_s"] == pytest.approx(16.5)
+    assert own["run_time_s"] == pytest.approx(15.0)
