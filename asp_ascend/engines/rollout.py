@@ -194,40 +194,67 @@ class RolloutEngine:
         the remaining token budget (the prefix is prefilled under this instance's weights; its
         tokens keep their recorded versions and behaviour log-probs). The group's admission
         version is then the oldest version behind any of its tokens."""
+        with self._lock:
+            self._raise_background()
+            version = self._add_group(group_id, prompt_token_ids, n, max_tokens, temperature, top_p, seed,
+                                      stop_token_ids, meta, prefix)
+        self._wake.set()
+        return version
+
+    def submit_many(self, groups: list[dict]) -> list[int]:
+        """:meth:`submit` for several groups (each a dict of its keyword arguments) in ONE hold of
+        the engine lock, so no engine step runs between the first and the last group added: an
+        instance's burst of admissions (its fill after a weight sync) starts together at the next
+        step. One ``submit`` call per group reaches the actor at most ``max_concurrency`` at a time,
+        each waiting for the step in progress, so a burst trickled into the engine over several
+        steps. Each group is stamped (``t_admit``) when it is added. Returns the admission
+        versions, in order."""
+        with self._lock:
+            self._raise_background()
+            versions = []
+            for i, g in enumerate(groups):
+                if not isinstance(g, dict):
+                    raise TypeError(f"submit_many: group {i} is a {type(g).__name__}, not a dict of submit's "
+                                    f"keyword arguments (group_id, prompt_token_ids, n, max_tokens, ...)")
+                versions.append(self._add_group(**g))
+        self._wake.set()
+        return versions
+
+    def _add_group(self, group_id: str, prompt_token_ids: list[int], n: int, max_tokens: int,
+                   temperature: float, top_p: float, seed: int, stop_token_ids: list[int],
+                   meta: dict | None = None, prefix: list[dict] | None = None) -> int:
+        """Add one group's requests to the engine, stamped now (lock held); its admission version."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        with self._lock:
-            self._raise_background()
-            now = time.time()
-            oldest = [int(p["segments"][0][1]) for p in (prefix or []) if p.get("token_ids") and p.get("segments")]
-            g = _Group(group_id, dict(meta or {}), n, now, min(oldest + [self.version]))
-            self._groups[group_id] = g
-            for s in range(n):
-                pre = (prefix or [])[s] if prefix and s < len(prefix) else {}
-                done_tokens = list(pre.get("token_ids", []))
-                rec = {"sample": s, "token_ids": done_tokens, "logprobs": list(pre.get("logprobs", [])),
-                       "t_first_token": now if done_tokens else None, "t_finish": None,
-                       "version_first": int(pre["segments"][0][1]) if done_tokens else self.version,
-                       "segments": [list(x) for x in pre.get("segments", [])] if done_tokens else [], "steps": 0,
-                       "resumed_at": len(done_tokens), "_drawn": bool(done_tokens)}
-                g.samples[s] = rec
-                g.sent[s] = len(done_tokens)
-                if pre.get("finished") or len(done_tokens) >= max_tokens:
-                    rec["t_finish"], rec["version_last"] = now, int(rec["segments"][-1][1]) if done_tokens else self.version
-                    rec["finish_reason"] = pre.get("finish_reason") or "length"
-                    continue
-                sp = SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens - len(done_tokens),
-                                    logprobs=0, seed=seed * 1000 + s, output_kind=RequestOutputKind.DELTA,
-                                    detokenize=False, stop_token_ids=list(stop_token_ids))
-                rec["_ctx"] = len(prompt_token_ids) + len(done_tokens)
-                self._running += 1
-                self._context += rec["_ctx"]
-                rid = f"{group_id}#{s}"
-                # the salt of the current version: a prefix resubmitted under v + 1 never reuses KV of v
-                self.engine.add_request(rid, self._prompt(list(prompt_token_ids) + done_tokens), sp)
-            self._finish_group_if_done(group_id)
-        self._wake.set()
+        now = time.time()
+        oldest = [int(p["segments"][0][1]) for p in (prefix or []) if p.get("token_ids") and p.get("segments")]
+        g = _Group(group_id, dict(meta or {}), n, now, min(oldest + [self.version]))
+        self._groups[group_id] = g
+        for s in range(n):
+            pre = (prefix or [])[s] if prefix and s < len(prefix) else {}
+            done_tokens = list(pre.get("token_ids", []))
+            rec = {"sample": s, "token_ids": done_tokens, "logprobs": list(pre.get("logprobs", [])),
+                   "t_first_token": now if done_tokens else None, "t_finish": None,
+                   "version_first": int(pre["segments"][0][1]) if done_tokens else self.version,
+                   "segments": [list(x) for x in pre.get("segments", [])] if done_tokens else [], "steps": 0,
+                   "resumed_at": len(done_tokens), "_drawn": bool(done_tokens)}
+            g.samples[s] = rec
+            g.sent[s] = len(done_tokens)
+            if pre.get("finished") or len(done_tokens) >= max_tokens:
+                rec["t_finish"], rec["version_last"] = now, int(rec["segments"][-1][1]) if done_tokens else self.version
+                rec["finish_reason"] = pre.get("finish_reason") or "length"
+                continue
+            sp = SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens - len(done_tokens),
+                                logprobs=0, seed=seed * 1000 + s, output_kind=RequestOutputKind.DELTA,
+                                detokenize=False, stop_token_ids=list(stop_token_ids))
+            rec["_ctx"] = len(prompt_token_ids) + len(done_tokens)
+            self._running += 1
+            self._context += rec["_ctx"]
+            rid = f"{group_id}#{s}"
+            # the salt of the current version: a prefix resubmitted under v + 1 never reuses KV of v
+            self.engine.add_request(rid, self._prompt(list(prompt_token_ids) + done_tokens), sp)
+        self._finish_group_if_done(group_id)
         return g.version
 
     def _prompt(self, prompt_token_ids: list[int]) -> dict:

@@ -40,6 +40,7 @@ class Trainer(Protocol):
 @runtime_checkable
 class RolloutInstance(Protocol):
     submit: RemoteMethod              # (group_id, prompt_ids, n, max_tokens, temperature, top_p, seed, stop, meta)
+    submit_many: RemoteMethod         # ([submit's keyword arguments per group]) -> [admission version]: one hold
     poll: RemoteMethod                # (wait_s) -> {"groups": [...], "busy_s": float}
     update_weights: RemoteMethod      # (ticket, group=None)
     ready: RemoteMethod               # () -> int

@@ -245,6 +245,7 @@ class Orchestrator(TrainerCalls):
         # current iteration is exempt)
         gate = lambda job: self.queue.can_admit(force=job.iteration <= self.iteration)  # noqa: E731
         sp = self.sp
+        batches: dict[int, list[dict]] = {}   # instance -> this pass's groups, sent in one call
         for r, job, _version in self.feeder.fill(gate, self.tail.room_rule(self.feeder)):
             self.tail.on_admit(r, job)
             self.queue.reserve()
@@ -254,10 +255,16 @@ class Orchestrator(TrainerCalls):
             if prefix is not None:
                 self.log.say(f"prompt {job.prompt_id}: resuming {sum(len(p['token_ids']) for p in prefix)} "
                              f"generated token(s) on instance {r}")
-            self.submit_refs.append(self.instances[r].submit.remote(
-                f"{job.epoch}:{job.prompt_id}", self.task.prompts.token_ids[job.prompt_id], sp.group_size,
-                sp.max_tokens, sp.temperature, sp.top_p, seed, sp.stop_token_ids,
-                {"epoch": job.epoch, "prompt_id": job.prompt_id}, **({"prefix": prefix} if prefix else {})))
+            batches.setdefault(r, []).append(dict(
+                group_id=f"{job.epoch}:{job.prompt_id}", prompt_token_ids=self.task.prompts.token_ids[job.prompt_id],
+                n=sp.group_size, max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p, seed=seed,
+                stop_token_ids=sp.stop_token_ids, meta={"epoch": job.epoch, "prompt_id": job.prompt_id},
+                **({"prefix": prefix} if prefix else {})))
+        # one call per instance: its groups enter the engine in one lock hold, between two steps
+        # (per-group calls trickled a burst in over several steps); a failed instance's call is
+        # handled through its poll, as a single submit's is
+        for r, groups in batches.items():
+            self.submit_refs.append(self.instances[r].submit_many.remote(groups))
         self.tail.record_steals()
 
     def _end_iteration(self, i: int) -> None:

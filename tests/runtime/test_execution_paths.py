@@ -58,8 +58,12 @@ class GatedInstance:
     def __init__(self):
         self.submitted, self.finished = [], []
 
-    def submit(self, group_id, token_ids, n, max_tokens, temperature, top_p, seed, stop, meta, **kw):
+    def submit(self, group_id, prompt_token_ids, n, max_tokens, temperature, top_p, seed, stop_token_ids, meta,
+               **kw):
         self.submitted.append((meta["epoch"], meta["prompt_id"]))
+
+    def submit_many(self, groups):
+        return [self.submit(**g) for g in groups]
 
     def poll(self, wait_s=0.0):
         done, self.finished = self.finished, []

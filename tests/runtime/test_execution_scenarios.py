@@ -58,10 +58,14 @@ class ScriptedInstance:
         self.tick = tick
         self.die_after = 0 if ray.get_runtime_context().was_current_actor_reconstructed else die_after
 
-    async def submit(self, group_id, token_ids, n, max_tokens, temperature, top_p, seed, stop, meta, **kw):
+    async def submit(self, group_id, prompt_token_ids, n, max_tokens, temperature, top_p, seed, stop_token_ids, meta,
+                     **kw):
         now = time.time()
         self.running.append((now + self.tick * max(self.lengths[group_id]), group_id, meta, now, self.version))
         return 0
+
+    async def submit_many(self, groups):
+        return [await self.submit(**g) for g in groups]
 
     async def poll(self, wait_s: float = 0.0) -> dict:
         if self.die_after and self.delivered >= self.die_after:

@@ -4,6 +4,8 @@ must get it before the loop's next step, not whenever the loop happens to let go
 import threading
 import time
 
+import pytest
+
 from asp_ascend.engines.rollout import StepLock
 
 
@@ -71,3 +73,85 @@ def test_callers_and_the_loop_never_hold_it_together():
     stop.set()
     threads[0].join(timeout=5)
     assert seen and max(seen) == 1 and lock.waiting == 0
+
+
+class _Recorded(StepLock):
+    """The engine lock, writing every caller's hold into ``log``."""
+
+    def __init__(self, log: list):
+        super().__init__()
+        self.log = log
+
+    def __enter__(self):
+        super().__enter__()
+        self.log.append(("hold",))
+        return self
+
+    def __exit__(self, *exc):
+        self.log.append(("release",))
+        super().__exit__(*exc)
+
+
+class _Engine:
+    """vLLM's engine as the step loop drives it: requests stay unfinished, every step is logged."""
+
+    def __init__(self, log: list):
+        self.log, self.requests = log, []
+
+    def add_request(self, rid, prompt, params):
+        self.requests.append(rid)
+        self.log.append(("add", rid))
+
+    def has_unfinished_requests(self):
+        return bool(self.requests)
+
+    def step(self):
+        self.log.append(("step",))
+        time.sleep(0.001)
+        return []
+
+
+def _instance(log: list):
+    """A RolloutEngine (its real submit paths, lock and step loop) over :class:`_Engine`."""
+    from asp_ascend.engines.rollout import RolloutEngine
+
+    eng = object.__new__(RolloutEngine)
+    eng.engine, eng.instance, eng.version, eng._labels, eng.speculative = _Engine(log), 0, 3, False, {}
+    eng._lock, eng._wake, eng._has_done = _Recorded(log), threading.Event(), threading.Event()
+    eng._stop, eng._groups, eng._done, eng._error, eng._busy_s = False, {}, [], None, 0.0
+    eng._steps = eng._seq_steps = eng._ctx_steps = eng._running = eng._context = 0
+    eng._thread = threading.Thread(target=eng._loop, daemon=True)
+    eng._thread.start()
+    return eng
+
+
+def _group(i: int) -> dict:
+    return dict(group_id=f"0:p{i}", prompt_token_ids=[1, 2, 3], n=2, max_tokens=8, temperature=1.0, top_p=1.0,
+                seed=i, stop_token_ids=[], meta={"epoch": 0, "prompt_id": f"p{i}"})
+
+
+def test_a_burst_submitted_at_once_enters_the_engine_between_two_steps():
+    """submit_many adds every group of a burst in one hold of the lock: no engine step (and no
+    release of the lock) between the first group added and the last, while the loop is stepping
+    (one submit per group lets the loop step between them)."""
+    pytest.importorskip("vllm")
+    log: list = []
+    eng = _instance(log)
+    try:
+        eng.submit(**_group(0))                       # the loop is stepping on a running group
+        _until(lambda: eng._steps >= 3)
+        burst = [_group(i) for i in range(1, 17)]
+        assert eng.submit_many(burst) == [3] * 16
+        adds = [k for k, e in enumerate(log) if e[0] == "add" and not e[1].startswith("0:p0#")]
+        assert len(adds) == 16 * 2
+        between = [e[0] for e in log[adds[0]:adds[-1] + 1] if e[0] != "add"]
+        assert between == [], f"the burst entered the engine across {between}"
+        _until(lambda: ("step",) in log[adds[-1]:])   # and the loop steps on with the burst
+        stamps = [eng._groups[g["group_id"]].t_admit for g in burst]
+        assert stamps == sorted(stamps)               # each group stamped when it was added
+        with pytest.raises(TypeError, match="group 0 is a list"):
+            eng.submit_many([["0:p99"]])
+    finally:
+        eng._stop = True
+        eng._wake.set()
+        eng._thread.join(timeout=10)
