@@ -96,6 +96,11 @@ TAIL_SYSTEMS = {
                           "rollout.tail_concurrency=off", "scheduler.reestimate=false", "pipeline.stream_groups=true"],
     "async_asp_stream": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp", *LOSSLESS,
                          "pipeline.stream_groups=true"],
+    # rollout.admission=sequences: an instance admits while its unfinished samples < max_num_seqs
+    "async_fifo_seq": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=fifo",
+                       "rollout.tail_concurrency=off", "scheduler.reestimate=false", "rollout.admission=sequences"],
+    "async_fifo_groups": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=fifo",
+                          "rollout.tail_concurrency=off", "scheduler.reestimate=false", "rollout.admission=groups"],
 }
 TAIL_DEFAULT = ("sync", "async_fifo", "async_asp_lossless", "async_asp_partial")   # ``tail`` without --systems
 KEYS = ("throughput", "iteration_time_mean", "padding_bubble", "skew_bubble", "sorting_bubble",

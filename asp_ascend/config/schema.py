@@ -118,6 +118,10 @@ class CostConfig:
 class RolloutConfig:
     num_instances: int = _f(2, "R: independent rollout instances")
     max_num_seqs: int = _f(64, "per-instance concurrency (vLLM max_num_seqs)")
+    admission: str = _f("groups", "when an instance of `asp train` takes another prompt group: groups (at most "
+                        "max_num_seqs // G groups in flight, a group holding its slot until its last sample finishes) "
+                        "| sequences (while its unfinished samples, running or queued in vLLM, are fewer than "
+                        "max_num_seqs: the simulator's default rule)", choices=("groups", "sequences"))
     kv_cache_tokens: int = _f(0, "per-instance KV capacity in tokens (0 = unlimited)")
     devices_per_instance: int = _f(1, "devices (tensor parallel) per instance")
     temperature: float = _f(1.0, "sampling temperature (> 0: the trainer divides logits by it)")

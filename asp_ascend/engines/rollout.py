@@ -179,6 +179,8 @@ class RolloutEngine:
         # sequences and their context tokens summed over those steps
         self._steps, self._seq_steps, self._ctx_steps = 0, 0, 0
         self._running, self._context = 0, 0
+        self._received = 0        # samples ever submitted (the orchestrator's count of those in transit)
+        self._wake_below = 0      # poll: also return when a sample finishes leaving fewer unfinished than this
         self._thread = threading.Thread(target=self._loop, name=f"rollout-{instance}", daemon=True)
         self._thread.start()
 
@@ -231,6 +233,7 @@ class RolloutEngine:
         oldest = [int(p["segments"][0][1]) for p in (prefix or []) if p.get("token_ids") and p.get("segments")]
         g = _Group(group_id, dict(meta or {}), n, now, min(oldest + [self.version]))
         self._groups[group_id] = g
+        self._received += n
         for s in range(n):
             pre = (prefix or [])[s] if prefix and s < len(prefix) else {}
             done_tokens = list(pre.get("token_ids", []))
@@ -273,8 +276,12 @@ class RolloutEngine:
         if self._labels:
             self.engine.set_weight_version(str(self.version))
 
-    def poll(self, wait_s: float = 0.0) -> dict:
-        """Finished groups since the last poll (waits up to ``wait_s`` for one), plus state."""
+    def poll(self, wait_s: float = 0.0, wake_below: int = 0) -> dict:
+        """Finished groups since the last poll (waits up to ``wait_s`` for one), plus state:
+        ``running``, the unfinished samples (running or queued in vLLM), and ``received``, the
+        samples ever submitted. ``wake_below`` (> 0, ``rollout.admission: sequences``): also
+        return once a sample finishes leaving fewer than that many unfinished (room to admit)."""
+        self._wake_below = int(wake_below)
         if wait_s > 0:
             self._has_done.wait(timeout=wait_s)
         with self._lock:
@@ -282,7 +289,8 @@ class RolloutEngine:
             self._raise_background()
             done, self._done = self._done, []
             running = sum(1 for g in self._groups.values() for s in g.samples.values() if s["t_finish"] is None)
-            return {"groups": done, "running": running, "version": self.version, "busy_s": self._busy_s,
+            return {"groups": done, "running": running, "received": self._received, "version": self.version,
+                    "busy_s": self._busy_s,
                     "meter": {"steps": self._steps, "seq_steps": self._seq_steps, "ctx_steps": self._ctx_steps,
                               "busy_s": self._busy_s},
                     "progress": self._progress()}
@@ -479,6 +487,8 @@ class RolloutEngine:
                 if "_ctx" in rec:  # leaves the running batch
                     self._running -= 1
                     self._context -= rec.pop("_ctx")
+                    if self._running < self._wake_below:   # room to admit: the next poll returns now
+                        self._has_done.set()
                 rec.setdefault("version_last", rec["version_first"])
                 spans = getattr(comp, "weight_versions", None) if self._labels else None
                 if spans:  # the engine core's own labels of the weights behind each token (of this

@@ -41,7 +41,8 @@ class Trainer(Protocol):
 class RolloutInstance(Protocol):
     submit: RemoteMethod              # (group_id, prompt_ids, n, max_tokens, temperature, top_p, seed, stop, meta)
     submit_many: RemoteMethod         # ([submit's keyword arguments per group]) -> [admission version]: one hold
-    poll: RemoteMethod                # (wait_s) -> {"groups": [...], "busy_s": float}
+    poll: RemoteMethod                # (wait_s, [wake_below]) -> {"groups": [...], "busy_s": float; with
+    #                                   rollout.admission=sequences also "running" and "received" (samples)}
     update_weights: RemoteMethod      # (ticket, group=None)
     ready: RemoteMethod               # () -> int
     shutdown: RemoteMethod

@@ -2,7 +2,9 @@
 
 Invariants (DESIGN 2, 7):
 - Admission goes through the plan's :class:`~asp_ascend.scheduler.execution.Feeder` (the same
-  rule as the simulator's and the MindSpeed-RL source's): a prompt of iteration i starts only on
+  rule as the simulator's and the MindSpeed-RL source's; with ``rollout.admission: sequences``
+  each poll reports the instance's unfinished samples, plus G per group sent it has not
+  received, and a poll returns as soon as a finish leaves room): a prompt of iteration i starts only on
   an instance holding version >= i - k, so every trained sample has lag <= k (checked again when
   its group arrives).
 - Iteration i trains exactly the schedule's prompts with ``iteration == i``, as complete
@@ -89,6 +91,9 @@ class Orchestrator(TrainerCalls):
         self.syncs = PendingSyncs(weight_sync, self.fleet.live, self._trainer_holds, self.log.say)  # oldest first
         self.poll_refs: dict[int, Any] = {}
         self.submit_refs: list = []
+        self.sent = [0] * len(instances)          # samples sent per instance (this life of it)
+        # rollout.admission=sequences: a poll also returns once a finish leaves room to admit
+        self._poll_kw = {"wake_below": plan.settings.max_num_seqs} if self.feeder.by_sequences else {}
         self.pending_rows: dict[int, dict] = {}   # iteration -> metrics row awaiting its sync
         self.last_sync_end = 0.0
         self.history: list[dict] = []             # observed lengths (the run's length history)
@@ -119,7 +124,7 @@ class Orchestrator(TrainerCalls):
 
         self.ray = ray
         for r in range(len(self.instances)):
-            self.poll_refs[r] = self.instances[r].poll.remote(0.0)
+            self.poll_refs[r] = self.instances[r].poll.remote(0.0, **self._poll_kw)
         self.last_sync_end = self.now()
         self.window.start = self.last_sync_end
         self._evaluate(self.adm.published)
@@ -162,7 +167,9 @@ class Orchestrator(TrainerCalls):
             self.tail.on_progress(res.get("progress", ()))
             for g in res["groups"]:
                 self._on_group(g)
-            self.poll_refs[r] = self.instances[r].poll.remote(self.opts.poll_s)
+            if self.feeder.by_sequences:
+                self.feeder.unfinished(r, res["running"] + self.sent[r] - res["received"])
+            self.poll_refs[r] = self.instances[r].poll.remote(self.opts.poll_s, **self._poll_kw)
         if self.submit_refs:
             done, self.submit_refs = ray.wait(self.submit_refs, num_returns=len(self.submit_refs), timeout=0)
             for ref in done:
@@ -255,6 +262,7 @@ class Orchestrator(TrainerCalls):
             if prefix is not None:
                 self.log.say(f"prompt {job.prompt_id}: resuming {sum(len(p['token_ids']) for p in prefix)} "
                              f"generated token(s) on instance {r}")
+            self.sent[r] += sp.group_size
             batches.setdefault(r, []).append(dict(
                 group_id=f"{job.epoch}:{job.prompt_id}", prompt_token_ids=self.task.prompts.token_ids[job.prompt_id],
                 n=sp.group_size, max_tokens=sp.max_tokens, temperature=sp.temperature, top_p=sp.top_p, seed=seed,
@@ -324,6 +332,7 @@ class Orchestrator(TrainerCalls):
     def _send_eval(self, requests: list[EvalRequest]) -> None:
         sp = self.sp
         for q in requests:
+            self.sent[q.instance] += 1
             self.submit_refs.append(self.instances[q.instance].submit.remote(
                 q.group_id, q.token_ids, 1, sp.max_tokens, 0.0, 1.0, 0, sp.stop_token_ids, q.meta))
 
@@ -344,7 +353,8 @@ class Orchestrator(TrainerCalls):
 
     def _rejoin_instances(self) -> None:
         for r, _version in self.fleet.rejoin(self.ray, self._trainer_holds_published):
-            self.poll_refs[r] = self.instances[r].poll.remote(0.0)
+            self.sent[r] = 0       # a new actor: it counts what it received from 0
+            self.poll_refs[r] = self.instances[r].poll.remote(0.0, **self._poll_kw)
 
     def _trainer_holds_published(self) -> bool:
         """No optimizer step of the current iteration started: the trainer's weights are

@@ -5,8 +5,8 @@ runtime (:mod:`asp_ascend.pipeline`, Ray actors) and the MindSpeed-RL sample sou
 (:mod:`asp_ascend.integrations.mindspeed_rl.sample_source`). Each of them
 
 1. derives its settings once, :meth:`ExecutionSettings.from_config` (or builds them directly, as
-   the simulator does for each system policy): the lag bound k after the sync rule, the group
-   slots per instance, whether instances share one queue, static or guided dispatch;
+   the simulator does for each system policy): the lag bound k after the sync rule, the
+   admission rule (group slots or sequences per instance), whether instances share one queue, static or guided dispatch;
 2. turns schedule rows into an :class:`ExecutionPlan`: the jobs, the iterations' mini-batches
    (what the trainer takes, in schedule order), the resume position and the
    :class:`~asp_ascend.scheduler.admission.Dispatcher` built with those settings;
@@ -27,6 +27,7 @@ from .admission import AdmissionController, Dispatcher, Job, RemainingWork
 from .planner import SHARED_QUEUE
 
 Key = tuple[int, str]   # (epoch, prompt_id): a prompt recurs once per epoch
+ADMISSIONS = ("groups", "sequences")   # rollout.admission: the Feeder's room rule
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class ExecutionSettings:
     epochs: int = 1
     queue_capacity: int = 1        # the runtime's sample queue, in groups
     planned_max_num_seqs: int = 0  # the concurrency the plan assumed (0: max_num_seqs); guided dispatch's steal room
+    admission: str = "groups"      # rollout.admission: groups (group slots) | sequences (unfinished samples)
 
     @property
     def shared_queue(self) -> bool:
@@ -62,7 +64,8 @@ class ExecutionSettings:
                    group_size=t.group_size, max_num_seqs=cfg.rollout.max_num_seqs,
                    num_instances=cfg.rollout.num_instances, dispatch=cfg.scheduler.dispatch,
                    adaptive=cfg.scheduler.adaptive and t.epochs > 1, epochs=t.epochs,
-                   queue_capacity=cfg.pipeline.queue_capacity or t.global_batch_size * (k + 1))
+                   queue_capacity=cfg.pipeline.queue_capacity or t.global_batch_size * (k + 1),
+                   admission=cfg.rollout.admission)
 
 
 def jobs_from_columns(iteration, dispatch_rank, prompt_id, epoch, instance, mini_batch,
@@ -158,15 +161,21 @@ class ExecutionPlan:
         return self.dispatcher.add(jobs)
 
     def feeder(self, trace: list | None = None) -> "Feeder":
-        return Feeder(self.dispatcher, self.settings.group_slots, trace)
+        st = self.settings
+        if st.admission not in ADMISSIONS:
+            raise ValueError(f"rollout.admission: {st.admission!r} is not one of {', '.join(ADMISSIONS)}")
+        return Feeder(self.dispatcher, st.group_slots, trace, group_size=st.group_size,
+                      max_seqs=st.max_num_seqs if st.admission == "sequences" else 0)
 
 
 class Feeder:
     """Which instance takes which job next, and every event that changes it.
 
-    The rule: a live instance may hold ``slots`` prompt groups in flight; when several can
-    admit at once they take one job at a time, the one with the fewest groups in flight first
-    (ties: lowest index), until none can, first each from its own jobs, then (guided
+    The rule: a live instance may hold ``slots`` prompt groups in flight (``max_seqs`` > 0,
+    ``rollout.admission: sequences``: it may admit while its unfinished samples are fewer than
+    ``max_seqs``, vLLM queueing the rest - the simulator's default rule, which its event loop
+    inlines); when several can admit at once they take one job at a time, the one holding the
+    fewest sequences first (ties: lowest index), until none can, first each from its own jobs, then (guided
     dispatch) from others' jobs not yet started (:meth:`fill`). Which job comes from the
     :class:`Dispatcher` (schedule order, lag bound, shared queue, guided dispatch). An executor
     whose instances reach admission points one at a time (the simulator, at an instance's
@@ -174,13 +183,23 @@ class Feeder:
 
     ``trace`` (a list): every admission and event is appended as a tuple, so two executors fed
     the same events can be shown to admit the same jobs in the same order.
+
+    Unfinished samples under the sequence rule: an admission adds ``group_size``; an executor
+    that learns its instances' counts later than their finishes (the runtime's polls) reports
+    each count with :meth:`unfinished`, which replaces the instance's count: the count it had,
+    plus ``group_size`` per group admitted that it had not received yet. So the rule admits a
+    group only while that sum is below ``max_seqs``: at most one group over it, never more.
     """
 
-    def __init__(self, dispatcher: Dispatcher, slots: int, trace: list | None = None):
+    def __init__(self, dispatcher: Dispatcher, slots: int, trace: list | None = None, *, group_size: int = 1,
+                 max_seqs: int = 0):
         self.disp = dispatcher
         self.adm = dispatcher.adm
         self.slots = int(slots)
+        self.G = int(group_size)
+        self.max_seqs = int(max_seqs)          # > 0: the sequence rule
         self.inflight = [0] * len(dispatcher.alive)
+        self.seqs = [0] * len(dispatcher.alive)  # the sequence rule: unfinished samples per instance
         self.where: dict[Key, int] = {}
         self.trace = trace
 
@@ -188,12 +207,24 @@ class Feeder:
     def alive(self, r: int) -> bool:
         return self.disp.alive[r]
 
+    @property
+    def by_sequences(self) -> bool:
+        """``rollout.admission: sequences``: the instances' unfinished samples decide the room."""
+        return self.max_seqs > 0
+
     def has_room(self, r: int) -> bool:
+        if self.max_seqs:
+            return self.seqs[r] < self.max_seqs
         return self.inflight[r] < self.slots
 
+    def held(self, r: int) -> int:
+        """Sequences instance ``r`` is taken to hold: its unfinished samples (the sequence
+        rule), else G per group in flight."""
+        return self.seqs[r] if self.max_seqs else self.inflight[r] * self.G
+
     def order(self) -> list[int]:
-        """Live instances, fewest groups in flight first."""
-        return sorted((r for r in range(len(self.inflight)) if self.disp.alive[r]), key=lambda r: self.inflight[r])
+        """Live instances, fewest sequences held first."""
+        return sorted((r for r in range(len(self.inflight)) if self.disp.alive[r]), key=self.held)
 
     def fill(self, gate: Callable[[Job], bool] | None = None,
              room: Callable[[int], bool] | None = None) -> Iterator[tuple[int, Job, int]]:
@@ -243,6 +274,7 @@ class Feeder:
             return None
         job, version = got
         self.inflight[r] += 1
+        self.seqs[r] += self.G
         self.where[(job.epoch, job.prompt_id)] = r
         if self.trace is not None:
             self.trace.append(("admit", r, job.epoch, job.prompt_id, version))
@@ -262,6 +294,13 @@ class Feeder:
     def release(self, r: int) -> None:
         self.inflight[r] -= 1
 
+    def unfinished(self, r: int, count: int) -> None:
+        """Instance ``r`` reports ``count`` unfinished samples (the sequence rule's count:
+        running and queued, plus G per admitted group it has not received yet)."""
+        self.seqs[r] = max(0, int(count))
+        if self.trace is not None:
+            self.trace.append(("unfinished", r, int(count)))
+
     def published(self, version: int) -> None:
         """The trainer published ``version``."""
         self.adm.on_publish(version)
@@ -278,6 +317,7 @@ class Feeder:
         """Instance ``r`` is gone: (its jobs, now queued on survivors; the groups it had in flight)."""
         moved = self.disp.on_instance_failed(r)
         lost, self.inflight[r] = self.inflight[r], 0
+        self.seqs[r] = 0
         for job in moved:
             self.where.pop((job.epoch, job.prompt_id), None)
         if self.trace is not None:
@@ -289,7 +329,9 @@ class Feeder:
         self.disp.on_instance_restarted(r)
         while r >= len(self.inflight):
             self.inflight.append(0)
+            self.seqs.append(0)
         self.inflight[r] = 0
+        self.seqs[r] = 0
         if self.trace is not None:
             self.trace.append(("restarted", r))
 

@@ -138,8 +138,10 @@ class TailControl:
 
     # ------------------------------------------------------------------ admission
     def room_rule(self, feeder: Feeder) -> Callable[[int], bool] | None:
-        """``Feeder.fill``'s room rule: a free group slot and, on an instance running a tail,
-        room under its cap (a tail group itself needs only the slot)."""
+        """``Feeder.fill``'s room rule: room by the feeder's own rule (a free group slot, or
+        unfinished samples under ``max_num_seqs``) and, on an instance running a tail, room under
+        its cap for the sequences the feeder counts there (a tail group itself needs only the
+        feeder's room)."""
         if self.governor is None:
             return None
         gov = self.governor
@@ -150,7 +152,7 @@ class TailControl:
             if gov.cap(r) >= self.S:         # no tail runs there: a free slot is room (no peek)
                 return True
             job = self.disp.peek(r, True)
-            return job is None or gov.admits(r, feeder.inflight[r] * self.G, self._room_of(job))
+            return job is None or gov.admits(r, feeder.held(r), self._room_of(job))
         return room
 
     def on_admit(self, r: int, job: Job) -> None:

@@ -135,7 +135,8 @@ def replay(tl: Timeline, fit: dict, *, max_num_seqs: int, lag_bound: int, sync_m
            stream_start: str | None = None):
     """Simulate the run's own jobs (:func:`replay_jobs`) with the fitted coefficients, under the
     runtime's admission rule (``group_slots``: at most ``max_num_seqs // G`` groups in flight per
-    instance, a group holding its slot until its last sample finishes). ``micro_batching``: the
+    instance, a group holding its slot until its last sample finishes; False, a run made with
+    ``rollout.admission: sequences``: running + waiting sequences below ``max_num_seqs``). ``micro_batching``: the
     run's ``train.micro_batching``; ``auto`` is what the run's steps show (:func:`run_micro_batching`).
     ``tail_caps``: replay the run's tail-aware concurrency from its ``tail`` events
     (:func:`recorded_caps`; nothing changes for a run without them). ``stream_start``: the run
@@ -215,7 +216,9 @@ def run_settings(run_dir: str | Path) -> dict:
 
     ``max_num_seqs`` is what the run's dispatcher admitted per instance: an asp schedule's
     ``admission_concurrency`` from ``schedule_report.json`` (the planner's, ``scheduler.concurrency``;
-    ``pipeline/planning.py`` runs the plan at it) when lower than ``rollout.max_num_seqs``."""
+    ``pipeline/planning.py`` runs the plan at it) when lower than ``rollout.max_num_seqs``.
+    ``group_slots``: the run admitted by group slots (``rollout.admission: groups``); a run made
+    with ``sequences`` replays under the simulator's sequence rule."""
     import json
 
     from ..config import lag_bound_of, run_config
@@ -236,7 +239,8 @@ def run_settings(run_dir: str | Path) -> dict:
             "sync_mode": cfg.pipeline.mode == "sync", "micro_batch_size": cfg.train.micro_batch_size,
             "micro_batching": cfg.train.micro_batching,
             "num_instances": cfg.rollout.num_instances if has_file else None,
-            "stream_start": str(cfg.pipeline.stream_groups_start) if cfg.pipeline.stream_groups else None}
+            "stream_start": str(cfg.pipeline.stream_groups_start) if cfg.pipeline.stream_groups else None,
+            "group_slots": cfg.rollout.admission == "groups"}
 
 
 def replay_report(run_dir: str | Path, fit: dict | None = None) -> tuple[dict, pd.DataFrame, pd.DataFrame]:

@@ -49,39 +49,54 @@ WORDS = ["a", "b", "c", "d", "e", "f", "g", "h"]
 @ray.remote(num_cpus=0)
 class ScriptedInstance:
     """A rollout instance: a group's samples have their true lengths (``lengths[group_id]``) and
-    finish ``tick`` s per token after admission; versions are what the weight syncs set.
+    each finishes ``tick`` s per token after admission; versions are what the weight syncs set.
+    A poll reports the unfinished samples and those received, and with ``wake_below`` returns
+    once a sample's finish leaves fewer unfinished (as the vLLM actor does).
     ``die_after``: the process exits at the first poll after it handed back that many groups
     (its first life only: once Ray restarted it, it lives)."""
 
     def __init__(self, r: int, lengths: dict, die_after: int = 0, tick: float = TICK):
         self.r, self.lengths, self.version, self.running, self.delivered = r, lengths, 0, [], 0
         self.tick = tick
+        self.received, self.last_poll = 0, time.time()
         self.die_after = 0 if ray.get_runtime_context().was_current_actor_reconstructed else die_after
 
     async def submit(self, group_id, prompt_token_ids, n, max_tokens, temperature, top_p, seed, stop_token_ids, meta,
                      **kw):
         now = time.time()
-        self.running.append((now + self.tick * max(self.lengths[group_id]), group_id, meta, now, self.version))
+        ends = [now + self.tick * x for x in self.lengths[group_id]]
+        self.running.append((max(ends), group_id, meta, now, self.version, ends))
+        self.received += n
         return 0
 
     async def submit_many(self, groups):
         return [await self.submit(**g) for g in groups]
 
-    async def poll(self, wait_s: float = 0.0) -> dict:
+    def _unfinished(self, now: float) -> int:
+        return sum(e > now for g in self.running for e in g[5])
+
+    def _woken(self, wake_below: int) -> bool:
+        now = time.time()
+        return any(g[0] <= now for g in self.running) or (
+            wake_below > 0 and any(self.last_poll < e <= now for g in self.running for e in g[5])
+            and self._unfinished(now) < wake_below)
+
+    async def poll(self, wait_s: float = 0.0, wake_below: int = 0) -> dict:
         if self.die_after and self.delivered >= self.die_after:
             os._exit(1)
         deadline = time.time() + wait_s
-        while not any(t <= time.time() for t, *_ in self.running) and time.time() < deadline:
+        while not self._woken(wake_below) and time.time() < deadline:
             await asyncio.sleep(0.005)
-        now = time.time()
+        now = self.last_poll = time.time()
         done = [g for g in self.running if g[0] <= now]
         self.running = [g for g in self.running if g[0] > now]
         self.delivered += len(done)
-        return {"groups": [self._group(*g) for g in done], "busy_s": 0.0}
+        return {"groups": [self._group(*g) for g in done], "busy_s": 0.0, "running": self._unfinished(now),
+                "received": self.received}
 
-    def _group(self, t_done, group_id, meta, t_admit, v) -> dict:
+    def _group(self, t_done, group_id, meta, t_admit, v, ends) -> dict:
         samples = [{"sample": s, "token_ids": [3 + (s + j) % len(WORDS) for j in range(n)], "logprobs": [-2.0] * n,
-                    "t_first_token": t_admit, "t_finish": t_done, "version_first": v, "version_last": v,
+                    "t_first_token": t_admit, "t_finish": ends[s], "version_first": v, "version_last": v,
                     "segments": [[0, v]], "finish_reason": "stop"} for s, n in enumerate(self.lengths[group_id])]
         return {"meta": meta, "instance": self.r, "admission_version": v, "t_admit": t_admit, "samples": samples}
 
@@ -119,9 +134,9 @@ def start_trainer(model_dir):
         micro_batching="padded")
 
 
-def settings_for(adaptive: bool = False) -> ExecutionSettings:
+def settings_for(adaptive: bool = False, admission: str = "groups") -> ExecutionSettings:
     return ExecutionSettings(policy="asp", lag_bound=K, group_size=G, max_num_seqs=4, num_instances=R, dispatch="guided",
-                             adaptive=adaptive, epochs=EPOCHS, queue_capacity=6 * (K + 1))
+                             adaptive=adaptive, epochs=EPOCHS, queue_capacity=6 * (K + 1), admission=admission)
 
 
 def lengths_of(sched, resp) -> dict:
@@ -298,3 +313,29 @@ def test_stream_groups_refuses_the_sync_mode(cluster, trainer):
     with pytest.raises(ValueError, match="pipeline.stream_groups.*pipeline.mode=async"):
         Orchestrator([], trainer, ExecutionPlan.from_schedule(sched, settings), None, None, weight_sync=None,
                      stream_start="fewest_left")
+
+
+def test_sequence_admission(cluster, trainer, tmp_path):
+    """``rollout.admission: sequences``: an instance takes another group while its unfinished
+    samples (the last poll's count, plus G per group sent since) are fewer than max_num_seqs.
+    Exactly-once, membership and the lag bound hold as with group slots (the simulator and
+    MindSpeed-RL's source run the schedule by group slots: the same groups per iteration); no
+    group was admitted where max_num_seqs samples were already unfinished (at most one group
+    over), and an instance did hold more groups than its two slots (finished samples no longer
+    hold room)."""
+    settings = settings_for(admission="sequences")
+    sched, resp = schedule_and_lengths("asp", K, epochs=EPOCHS)
+    orch = run_loop(trainer, ExecutionPlan.from_schedule(sched, settings), lengths_of(sched, resp), tmp_path)
+    assert orch.feeder.by_sequences
+    trained, lags, times = runtime_trained([orch.timeline])
+    assert set(times.values()) == {1} and len(times) == len(sched) * G
+    assert_agree(sched, K, (trained, lags), *others(sched, resp, settings_for()))
+    req = orch.timeline.frame("request")
+    most = 0
+    for _, g in req.groupby(["epoch", "prompt_id"]):
+        r, t = int(g["instance"].iloc[0]), float(g["t_admit"].iloc[0])
+        on = req[(req["instance"] == r) & (req["t_admit"] < t)]
+        assert int((on["t_finish"] > t).sum()) < settings.max_num_seqs
+        groups = on[on["t_finish"] > t].groupby(["epoch", "prompt_id"]).ngroups
+        most = max(most, groups + 1)
+    assert most > settings.group_slots

@@ -71,3 +71,12 @@ def test_run_settings_replay_the_planned_admission_concurrency(tmp_path):
 
     with pytest.raises(DataError, match="schedule_report.json"):
         run_settings(tmp_path)
+
+
+def test_run_settings_replay_the_run_admission_rule(tmp_path):
+    """A run made with ``rollout.admission: sequences`` replays under the simulator's sequence rule
+    (``group_slots=False``); one made with group slots under the slot rule."""
+    (tmp_path / "config.yaml").write_text("rollout:\n  admission: sequences\n")
+    assert run_settings(tmp_path)["group_slots"] is False
+    (tmp_path / "config.yaml").write_text("rollout:\n  admission: groups\n")
+    assert run_settings(tmp_path)["group_slots"] is True

@@ -215,7 +215,8 @@ def test_sim_calibrate_run_settings_read_through_the_schema(tmp_path):
     assert run_settings(tmp_path) == {"max_num_seqs": d.rollout.max_num_seqs, "lag_bound": d.pipeline.lag_bound,
                                       "sync_mode": False, "micro_batch_size": d.train.micro_batch_size,
                                       "micro_batching": d.train.micro_batching, "num_instances": None,
-                                      "stream_start": None}
+                                      "stream_start": None,
+                                      "group_slots": d.rollout.admission == "groups"}
     (tmp_path / "config.yaml").write_text("pipeline:\n  mode: sync\n  lag_bound: 3\nrollout:\n  num_instances: 2\n")
     got = run_settings(tmp_path)
     assert got["max_num_seqs"] == 64 and got["lag_bound"] == 0 and got["sync_mode"] and got["num_instances"] == 2

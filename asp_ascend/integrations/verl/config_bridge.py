@@ -201,6 +201,11 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
         raise ConfigError(["asp.pipeline.stream_groups: true is not supported with verl (its actor update takes "
                            "a whole mini-batch; only asp train streams groups into its trainer); set "
                            "asp.pipeline.stream_groups: false"], source)
+    if cfg.rollout.admission != "groups":
+        raise ConfigError([f"asp.rollout.admission: {cfg.rollout.admission} is not supported with verl "
+                           "(only asp train's rollout instances report the unfinished samples the sequence rule "
+                           "counts); "
+                           "set asp.rollout.admission: groups"], source)
     return cfg, {key: v for key, v in raw.items() if key != "asp"}
 
 
