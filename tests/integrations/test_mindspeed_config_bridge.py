@@ -261,3 +261,14 @@ def test_stream_groups_is_refused_with_the_key_and_the_fix():
             translate(raw, over)
     cfg, _ = translate(raw7b(), ["pipeline.stream_groups=false"])
     assert not cfg.pipeline.stream_groups
+
+
+def test_sequence_admission_is_refused_with_the_key_and_the_fix():
+    """``rollout.admission: sequences`` counts the unfinished samples asp train's instances report;
+    MindSpeed-RL's source admits by group slots: the bridge refuses the key, naming the fix."""
+    for raw, over in ((raw7b(), ["rollout.admission=sequences"]),
+                      ({**raw7b(), "asp": {"rollout": {"admission": "sequences"}}}, [])):
+        with pytest.raises(ConfigError, match="asp.rollout.admission: sequences is not supported with MindSpeed-RL.*"
+                                              "set asp.rollout.admission: groups"):
+            translate(raw, over)
+    assert translate(raw7b(), ["rollout.admission=groups"])[0].rollout.admission == "groups"
