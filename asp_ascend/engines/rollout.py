@@ -167,7 +167,12 @@ class RolloutEngine:
         self._labels = hasattr(self.engine, "set_weight_version")  # the engine core labels its steps
         if self._labels:
             self.engine.set_weight_version("0")
-        self._lock = StepLock()   # engine steps vs callers; fair to callers
+        self._start_loop(instance)
+
+    def _start_loop(self, instance: int, lock: StepLock | None = None) -> None:
+        """The step loop's state, then the loop itself (over ``self.engine``; ``lock``: the engine
+        lock, a new :class:`StepLock` by default)."""
+        self._lock = lock or StepLock()   # engine steps vs callers; fair to callers
         self._wake = threading.Event()
         self._has_done = threading.Event()
         self._stop = False

@@ -117,11 +117,7 @@ def _instance(log: list):
 
     eng = object.__new__(RolloutEngine)
     eng.engine, eng.instance, eng.version, eng._labels, eng.speculative = _Engine(log), 0, 3, False, {}
-    eng._lock, eng._wake, eng._has_done = _Recorded(log), threading.Event(), threading.Event()
-    eng._stop, eng._groups, eng._done, eng._error, eng._busy_s = False, {}, [], None, 0.0
-    eng._steps = eng._seq_steps = eng._ctx_steps = eng._running = eng._context = 0
-    eng._thread = threading.Thread(target=eng._loop, daemon=True)
-    eng._thread.start()
+    eng._start_loop(0, _Recorded(log))   # the constructor's loop state and thread, as a real instance has them
     return eng
 
 
