@@ -101,6 +101,8 @@ TAIL_SYSTEMS = {
                        "rollout.tail_concurrency=off", "scheduler.reestimate=false", "rollout.admission=sequences"],
     "async_fifo_groups": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=fifo",
                           "rollout.tail_concurrency=off", "scheduler.reestimate=false", "rollout.admission=groups"],
+    "async_asp_seq": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp", *LOSSLESS,
+                      "rollout.admission=sequences"],
 }
 TAIL_DEFAULT = ("sync", "async_fifo", "async_asp_lossless", "async_asp_partial")   # ``tail`` without --systems
 KEYS = ("throughput", "iteration_time_mean", "padding_bubble", "skew_bubble", "sorting_bubble",
