@@ -106,24 +106,9 @@ def test_burst_gaps_leave_out_admissions_that_waited_for_something():
     assert _burst_gaps(req, syncs.iloc[:1], pd.DataFrame(), steps) == pytest.approx([0.007, 0.1, 0.009])
 
 
-def test_simulate_calibrate_fits_and_uses_admit_each_s(tmp_path):
-    import json
-    from pathlib import Path
-
-    from asp_ascend.cli import main
-
-    root = Path(__file__).resolve().parents[2]
-    run = tmp_path / "run"
-    _run(0.016, iterations=3).write_jsonl(run / "timeline.jsonl")
-    (run / "config.yaml").write_text("rollout:\n  max_num_seqs: 8\npipeline:\n  mode: sync\n"
-                                     "train:\n  group_size: 2\n  micro_batch_size: 64\n")
-    out = tmp_path / "sim"
-    rc = main(["simulate", str(root / "configs" / "sim_tiny.yaml"), f"output_dir={out}", "workload.num_prompts=64",
-               "sim.sweep_devices=[]", "sim.policies=[fully_async_fifo]", "--calibrate", str(run)])
-    assert rc == 0
-    cal = json.loads((out / "calibration.json").read_text())
+def test_simulate_calibrate_fits_and_uses_admit_each_s(simulate_calibrated):
+    cal, used = simulate_calibrated(_run(0.016, iterations=3))
     assert cal["admit_each_s"] == pytest.approx(0.016, abs=1e-12)
-    used = json.loads((out / "simulation.json").read_text())["systems"]["fully_async_fifo"]
     assert used["admit_each_s"] == pytest.approx(0.016, abs=1e-12)
 
 

@@ -83,26 +83,13 @@ def test_an_admission_beside_running_sequences_stalls_the_engine():
     assert _run(0.005, each=0.0)["first"].tolist() == pytest.approx([0.025] * 4)
 
 
-def test_simulate_calibrate_stores_and_uses_admit_engine_s(tmp_path, monkeypatch):
-    import json
-    from pathlib import Path
-
-    from asp_ascend.cli import main
+def test_simulate_calibrate_stores_and_uses_admit_engine_s(simulate_calibrated, monkeypatch):
     from asp_ascend.sim import calibrate
 
     fitted = calibrate.fit_timeline
     monkeypatch.setattr(calibrate, "fit_timeline", lambda tl, *a, **k: dict(fitted(tl, *a, **k), admit_engine_s=0.004))
-    root = Path(__file__).resolve().parents[2]
-    run = tmp_path / "run"
-    _sim(0.005, iterations=3).write_jsonl(run / "timeline.jsonl")
-    (run / "config.yaml").write_text("rollout:\n  max_num_seqs: 8\npipeline:\n  mode: sync\n"
-                                     "train:\n  group_size: 2\n  micro_batch_size: 64\n")
-    out = tmp_path / "sim"
-    rc = main(["simulate", str(root / "configs" / "sim_tiny.yaml"), f"output_dir={out}", "workload.num_prompts=64",
-               "sim.sweep_devices=[]", "sim.policies=[fully_async_fifo]", "--calibrate", str(run)])
-    assert rc == 0
-    assert json.loads((out / "calibration.json").read_text())["admit_engine_s"] == pytest.approx(0.004)
-    used = json.loads((out / "simulation.json").read_text())["systems"]["fully_async_fifo"]
+    cal, used = simulate_calibrated(_sim(0.005, iterations=3))
+    assert cal["admit_engine_s"] == pytest.approx(0.004)
     assert used["admit_engine_s"] == pytest.approx(0.004)
 
 
