@@ -198,7 +198,10 @@ class Engine:
         one holding the fewest sequences first (ties: lowest index), as verl's and vLLM's routers
         send each request to the least-loaded replica and MindSpeed-RL splits a batch evenly over
         its rollout ranks; filling one instance up before the next would leave the others idle
-        whenever a burst is smaller than the instances' total room."""
+        whenever a burst is smaller than the instances' total room. Only the instances that can
+        admit at ``t`` share: after a weight sync an idle instance can at the sync's end, a busy
+        one at its next step boundary, so a new version's work fills the idle ones first (up to
+        their room), which the analytic estimate models too (``scheduler/estimate.py``)."""
         inst, disp = self.inst, self.dispatcher
         n, waiting, cap, paused = inst.n, inst.waiting, inst.cap, inst.paused
         heap = [(n[r] + len(waiting[r]), r) for r in range(self.R)
