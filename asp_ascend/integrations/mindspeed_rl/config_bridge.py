@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ...errors import ConfigError
+from ..train_only import train_only_problems
 
 # our dotted key -> MindSpeed-RL dotted key (megatron_training.* also looks in actor_config first)
 TRANSLATION: dict[str, str] = {
@@ -268,15 +269,9 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
             raise ConfigError([_name_source(p, origin) for p in exc.problems], source) from None
     finally:
         os.unlink(tmp)
-    if cfg.pipeline.stream_groups:
-        raise ConfigError(["asp.pipeline.stream_groups: true is not supported with MindSpeed-RL (its actor update "
-                           "takes a whole mini-batch; only asp train streams groups into its trainer); set "
-                           "asp.pipeline.stream_groups: false"], source)
-    if cfg.rollout.admission != "groups":
-        raise ConfigError([f"asp.rollout.admission: {cfg.rollout.admission} is not supported with MindSpeed-RL "
-                           "(only asp train's rollout instances report the unfinished samples the sequence rule "
-                           "counts); "
-                           "set asp.rollout.admission: groups"], source)
+    problems = train_only_problems(cfg, "MindSpeed-RL")
+    if problems:
+        raise ConfigError(problems, source)
     msrl = {k: v for k, v in raw.items() if k != "asp"}
     return cfg, msrl
 

@@ -16,6 +16,7 @@ import tempfile
 from typing import Any, Optional
 
 from ...errors import ConfigError
+from ..train_only import train_only_problems
 
 # our dotted key -> verl dotted key
 TRANSLATION: dict[str, str] = {
@@ -197,15 +198,9 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
     if problems:
         raise ConfigError(problems, source)
     cfg = _load(ours, overrides, check_files, origin, source)
-    if cfg.pipeline.stream_groups:
-        raise ConfigError(["asp.pipeline.stream_groups: true is not supported with verl (its actor update takes "
-                           "a whole mini-batch; only asp train streams groups into its trainer); set "
-                           "asp.pipeline.stream_groups: false"], source)
-    if cfg.rollout.admission != "groups":
-        raise ConfigError([f"asp.rollout.admission: {cfg.rollout.admission} is not supported with verl "
-                           "(only asp train's rollout instances report the unfinished samples the sequence rule "
-                           "counts); "
-                           "set asp.rollout.admission: groups"], source)
+    problems = train_only_problems(cfg, "verl")
+    if problems:
+        raise ConfigError(problems, source)
     return cfg, {key: v for key, v in raw.items() if key != "asp"}
 
 

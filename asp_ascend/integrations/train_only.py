@@ -1,0 +1,16 @@
+"""Keys only ``asp train`` runs: a framework bridge refuses them by name, with the fix."""
+from __future__ import annotations
+
+
+def train_only_problems(cfg, framework: str) -> list[str]:
+    """The ``asp.*`` keys of ``cfg`` set to something only ``asp train`` can do under ``framework``."""
+    problems = []
+    if cfg.pipeline.stream_groups:
+        problems.append(f"asp.pipeline.stream_groups: true is not supported with {framework} (its actor update "
+                        "takes a whole mini-batch; only asp train streams groups into its trainer); set "
+                        "asp.pipeline.stream_groups: false")
+    if cfg.rollout.admission != "groups":
+        problems.append(f"asp.rollout.admission: {cfg.rollout.admission} is not supported with {framework} "
+                        "(only asp train's rollout instances report the unfinished samples the sequence rule "
+                        "counts); set asp.rollout.admission: groups")
+    return problems
