@@ -1,4 +1,4 @@
-"""The rollout instance's engine lock (engines/rollout.py: StepLock): the step loop takes it
+"""The rollout instance's engine lock (engines/step_lock.py: StepLock): the step loop takes it
 again right after each engine step; a caller (submit, poll, a weight update) that waits for it
 must get it before the loop's next step, not whenever the loop happens to let go."""
 import threading
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from asp_ascend.engines.rollout import StepLock
+from asp_ascend.engines.step_lock import StepLock
 
 
 def _order(lock, turn, caller_waits) -> list[str]:

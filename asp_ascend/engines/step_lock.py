@@ -1,0 +1,59 @@
+"""The rollout instance's engine lock: its step loop against the callers (``submit``, ``poll``,
+weight updates), fair to the callers."""
+from __future__ import annotations
+
+import threading
+
+
+class StepLock:
+    """The engine's lock, fair to callers: the step loop holds it for one engine step at a time
+    and takes it again right after, so with a plain lock a caller (``submit``, ``poll``, a weight
+    update) woken by the release finds it taken again and can wait several steps (on the 2-core
+    tail benchmark the 16 admissions of one iteration reached their instances over up to 0.9 s,
+    up to 0.4 s with this lock). Here a caller registers before it waits, and the loop
+    (:meth:`for_step`) lets every registered caller through before its next step: a caller
+    waits for at most the step in progress. ``with lock:`` is the callers' way in."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._waiting = 0
+        self._gate = threading.Condition(threading.Lock())
+
+    def __enter__(self) -> "StepLock":
+        with self._gate:
+            self._waiting += 1
+        try:
+            self._lock.acquire()
+        finally:
+            with self._gate:
+                self._waiting -= 1
+                if not self._waiting:
+                    self._gate.notify_all()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._lock.release()
+
+    def for_step(self) -> "_LoopTurn":
+        """``with lock.for_step():`` the loop's turn: after the callers waiting now."""
+        return _LoopTurn(self)
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+
+class _LoopTurn:
+    def __init__(self, lock: StepLock):
+        self.lock = lock
+
+    def __enter__(self) -> StepLock:
+        g = self.lock._gate
+        with g:
+            while self.lock._waiting:
+                g.wait(timeout=0.05)
+        self.lock._lock.acquire()
+        return self.lock
+
+    def __exit__(self, *exc) -> None:
+        self.lock._lock.release()
