@@ -1,7 +1,7 @@
 """Convergence of the tail mechanisms on the CPU default: is async ASP inside the sync band?
 
     python benchmarks/bench_convergence.py [--out runs/bench_convergence] [--seeds 0 1 2]
-        [--systems sync asp_lossless asp_partial_s1 asp_partial_s2] [--launcher "CMD"]
+        [--systems sync asp_lossless asp_partial_s1 asp_partial_s2 ...] [--launcher "CMD"]
         [--plot-only] [key=value ...]
 
 Each run is its own process, ``python -m asp_ascend train configs/cpu_tiny_grpo.yaml`` with the
@@ -17,6 +17,9 @@ Systems (DESIGN 9):
   concurrency (the lossless mechanisms: the trained data and its lag are as without them);
 - ``asp_partial_s1`` / ``asp_partial_s2``: the same + ``rollout.partial_rollout=true`` with
   ``rollout.max_split`` 1 / 2 (bounded off-policy carry-over: lag up to k + S);
+- ``asp_lossless_stream`` / ``asp_partial_s1_stream`` (not in the default list): ``asp_lossless`` /
+  ``asp_partial_s1`` + ``pipeline.stream_groups=true`` (the trainer runs each generated group's
+  forward/backward as it arrives, the optimizer step after its mini-batch's last group);
 - ``async_fifo`` (not in the default list): async, lag bound 1, fifo without mechanisms (the
   calibration benchmark's fit run).
 
@@ -55,6 +58,9 @@ SYSTEMS = {
     "asp_partial_s2": [*ASYNC_K1, *LOSSLESS, "rollout.partial_rollout=true", "rollout.max_split=2"],
     "async_fifo": [*ASYNC_K1, "scheduler.policy=fifo", "rollout.tail_concurrency=off", "scheduler.reestimate=false"],
 }
+STREAM = ["pipeline.stream_groups=true"]
+SYSTEMS["asp_lossless_stream"] = [*SYSTEMS["asp_lossless"], *STREAM]
+SYSTEMS["asp_partial_s1_stream"] = [*SYSTEMS["asp_partial_s1"], *STREAM]
 DEFAULT_SYSTEMS = ["sync", "asp_lossless", "asp_partial_s1", "asp_partial_s2"]
 SMOOTH = 5
 IN_BAND_SHARE = 0.9
