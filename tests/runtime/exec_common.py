@@ -26,7 +26,7 @@ COST = CostModel(decode_a=0.01, decode_b=1e-5, decode_c=1e-3, prefill_per_token=
 
 
 def schedule_and_lengths(policy: str, k: int, seed: int = 1, epochs: int = 1, tail: str = "off",
-                         max_num_seqs: int = 4, n: int = 24):
+                         max_num_seqs: int = 4, n: int = 24, mini_batch_size: int = 3):
     """``epochs`` epochs of ``n`` prompts, each planned on its own (as ``scheduler/run.plan_epochs``
     does), with true lengths that the predictions get wrong (so guided dispatch has work to do).
     ``tail`` (rollout.tail_concurrency): the planner sizes rooms for the groups that set their
@@ -38,7 +38,7 @@ def schedule_and_lengths(policy: str, k: int, seed: int = 1, epochs: int = 1, ta
         truth = rng.integers(1, 40, (n, G))
         predicted = truth.mean(axis=1) * rng.uniform(0.3, 3.0, n)
         sched = plan(ids, predicted, np.full(n, 4.0), policy=policy, group_size=G, global_batch_size=6,
-                     mini_batch_size=3, num_instances=R, max_num_seqs=max_num_seqs, lag_bound=k, epoch=e,
+                     mini_batch_size=mini_batch_size, num_instances=R, max_num_seqs=max_num_seqs, lag_bound=k, epoch=e,
                      iteration_offset=offset, seed=seed, **({} if tail == "off" else {"tail": tail, "cost": COST}))
         offset = int(sched["iteration"].max()) + 1
         rows = {p: i for i, p in enumerate(ids)}

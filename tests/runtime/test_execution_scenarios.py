@@ -306,6 +306,44 @@ def test_stream_groups(cluster, trainer, tmp_path, rule):
     assert orch.streamed is None
 
 
+def test_streamed_run_makes_the_whole_step_runs_updates(cluster, tmp_path):
+    """The loop with ``pipeline.stream_groups`` and the loop without, each with a fresh trainer
+    from the same weights, on the same schedule of one mini-batch per iteration (as the CPU
+    default: with two, which one a run trains first depends on which is generated first, and
+    the order changes the update): the scripted instances' samples depend only on their group,
+    so both runs train the same samples in the same steps, and every optimizer step must be the
+    same update up to float summation order, although the streamed run split steps into parts.
+    Per iteration the loss and the pre-clip gradient norm (which a wrong step denominator
+    scales, e.g. a streamed step divided by its last part's tokens) agree, and so do the weights
+    at the end."""
+    import json
+
+    import torch
+
+    settings = settings_for()
+    sched, resp = schedule_and_lengths("asp", K, epochs=EPOCHS, mini_batch_size=6)
+    assert set(sched["mini_batch"]) == {0}
+    rows, weights, parts = {}, {}, {}
+    for name, rule in (("whole", None), ("stream", "fewest_left")):
+        tr = start_trainer(cluster)
+        orch = run_loop(tr, ExecutionPlan.from_schedule(sched, settings), lengths_of(sched, resp), tmp_path / name,
+                        stream_start=rule)
+        rows[name] = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines() if x.strip()]
+        weights[name] = dict(ray.get(tr.full_weights.remote()))
+        parts[name] = [st.get("parts", 1) for st in orch.timeline.events["step"]]
+        ray.kill(tr)
+    assert max(parts["whole"]) == 1 and max(parts["stream"]) > 1, parts   # one run really streamed
+    assert len(parts["whole"]) == len(parts["stream"]) == len(rows["whole"]) == int(sched["iteration"].max()) + 1
+    for a, b in zip(rows["whole"], rows["stream"]):
+        assert (a["iteration"], a["tokens"], a["reward_mean"]) == (b["iteration"], b["tokens"], b["reward_mean"])
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4), a["iteration"]
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-4, abs=1e-7), a["iteration"]
+    start = dict(ray.get(start_trainer(cluster).full_weights.remote()))
+    assert any(not torch.equal(start[k], v) for k, v in weights["whole"].items())   # the steps moved the weights
+    for k, v in weights["whole"].items():
+        assert float((weights["stream"][k] - v).abs().max()) < 1e-5, k
+
+
 def test_stream_groups_refuses_the_sync_mode(cluster, trainer):
     sched, _ = schedule_and_lengths("asp", 0, epochs=1)
     settings = ExecutionSettings(policy="asp", lag_bound=0, group_size=G, max_num_seqs=4, num_instances=R,
