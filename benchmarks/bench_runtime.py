@@ -6,6 +6,7 @@
     python benchmarks/bench_runtime.py paired --report-only [--out runs/paired]
     python benchmarks/bench_runtime.py stepcost [--out runs/stepcost] [--batches 1,2,...]
     python benchmarks/bench_runtime.py bound --stepcost runs/stepcost/stepcost.json RUN_DIR...
+    python benchmarks/bench_runtime.py latency RUN_DIR...
     python benchmarks/bench_runtime.py convergence [--seeds 0 1 2] [--out ...] [--systems a,b]
         [--launcher "CMD"] [--report-only] [key=value ...]
 
@@ -40,6 +41,10 @@ iteration, so tokens/s compares the schedules and not the policies' trajectories
 "Streaming groups into the trainer").
 ``stepcost``: CPU and wall time per engine step of one vLLM-CPU instance against batch size.
 ``bound``: the CPU-time bound of tail runs (what any dispatch order could gain; docs/runtime.md).
+``latency``: per run directory, from a group's finish that freed a slot of its full instance to
+the instance's next admission (``asp_ascend.metrics.admission_latency``): median, p90 and mean,
+and where the time went (poll, Ray, the orchestrator's loop, submit); ``paired`` prints the
+median and p90 per run too.
 ``convergence``: sync and async-ASP with lag bound 1 and 2, several seeds (``--systems``: any of
 ``CONVERGENCE``, e.g. also ``async_asp_k2_tis``); prints the final mean rewards and the mean
 reward per block of 16 iterations (averaged over seeds) and writes ``convergence.png`` (mean
@@ -430,8 +435,44 @@ def run_row(d: Path, name: str, **extra) -> dict:
         row.update(steps_iter=st["steps_s"] * f["iter_time_1"], batch=st["batch"], step_ms=st["step_ms"])
     if f["split"] is not None:
         row.update(occupancy(f["split"]))
+    lat = admission_figures(d)
+    if lat is not None and lat["latency"]["n"]:
+        row.update(adm_ms=1e3 * lat["latency"]["median"], adm_p90_ms=1e3 * lat["latency"]["p90"])
     row["figures"] = f
     return row
+
+
+def admission_figures(d: Path) -> dict | None:
+    """:func:`asp_ascend.metrics.admission_latency` of one run directory (its group slots from its
+    config); None under ``rollout.admission: sequences`` (no slots to free)."""
+    from asp_ascend.metrics import Timeline, admission_latency
+
+    cfg = _config(d)
+    ro = cfg.get("rollout", {})
+    if ro.get("admission", "groups") != "groups":
+        return None
+    slots = max(1, int(ro["max_num_seqs"]) // int(cfg["train"]["group_size"]))
+    return admission_latency(Timeline.read_jsonl(d / "timeline.jsonl"), slots=slots)
+
+
+def latency(runs: list[Path]) -> None:
+    """``latency``: see the module docstring."""
+    from asp_ascend.metrics.admission import PARTS
+
+    for d in runs:
+        res = admission_figures(d)
+        if res is None:
+            print(f"{d}: rollout.admission is not groups: no slot to free")
+            continue
+        lat = res["latency"]
+        print(f"{d}: {lat['n']} finishes that freed a slot; to the next admission median {1e3 * lat['median']:.1f} ms, "
+              f"p90 {1e3 * lat['p90']:.1f} ms, mean {1e3 * lat['mean']:.1f} ms")
+        parts = res["parts"]
+        if not parts["add"]["n"]:
+            print("  (no poll/submit events: a run of older code; no split)")
+            continue
+        print(f"  split over {parts['add']['n']} of them (ms, median / mean): " + ", ".join(
+            f"{k} {1e3 * parts[k]['median']:.1f}/{1e3 * parts[k]['mean']:.1f}" for k in PARTS))
 
 
 OTHER_LOAD_MAX = 0.1   # cores other processes used during a run above which its pair is marked (and left out of the clean median)
@@ -492,13 +533,13 @@ def paired_report(out: Path, systems: list[str] | None = None) -> dict:
     a, b = systems or (rows[0]["system"], next(r["system"] for r in rows if r["system"] != rows[0]["system"]))
     print(f"\n{'block':>5s} {'run':>3s} {'system':20s} {'tok/s 1+':>8s} {'it_s 1+':>7s} {'tokens/it':>9s} "
           f"{'run CPU s':>9s} {'other cores':>11s} {'steps/it':>8s} {'batch':>5s} {'step ms':>7s} {'idle':>5s} "
-          f"{'few':>5s} {'trainer':>7s} {'steal':>5s} {'defer':>5s} {'lag':>3s}")
+          f"{'few':>5s} {'trainer':>7s} {'steal':>5s} {'defer':>5s} {'lag':>3s} {'adm ms':>6s} {'p90':>5s}")
     for r in rows:
         print(f"{r['block']:5d} {r['pos']:3d} {r['system']:20s} {r['tokens_s_1']:8.0f} {r['iter_time_1']:7.3f} "
               f"{r['tokens_1']:9.0f} {r.get('run_cpu_s', nan):9.1f} {r.get('other_cores', nan):11.2f} "
               f"{r.get('steps_iter', nan):8.1f} {r.get('batch', nan):5.1f} {r.get('step_ms', nan):7.1f} "
               f"{r.get('idle', nan):5.2f} {r.get('few', nan):5.2f} {r['trainer_1']:7.3f} {r['steal']:5d} {r['defer']:5d} "
-              f"{r['lag_max']:3d}")
+              f"{r['lag_max']:3d} {r.get('adm_ms', nan):6.1f} {r.get('adm_p90_ms', nan):5.1f}")
     lags_and_instances([(r["system"], f"block {r['block']} run {r['pos']} {r['system']}", r["figures"]) for r in rows])
     pairs = []
     for blk in sorted({r["block"] for r in rows}):
@@ -752,7 +793,7 @@ def convergence(out: Path, seeds: list[int], extra: list[str], systems: list[str
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("what", choices=("throughput", "tail", "paired", "stepcost", "bound", "convergence"))
+    p.add_argument("what", choices=("throughput", "tail", "paired", "stepcost", "bound", "latency", "convergence"))
     p.add_argument("--out", default="runs/bench_runtime")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--systems", default="", help="tail, paired, convergence: comma-separated systems to run")
@@ -785,6 +826,10 @@ def main() -> None:
         stepcost(out, a.overrides, [int(x) for x in a.batches.split(",")])
     elif a.what == "bound":
         bound([Path(x) for x in a.overrides], Path(a.stepcost), a.target)
+    elif a.what == "latency":
+        if not a.overrides:
+            p.error("latency: pass one or more run directories (each with timeline.jsonl and config.yaml)")
+        latency([Path(x) for x in a.overrides])
     else:
         systems = [x for x in a.systems.split(",") if x] or CONVERGENCE_DEFAULT
         if any(x not in CONVERGENCE for x in systems):

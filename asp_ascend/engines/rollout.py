@@ -133,6 +133,7 @@ class RolloutEngine:
         self._running, self._context = 0, 0
         self._received = 0        # samples ever submitted (the orchestrator's count of those in transit)
         self._wake_below = 0      # poll: also return when a sample finishes leaving fewer unfinished than this
+        self._calls: list[dict] = []  # submit calls since the last poll (their timings, ``poll``'s ``submits``)
         self._thread = threading.Thread(target=self._loop, name=f"rollout-{instance}", daemon=True)
         self._thread.start()
 
@@ -148,10 +149,13 @@ class RolloutEngine:
         the remaining token budget (the prefix is prefilled under this instance's weights; its
         tokens keep their recorded versions and behaviour log-probs). The group's admission
         version is then the oldest version behind any of its tokens."""
+        t_call = time.time()
         with self._lock:
+            t_locked = time.time()
             self._raise_background()
             version = self._add_group(group_id, prompt_token_ids, n, max_tokens, temperature, top_p, seed,
                                       stop_token_ids, meta, prefix)
+            self._log_call(t_call, t_locked, [group_id])
         self._wake.set()
         return version
 
@@ -163,7 +167,9 @@ class RolloutEngine:
         each waiting for the step in progress, so a burst trickled into the engine over several
         steps. Each group is stamped (``t_admit``) when it is added. Returns the admission
         versions, in order."""
+        t_call = time.time()
         with self._lock:
+            t_locked = time.time()
             self._raise_background()
             versions = []
             for i, g in enumerate(groups):
@@ -171,8 +177,16 @@ class RolloutEngine:
                     raise TypeError(f"submit_many: group {i} is a {type(g).__name__}, not a dict of submit's "
                                     f"keyword arguments (group_id, prompt_token_ids, n, max_tokens, ...)")
                 versions.append(self._add_group(**g))
+            self._log_call(t_call, t_locked, [g["group_id"] for g in groups])
         self._wake.set()
         return versions
+
+    def _log_call(self, t_call: float, t_locked: float, group_ids: list[str]) -> None:
+        """One submit call's path for the next poll (``submits``): when it reached this instance
+        (``t_call``), got the engine lock (``t_locked``) and had added its groups (``t_done``)."""
+        if group_ids:
+            self._calls.append({"t_call": t_call, "t_locked": t_locked, "t_done": time.time(),
+                                "groups": list(group_ids)})
 
     def _add_group(self, group_id: str, prompt_token_ids: list[int], n: int, max_tokens: int,
                    temperature: float, top_p: float, seed: int, stop_token_ids: list[int],
@@ -232,20 +246,29 @@ class RolloutEngine:
         """Finished groups since the last poll (waits up to ``wait_s`` for one), plus state:
         ``running``, the unfinished samples (running or queued in vLLM), and ``received``, the
         samples ever submitted. ``wake_below`` (> 0, ``rollout.admission: sequences``): also
-        return once a sample finishes leaving fewer than that many unfinished (room to admit)."""
+        return once a sample finishes leaving fewer than that many unfinished (room to admit).
+        ``timing``: when this call began, its wait ended (``wake``), it got the lock (``locked``)
+        and it returned (``out``); ``submits``: the submit calls since the last poll
+        (:meth:`_log_call`). Both for the path from a finish to the next admission
+        (``asp_ascend.metrics.admission_latency``)."""
+        t_call = time.time()
         self._wake_below = int(wake_below)
         if wait_s > 0:
             self._has_done.wait(timeout=wait_s)
+        t_wake = time.time()
         with self._lock:
+            t_locked = time.time()
             self._has_done.clear()
             self._raise_background()
             done, self._done = self._done, []
+            calls, self._calls = self._calls, []
             running = sum(1 for g in self._groups.values() for s in g.samples.values() if s["t_finish"] is None)
             return {"groups": done, "running": running, "received": self._received, "version": self.version,
                     "busy_s": self._busy_s,
                     "meter": {"steps": self._steps, "seq_steps": self._seq_steps, "ctx_steps": self._ctx_steps,
                               "busy_s": self._busy_s},
-                    "progress": self._progress()}
+                    "progress": self._progress(), "submits": calls,
+                    "timing": {"call": t_call, "wake": t_wake, "locked": t_locked, "out": time.time()}}
 
     def status(self) -> dict:
         """What runs now, without draining anything: version, running samples, their tokens so far."""

@@ -31,6 +31,12 @@
   swapped in) and may carry ``segments`` ([[first token, version], ...]: the weights
   behind each token of the sample) and ``resumed_at`` (partial rollout: tokens kept from a
   failed instance, the sample continued from there).
+- the path from a finish to the next admission (real runs; :mod:`asp_ascend.metrics.admission`):
+  ``poll``: instance, groups (the finished group ids it brought), t_call (the poll began on the
+  instance), t_wake (its wait for a finish ended), t_locked (it held the instance's lock), t_return,
+  t_got (the orchestrator had the result); ``submit``: instance, groups (the group ids of one submit
+  call), t_sent (the orchestrator sent it), t_call (it reached the instance), t_locked (it held the
+  instance's engine lock), t_done (its groups were added).
 
 Times are seconds from the run's start. :class:`Timeline` keeps events columnar
 (lists of dicts per kind) and converts to pandas frames for the metric functions.
@@ -44,7 +50,8 @@ from typing import Any, Iterable
 
 from ..io import json_default
 
-KINDS = ("request", "step", "queue", "sync", "instance", "steal", "tail", "defer", "swap", "speculative", "costs")
+KINDS = ("request", "step", "queue", "sync", "instance", "steal", "tail", "defer", "swap", "speculative", "costs",
+         "poll", "submit")
 
 REQUEST_FIELDS = ("epoch", "iteration", "instance", "prompt_id", "sample", "admission_version",
                   "t_admit", "t_first_token", "t_finish", "prompt_length", "response_length")

@@ -91,6 +91,7 @@ class Orchestrator(TrainerCalls):
         self.syncs = PendingSyncs(weight_sync, self.fleet.live, self._trainer_holds, self.log.say)  # oldest first
         self.poll_refs: dict[int, Any] = {}
         self.submit_refs: list = []
+        self._sent_at: dict[str, float] = {}      # first group id of a submit call -> when it was sent
         self.sent = [0] * len(instances)          # samples sent per instance (this life of it)
         # rollout.admission=sequences: a poll also returns once a finish leaves room to admit
         self._poll_kw = {"wake_below": plan.settings.max_num_seqs} if self.feeder.by_sequences else {}
@@ -162,7 +163,9 @@ class Orchestrator(TrainerCalls):
             except ray.exceptions.RayActorError as exc:
                 self._instance_failed(r, exc)
                 continue
-            self.fleet.watch.on_poll(r, self.now(), res.get("busy_s", 0.0), len(res["groups"]))
+            got = self.now()
+            self._record_path(r, res, got)
+            self.fleet.watch.on_poll(r, got, res.get("busy_s", 0.0), len(res["groups"]))
             self.tail.on_costs(r, res.get("meter"))
             self.tail.on_progress(res.get("progress", ()))
             for g in res["groups"]:
@@ -177,6 +180,20 @@ class Orchestrator(TrainerCalls):
                     ray.get(ref)
                 except ray.exceptions.RayActorError:
                     pass  # the failed instance is handled through its poll
+
+    def _record_path(self, r: int, res: dict, got: float) -> None:
+        """``poll`` event for a poll that brought finished groups and ``submit`` events for the submit
+        calls it reports: the times along the path from a finish to the next admission
+        (``asp_ascend.metrics.admission_latency`` reads them)."""
+        t0 = self.t0
+        tm = res.get("timing")
+        if tm and res["groups"]:
+            self._event("poll", instance=r, groups=[g["group_id"] for g in res["groups"]], t_call=tm["call"] - t0,
+                        t_wake=tm["wake"] - t0, t_locked=tm["locked"] - t0, t_return=tm["out"] - t0, t_got=got)
+        for c in res.get("submits", ()):
+            sent = self._sent_at.pop(c["groups"][0], None)
+            self._event("submit", instance=r, groups=c["groups"], t_sent=sent, t_call=c["t_call"] - t0,
+                        t_locked=c["t_locked"] - t0, t_done=c["t_done"] - t0)
 
     def _on_group(self, g: dict) -> None:
         meta = g["meta"]
@@ -272,6 +289,7 @@ class Orchestrator(TrainerCalls):
         # (per-group calls trickled a burst in over several steps); a failed instance's call is
         # handled through its poll, as a single submit's is
         for r, groups in batches.items():
+            self._sent_at[groups[0]["group_id"]] = self.now()
             self.submit_refs.append(self.instances[r].submit_many.remote(groups))
         self.tail.record_steals()
 
@@ -333,6 +351,7 @@ class Orchestrator(TrainerCalls):
         sp = self.sp
         for q in requests:
             self.sent[q.instance] += 1
+            self._sent_at[q.group_id] = self.now()
             self.submit_refs.append(self.instances[q.instance].submit.remote(
                 q.group_id, q.token_ids, 1, sp.max_tokens, 0.0, 1.0, 0, sp.stop_token_ids, q.meta))
 
