@@ -120,6 +120,10 @@ class RolloutEngine:
         """The step loop's state, then the loop itself (over ``self.engine``; ``lock``: the engine
         lock, a new :class:`StepLock` by default)."""
         self._lock = lock or StepLock()   # engine steps vs callers; fair to callers
+        # the run's bookkeeping (groups, finished groups, counters) vs polls: held for bookkeeping
+        # only, never across an engine step, so a poll does not wait for the step in progress
+        # (lock order: the engine lock, then this one)
+        self._state = threading.Lock()
         self._wake = threading.Event()
         self._has_done = threading.Event()
         self._stop = False
@@ -185,21 +189,23 @@ class RolloutEngine:
         """One submit call's path for the next poll (``submits``): when it reached this instance
         (``t_call``), got the engine lock (``t_locked``) and had added its groups (``t_done``)."""
         if group_ids:
-            self._calls.append({"t_call": t_call, "t_locked": t_locked, "t_done": time.time(),
-                                "groups": list(group_ids)})
+            with self._state:
+                self._calls.append({"t_call": t_call, "t_locked": t_locked, "t_done": time.time(),
+                                    "groups": list(group_ids)})
 
     def _add_group(self, group_id: str, prompt_token_ids: list[int], n: int, max_tokens: int,
                    temperature: float, top_p: float, seed: int, stop_token_ids: list[int],
                    meta: dict | None = None, prefix: list[dict] | None = None) -> int:
-        """Add one group's requests to the engine, stamped now (lock held); its admission version."""
+        """Add one group's requests to the engine, stamped now (engine lock held; takes the bookkeeping
+        lock for the bookkeeping); its admission version."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         now = time.time()
         oldest = [int(p["segments"][0][1]) for p in (prefix or []) if p.get("token_ids") and p.get("segments")]
         g = _Group(group_id, dict(meta or {}), n, now, min(oldest + [self.version]))
-        self._groups[group_id] = g
-        self._received += n
+        requests = []   # (request id, prompt, params)
+        running, context = 0, 0
         for s in range(n):
             pre = (prefix or [])[s] if prefix and s < len(prefix) else {}
             done_tokens = list(pre.get("token_ids", []))
@@ -218,12 +224,18 @@ class RolloutEngine:
                                 logprobs=0, seed=seed * 1000 + s, output_kind=RequestOutputKind.DELTA,
                                 detokenize=False, stop_token_ids=list(stop_token_ids))
             rec["_ctx"] = len(prompt_token_ids) + len(done_tokens)
-            self._running += 1
-            self._context += rec["_ctx"]
-            rid = f"{group_id}#{s}"
+            running += 1
+            context += rec["_ctx"]
             # the salt of the current version: a prefix resubmitted under v + 1 never reuses KV of v
-            self.engine.add_request(rid, self._prompt(list(prompt_token_ids) + done_tokens), sp)
-        self._finish_group_if_done(group_id)
+            requests.append((f"{group_id}#{s}", self._prompt(list(prompt_token_ids) + done_tokens), sp))
+        for rid, prompt, sp in requests:   # the engine lock is held: no step runs before the group is known
+            self.engine.add_request(rid, prompt, sp)
+        with self._state:
+            self._groups[group_id] = g
+            self._received += n
+            self._running += running
+            self._context += context
+            self._finish_group_if_done(group_id)
         return g.version
 
     def _prompt(self, prompt_token_ids: list[int]) -> dict:
@@ -250,13 +262,17 @@ class RolloutEngine:
         ``timing``: when this call began, its wait ended (``wake``), it got the lock (``locked``)
         and it returned (``out``); ``submits``: the submit calls since the last poll
         (:meth:`_log_call`). Both for the path from a finish to the next admission
-        (``asp_ascend.metrics.admission_latency``)."""
+        (``asp_ascend.metrics.admission_latency``).
+
+        A poll takes the bookkeeping lock only, never the engine lock: it returns while an engine
+        step is in progress, with everything the steps before it finished (under the engine lock it
+        waited for the step that began right after the finish that woke it)."""
         t_call = time.time()
         self._wake_below = int(wake_below)
         if wait_s > 0:
             self._has_done.wait(timeout=wait_s)
         t_wake = time.time()
-        with self._lock:
+        with self._state:
             t_locked = time.time()
             self._has_done.clear()
             self._raise_background()
@@ -272,7 +288,7 @@ class RolloutEngine:
 
     def status(self) -> dict:
         """What runs now, without draining anything: version, running samples, their tokens so far."""
-        with self._lock:
+        with self._state:
             live = [r for g in self._groups.values() for r in g.samples.values() if r["t_finish"] is None]
             return {"version": self.version, "running": len(live), "tokens": sum(len(r["token_ids"]) for r in live)}
 
@@ -418,11 +434,12 @@ class RolloutEngine:
                         step_version = self.version  # (older vLLM: no labels from the engine core)
                         outputs = self.engine.step()
                         now = time.time()
-                        self._busy_s += now - t0
-                        self._steps += 1
-                        self._seq_steps += self._running
-                        self._ctx_steps += self._context
-                        self._collect(outputs, now, step_version)
+                        with self._state:
+                            self._busy_s += now - t0
+                            self._steps += 1
+                            self._seq_steps += self._running
+                            self._ctx_steps += self._context
+                            self._collect(outputs, now, step_version)
                 if not has_work:
                     self._wake.wait(timeout=0.05)
                     self._wake.clear()
@@ -481,7 +498,7 @@ class RolloutEngine:
                 self._finish_group_if_done(gid)
 
     def _finish_group_if_done(self, gid: str) -> None:
-        """Hand group ``gid`` to the next poll once all its samples are finished (lock held)."""
+        """Hand group ``gid`` to the next poll once all its samples are finished (bookkeeping lock held)."""
         g = self._groups[gid]
         if all(x["t_finish"] is not None for x in g.samples.values()):
             del self._groups[gid]

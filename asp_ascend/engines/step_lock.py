@@ -1,5 +1,6 @@
-"""The rollout instance's engine lock: its step loop against the callers (``submit``, ``poll``,
-weight updates), fair to the callers."""
+"""The rollout instance's engine lock: its step loop against the callers (``submit``, weight
+updates), fair to the callers. (``poll`` does not take it: it reads the instance's bookkeeping
+under a lock of its own, ``RolloutEngine._state``.)"""
 from __future__ import annotations
 
 import threading
@@ -7,7 +8,7 @@ import threading
 
 class StepLock:
     """The engine's lock, fair to callers: the step loop holds it for one engine step at a time
-    and takes it again right after, so with a plain lock a caller (``submit``, ``poll``, a weight
+    and takes it again right after, so with a plain lock a caller (``submit``, a weight
     update) woken by the release finds it taken again and can wait several steps (on the 2-core
     tail benchmark the 16 admissions of one iteration reached their instances over up to 0.9 s,
     up to 0.4 s with this lock). Here a caller registers before it waits, and the loop

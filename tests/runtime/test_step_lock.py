@@ -151,3 +151,74 @@ def test_a_burst_submitted_at_once_enters_the_engine_between_two_steps():
         eng._stop = True
         eng._wake.set()
         eng._thread.join(timeout=10)
+
+
+class _Output:
+    """One request's output of an engine step, as the step loop reads vLLM's."""
+
+    def __init__(self, rid: str, finished: bool):
+        from types import SimpleNamespace
+
+        self.request_id, self.finished, self.num_cached_tokens = rid, finished, 0
+        self.outputs = [SimpleNamespace(token_ids=[7], logprobs=None, finish_reason="stop" if finished else None)]
+
+
+class _GatedEngine(_Engine):
+    """Each engine step waits until the test lets one through (``go``) and says when it began
+    (``began``); every step draws one token per request; the requests of ``finish`` (group ids)
+    finish at the first step."""
+
+    def __init__(self, log: list, finish: set):
+        super().__init__(log)
+        self.finish, self.began, self.go, self.steps = finish, threading.Semaphore(0), threading.Semaphore(0), 0
+
+    def step(self):
+        self.began.release()
+        assert self.go.acquire(timeout=30), "the test never let the step through"
+        self.steps += 1
+        out = [_Output(rid, self.steps == 1 and rid.rpartition("#")[0] in self.finish) for rid in self.requests]
+        self.requests = [rid for rid, o in zip(self.requests, out) if not o.finished]
+        return out
+
+
+def test_a_poll_returns_while_an_engine_step_is_in_progress():
+    """A poll takes the instance's bookkeeping lock, not the engine lock: while an engine step runs
+    (here: held inside the step until the test lets it end) a poll returns the group the step
+    before it finished, and the instance's status and running count; the group is handed over once.
+    Under the engine lock the poll waited for the step in progress (and the admission it
+    triggered for one more)."""
+    pytest.importorskip("vllm")
+    log: list = []
+    eng = object.__new__(__import__("asp_ascend.engines.rollout", fromlist=["RolloutEngine"]).RolloutEngine)
+    gated = _GatedEngine(log, finish={"0:p0"})
+    eng.engine, eng.instance, eng.version, eng._labels, eng.speculative = gated, 0, 3, False, {}
+    eng._start_loop(0)
+    try:
+        eng.submit_many([_group(0), _group(1)])       # p0 finishes at the first step, p1 runs on
+        assert gated.began.acquire(timeout=30)         # step 1 began
+        gated.go.release()                             # ... and ends
+        assert gated.began.acquire(timeout=30)         # step 2 is in progress, holding the engine lock
+        got: dict = {}
+        returned = threading.Event()
+
+        def poll():
+            got.update(eng.poll(0.0))
+            got["status"] = eng.status()
+            returned.set()
+
+        threading.Thread(target=poll, daemon=True).start()
+        assert returned.wait(timeout=10), "the poll waited for the engine step in progress"
+        assert gated.steps == 1                        # step 2 had not ended when the poll returned
+        assert [g["group_id"] for g in got["groups"]] == ["0:p0"]
+        assert got["running"] == 2 and got["received"] == 4 and got["status"]["running"] == 2
+        assert [len(s["token_ids"]) for s in got["groups"][0]["samples"]] == [1, 1]
+        assert got["meter"]["steps"] == 1
+        gated.go.release()                             # step 2 ends
+        assert gated.began.acquire(timeout=30)         # step 3 began: step 2's tokens are collected
+        again = eng.poll(0.0)
+        assert again["groups"] == [] and again["meter"]["steps"] == 2   # the group was handed over once
+    finally:
+        eng._stop = True
+        for _ in range(4):
+            gated.go.release()
+        eng._thread.join(timeout=10)
