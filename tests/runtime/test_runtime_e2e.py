@@ -109,6 +109,29 @@ def test_every_prompt_trained_exactly_once_as_scheduled(async_run):
         assert set(req.loc[[(e, p)], "instance"]) == {moved.get((e, p), inst)}
 
 
+def test_every_group_handed_over_once_and_its_path_recorded(async_run):
+    """Each generated group reaches the orchestrator in exactly one poll (polls read the instance's
+    bookkeeping beside the engine steps) and was sent in exactly one submit call, on the instance
+    that ran it; the path from a finish that freed a slot to the next admission adds up."""
+    from asp_ascend.metrics import admission_latency
+    from asp_ascend.metrics.admission import PARTS
+
+    out, _ = async_run
+    tl = _timeline(out)
+    ran = {(f"{e['epoch']}:{e['prompt_id']}", e["instance"]) for e in tl.events["request"]}
+    polled = Counter((g, p["instance"]) for p in tl.events["poll"] for g in p["groups"] if g in dict(ran))
+    sent = Counter((g, s["instance"]) for s in tl.events["submit"] for g in s["groups"] if g in dict(ran))
+    assert set(polled) == ran and set(polled.values()) == {1}
+    assert set(sent) == ran and set(sent.values()) == {1}
+    for p in tl.events["poll"]:
+        assert p["t_call"] <= p["t_wake"] <= p["t_locked"] <= p["t_return"] <= p["t_got"]
+    res = admission_latency(tl)
+    for pair in res["pairs"]:
+        assert pair["latency"] >= 0
+        if "add" in pair:
+            assert sum(pair[k] for k in PARTS) == pytest.approx(pair["latency"])
+
+
 def test_instance_logprobs_match_trainer_after_weight_sync(async_run):
     """Behaviour log-probs vLLM recorded with synced weights equal the trainer's forward pass."""
     out, _ = async_run
