@@ -1,6 +1,7 @@
 """The analytic estimate of `asp schedule` beside the event simulator (issue 14's target: within 10 %).
 
     python benchmarks/bench_schedule_estimate.py [--n 4096] [--data DIR] [--predictor mean]
+    python benchmarks/bench_schedule_estimate.py --seed-setups [--n 4096] [--devices 128]
 
 For each workload (synthetic heavy tail; the Azure conversation and code traces of DIR, default
 ../shared/data) and policy: the mean iteration time the analytic estimate gives
@@ -9,6 +10,14 @@ baselines) beside the event simulator's on the same workload, cost model, predic
 their ratio; and each one's gain of ASP over ``fifo``. The last line prints the worst ratio.
 The simulator plans through the same planner; it executes with its own dispatch (guided,
 shared queue for fifo/random/sorted) and samples each group's G lengths. Figures, not asserts.
+
+``--seed-setups``: configs/sim_7b.yaml and sim_32b.yaml at ``--devices`` (their split rule, their
+model's cost model at its tensor-parallel size, asp's lossless mechanisms), one history and one
+simulated epoch: ``asp schedule``'s estimate (``schedule_report.json``'s ``realized``, and its
+``fifo`` baseline) beside the simulator for asp with ``scheduler.concurrency`` auto (the configs')
+and full, and for ``fully_async_fifo``. The estimate gets the simulated system's own coefficients
+(``cost.*`` = one TP instance's decode and prefill, the trainer's per-token cost on its devices,
+``rollout.num_instances`` = its instances, ``rollout.kv_cache_tokens`` = its KV capacity).
 """
 from __future__ import annotations
 
@@ -37,6 +46,56 @@ def setups(data: Path):
             print(f"({trace} not found: {name} trace skipped)")
 
 
+LOSSLESS = ["scheduler.dispatch=guided", "scheduler.reestimate=true", "rollout.tail_concurrency=off"]
+
+
+def seed_config(model: str, devices: int, n: int, extra: list[str]):
+    """(simulator config, estimate config) of configs/sim_<model>.yaml at ``devices``: the second
+    states the first's simulated costs as ``cost.*`` of a custom model class (same simulation)."""
+    from asp_ascend.config import load_config
+    from asp_ascend.sim.run import costs_for, sweep_split, system_for
+
+    path = ROOT / "configs" / f"sim_{model}.yaml"
+    Dr = sweep_split(load_config(path, []), devices)
+    common = [f"sim.total_devices={devices}", f"sim.rollout_devices={Dr}", f"workload.num_prompts={n}",
+              "workload.epochs=2", "sim.epochs=1", "output_dir=unused"] + LOSSLESS + extra
+    cfg = load_config(path, common)
+    spec = system_for(cfg, "asp")
+    c = costs_for(cfg, spec)
+    R, cm = spec.num_instances, c.instance
+    custom = [f"cost.decode_a={cm.decode_a!r}", f"cost.decode_b={cm.decode_b!r}", f"cost.decode_c={cm.decode_c!r}",
+              f"cost.prefill_per_token={cm.prefill_per_token!r}", f"cost.train_per_token={c.train_per_token!r}",
+              "cost.logprob_per_token=0.0", f"cost.train_per_step={c.train_per_step!r}", f"cost.sync_s={c.sync_s!r}",
+              f"rollout.kv_cache_tokens={c.kv_capacity}", f"rollout.num_instances={R}", "sim.model_class=custom",
+              "sim.infer_tp=1", f"sim.rollout_devices={R}", f"sim.total_devices={R + spec.train_devices}"]
+    return cfg, load_config(path, common + custom)
+
+
+def seed_setups(a) -> None:
+    """The estimate beside the simulator on the seed setups (see the module docstring)."""
+    from asp_ascend.lengths.workloads import workload_from_config
+    from asp_ascend.scheduler.run import build_schedule
+    from asp_ascend.sim.run import simulate_system
+
+    print(f"{'setup':8s} {'system':28s} {'analytic s':>10s} {'simulated s':>11s} {'ratio':>6s} {'admits':>6s}")
+    worst = 1.0
+    for model in ("7b", "32b"):
+        for label, extra in (("asp, concurrency auto", []), ("asp, concurrency full", ["scheduler.concurrency=full"])):
+            cfg, est_cfg = seed_config(model, a.devices, a.n, extra)
+            w = workload_from_config(cfg)
+            _, rep = build_schedule(est_cfg, compare=label.endswith("auto"))
+            rows = [(label, rep["realized"], simulate_system(cfg, w, "asp", record_samples=False).summary)]
+            if "baselines" in rep:
+                rows.append(("fully_async_fifo", rep["baselines"]["fifo"],
+                             simulate_system(cfg, w, "fully_async_fifo", record_samples=False).summary))
+            for name, an, sim in rows:
+                x, y = an["iteration_time_mean"], sim["iteration_time_mean"]
+                worst = x / y if abs(x / y - 1) > abs(worst - 1) else worst
+                print(f"sim_{model:4s} {name:28s} {x:10.1f} {y:11.1f} {x / y:6.3f} {sim['admission_concurrency']:6d}",
+                      flush=True)
+    print(f"worst analytic / simulated iteration time: {worst:.3f} (target within 0.90..1.10)")
+
+
 def main() -> None:
     from asp_ascend.config import load_config
     from asp_ascend.lengths.workloads import workload_from_config
@@ -47,7 +106,12 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     ap.add_argument("--predictor", default="mean", help="lengths.predictor (mean = previous epoch)")
+    ap.add_argument("--seed-setups", action="store_true",
+                    help="configs/sim_7b.yaml and sim_32b.yaml at --devices instead of the workloads above")
+    ap.add_argument("--devices", type=int, default=128, help="--seed-setups: total devices")
     a = ap.parse_args()
+    if a.seed_setups:
+        return seed_setups(a)
     common = [f"workload.num_prompts={a.n}", "lengths.max_response_length=8192", "train.global_batch_size=512",
               "train.mini_batch_size=64", "rollout.max_num_seqs=256", "pipeline.lag_bound=1", "output_dir=unused",
               "workload.epochs=2", "sim.epochs=1", "sim.model_class=custom", "sim.infer_tp=1", "sim.logprob_passes=1",
