@@ -3,6 +3,7 @@
     python benchmarks/bench_tail.py ablation   [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py seed       [--devices 128]
+    python benchmarks/bench_tail.py breakdown  [--devices 128] [--per-iteration] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...]
     python benchmarks/bench_tail.py admission  [--devices 32 64] [--prompts N]
     python benchmarks/bench_tail.py reestimate [--data DIR] [--prompts N] [--devices 32 64]
@@ -26,6 +27,13 @@ the mean and (min .. max) over the seeds of asp against fifo and against balance
 count the cells where asp is strictly ahead of fifo (below -0.0 % as printed) on the mean, for
 every seed, and for some seeds only. ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices
 (asp as those configs run it: guided dispatch, re-estimation, ``scheduler.concurrency: auto``).
+``breakdown``: asp on the same seed setups, where its iterations go beside their lag floor
+(``asp_ascend/metrics/floor.py``): over the k + 1 periods from version i - k to version i + 1, the
+wait of iteration i's last-finishing (critical) group after the lag bound allowed it, what running
+beside other sequences cost it (its latency minus its latency alone), how much shorter alone it is
+than the iteration's longest group, and the trainer's time after it; per iteration and averaged
+over the steady iterations (from k + 1 on), divided by k + 1 (seconds per iteration), beside DESIGN
+5's three bound terms; with several ``--plan-seeds``, one line per seed.
 ``speed``: the issue-14 speed target, seconds of ``simulate_system`` per policy (workload
 generation and planning included) for 100k prompts x G = 8 on 64 rollout instances (TP 2, 128
 rollout of 256 devices) on the reasoning-like workload with every mechanism on (guided dispatch,
@@ -406,6 +414,80 @@ def seed(args) -> None:
                   f"{a['admission_concurrency']} of {cfg.rollout.max_num_seqs} |", flush=True)
 
 
+def _seed_cfg(model: str, D: int, prompts: int, over: dict):
+    from asp_ascend.config import load_config
+    from asp_ascend.sim.run import sweep_split
+
+    path = ROOT / "configs" / f"sim_{model}.yaml"
+    Dr = sweep_split(load_config(path, []), D)
+    allk = {"sim.total_devices": D, "sim.rollout_devices": Dr, "workload.num_prompts": prompts, **LOSSLESS, **over}
+    return load_config(path, [f"{k}={v}" for k, v in allk.items()])
+
+
+def floor_terms(res, cfg):
+    """(per-iteration floor breakdown, DESIGN 5's terms per iteration) of a simulated asp run."""
+    import numpy as np
+    import pandas as pd
+
+    from asp_ascend.metrics.floor import floor_breakdown, group_table
+
+    tl, cm = res.timeline, res.costs.instance
+    req = tl.frame("request")
+    g = group_table(req)
+    solo = pd.Series(cm.group_latency_exact(g["prompt_length"].to_numpy(float),
+                                            np.array(g["response_lengths"].tolist(), dtype=float)), index=g.index)
+    b = floor_breakdown(req, tl.frame("sync"), solo, cfg.pipeline.lag_bound)
+    # DESIGN 5's decode-work and trainer terms, as sim/bounds.py computes them
+    it = req["iteration"].to_numpy()
+    n_it = int(it.max()) + 1
+    tok = np.bincount(it, weights=req["response_length"].to_numpy(float), minlength=n_it)
+    ctx = np.bincount(it, weights=(req["prompt_length"] + req["response_length"] / 2.0).to_numpy(float),
+                      minlength=n_it) / np.maximum(np.bincount(it, minlength=n_it), 1)
+    conc = np.full(n_it, float(max(cfg.rollout.max_num_seqs, res.summary["admission_concurrency"])))
+    if res.costs.kv_capacity:
+        conc = np.maximum(1.0, np.minimum(conc, res.costs.kv_capacity / np.maximum(ctx, 1.0)))
+    decode = tok / (res.spec.num_instances * cm.peak_throughput(conc, ctx))
+    st = tl.frame("step")
+    train = np.bincount(st["iteration"].to_numpy(np.int64), weights=(st["t_end"] - st["t_start"]).to_numpy(float),
+                        minlength=n_it)
+    return b, pd.DataFrame({"decode": decode, "train": train})
+
+
+def breakdown(args) -> None:
+    """asp's iterations beside their lag floor on the seed setups (module docstring)."""
+    from asp_ascend.lengths.workloads import workload_from_config
+    from asp_ascend.sim.run import simulate_system
+
+    head = ("| setup | plan seed | iter. time (s) | bound LB_i (s) | floor: longest alone / (k+1) | decode-work term | "
+            "trainer term | critical group's wait | beside other sequences | critical alone - longest alone | "
+            "trainer after the last group | critical = longest | sequences beside the critical group |")
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for model in ("7b", "32b"):
+        for D in args.devices:
+            over = dict(kv.split("=", 1) for kv in args.set)
+            w = workload_from_config(_seed_cfg(model, D, args.prompts, {**over, "seed": 0}))
+            for s in args.plan_seeds:
+                cfg = _seed_cfg(model, D, args.prompts, {**over, "seed": s})
+                res = simulate_system(cfg, w, "asp", record_samples=False)
+                b, terms = floor_terms(res, cfg)
+                k1 = cfg.pipeline.lag_bound + 1
+                m = b[b["iteration"] >= k1]
+                t = terms.iloc[m["iteration"].to_numpy()]
+                sm = res.summary
+                print(f"| sim_{model} ({D}) | {s} | {sm['iteration_time_mean']:.1f} | "
+                      f"{sm['iteration_time_mean'] / sm['lower_bound_ratio']:.1f} | "
+                      f"{m['floor_group_solo'].mean() / k1:.1f} | {t['decode'].mean():.1f} | {t['train'].mean():.1f} | "
+                      f"{m['critical_wait'].mean() / k1:.1f} | "
+                      f"{(m['critical_latency'] - m['critical_solo']).mean() / k1:.1f} | "
+                      f"{(m['critical_solo'] - m['floor_group_solo']).mean() / k1:.1f} | {m['after'].mean() / k1:.1f} | "
+                      f"{int(m['critical_is_floor_group'].sum())} of {len(m)} | {m['critical_beside'].mean():.1f} |",
+                      flush=True)
+                if args.per_iteration:
+                    print(b.assign(**{c: terms[c].to_numpy()[b["iteration"].to_numpy()] for c in terms}).round(1)
+                          .to_string(index=False))
+
+
 def admission(args) -> None:
     """asp with scheduler.concurrency full (default) and auto beside fully_async_fifo, per workload
     and device count (lossless defaults otherwise)."""
@@ -454,7 +536,7 @@ def speed(args) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("ablation", "robustness", "seed", "speed", "admission", "reestimate"))
+    ap.add_argument("what", choices=("ablation", "robustness", "seed", "speed", "admission", "reestimate", "breakdown"))
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data",
                     help="directory of the Azure LLM trace CSVs")
     ap.add_argument("--prompts", type=int, default=None, help="prompts per epoch (default 4096; speed: 100000)")
@@ -463,18 +545,26 @@ def main(argv=None) -> int:
     ap.add_argument("--devices", type=int, nargs="+", default=None)
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--plan-seeds", type=int, nargs="+", default=None,
-                    help="ablation, robustness: planner seeds, each row simulated with every one (default 0); "
-                         "with more than one, the mean and (min .. max) over them")
+                    help="ablation, robustness, breakdown: planner seeds, each row simulated with every one (default "
+                         "0); with more than one, the mean and (min .. max) over them (breakdown: a line per seed)")
+    ap.add_argument("--per-iteration", action="store_true", help="breakdown: also print every iteration's row")
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="breakdown: config overrides on top of the seed setup (e.g. lengths.predictor=oracle)")
     args = ap.parse_args(argv)
-    if args.plan_seeds is not None and args.what not in ("ablation", "robustness"):
-        ap.error(f"--plan-seeds applies to ablation and robustness only, not to {args.what}")
+    if args.plan_seeds is not None and args.what not in ("ablation", "robustness", "breakdown"):
+        ap.error(f"--plan-seeds applies to ablation, robustness and breakdown only, not to {args.what}")
+    if args.set and args.what != "breakdown":
+        ap.error(f"--set applies to breakdown only, not to {args.what}")
+    bad = [kv for kv in args.set if "=" not in kv]
+    if bad:
+        ap.error(f"--set: {' '.join(bad)} is not KEY=VALUE (e.g. lengths.predictor=oracle)")
     args.plan_seeds = args.plan_seeds or [0]
     if len(set(args.plan_seeds)) != len(args.plan_seeds):
         ap.error(f"--plan-seeds: {' '.join(map(str, args.plan_seeds))} names a seed twice; give each seed once")
-    args.devices = args.devices or ([128] if args.what == "seed" else [256] if args.what == "speed" else [32])
+    args.devices = args.devices or ([128] if args.what in ("seed", "breakdown") else [256] if args.what == "speed" else [32])
     args.prompts = args.prompts or (100000 if args.what == "speed" else 4096)
     {"ablation": ablation, "robustness": robustness, "seed": seed, "speed": speed,
-     "admission": admission, "reestimate": reestimate}[args.what](args)
+     "admission": admission, "reestimate": reestimate, "breakdown": breakdown}[args.what](args)
     return 0
 
 

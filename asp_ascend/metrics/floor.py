@@ -1,0 +1,81 @@
+"""Where an iteration's time goes beside its lag floor (DESIGN 5's third term, DESIGN 9).
+
+With lag bound k, iteration i's groups may start once version i - k is published (``V_{i-k}``,
+0 for i <= k) and the trainer publishes version i + 1 (``V_{i+1}``) only after i's last group
+has finished. So over the k + 1 periods from ``V_{i-k}`` to ``V_{i+1}``::
+
+    V_{i+1} - V_{i-k} = wait + latency + after
+
+with, for the group of i that finished last (the *critical* group): ``wait`` = its admission
+(first sample) - ``V_{i-k}``, ``latency`` = its last sample's finish - its admission, ``after`` =
+``V_{i+1}`` - that finish (the trainer's optimizer steps after it, and the weight sync). The
+floor of those k + 1 periods is the longest group's latency alone (``solo``), so
+``latency - solo`` of the critical group is what running beside other sequences cost it, and
+``wait`` and ``after`` are the rest. :func:`floor_breakdown` gives these per iteration from a
+run's timeline (simulated or real) and each group's latency alone (the cost model's
+``group_latency_exact``).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = ("iteration", "allowed", "floor_group_solo", "floor_group_latency", "floor_group_wait",
+           "critical_solo", "critical_latency", "critical_wait", "critical_is_floor_group",
+           "critical_beside", "last_finish", "published", "after", "window")
+
+
+def group_table(requests: pd.DataFrame) -> pd.DataFrame:
+    """One row per (epoch, prompt_id) group of a request frame: iteration, instance, admission (its
+    first sample's), finish (its last sample's), and its samples' response lengths by sample."""
+    r = requests.sort_values(["epoch", "prompt_id", "sample"], kind="stable")
+    g = r.groupby(["epoch", "prompt_id"], sort=False)
+    out = g.agg(iteration=("iteration", "first"), instance=("instance", "first"), t_admit=("t_admit", "min"),
+                t_finish=("t_finish", "max"), prompt_length=("prompt_length", "first"))
+    out["response_lengths"] = g["response_length"].agg(list)
+    return out
+
+
+def beside(requests: pd.DataFrame, instance: int, t0: float, t1: float, exclude: tuple) -> float:
+    """Mean number of sequences other than group ``exclude`` (epoch, prompt_id) that ``instance``
+    ran between ``t0`` and ``t1`` (each sequence counted from its admission to its finish)."""
+    if t1 <= t0:
+        return 0.0
+    r = requests[(requests["instance"] == instance) & (requests["t_admit"] < t1) & (requests["t_finish"] > t0)]
+    r = r[~((r["epoch"] == exclude[0]) & (r["prompt_id"] == exclude[1]))]
+    overlap = (np.minimum(r["t_finish"].to_numpy(float), t1) - np.maximum(r["t_admit"].to_numpy(float), t0))
+    return float(np.clip(overlap, 0.0, None).sum() / (t1 - t0))
+
+
+def floor_breakdown(requests: pd.DataFrame, syncs: pd.DataFrame, solo: pd.Series, lag_bound: int) -> pd.DataFrame:
+    """Per iteration (module docstring): ``allowed`` = V_{i-k}; the floor-setting group (longest
+    ``solo``): its solo latency, its latency in the run and its wait after ``allowed``; the
+    critical group (the last to finish): the same three, whether it is the floor-setting group
+    and ``critical_beside`` (mean sequences its instance ran beside it); ``last_finish``;
+    ``published`` = V_{i+1}; ``after`` = published - last_finish; ``window`` = published -
+    allowed (k + 1 periods in a steady pipeline). ``solo``: each group's latency alone, indexed
+    by (epoch, prompt_id). Iterations without a publish are left out."""
+    k = int(lag_bound)
+    if k < 0:
+        raise ValueError(f"lag_bound must be >= 0, got {lag_bound}")
+    g = group_table(requests)
+    missing = g.index.difference(solo.index)
+    if len(missing):
+        raise ValueError(f"solo latency missing for {len(missing)} groups, e.g. {missing[0]}")
+    g["solo"] = solo.reindex(g.index).to_numpy(float)
+    pub = dict(zip(syncs["version"].astype(int), syncs["t_end"].astype(float)))
+    rows = []
+    for i, gi in g.groupby("iteration", sort=True):
+        i = int(i)
+        if i + 1 not in pub:
+            continue
+        allowed = pub.get(i - k, 0.0) if i - k > 0 else 0.0
+        fg = gi["solo"].idxmax()
+        cg = gi["t_finish"].idxmax()
+        f, c = gi.loc[fg], gi.loc[cg]
+        last = float(c["t_finish"])
+        rows.append((i, allowed, float(f["solo"]), float(f["t_finish"] - f["t_admit"]), float(f["t_admit"] - allowed),
+                     float(c["solo"]), float(c["t_finish"] - c["t_admit"]), float(c["t_admit"] - allowed), fg == cg,
+                     beside(requests, int(c["instance"]), float(c["t_admit"]), last, cg),
+                     last, pub[i + 1], pub[i + 1] - last, pub[i + 1] - allowed))
+    return pd.DataFrame(rows, columns=list(COLUMNS))

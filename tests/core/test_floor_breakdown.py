@@ -1,0 +1,59 @@
+"""metrics/floor.py on a hand-made timeline (k = 1, two samples per group), against values computed by hand."""
+import pandas as pd
+import pytest
+
+from asp_ascend.metrics.floor import beside, floor_breakdown
+
+
+def hand_frames():
+    rows = []
+
+    def group(it, inst, pid, admit, finishes):
+        for s, f in enumerate(finishes):
+            rows.append(dict(epoch=0, iteration=it, instance=inst, prompt_id=pid, sample=s, t_admit=admit,
+                             t_finish=f, prompt_length=1, response_length=1))
+    group(0, 0, "A", 0.0, (8.0, 9.0))
+    group(0, 1, "B", 0.0, (5.0, 5.0))
+    group(1, 1, "C", 0.0, (18.0, 18.0))
+    group(1, 0, "D", 1.0, (12.0, 12.0))
+    group(2, 0, "E", 11.0, (30.0, 35.0))
+    group(2, 1, "F", 10.0, (25.0, 25.0))
+    req = pd.DataFrame(rows)
+    syncs = pd.DataFrame({"t_start": [9.5, 19.0, 38.0], "t_end": [10.0, 20.0, 40.0], "version": [1, 2, 3]})
+    solo = pd.Series({(0, "A"): 7.0, (0, "B"): 5.0, (0, "C"): 15.0, (0, "D"): 10.0, (0, "E"): 20.0, (0, "F"): 24.0})
+    return req, syncs, solo
+
+
+def test_floor_breakdown_hand_computed():
+    req, syncs, solo = hand_frames()
+    b = floor_breakdown(req, syncs, solo, lag_bound=1).set_index("iteration")
+    assert list(b.index) == [0, 1, 2]
+    # iteration 2: allowed at V_1 = 10; the floor group F (solo 24) is not the last to finish, E is
+    r = b.loc[2]
+    assert (r.allowed, r.floor_group_solo, r.floor_group_latency, r.floor_group_wait) == (10.0, 24.0, 15.0, 0.0)
+    assert (r.critical_solo, r.critical_latency, r.critical_wait) == (20.0, 24.0, 1.0)
+    assert not r.critical_is_floor_group
+    assert r.critical_beside == pytest.approx(2.0 / 24.0)     # D's two samples from 11 to 12 on instance 0
+    assert (r.last_finish, r.published, r.after, r.window) == (35.0, 40.0, 5.0, 30.0)
+    assert r.window == r.critical_wait + r.critical_latency + r.after
+    # iteration 1: admissible from the start (i - k = 0); C is both floor group and last
+    r = b.loc[1]
+    assert (r.allowed, r.critical_latency, r.critical_is_floor_group, r.after, r.window) == (0.0, 18.0, True, 2.0, 20.0)
+    assert r.critical_beside == pytest.approx((2 * 5.0 + 2 * 8.0) / 18.0)   # B 0..5, F 10..18 (two samples each)
+    r = b.loc[0]
+    assert (r.floor_group_solo, r.critical_latency, r.after, r.window) == (7.0, 9.0, 1.0, 10.0)
+
+
+def test_floor_breakdown_k0_and_missing_solo():
+    req, syncs, solo = hand_frames()
+    b = floor_breakdown(req, syncs, solo, lag_bound=0).set_index("iteration")
+    assert b.loc[2, "allowed"] == 20.0 and b.loc[1, "allowed"] == 10.0    # V_2 and V_1
+    with pytest.raises(ValueError, match="solo latency missing for 1 groups"):
+        floor_breakdown(req, syncs, solo.drop((0, "E")), lag_bound=1)
+    with pytest.raises(ValueError, match="lag_bound must be >= 0"):
+        floor_breakdown(req, syncs, solo, lag_bound=-1)
+
+
+def test_beside_empty_interval():
+    req, _, _ = hand_frames()
+    assert beside(req, 0, 5.0, 5.0, (0, "A")) == 0.0
