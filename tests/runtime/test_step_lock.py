@@ -222,3 +222,86 @@ def test_a_poll_returns_while_an_engine_step_is_in_progress():
         for _ in range(4):
             gated.go.release()
         eng._thread.join(timeout=10)
+
+
+class _CoreEngine(_Engine):
+    """vLLM V1's engine with its core in its own process: the core's step outputs arrive in
+    ``engine_core.outputs_queue`` (here: put by the test) and ``step()`` takes the next one."""
+
+    def __init__(self, log: list):
+        import queue
+        from types import SimpleNamespace
+
+        super().__init__(log)
+        self.engine_core = SimpleNamespace(outputs_queue=queue.Queue())
+
+    def step(self):
+        out = self.engine_core.outputs_queue.get()
+        self.log.append(("step",))
+        done = {o.request_id for o in out if o.finished}
+        self.requests = [rid for rid in self.requests if rid not in done]
+        return out
+
+
+def _core_instance():
+    from asp_ascend.engines.rollout import RolloutEngine
+
+    eng = object.__new__(RolloutEngine)
+    eng.engine, eng.instance, eng.version, eng._labels, eng.speculative = _CoreEngine([]), 0, 3, False, {}
+    eng._start_loop(0)
+    return eng, eng.engine.engine_core.outputs_queue
+
+
+def _stop(eng, q) -> None:
+    eng._stop = True
+    eng._wake.set()
+    for _ in range(3):
+        q.put([])
+    eng._thread.join(timeout=10)
+
+
+def test_a_submit_goes_in_while_the_engine_core_computes_a_step():
+    """While the engine core computes a step (no output queued yet) the loop waits for it without
+    the engine lock, so a submit adds its requests at once: they reach the core during that step
+    and join the next. (With the lock held across ``engine.step()``, the submit waited for the
+    step's output and its requests joined the step after.)"""
+    pytest.importorskip("vllm")
+    eng, q = _core_instance()
+    try:
+        eng.submit(**_group(0))
+        _until(lambda: len(q.not_empty._waiters) == 1)   # the loop waits for the core's first output
+        returned = threading.Event()
+        threading.Thread(target=lambda: (eng.submit_many([_group(1)]), returned.set()), daemon=True).start()
+        assert returned.wait(timeout=10), "the submit waited for the engine core's step"
+        assert eng._steps == 0 and eng.engine.requests == ["0:p0#0", "0:p0#1", "0:p1#0", "0:p1#1"]
+        q.put([_Output("0:p0#0", True), _Output("0:p0#1", True), _Output("0:p1#0", False)])
+        got = eng.poll(10.0)
+        assert [g["group_id"] for g in got["groups"]] == ["0:p0"] and got["meter"]["steps"] == 1
+        assert got["running"] == 2 and eng.engine.requests == ["0:p1#0", "0:p1#1"]
+    finally:
+        _stop(eng, q)
+
+
+def test_a_caller_reading_the_core_queue_under_the_lock_is_not_left_waiting():
+    """``llm.generate`` (warm-up) steps the engine itself under the engine lock, reading the same
+    queue as the loop's wait: the wake-up of an output that the loop's wait took is passed on."""
+    pytest.importorskip("vllm")
+    eng, q = _core_instance()
+    try:
+        eng.submit(**_group(0))
+        _until(lambda: len(q.not_empty._waiters) == 1)   # the loop waits (first in line)
+        got = []
+
+        def generate():
+            with eng._lock:
+                got.append(eng.engine.step())
+
+        t = threading.Thread(target=generate, daemon=True)
+        t.start()
+        _until(lambda: len(q.not_empty._waiters) == 2)   # the caller waits in the queue's get
+        q.put([_Output("0:p0#0", False)])                 # one output: its wake-up goes to the loop first
+        t.join(timeout=10)
+        assert not t.is_alive(), "the caller under the lock never got the queued output"
+        assert [o.request_id for o in got[0]] == ["0:p0#0"]
+    finally:
+        _stop(eng, q)
