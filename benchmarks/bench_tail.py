@@ -71,7 +71,7 @@ WORKLOADS = {
                       "workload.length_scale": 6, "lengths.max_response_length": 16384},
 }
 OFF = {"scheduler.dispatch": "static", "scheduler.reestimate": "false", "rollout.tail_concurrency": "off",
-       "rollout.speculative": "none"}
+       "rollout.speculative": "none", "pipeline.regroup": "false"}
 SPEC = {"rollout.speculative": "ngram"}
 # asp's lossless defaults: guided dispatch and re-estimation; tail-aware concurrency is opt-in
 # (rollout.tail_concurrency defaults to off): over planner seeds 0-4 auto is ahead of off on the
@@ -81,6 +81,8 @@ SPEC = {"rollout.speculative": "ngram"}
 # planner seeds 0-4")
 LOSSLESS = {"scheduler.dispatch": "guided", "scheduler.reestimate": "true", "rollout.tail_concurrency": "off"}
 TAIL_AUTO = {**LOSSLESS, "rollout.tail_concurrency": "auto"}
+# the run-time mini-batch fill within an iteration (scheduler/regroup.py), lossless
+REGROUP = {"pipeline.regroup": "true"}
 # asp's admission concurrency (scheduler/concurrency.py), both modes named explicitly
 CONC_FULL = {"scheduler.concurrency": "full"}
 CONC_AUTO = {"scheduler.concurrency": "auto"}
@@ -94,6 +96,8 @@ ABLATION = [
     ("+ re-estimation (asp, lossless default)", "asp", {**OFF, **LOSSLESS}),
     ("+ tail-aware concurrency auto (opt-in)", "asp", {**OFF, **TAIL_AUTO}),
     ("+ admission concurrency auto (scheduler.concurrency)", "asp", {**OFF, **LOSSLESS, **CONC_AUTO}),
+    ("+ regroup (pipeline.regroup)", "asp", {**OFF, **LOSSLESS, **REGROUP}),
+    ("fully_async_fifo + regroup", "fully_async_fifo", {**OFF, **REGROUP}),
     ("asp default + speculative decoding (ngram)", "asp", {**LOSSLESS, **SPEC}),
     ("fully_async_fifo + speculative", "fully_async_fifo", {**OFF, **SPEC}),
     ("async_sorted + speculative", "async_sorted", {**OFF, **SPEC}),
@@ -175,10 +179,10 @@ def _vs_fifo(s: dict, fifo: dict) -> float:
 
 
 ABLATION_HEAD = ("| workload | devices | system | iter. time (s) | vs fifo, equal engine | throughput vs async_sorted "
-                 "(equal engine) | KS mean / max | lag max | stolen | capped | deferred | wall (s) |")
+                 "(equal engine) | KS mean / max | lag max | stolen | capped | deferred | regrouped | wall (s) |")
 ABLATION_SEEDS_HEAD = ("| workload | devices | system | iter. time (s), mean (min .. max) | vs fifo, equal engine, "
                        "mean (min .. max) | throughput vs async_sorted (equal engine), mean | KS mean / max, mean | "
-                       "lag max, all seeds | stolen, mean | capped, mean | deferred, mean | wall (s), all runs |")
+                       "lag max, all seeds | stolen, mean | capped, mean | deferred, mean | regrouped, mean | wall (s), all runs |")
 
 
 def ablation_row(wl: str, D: int, label: str, over: dict, res: dict) -> str:
@@ -189,7 +193,7 @@ def ablation_row(wl: str, D: int, label: str, over: dict, res: dict) -> str:
             f"{s['throughput'] / srt['throughput']:.3f} | "
             f"{s.get('length_mix_ks_mean', float('nan')):.3f} / {s.get('length_mix_ks_max', float('nan')):.3f} | "
             f"{s['policy_lag_max']} | {s['stolen_groups']} | {s.get('tail_capped_groups', 0)} | "
-            f"{s.get('deferred_groups', 0)} | {s['wall_s']:.1f} |")
+            f"{s.get('deferred_groups', 0)} | {s.get('regrouped_groups', 0)} | {s['wall_s']:.1f} |")
 
 
 def ablation_seeds_row(wl: str, D: int, label: str, name: str, over: dict, res: dict) -> str:
@@ -216,6 +220,7 @@ def ablation_seeds_row(wl: str, D: int, label: str, name: str, over: dict, res: 
             f"{max(s['policy_lag_max'] for s in runs)} | {mean(lambda i, s: s['stolen_groups']):.0f} | "
             f"{mean(lambda i, s: s.get('tail_capped_groups', 0)):.0f} | "
             f"{mean(lambda i, s: s.get('deferred_groups', 0)):.0f} | "
+            f"{mean(lambda i, s: s.get('regrouped_groups', 0)):.0f} | "
             f"{(runs[0]['wall_s'] if name in SEED_FREE else sum(s['wall_s'] for s in runs)):.1f} |")
 
 
@@ -225,7 +230,7 @@ def ablation(args) -> None:
         print(f"planner seeds {', '.join(map(str, seeds))} (workload built with seed 0); mean (min .. max) over "
               f"the seeds; {' and '.join(SEED_FREE)} plan nothing at random: run once\n")
     print(ABLATION_SEEDS_HEAD if len(seeds) > 1 else ABLATION_HEAD)
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for D, wl, run in plan_seed_cells(args, workloads_outer=True):
         res = ablation_runs(run, seeds)
         for label, name, over in ABLATION:

@@ -50,8 +50,8 @@ from typing import Any, Iterable
 
 from ..io import json_default
 
-KINDS = ("request", "step", "queue", "sync", "instance", "steal", "tail", "defer", "swap", "speculative", "costs",
-         "poll", "submit")
+KINDS = ("request", "step", "queue", "sync", "instance", "steal", "tail", "defer", "swap", "regroup", "speculative",
+         "costs", "poll", "submit")
 
 REQUEST_FIELDS = ("epoch", "iteration", "instance", "prompt_id", "sample", "admission_version",
                   "t_admit", "t_first_token", "t_finish", "prompt_length", "response_length")

@@ -4,7 +4,7 @@ run's own timeline, under the simulator's names.
 ``asp train`` (``pipeline/run.py: write_summary``) and MindSpeed-RL's async loop
 (``integrations/mindspeed_rl/run_files.py``) write :func:`run_summary`: ``metrics.summarize``'s
 entry plus :func:`carry_over_summary`, so a run's summary has the keys ``asp simulate`` writes
-(``sim.mechanisms.tail_summary``): ``stolen_groups``, ``tail_capped_groups``, ``deferred_groups``,
+(``sim.mechanisms.tail_summary``): ``stolen_groups``, ``tail_capped_groups``, ``deferred_groups``, ``regrouped_groups``,
 and by ``metrics.deferred_lags`` ``deferred_samples``, ``policy_lag_max_lossless``,
 ``deferred_lag_hist`` and ``deferred_token_lag_hist``; the per-iteration length mix. ``summarize``'s
 ``instance_split`` (per rollout instance after iteration 0) comes from the same function in both.
@@ -13,7 +13,7 @@ No torch: numpy/pandas only (the summary is written after training, in the drive
 """
 from __future__ import annotations
 
-TAIL_KINDS = ("steal", "tail", "defer", "swap")
+TAIL_KINDS = ("steal", "tail", "defer", "swap", "regroup")
 
 
 def carry_over_summary(tl, lag_bound: int) -> dict:

@@ -144,7 +144,7 @@ def beside_simulation(summary: dict, sim_dir) -> list[str]:
 
 def tail_decisions(tl) -> list[str]:
     """The tail mechanisms' decisions in the timeline (DESIGN 9): a table, or nothing when none was made."""
-    counts = {k: len(tl.events.get(k, [])) for k in ("steal", "tail", "defer", "swap")}
+    counts = {k: len(tl.events.get(k, [])) for k in ("steal", "tail", "defer", "swap", "regroup")}
     spec = tl.events.get("speculative", [])
     streamed = [e for e in tl.events.get("step", []) if e.get("parts", 1) > 1]
     if not any(counts.values()) and not spec and not streamed:

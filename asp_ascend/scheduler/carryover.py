@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable, Iterable
 
+from .regroup import regroup_pairs
+
 
 @dataclass(frozen=True)
 class Swap:
@@ -50,6 +52,7 @@ class CarryOver:
         self.finished: dict[Hashable, int] = {}        # key -> finish order
         self.trained: set[Hashable] = set()
         self.swaps: list[Swap] = []
+        self.regroups: list[Swap] = []   # pipeline.regroup's moves (within an iteration)
         self.add(slots)
 
     def add(self, slots: Iterable[tuple[Hashable, int, int]]) -> None:
@@ -125,6 +128,28 @@ class CarryOver:
             out.append(Swap(d, s, i, m, j, n))
         self.swaps.extend(out)
         return out
+
+    def regroup(self, iteration: int, target: int | None = None) -> list[Swap]:
+        """``pipeline.regroup`` (scheduler/regroup.py): complete an untrained mini-batch of
+        ``iteration`` from finished groups of its other untrained mini-batches (``target``: fill
+        that one as far as they allow). Returns the moves as :class:`Swap` s within the
+        iteration (``deferred``: the unfinished group, ``swapped_in``: the finished one that
+        takes its slot in (``iteration``, ``mini_batch``)); also appended to ``self.regroups``."""
+        slots = [s for s in self._slots_of.get(iteration, ()) if not self._trained_slot(s)]
+        members = {m: self.members[(i, m)] for i, m in slots}
+        fin = self.finished
+        out = []
+        for late, donor in regroup_pairs(members, sorted(members), fin.get, target):
+            (i, m), (j, n) = self.where[late], self.where[donor]
+            self._move(late, (j, n))
+            self._move(donor, (i, m))
+            out.append(Swap(late, donor, i, m, j, n))
+        self.regroups.extend(out)
+        return out
+
+    def _trained_slot(self, slot: tuple[int, int]) -> bool:
+        keys = self.members[slot]
+        return bool(keys) and keys[0] in self.trained
 
     def _move(self, key: Hashable, slot: tuple[int, int]) -> None:
         old = self.where[key]

@@ -17,6 +17,9 @@ their ``on_*`` updates:
   measured costs, a running group that re-estimation now finds to be a tail gets a room (and
   one that no longer is loses it);
 - a finished group: the estimator learns from it; the governor releases its room;
+- the trainer ready for an iteration none of whose untrained mini-batches is generated:
+  ``pipeline.regroup`` completes one from generated groups of the others (scheduler/regroup.py:
+  lossless, within the iteration), asked first;
 - the trainer waiting on an iteration whose unfinished groups are all late (re-estimated
   remaining tokens past the iteration's budget): :class:`CarryOver` defers them and swaps in
   finished groups of the next iteration (``rollout.partial_rollout``).
@@ -45,7 +48,8 @@ each paying the fixed cost ``a`` in CPU time the others need (the meter still me
 
 Timeline events (metrics/timeline.py): ``steal`` (a job moved between instances), ``tail``
 (an admission capped its instance, or re-estimation changed a running group's room:
-``reason`` ``plan`` | ``measured`` | ``reestimate``), ``defer`` and ``swap`` (carry-over); the
+``reason`` ``plan`` | ``measured`` | ``reestimate``), ``defer`` and ``swap`` (carry-over), ``regroup``
+(a group moved between mini-batches of its iteration: ``pipeline.regroup``); the
 instances' speculative-decoding acceptance arrives with each group (``speculative``, written by
 the orchestrator). Nothing here calls Ray.
 """
@@ -79,6 +83,7 @@ class TailOptions:
     rooms: dict = field(default_factory=dict)   # (epoch, prompt_id) -> planned room (0: no cap)
     measure_costs: bool = False          # size rooms at run time from the run's measured costs
     dedicated: bool = True               # each instance owns its device (False: instances share CPU cores)
+    regroup: bool = False                # pipeline.regroup: fill a mini-batch within its iteration at run time
 
 
 def key_of(job: Job) -> Key:
@@ -108,6 +113,11 @@ class TailControl:
         self.carry = CarryOver(self._slots(plan.iterations), options.max_split) if options.partial_rollout else None
         if self.carry is not None and plan.carried:  # a resume: groups deferred before the checkpoint
             self.carry.restore_planned(plan.carried)
+        # who is trained in which mini-batch now: carry-over's membership, or with regroup alone one
+        # of its own (``self.carry`` stays None then: no deferral, nothing for a checkpoint to keep)
+        self.membership = self.carry
+        if self.membership is None and options.regroup:
+            self.membership = CarryOver(self._slots(plan.iterations), 1)
         self.rooms = dict(options.rooms)
         self.max_tokens = float(max_tokens)
         # the run's measured costs (``costs`` events, whatever the mechanisms: calibration fits any
@@ -133,8 +143,8 @@ class TailControl:
 
     def add_epoch(self, iterations: dict, first: int) -> None:
         """A re-planned epoch was added to the plan (iterations >= ``first``)."""
-        if self.carry is not None:
-            self.carry.add(self._slots({i: mbs for i, mbs in iterations.items() if i >= first}))
+        if self.membership is not None:
+            self.membership.add(self._slots({i: mbs for i, mbs in iterations.items() if i >= first}))
 
     # ------------------------------------------------------------------ admission
     def room_rule(self, feeder: Feeder) -> Callable[[int], bool] | None:
@@ -351,6 +361,8 @@ class TailControl:
         self._sized.pop(key, None)
         if self.governor is not None:
             self.governor.on_finish(key)
+        if self.carry is None and self.membership is not None:
+            self.membership.on_finish(key)
         if self.carry is not None:
             self.carry.on_finish(key)
             self._lengths[key] = [int(x) for x in lengths]
@@ -378,9 +390,22 @@ class TailControl:
 
     def members(self, iteration: int, planned: dict) -> dict:
         """Mini-batch -> keys of ``iteration`` as it will be trained."""
-        if self.carry is None:
+        if self.membership is None:
             return planned
-        return {m: list(self.carry.members.get((iteration, m), [])) for m in planned}
+        return {m: list(self.membership.members.get((iteration, m), [])) for m in planned}
+
+    def regroup(self, iteration: int, target: int | None = None) -> list:
+        """``pipeline.regroup``: the trainer is ready for ``iteration`` and none of its untrained
+        mini-batches is generated (or, ``target``, the mini-batch it streams waits for a group):
+        move groups within the iteration (scheduler/regroup.py), one ``regroup`` event each."""
+        if not self.opts.regroup:
+            return []
+        moves = self.membership.regroup(iteration, target)
+        for sw in moves:
+            self._event("regroup", t=self.now(), epoch=sw.swapped_in[0], prompt_id=sw.swapped_in[1],
+                        iteration=iteration, mini_batch=sw.mini_batch, from_mini_batch=sw.to_mini_batch,
+                        replaces=[sw.deferred[0], sw.deferred[1]])
+        return moves
 
     def late(self, iteration: int) -> tuple[list[Key], dict[Key, float], float | None]:
         """(the late groups of ``iteration``, latest first; every unfinished group's remaining
@@ -476,6 +501,8 @@ class TailControl:
     def on_trained(self, iteration: int, mini_batch: int) -> None:
         """Mini-batch (iteration, mini_batch) was trained: its groups can no longer be swapped;
         their samples stay in the iteration's budget (a trained group never moves)."""
+        if self.carry is None and self.membership is not None:
+            self.membership.on_trained(iteration, mini_batch)
         if self.carry is not None:
             for key in self.carry.on_trained(iteration, mini_batch):
                 self._lengths.pop(key, None)

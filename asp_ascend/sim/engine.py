@@ -79,10 +79,10 @@ class Engine:
         jobs = self.jobs
         self._events: list = []
         self._seq = 0
-        partial = self.mech.partial_rollout
+        moves = self.mech.partial_rollout or self.mech.regroup    # the membership may change at run time
         self.trainer = Trainer(jobs, self.tr, self.stream, self._push, self._start_sync,
-                               self._trainer_waits if partial else None, decoding=lambda: any(self.inst.n),
-                               trained=self._trained if partial else None)
+                               self._trainer_waits if moves else None, decoding=lambda: any(self.inst.n),
+                               trained=self._trained if moves else None)
         job_objs = jobs_from_columns(jobs.iteration, jobs.dispatch_rank, [str(p) for p in jobs.prompt_id.tolist()],
                                      jobs.epoch, jobs.instance, jobs.mini_batch, jobs.predicted_length)
         self.job_of = {(j.epoch, j.prompt_id): x for x, j in enumerate(job_objs)}
@@ -268,10 +268,21 @@ class Engine:
                 self._try_release(t)
             self.trainer.try_step(t)
 
-    def _trainer_waits(self, i: int, t: float) -> None:
-        """Carry-over: the trainer waits on iteration ``i``; once few of its groups are left,
-        defer the late ones against generated groups of iteration i + 1."""
+    def _trainer_waits(self, i: int, t: float, streaming: int = -1) -> None:
+        """The trainer waits on iteration ``i`` (``streaming`` >= 0: the mini-batch it streams waits
+        for a group). Regroup first (lossless: groups move within the iteration); then, if still
+        nothing is ready and few of its groups are left, carry-over defers the late ones against
+        generated groups of iteration i + 1."""
         tr = self.trainer
+        if self.mech.regroup:
+            target = None if streaming < 0 else tr.mb_mini[streaming]
+            moves = self.tc.regroup(i, target)
+            for sw in moves:
+                tr.swap(self.job_of[sw.deferred], self.job_of[sw.swapped_in])
+            if moves:
+                return
+        if not self.mech.partial_rollout:
+            return
         left = tr.it_gen_left[i]
         if left == 0 or left > max(1.0, self._size(i)):
             return
@@ -279,7 +290,7 @@ class Engine:
             tr.swap(self.job_of[sw.deferred], self.job_of[sw.swapped_in])
 
     def _trained(self, i: int, m: int) -> None:
-        """Carry-over: mini-batch (i, m) was trained. As the runtime's orchestrator does at the end
+        """Carry-over or regroup: mini-batch (i, m) was trained. As the runtime's orchestrator does at the end
         of an optimizer step, its groups stop being swap donors (``TailControl.on_trained``; they
         stay in iteration i's budget)."""
         self.tc.on_trained(i, m)

@@ -9,6 +9,9 @@ uses, fed from the simulated instances instead of vLLM's progress reports.
 - tail-aware concurrency: the engine's room rule asks the governor (``TailGovernor.admits``);
 - speculative decoding: the instances time a step with the speculating coefficients while
   they hold at most ``max_batch`` sequences (:class:`~asp_ascend.scheduler.speculative.Speculation`);
+- regroup (``pipeline.regroup``/``sim.regroup``): when the trainer is ready for an iteration and
+  no mini-batch of it is generated, the engine asks ``TailControl.regroup`` (first) and moves the
+  groups between the iteration's mini-batches (``Trainer.swap``, re-costed);
 - carry-over (``rollout.partial_rollout``): when the trainer waits on an iteration, the
   engine asks ``TailControl.maybe_defer`` and moves the swapped groups between mini-batches.
 
@@ -38,10 +41,11 @@ class SimMechanisms:
     speculation: object = None            # a scheduler.speculative.Speculation, or None
     max_tokens: int = 1 << 30             # lengths.max_response_length (caps re-estimates)
     defer_share: float = 0.125            # ask for a deferral once at most this share of the iteration is unfinished
+    regroup: bool = False                 # pipeline.regroup / sim.regroup
 
     @property
     def any_control(self) -> bool:
-        return self.reestimate or str(self.tail_concurrency) != "off" or self.partial_rollout
+        return self.reestimate or str(self.tail_concurrency) != "off" or self.partial_rollout or self.regroup
 
     def options(self, jobs) -> TailOptions:
         rooms = {}
@@ -49,7 +53,8 @@ class SimMechanisms:
             for x in np.flatnonzero(jobs.room > 0).tolist():
                 rooms[(int(jobs.epoch[x]), str(jobs.prompt_id[x]))] = int(jobs.room[x])
         return TailOptions(reestimate=self.reestimate, tail_concurrency=str(self.tail_concurrency),
-                           partial_rollout=self.partial_rollout, max_split=int(self.max_split), rooms=rooms)
+                           partial_rollout=self.partial_rollout, max_split=int(self.max_split), rooms=rooms,
+                           regroup=self.regroup)
 
 
 class SimProgress:
@@ -123,6 +128,7 @@ def tail_summary(req: pd.DataFrame, planned_iteration: np.ndarray, version_at_fi
     it = req["iteration"].to_numpy()
     out = {"tail_capped_groups": (log.counts.get("tail", 0) if log else 0),
            "deferred_groups": (log.counts.get("defer", 0) if log else 0),
+           "regrouped_groups": (log.counts.get("regroup", 0) if log else 0),
            **deferred_lags(it, planned_iteration, req["admission_version"].to_numpy(), version_at_finish)}
     L = req["response_length"].to_numpy()
     order = np.argsort(it, kind="stable")

@@ -200,20 +200,23 @@ def system_micro_batching(cfg, spec: SystemSpec) -> str:
 def mechanisms_for(cfg, spec: SystemSpec, costs: SimCosts, workload) -> SimMechanisms:
     """The tail mechanisms (DESIGN 9) that system ``spec`` runs with under ``cfg``: tail rooms and
     guided dispatch for per-instance schedules (asp; balanced gets guided dispatch too), carry-over
-    for asp_partial or any streaming system with ``rollout.partial_rollout``, speculative decoding
+    for asp_partial or any streaming system with ``rollout.partial_rollout``, regroup for any
+    streaming system with ``sim.regroup`` or ``pipeline.regroup``, speculative decoding
     on every system's instances (equal engine features)."""
     from ..scheduler.speculative import from_config
 
     per_instance = spec.dispatch in ("asp", "balanced")
     guided = per_instance and cfg.scheduler.dispatch == "guided"
     partial = (spec.partial or cfg.rollout.partial_rollout) and spec.stream_train and not spec.colocated
+    # regroup acts where a step may start before its iteration is generated (a streaming trainer)
+    regroup = bool(cfg.sim.regroup or cfg.pipeline.regroup) and spec.stream_train and not spec.colocated
     ctx = float(np.mean(workload.prompt_length)) + float(np.mean(workload.samples(workload.epochs - 1))) / 2.0
     # carry-over decides lateness from re-estimated remaining lengths: it always re-estimates
     return SimMechanisms(reestimate=(bool(cfg.scheduler.reestimate) and guided) or partial,
                          tail_concurrency=str(cfg.rollout.tail_concurrency) if spec.dispatch == "asp" else "off",
                          partial_rollout=partial, max_split=int(cfg.rollout.max_split),
                          speculation=from_config(cfg.rollout, cfg.cost, costs.instance, ctx),
-                         max_tokens=int(cfg.lengths.max_response_length))
+                         max_tokens=int(cfg.lengths.max_response_length), regroup=regroup)
 
 
 def simulate_system(cfg, workload, name: str, *, total_devices: int | None = None,

@@ -149,12 +149,13 @@ class Trainer:
     is called when an iteration is trained (the engine pauses instances if it must)."""
 
     def __init__(self, jobs: SimJobs, spec: TrainerSpec, stream: bool, push: Callable,
-                 start_sync: Callable[[float, int], None], waiting: Callable[[int, float], None] | None = None,
+                 start_sync: Callable[[float, int], None], waiting: Callable[..., None] | None = None,
                  decoding: Callable[[], bool] | None = None, trained: Callable[[int, int], None] | None = None):
         self.spec, self.stream, self.push, self.start_sync = spec, stream, push, start_sync
         self.decoding = decoding       # is any instance decoding now (spec.sync_busy_s)
         self.sync_dur = spec.sync_s    # the duration of the sync started last
-        self.waiting = waiting         # called when the trainer waits on an iteration (carry-over)
+        self.waiting = waiting         # called when the trainer waits on an iteration (regroup, carry-over);
+        #                                with a third argument, the mini-batch being streamed waits
         self.trained = trained         # called with (iteration, mini_batch) when its step ends (carry-over)
         self.jobs = jobs
         self.members: dict | None = None   # (iteration, mini_batch) -> job indices, once groups were swapped
@@ -286,7 +287,7 @@ class Trainer:
             latency = self.spec.step_latency_s    # once per optimizer step, before its first group
             self.active_first, self.active_parts, self.active_waited = t + latency, 0, True
         elif not self.avail[x] and self.waiting is not None:
-            self.waiting(i, t)
+            self.waiting(i, t, x)      # regroup may fill the streamed mini-batch; carry-over may swap
         if not self.avail[x]:
             self.active_waited = True
             return
@@ -357,7 +358,8 @@ class Trainer:
     # ------------------------------------------------------------------ carry-over
     def swap(self, deferred: int, swapped_in: int) -> None:
         """Jobs ``deferred`` (unfinished) and ``swapped_in`` (generated, untrained) trade mini-batch
-        slots (DESIGN 9 e); both mini-batches are re-costed from their new members."""
+        slots: carry-over (DESIGN 9 e, across iterations) or regroup (within one); both mini-batches
+        are re-costed from their new members."""
         if self.members is None:
             jobs = self.jobs
             rank = jobs.dispatch_rank if jobs.train_rank is None else jobs.train_rank

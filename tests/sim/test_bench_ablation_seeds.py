@@ -44,8 +44,10 @@ def test_seed_free_rows_run_once_the_others_per_seed(counted, one_seed):
         assert len(res[label]) == len(SEEDS)
         # more seeds leave seed 0's figures as they were
         assert res[label][0]["iteration_time_mean"] == one_seed[label][0]["iteration_time_mean"], label
-    assert sum(n == "fully_async_fifo" for n, _, _ in calls) == 3       # as shipped, + speculative, + partial
-    assert len(calls) == 5 + (len(bench_tail.ABLATION) - 5) * len(SEEDS)
+    # as shipped, + regroup, + speculative, + partial
+    assert sum(n == "fully_async_fifo" for n, _, _ in calls) == 4
+    free = sum(name in bench_tail.SEED_FREE for _, name, _ in bench_tail.ABLATION)
+    assert len(calls) == free + (len(bench_tail.ABLATION) - free) * len(SEEDS)
 
 
 def test_seed_free_systems_draw_nothing_from_the_seed(run, counted):
@@ -76,7 +78,7 @@ def test_one_seed_over_seeds_says_what_the_single_seed_table_says(one_seed):
                 assert figures == [want, "run", "once"], (label, seeds[col])
             else:                                            # mean (min .. max) of one seed
                 assert [f.rstrip("%") for f in figures] == [want.rstrip("%")] * 3, (label, seeds[col])
-        assert seeds[5:11] == single[5:11], label               # throughput, KS, lag, stolen, capped, deferred
+        assert seeds[5:12] == single[5:12], label               # throughput, KS, lag, stolen, capped, deferred, regrouped
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -1,0 +1,57 @@
+"""pipeline.regroup's rule (scheduler/regroup.py) and its moves on the membership (CarryOver.regroup)."""
+import pytest
+
+from asp_ascend.scheduler.carryover import CarryOver
+from asp_ascend.scheduler.regroup import regroup_pairs
+
+
+def _gen(order):
+    return {k: i for i, k in enumerate(order)}.get
+
+
+def test_the_mini_batch_closest_to_complete_takes_donors_from_the_least_generated():
+    mbs = {0: ["a", "b", "c"], 1: ["d", "e", "f"], 2: ["g", "h", "i"]}
+    # generated: a, b (mini-batch 0: one left), d, e (1: one left), g (2): the tie 0/1 goes to 0; its c
+    # trades with the donor of the mini-batch with the fewest generated groups: 2 (g)
+    assert regroup_pairs(mbs, [0, 1, 2], _gen("gdeab")) == [("c", "g")]
+    # with 1 and 2 tied on generated groups (one each), the higher index gives first
+    assert regroup_pairs(mbs, [0, 1, 2], _gen("abdg")) == [("c", "g")]
+    # one donor from each: 2 (tied with 1 on one generated group, higher index) gives first, then 1
+    assert regroup_pairs(mbs, [0, 1, 2], _gen("adg")) == [("b", "g"), ("c", "d")]
+    # within a donor mini-batch the earliest generated group goes first
+    four = {0: ["a", "b", "c", "d"], 1: ["e", "f", "g", "h"]}
+    assert regroup_pairs(four, [0, 1], _gen("hbae")) == [("c", "h"), ("d", "e")]
+
+
+def test_nothing_moves_when_a_mini_batch_is_complete_or_none_can_be_completed():
+    mbs = {0: ["a", "b"], 1: ["c", "d"]}
+    assert regroup_pairs(mbs, [0, 1], _gen("cd")) == []        # 1 is complete: the trainer takes it
+    assert regroup_pairs(mbs, [0, 1], _gen("a")) == []         # one generated group: no mini-batch of two
+    assert regroup_pairs(mbs, [1], _gen("c")) == []            # 0 trained: no donor within the iteration
+    assert regroup_pairs(mbs, [0, 1], _gen("ac")) == [("b", "c")]
+
+
+def test_a_forced_target_is_filled_as_far_as_donors_allow():
+    mbs = {0: ["a", "b", "c"], 1: ["d", "e"]}
+    assert regroup_pairs(mbs, [0, 1], _gen("d"), target=0) == [("a", "d")]
+    with pytest.raises(ValueError, match="target mini-batch 2"):
+        regroup_pairs(mbs, [0, 1], _gen("d"), target=2)
+
+
+def test_carryover_regroup_keeps_sizes_iterations_and_exactly_once():
+    co = CarryOver([(k, 0, m) for m, ks in enumerate(["ab", "cd"]) for k in ks] +
+                   [(k, 1, m) for m, ks in enumerate(["ef", "gh"]) for k in ks], max_split=1)
+    for k in ("a", "c", "e", "f", "g"):
+        co.on_finish(k)
+    (sw,) = co.regroup(0)
+    assert (sw.deferred, sw.swapped_in, sw.iteration, sw.mini_batch, sw.to_iteration, sw.to_mini_batch) == \
+        ("b", "c", 0, 0, 0, 1)
+    assert co.members[(0, 0)] == ["a", "c"] and co.members[(0, 1)] == ["d", "b"]
+    assert co.regroup(1) == []                                 # iteration 1's mini-batch 0 is complete
+    assert co.lag_bound_of("b", 1) == 1 and co.lag_bound_of("c", 1) == 1   # no group changed its iteration
+    trained = co.on_trained(0, 0)
+    assert co.regroup(0) == []                                 # the trained mini-batch gives nothing
+    for k in ("b", "d"):
+        co.on_finish(k)
+    trained += co.on_trained(0, 1)
+    assert sorted(trained) == list("abcd") and co.regroups == [sw] and co.swaps == []
