@@ -9,6 +9,10 @@ def train_only_problems(cfg, framework: str) -> list[str]:
         problems.append(f"asp.pipeline.stream_groups: true is not supported with {framework} (its actor update "
                         "takes a whole mini-batch; only asp train streams groups into its trainer); set "
                         "asp.pipeline.stream_groups: false")
+    if cfg.pipeline.regroup:
+        problems.append(f"asp.pipeline.regroup: true is not supported with {framework} (its trainer takes an "
+                        "iteration once it is generated, in the schedule's mini-batches; only asp train starts a "
+                        "step before then, where re-composing mini-batches can help); set asp.pipeline.regroup: false")
     if cfg.rollout.admission != "groups":
         problems.append(f"asp.rollout.admission: {cfg.rollout.admission} is not supported with {framework} "
                         "(only asp train's rollout instances report the unfinished samples the sequence rule "

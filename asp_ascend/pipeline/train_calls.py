@@ -45,6 +45,9 @@ class TrainerCalls:
             self._stream_groups(it, planned, mbs, todo)
             return
         m = next((m for m in todo if all(k in self.queue for k in mbs[m])), None)
+        if m is None and self.tail.regroup(self.iteration):  # pipeline.regroup: fill one within the iteration
+            mbs = self.tail.members(self.iteration, planned)
+            m = next((m for m in todo if all(k in self.queue for k in mbs[m])), None)
         if m is None and self.tail.maybe_defer(self.iteration):  # partial rollout: carry the late groups over
             mbs = self.tail.members(self.iteration, planned)
             m = next((m for m in todo if all(k in self.queue for k in mbs[m])), None)
@@ -68,12 +71,18 @@ class TrainerCalls:
         under way: a fully generated mini-batch is trained whole (lowest index first), else
         :func:`stream_candidate` picks a partly generated one; once a group of it is sent, the
         trainer takes no other mini-batch before its step (the others need the step's weights).
-        Partial rollout may defer the streamed mini-batch's unfinished groups (never a sent one:
-        a sent group is finished) and swap in finished ones of the next iteration."""
+        ``pipeline.regroup`` first completes a mini-batch from the iteration's generated groups
+        (none under way), or moves generated groups of the other untrained mini-batches into the
+        streamed one's unsent, unfinished slots (one waiting). Partial rollout may then defer the
+        streamed mini-batch's unfinished groups (never a sent one: a sent group is finished) and
+        swap in finished ones of the next iteration."""
         st = self.streamed
         if st is None:
             whole = lambda ms: next((m for m in todo if all(k in self.queue for k in ms[m])), None)  # noqa: E731
             m = whole(mbs)
+            if m is None and self.tail.regroup(self.iteration):
+                mbs = self.tail.members(self.iteration, planned)
+                m = whole(mbs)
             if m is None and self.tail.maybe_defer(self.iteration):
                 mbs = self.tail.members(self.iteration, planned)
                 m = whole(mbs)
@@ -86,7 +95,7 @@ class TrainerCalls:
                 return
             st = self.streamed = StreamedStep(m)
         elif not any(k in self.queue for k in mbs[st.mini_batch] if k not in st.sent):
-            if not self.tail.maybe_defer(self.iteration):
+            if not (self.tail.regroup(self.iteration, st.mini_batch) or self.tail.maybe_defer(self.iteration)):
                 return
             mbs = self.tail.members(self.iteration, planned)
         m = st.mini_batch

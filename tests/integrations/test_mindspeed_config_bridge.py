@@ -272,3 +272,12 @@ def test_sequence_admission_is_refused_with_the_key_and_the_fix():
                                               "set asp.rollout.admission: groups"):
             translate(raw, over)
     assert translate(raw7b(), ["rollout.admission=groups"])[0].rollout.admission == "groups"
+
+
+def test_regroup_is_refused_with_the_key_and_the_fix():
+    """``pipeline.regroup`` re-composes mini-batches before an iteration is generated, which only
+    asp train's trainer does: the bridge refuses it, naming the fix."""
+    with pytest.raises(ConfigError, match="asp.pipeline.regroup: true is not supported with MindSpeed-RL.*"
+                                          "set asp.pipeline.regroup: false"):
+        translate(raw7b(), ["pipeline.regroup=true"])
+    assert not translate(raw7b(), ["pipeline.regroup=false"])[0].pipeline.regroup

@@ -145,7 +145,7 @@ def lengths_of(sched, resp) -> dict:
 
 def run_loop(trainer, plan_, lengths: dict, out, *, version: int = 0, die_after=(0, 0), restarts: int = 0,
              replan=None, history=None, checkpoint_every: int = 0, tick: float = TICK,
-             stream_start: str | None = None) -> Orchestrator:
+             stream_start: str | None = None, tail=None, on_orch=None) -> Orchestrator:
     """The runtime's loop over fresh instances, from ``version`` (the trainer's weights pushed first)."""
     insts = [ScriptedInstance.options(max_restarts=restarts).remote(r, lengths, die_after[r], tick) for r in range(R)]
     ray.get([i.ready.remote() for i in insts])
@@ -161,7 +161,9 @@ def run_loop(trainer, plan_, lengths: dict, out, *, version: int = 0, die_after=
     orch = Orchestrator(insts, trainer, plan_, task,
                         RunOutputs(out / "timeline.jsonl", logger, time.time(), checkpoint_every, out / "checkpoints"),
                         weight_sync=wsync, ticket=first.ticket, fleet=FleetOptions(poll_s=0.02, max_restarts=restarts),
-                        replan=replan, stream_start=stream_start)
+                        replan=replan, stream_start=stream_start, tail=tail)
+    if on_orch is not None:
+        on_orch(orch)
     if history is not None:
         orch.history = list(history)
     result: dict = {}
@@ -351,6 +353,63 @@ def test_stream_groups_refuses_the_sync_mode(cluster, trainer):
     with pytest.raises(ValueError, match="pipeline.stream_groups.*pipeline.mode=async"):
         Orchestrator([], trainer, ExecutionPlan.from_schedule(sched, settings), None, None, weight_sync=None,
                      stream_start="fewest_left")
+
+
+def _fill_checker(orch, missed: list) -> None:
+    """Wraps the loop's trainer phase: each time it leaves the trainer idle on the current iteration
+    (no call in flight, no broadcast, nothing streamed), the iteration's untrained mini-batches
+    must not hold, together, a mini-batch's worth of generated groups (else a swap within the
+    iteration would have made one ready). Records the iteration and the counts where they did."""
+    start = orch._start_train_step
+
+    def checked():
+        start()
+        i = orch.iteration
+        planned = orch.plan.iterations.get(i)
+        if (orch.train_call is not None or orch.streamed is not None or i >= orch.last_iteration
+                or orch.syncs.broadcasting or planned is None):
+            return
+        it = orch.progress.get(i)
+        mbs = orch.tail.members(i, planned)
+        todo = [m for m in mbs if it is None or m not in it.done]
+        generated = sum(k in orch.queue for m in todo for k in mbs[m])
+        if todo and generated >= min(len(mbs[m]) for m in todo):
+            missed.append((i, generated))
+    orch._start_train_step = checked
+
+
+@pytest.mark.parametrize("stream", [None, "fewest_left"])
+def test_regroup(cluster, trainer, tmp_path, stream):
+    """``pipeline.regroup``: when the trainer is ready and no mini-batch of its iteration is
+    generated, one is completed from the iteration's generated groups. Exactly-once, membership per
+    iteration and the lag bound hold (the simulator and MindSpeed-RL's source run the plan as
+    composed: the same groups per iteration), every step keeps the mini-batch's size, groups did
+    move (``regroup`` events), and the trainer never stood idle while the iteration's generated,
+    untrained groups could fill a mini-batch. Without regroup the same schedule leaves it idle so."""
+    from asp_ascend.scheduler.tail_control import TailOptions
+
+    settings = settings_for()
+    sched, resp = schedule_and_lengths("asp", K, epochs=EPOCHS)
+    runs = {}
+    for on in (True, False) if stream is None else (True,):
+        missed: list = []
+        orch = run_loop(trainer, ExecutionPlan.from_schedule(sched, settings), lengths_of(sched, resp),
+                        tmp_path / str(on), stream_start=stream, tail=TailOptions(regroup=on),
+                        on_orch=lambda o, missed=missed: _fill_checker(o, missed))
+        runs[on] = (orch, missed)
+    orch, missed = runs[True]
+    trained, lags, times = runtime_trained([orch.timeline])
+    assert set(times.values()) == {1} and len(times) == len(sched) * G
+    assert_agree(sched, K, (trained, lags), *others(sched, resp, settings))
+    steps = orch.timeline.events["step"]
+    size = sched.groupby(["iteration", "mini_batch"]).size()
+    assert all(len(st["samples"]) == size[(st["iteration"], st["mini_batch"])] * G for st in steps)
+    moved = orch.timeline.events["regroup"]
+    assert moved and all(set(ev) >= {"iteration", "mini_batch", "from_mini_batch", "replaces"} for ev in moved)
+    assert missed == []
+    if False in runs:
+        assert runs[False][1], "without regroup the trainer never waited with a mini-batch's worth generated"
+        assert not runs[False][0].timeline.events["regroup"]
 
 
 def test_sequence_admission(cluster, trainer, tmp_path):
