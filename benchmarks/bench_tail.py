@@ -2,7 +2,7 @@
 
     python benchmarks/bench_tail.py ablation   [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
-    python benchmarks/bench_tail.py seed       [--devices 128]
+    python benchmarks/bench_tail.py seed       [--devices 128] [--set pipeline.regroup=off]
     python benchmarks/bench_tail.py breakdown  [--devices 128] [--per-iteration] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...]
     python benchmarks/bench_tail.py admission  [--devices 32 64] [--prompts N]
@@ -26,7 +26,8 @@ costs, so auto's cap is chosen from the planned, not the true, costs) and asp wi
 the mean and (min .. max) over the seeds of asp against fifo and against balanced, and per device
 count the cells where asp is strictly ahead of fifo (below -0.0 % as printed) on the mean, for
 every seed, and for some seeds only. ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices
-(asp as those configs run it: guided dispatch, re-estimation, ``scheduler.concurrency: auto``).
+(asp as those configs run it: guided dispatch, re-estimation, ``scheduler.concurrency: auto``, and
+regroup, ``pipeline.regroup: auto``; ``--set KEY=VALUE ...`` adds overrides).
 ``breakdown``: asp on the same seed setups, where its iterations go beside their lag floor
 (``asp_ascend/metrics/floor.py``): over the k + 1 periods from version i - k to version i + 1, the
 wait of iteration i's last-finishing (critical) group after the lag bound allowed it, what running
@@ -71,7 +72,7 @@ WORKLOADS = {
                       "workload.length_scale": 6, "lengths.max_response_length": 16384},
 }
 OFF = {"scheduler.dispatch": "static", "scheduler.reestimate": "false", "rollout.tail_concurrency": "off",
-       "rollout.speculative": "none", "pipeline.regroup": "false"}
+       "rollout.speculative": "none", "pipeline.regroup": "off"}
 SPEC = {"rollout.speculative": "ngram"}
 # asp's lossless defaults: guided dispatch and re-estimation; tail-aware concurrency is opt-in
 # (rollout.tail_concurrency defaults to off): over planner seeds 0-4 auto is ahead of off on the
@@ -81,8 +82,11 @@ SPEC = {"rollout.speculative": "ngram"}
 # planner seeds 0-4")
 LOSSLESS = {"scheduler.dispatch": "guided", "scheduler.reestimate": "true", "rollout.tail_concurrency": "off"}
 TAIL_AUTO = {**LOSSLESS, "rollout.tail_concurrency": "auto"}
-# the run-time mini-batch fill within an iteration (scheduler/regroup.py), lossless
-REGROUP = {"pipeline.regroup": "true"}
+# the run-time mini-batch fill within an iteration (scheduler/regroup.py), lossless; asp's default
+# (pipeline.regroup: auto) since it was ahead of asp's other defaults for every planner seed 0-4 on
+# every workload at 32 devices (docs/scheduler.md, "Filling a mini-batch within its iteration");
+# OFF pins it off so that the rows measured before it stay reproducible
+REGROUP = {"pipeline.regroup": "on"}
 # asp's admission concurrency (scheduler/concurrency.py), both modes named explicitly
 CONC_FULL = {"scheduler.concurrency": "full"}
 CONC_AUTO = {"scheduler.concurrency": "auto"}
@@ -93,10 +97,10 @@ ABLATION = [
     ("async_balanced (as shipped)", "async_balanced", OFF),
     ("asp, static plan (before DESIGN 9)", "asp", OFF),
     ("+ guided dispatch", "asp", {**OFF, "scheduler.dispatch": "guided"}),
-    ("+ re-estimation (asp, lossless default)", "asp", {**OFF, **LOSSLESS}),
+    ("+ re-estimation (asp's lossless default before regroup)", "asp", {**OFF, **LOSSLESS}),
     ("+ tail-aware concurrency auto (opt-in)", "asp", {**OFF, **TAIL_AUTO}),
     ("+ admission concurrency auto (scheduler.concurrency)", "asp", {**OFF, **LOSSLESS, **CONC_AUTO}),
-    ("+ regroup (pipeline.regroup)", "asp", {**OFF, **LOSSLESS, **REGROUP}),
+    ("+ regroup (asp, lossless default)", "asp", {**OFF, **LOSSLESS, **REGROUP}),
     ("fully_async_fifo + regroup", "fully_async_fifo", {**OFF, **REGROUP}),
     ("asp default + speculative decoding (ngram)", "asp", {**LOSSLESS, **SPEC}),
     ("fully_async_fifo + speculative", "fully_async_fifo", {**OFF, **SPEC}),
@@ -407,7 +411,7 @@ def seed(args) -> None:
             base = load_config(ROOT / "configs" / f"sim_{model}.yaml", [])
             Dr = sweep_split(base, D)
             over = [f"sim.total_devices={D}", f"sim.rollout_devices={Dr}",
-                    f"workload.num_prompts={args.prompts}"] + [f"{k}={v}" for k, v in LOSSLESS.items()]
+                    f"workload.num_prompts={args.prompts}"] + [f"{k}={v}" for k, v in LOSSLESS.items()] + args.set
             cfg = load_config(ROOT / "configs" / f"sim_{model}.yaml", over)
             w = workload_from_config(cfg)
             s = {n: _run(cfg, w, n) for n in ("sync_colocated", "one_step_off", "asp", "asp_partial")}
@@ -554,12 +558,13 @@ def main(argv=None) -> int:
                          "0); with more than one, the mean and (min .. max) over them (breakdown: a line per seed)")
     ap.add_argument("--per-iteration", action="store_true", help="breakdown: also print every iteration's row")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                    help="breakdown: config overrides on top of the seed setup (e.g. lengths.predictor=oracle)")
+                    help="breakdown, seed: config overrides on top of the seed setup (e.g. lengths.predictor=oracle, "
+                         "pipeline.regroup=off)")
     args = ap.parse_args(argv)
     if args.plan_seeds is not None and args.what not in ("ablation", "robustness", "breakdown"):
         ap.error(f"--plan-seeds applies to ablation, robustness and breakdown only, not to {args.what}")
-    if args.set and args.what != "breakdown":
-        ap.error(f"--set applies to breakdown only, not to {args.what}")
+    if args.set and args.what not in ("breakdown", "seed"):
+        ap.error(f"--set applies to breakdown and seed only, not to {args.what}")
     bad = [kv for kv in args.set if "=" not in kv]
     if bad:
         ap.error(f"--set: {' '.join(bad)} is not KEY=VALUE (e.g. lengths.predictor=oracle)")

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_tail_waits.py [--workload azure_code_x8] [--systems asp fully_async_fifo]
                                           [--mismatch decode_b=10] [--devices 32] [--prompts 4096]
+                                          [--over pipeline.regroup=true]
 
 The ablation's setup (``bench_tail.py``: 8 rollout instances per 32 devices, G = 8, k = 1,
 previous-epoch predictions; asp with its lossless defaults, the baselines as they ship), executed
@@ -9,7 +10,8 @@ on the true costs of ``--mismatch`` (``sim.run.Mismatch`` fields). Per iteration
 could start it (``ready``: the version it trains was published and the previous iteration trained),
 when its last group was generated, when its training ended, the seconds the trainer stood idle
 inside it (and on which mini-batch), and the group generated last: its longest sample, admission
-time, latency and mini-batch, and how long the trainer still trained after it. Prints markdown.
+time, latency and mini-batch, and how long the trainer still trained after it. ``--over``: config
+overrides on top of every system's (e.g. ``pipeline.regroup=true``). Prints markdown.
 """
 from __future__ import annotations
 
@@ -62,15 +64,17 @@ def main(argv=None) -> int:
     ap.add_argument("--devices", type=int, default=32)
     ap.add_argument("--prompts", type=int, default=4096)
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--over", nargs="*", default=[], help="config overrides for every system, e.g. pipeline.regroup=true")
     args = ap.parse_args(argv)
+    extra = dict(x.split("=", 1) for x in args.over)
     mm = Mismatch(**{k: float(v) for k, v in (x.split("=") for x in args.mismatch)})
     w = workload_from_config(_cfg(args.workload, args.data, args.prompts, args.devices, {}))
     for name in args.systems:
-        cfg = _cfg(args.workload, args.data, args.prompts, args.devices, OVERRIDES.get(name, OFF))
+        cfg = _cfg(args.workload, args.data, args.prompts, args.devices, {**OVERRIDES.get(name, OFF), **extra})
         res = simulate_system(cfg, w, name, record_samples=True, mismatch=mm)
         df = waits(res.timeline)
         idle = sum(float(x.split(" ")[0]) for cell in df["trainer idle (s)"] if cell != "0" for x in cell.split(", "))
-        print(f"\n{name} on {args.workload}, {args.devices} devices, {mm}: mean iteration "
+        print(f"\n{name} {' '.join(args.over)} on {args.workload}, {args.devices} devices, {mm}: mean iteration "
               f"{res.summary['iteration_time_mean']:.1f} s, trainer idle {idle:.1f} s in all\n")
         print("| " + " | ".join(df.columns) + " |")
         print("|" + "---|" * len(df.columns))

@@ -9,6 +9,13 @@ def lag_bound_of(cfg: Config) -> int:
     return 0 if cfg.pipeline.mode == "sync" else int(cfg.pipeline.lag_bound)
 
 
+def regroup_of(cfg: Config, policy: str) -> bool:
+    """``pipeline.regroup`` for a run (or simulated system) dispatching with ``policy``: ``auto`` is
+    on for asp's schedules, off for the baselines."""
+    mode = cfg.pipeline.regroup
+    return mode == "on" or (mode == "auto" and policy == "asp")
+
+
 # A run's pipeline.mode / scheduler.policy / scheduler.adaptive as the simulator names the same
 # system (sim/policies.py): run summaries are keyed by it, so a run and its simulation line up.
 # A sync run (decoupled instances, k = 0, whole-iteration training) has no simulated counterpart.

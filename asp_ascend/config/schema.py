@@ -216,7 +216,7 @@ class PipelineConfig:
                                                     "group, the same order), lowest_index (only the lowest-indexed "
                                                     "untrained one)",
                                   choices=("half_generated", "fewest_left", "lowest_index"))
-    regroup: bool = _f(False, "async: when the trainer is ready for an iteration and none of its untrained "
+    regroup: str = _f("auto", "async: when the trainer is ready for an iteration and none of its untrained "
                               "mini-batches is fully generated, complete the one with the most generated groups "
                               "(lowest index on ties) by swapping its not-yet-generated groups with generated groups "
                               "of the iteration's other untrained mini-batches (those with the fewest generated "
@@ -224,8 +224,10 @@ class PipelineConfig:
                               "Lossless: the iteration's membership, lag and length mix are unchanged, each step "
                               "keeps train.mini_batch_size prompts, every group is trained once. With "
                               "rollout.partial_rollout it is tried before a deferral; with pipeline.stream_groups "
-                              "it also fills the mini-batch being streamed when it waits for a group. "
-                              "asp simulate models it too (as sim.regroup); timeline event regroup")
+                              "it also fills the mini-batch being streamed when it waits for a group. auto "
+                              "(default) = on for scheduler.policy asp, off for the baselines; on | off for every "
+                              "policy. asp simulate reads it too (auto: on for the asp system policies); timeline "
+                              "event regroup (docs/scheduler.md)", choices=("auto", "on", "off"), yaml_bool=True)
 
 
 @dataclass
@@ -291,10 +293,6 @@ class SimConfig:
                                                     "group, the same order), lowest_index (only the lowest-indexed "
                                                     "untrained one)",
                                   choices=("half_generated", "fewest_left", "lowest_index"))
-    regroup: bool = _f(False, "streaming trainers (every policy but sync_colocated and one_step_off) fill a "
-                              "mini-batch at run time from generated groups of the same iteration's other untrained "
-                              "mini-batches (the semantics of pipeline.regroup). pipeline.regroup turns it on too "
-                              "(and is what asp train reads)")
     write_timeline: str = _f("auto", "write timeline_<policy>.jsonl: auto (<= 50k samples) | always | never",
                              choices=("auto", "always", "never"))
 

@@ -9,7 +9,7 @@ def train_only_problems(cfg, framework: str) -> list[str]:
         problems.append(f"asp.pipeline.stream_groups: true is not supported with {framework} (its actor update "
                         "takes a whole mini-batch; only asp train streams groups into its trainer); set "
                         "asp.pipeline.stream_groups: false")
-    if cfg.pipeline.regroup:
+    if cfg.pipeline.regroup == "on":   # auto: off here (the bridges run no regroup)
         problems.append(f"asp.pipeline.regroup: true is not supported with {framework} (its trainer takes an "
                         "iteration once it is generated, in the schedule's mini-batches; only asp train starts a "
                         "step before then, where re-composing mini-batches can help); set asp.pipeline.regroup: false")

@@ -71,6 +71,7 @@ def tail_options(cfg, schedule_path: Path):
         if "room" in sched:
             capped = sched[sched["room"] > 0]
             rooms = {(int(e), str(p)): int(n) for e, p, n in zip(capped["epoch"], capped["prompt_id"], capped["room"])}
+    from ..config import regroup_of
     from ..platforms import get_platform
 
     r = cfg.rollout
@@ -78,4 +79,4 @@ def tail_options(cfg, schedule_path: Path):
     shared = get_platform(cfg.platform, check=False).name == "cpu" and not r.cpu_cores
     return TailOptions(reestimate=cfg.scheduler.reestimate, tail_concurrency=str(r.tail_concurrency),
                        partial_rollout=r.partial_rollout, max_split=r.max_split, rooms=rooms, measure_costs=True,
-                       dedicated=not shared, regroup=cfg.pipeline.regroup)
+                       dedicated=not shared, regroup=regroup_of(cfg, cfg.scheduler.policy))

@@ -9,7 +9,7 @@ uses, fed from the simulated instances instead of vLLM's progress reports.
 - tail-aware concurrency: the engine's room rule asks the governor (``TailGovernor.admits``);
 - speculative decoding: the instances time a step with the speculating coefficients while
   they hold at most ``max_batch`` sequences (:class:`~asp_ascend.scheduler.speculative.Speculation`);
-- regroup (``pipeline.regroup``/``sim.regroup``): when the trainer is ready for an iteration and
+- regroup (``pipeline.regroup``): when the trainer is ready for an iteration and
   no mini-batch of it is generated, the engine asks ``TailControl.regroup`` (first) and moves the
   groups between the iteration's mini-batches (``Trainer.swap``, re-costed);
 - carry-over (``rollout.partial_rollout``): when the trainer waits on an iteration, the
@@ -41,7 +41,7 @@ class SimMechanisms:
     speculation: object = None            # a scheduler.speculative.Speculation, or None
     max_tokens: int = 1 << 30             # lengths.max_response_length (caps re-estimates)
     defer_share: float = 0.125            # ask for a deferral once at most this share of the iteration is unfinished
-    regroup: bool = False                 # pipeline.regroup / sim.regroup
+    regroup: bool = False                 # pipeline.regroup (resolved for the system: config.regroup_of)
 
     @property
     def any_control(self) -> bool:

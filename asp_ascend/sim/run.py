@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..config import regroup_of
 from ..errors import AspError
 from ..metrics import summarize
 from .bounds import lower_bounds
@@ -200,8 +201,8 @@ def system_micro_batching(cfg, spec: SystemSpec) -> str:
 def mechanisms_for(cfg, spec: SystemSpec, costs: SimCosts, workload) -> SimMechanisms:
     """The tail mechanisms (DESIGN 9) that system ``spec`` runs with under ``cfg``: tail rooms and
     guided dispatch for per-instance schedules (asp; balanced gets guided dispatch too), carry-over
-    for asp_partial or any streaming system with ``rollout.partial_rollout``, regroup for any
-    streaming system with ``sim.regroup`` or ``pipeline.regroup``, speculative decoding
+    for asp_partial or any streaming system with ``rollout.partial_rollout``, regroup for the
+    streaming systems ``pipeline.regroup`` names (``auto``: asp's; ``config.regroup_of``), speculative decoding
     on every system's instances (equal engine features)."""
     from ..scheduler.speculative import from_config
 
@@ -209,7 +210,7 @@ def mechanisms_for(cfg, spec: SystemSpec, costs: SimCosts, workload) -> SimMecha
     guided = per_instance and cfg.scheduler.dispatch == "guided"
     partial = (spec.partial or cfg.rollout.partial_rollout) and spec.stream_train and not spec.colocated
     # regroup acts where a step may start before its iteration is generated (a streaming trainer)
-    regroup = bool(cfg.sim.regroup or cfg.pipeline.regroup) and spec.stream_train and not spec.colocated
+    regroup = regroup_of(cfg, spec.dispatch) and spec.stream_train and not spec.colocated
     ctx = float(np.mean(workload.prompt_length)) + float(np.mean(workload.samples(workload.epochs - 1))) / 2.0
     # carry-over decides lateness from re-estimated remaining lengths: it always re-estimates
     return SimMechanisms(reestimate=(bool(cfg.scheduler.reestimate) and guided) or partial,

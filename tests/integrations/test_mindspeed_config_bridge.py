@@ -279,5 +279,6 @@ def test_regroup_is_refused_with_the_key_and_the_fix():
     asp train's trainer does: the bridge refuses it, naming the fix."""
     with pytest.raises(ConfigError, match="asp.pipeline.regroup: true is not supported with MindSpeed-RL.*"
                                           "set asp.pipeline.regroup: false"):
-        translate(raw7b(), ["pipeline.regroup=true"])
-    assert not translate(raw7b(), ["pipeline.regroup=false"])[0].pipeline.regroup
+        translate(raw7b(), ["pipeline.regroup=on"])
+    for value in ("off", "auto"):                             # auto: off under the bridges, as is the default
+        assert translate(raw7b(), [f"pipeline.regroup={value}"])[0].pipeline.regroup == value

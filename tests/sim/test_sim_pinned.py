@@ -34,7 +34,7 @@ POLICIES = ["sync_colocated", "single_instance", "one_step_off", "fully_async_fi
             "async_random", "async_balanced", "asp", "asp_adaptive"]
 # every tail mechanism off: the engine as it was before they were wired in
 OFF = {"scheduler.dispatch": "static", "scheduler.reestimate": "false", "rollout.tail_concurrency": "off",
-       "rollout.speculative": "none", "rollout.partial_rollout": "false"}
+       "rollout.speculative": "none", "rollout.partial_rollout": "false", "pipeline.regroup": "off"}
 
 SETUPS = {
     "small": {"workload.type": "synthetic", "workload.num_prompts": 96, "workload.epochs": 3, "workload.drift": 0.1,

@@ -1,4 +1,4 @@
-"""pipeline.regroup / sim.regroup in the simulator: a mini-batch filled at run time within its iteration."""
+"""pipeline.regroup in the simulator: a mini-batch filled at run time within its iteration."""
 from __future__ import annotations
 
 import numpy as np
@@ -94,7 +94,7 @@ def _cfg(seed, **over):
             "train.group_size": 4, "train.global_batch_size": 32, "train.mini_batch_size": 8,
             "train.micro_batch_size": 4, "rollout.max_num_seqs": 16, "sim.total_devices": 6,
             "sim.rollout_devices": 3, "sim.infer_tp": 1, "sim.epochs": 1, "sim.model_class": "custom",
-            "sim.regroup": "true"}
+            "pipeline.regroup": "on"}
     base.update(over)
     return load_config(None, [f"{k}={v}" for k, v in base.items()])
 
@@ -127,3 +127,20 @@ def test_regroup_exactly_once_membership_and_lag(case):
         again = simulate_system(cfg, w, name, record_samples=True).summary
         assert {x: v for x, v in again.items() if x != "wall_s"} == \
             {x: v for x, v in res.summary.items() if x != "wall_s"}           # the same seed, the same summary
+
+
+def test_regroup_auto_is_on_for_asp_only_and_the_key_takes_booleans():
+    from asp_ascend.config import regroup_of
+
+    for value, want in (("auto", (True, False)), ("on", (True, True)), ("off", (False, False)),
+                        ("true", (True, True)), ("false", (False, False))):
+        cfg = load_config(None, [f"pipeline.regroup={value}"])
+        assert (regroup_of(cfg, "asp"), regroup_of(cfg, "fifo")) == want, value
+    assert load_config(None, []).pipeline.regroup == "auto"
+    with pytest.raises(Exception, match="pipeline.regroup.*not one of auto, on, off"):
+        load_config(None, ["pipeline.regroup=sometimes"])
+    # the simulator resolves it per system: asp's streaming systems regroup, the baselines do not
+    cfg = _cfg(0, **{"pipeline.regroup": "auto"})
+    w = workload_from_config(cfg)
+    got = {n: simulate_system(cfg, w, n).summary["regrouped_groups"] > 0 for n in ("asp", "fully_async_fifo")}
+    assert got == {"asp": True, "fully_async_fifo": False}
