@@ -82,8 +82,11 @@ CONVERGENCE = {
 }
 CONVERGENCE_DEFAULT = ["sync", "async_asp_k1", "async_asp_k2"]
 CONVERGENCE_BLOCK = 16  # iterations per block of the per-block reward table
-# the lossless mechanisms of DESIGN 9 (a-c), then bounded off-policy carry-over (e)
-LOSSLESS = ["scheduler.dispatch=guided", "scheduler.reestimate=true", "rollout.tail_concurrency=auto"]
+# the lossless mechanisms of DESIGN 9 (a-c), then bounded off-policy carry-over (e); regroup
+# (asp's default since 2026-12-03, pipeline.regroup: auto) pinned off so that the systems measured
+# before it stay what they were; the *_regroup systems turn it on
+LOSSLESS = ["scheduler.dispatch=guided", "scheduler.reestimate=true", "rollout.tail_concurrency=auto",
+            "pipeline.regroup=off"]
 TAIL_TASK = ["data.synthetic.tail_alpha=0.8", "rollout.num_instances=2", "rollout.cpu_cores=[]", "train.cpu_cores=[]",
              "rollout.num_cpus=0.5", "train.num_cpus=1", "train.eval_every=0", "train.max_iterations=16"]
 TAIL_SYSTEMS = {
@@ -101,6 +104,11 @@ TAIL_SYSTEMS = {
                           "rollout.tail_concurrency=off", "scheduler.reestimate=false", "pipeline.stream_groups=true"],
     "async_asp_stream": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp", *LOSSLESS,
                          "pipeline.stream_groups=true"],
+    # pipeline.regroup: a mini-batch completed at run time from generated groups of its iteration
+    "async_asp_regroup": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp", *LOSSLESS[:-1],
+                          "pipeline.regroup=on"],
+    "async_fifo_regroup": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=fifo",
+                           "rollout.tail_concurrency=off", "scheduler.reestimate=false", "pipeline.regroup=on"],
     # rollout.admission=sequences: an instance admits while its unfinished samples < max_num_seqs
     "async_fifo_seq": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=fifo",
                        "rollout.tail_concurrency=off", "scheduler.reestimate=false", "rollout.admission=sequences"],
