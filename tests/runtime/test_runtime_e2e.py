@@ -89,12 +89,19 @@ def test_every_prompt_trained_exactly_once_as_scheduled(async_run):
     tl = _timeline(out)
     sched = pd.read_parquet(out / "schedule.parquet").set_index(["epoch", "prompt_id"])
     trained = Counter()
+    # pipeline.regroup (asp's default) may move groups between the untrained mini-batches of an
+    # iteration: those are named by its events (the group moved in and the one whose slot it took)
+    moved = {(e["epoch"], e["prompt_id"]) for e in tl.events["regroup"]} | {
+        tuple(e["replaces"]) for e in tl.events["regroup"]}
+    size = sched.groupby(["iteration", "mini_batch"]).size()
     for st in tl.events["step"]:
+        assert len(st["samples"]) == size[(st["iteration"], st["mini_batch"])] * cfg.train.group_size
         for e, p, s in st["samples"]:
             trained[(e, p, s)] += 1
             # iteration i trains exactly the prompts with iteration == i, one step per mini_batch
             assert sched.loc[(e, p), "iteration"] == st["iteration"]
-            assert sched.loc[(e, p), "mini_batch"] == st["mini_batch"]
+            if (e, p) not in moved:
+                assert sched.loc[(e, p), "mini_batch"] == st["mini_batch"]
     G = cfg.train.group_size
     expected = {(e, p, s) for (e, p) in sched.index for s in range(G)}
     assert set(trained) == expected and set(trained.values()) == {1}
