@@ -2,7 +2,7 @@
 
     python benchmarks/bench_tail_waits.py [--workload azure_code_x8] [--systems asp fully_async_fifo]
                                           [--mismatch decode_b=10] [--devices 32] [--prompts 4096]
-                                          [--over pipeline.regroup=true]
+                                          [--over pipeline.regroup=on]
 
 The ablation's setup (``bench_tail.py``: 8 rollout instances per 32 devices, G = 8, k = 1,
 previous-epoch predictions; asp with its lossless defaults, the baselines as they ship), executed
