@@ -91,7 +91,7 @@ class Orchestrator(TrainerCalls):
         self.syncs = PendingSyncs(weight_sync, self.fleet.live, self._trainer_holds, self.log.say)  # oldest first
         self.poll_refs: dict[int, Any] = {}
         self.submit_refs: list = []
-        self._sent_at: dict[str, float] = {}      # first group id of a submit call -> when it was sent
+        self._sent_at: dict[str, tuple[int, float]] = {}  # first group id of a submit call -> (instance, when sent)
         self.sent = [0] * len(instances)          # samples sent per instance (this life of it)
         # rollout.admission=sequences: a poll also returns once a finish leaves room to admit
         self._poll_kw = {"wake_below": plan.settings.max_num_seqs} if self.feeder.by_sequences else {}
@@ -191,7 +191,7 @@ class Orchestrator(TrainerCalls):
             self._event("poll", instance=r, groups=[g["group_id"] for g in res["groups"]], t_call=tm["call"] - t0,
                         t_wake=tm["wake"] - t0, t_locked=tm["locked"] - t0, t_return=tm["out"] - t0, t_got=got)
         for c in res.get("submits", ()):
-            sent = self._sent_at.pop(c["groups"][0], None)
+            sent = self._sent_at.pop(c["groups"][0], (r, None))[1]
             self._event("submit", instance=r, groups=c["groups"], t_sent=sent, t_call=c["t_call"] - t0,
                         t_locked=c["t_locked"] - t0, t_done=c["t_done"] - t0)
 
@@ -289,7 +289,7 @@ class Orchestrator(TrainerCalls):
         # (per-group calls trickled a burst in over several steps); a failed instance's call is
         # handled through its poll, as a single submit's is
         for r, groups in batches.items():
-            self._sent_at[groups[0]["group_id"]] = self.now()
+            self._sent_at[groups[0]["group_id"]] = (r, self.now())
             self.submit_refs.append(self.instances[r].submit_many.remote(groups))
         self.tail.record_steals()
 
@@ -351,7 +351,7 @@ class Orchestrator(TrainerCalls):
         sp = self.sp
         for q in requests:
             self.sent[q.instance] += 1
-            self._sent_at[q.group_id] = self.now()
+            self._sent_at[q.group_id] = (q.instance, self.now())
             self.submit_refs.append(self.instances[q.instance].submit.remote(
                 q.group_id, q.token_ids, 1, sp.max_tokens, 0.0, 1.0, 0, sp.stop_token_ids, q.meta))
 
@@ -363,6 +363,8 @@ class Orchestrator(TrainerCalls):
         self.tail.on_instance_failed(r, running)
         self.queue.cancel(lost)
         self.poll_refs.pop(r, None)
+        # its submit calls will never be reported: their send times would stay for the whole run
+        self._sent_at = {g: v for g, v in self._sent_at.items() if v[0] != r}
         if self.evaluator is not None:
             self._send_eval(self.evaluator.reassign(r, self.fleet.live()))
 
