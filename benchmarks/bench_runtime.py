@@ -817,7 +817,8 @@ def main() -> None:
     p.add_argument("overrides", nargs="*")
     a = p.parse_intermixed_args()
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
+    if a.what not in ("latency", "bound"):   # those two only read run directories: no --out
+        out.mkdir(parents=True, exist_ok=True)
     if a.what == "throughput":
         throughput(out, a.overrides)
     elif a.what == "tail":
