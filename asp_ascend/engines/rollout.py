@@ -287,10 +287,14 @@ class RolloutEngine:
                     "timing": {"call": t_call, "wake": t_wake, "locked": t_locked, "out": time.time()}}
 
     def status(self) -> dict:
-        """What runs now, without draining anything: version, running samples, their tokens so far."""
+        """What runs now, without draining anything: version, running samples, their tokens so far and
+        how many of those a poll has already reported."""
         with self._state:
-            live = [r for g in self._groups.values() for r in g.samples.values() if r["t_finish"] is None]
-            return {"version": self.version, "running": len(live), "tokens": sum(len(r["token_ids"]) for r in live)}
+            live = [(g, s, r) for g in self._groups.values() for s, r in g.samples.items() if r["t_finish"] is None]
+            return {"version": self.version, "running": len(live),
+                    "tokens": sum(len(r["token_ids"]) for _, _, r in live),
+                    # tokens of running samples already handed out by a poll (the caller holds them as prefixes)
+                    "reported": sum(max(0, g.sent.get(s, 0)) for g, s, _ in live)}
 
     def _progress(self) -> list[dict]:
         """Per running group: ``key`` (its meta's epoch and prompt id), ``finished`` (sample ->

@@ -170,9 +170,9 @@ def test_killed_instance_during_partial_rollout_loses_no_segment(tmp_path):
     run = BackgroundRun(cfg)
     run.wait_for_rows(1)
     victim = run.instance(1)
-    for _ in range(600):   # kill it while it holds generated tokens of unfinished samples
+    for _ in range(600):   # kill it while a poll has reported tokens of its unfinished samples (the prefixes)
         st = ray.get(victim.status.remote())
-        if st["running"] and st["tokens"]:
+        if st["running"] and st["reported"]:
             break
         time.sleep(0.01)
     ray.kill(victim, no_restart=True)
