@@ -199,7 +199,7 @@ class Feeder:
         self.G = int(group_size)
         self.max_seqs = int(max_seqs)          # > 0: the sequence rule
         self.inflight = [0] * len(dispatcher.alive)
-        self.seqs = [0] * len(dispatcher.alive)  # the sequence rule: unfinished samples per instance
+        self.seqs = [0] * len(dispatcher.alive)  # the sequence rule only (else stays 0): unfinished samples per instance
         self.where: dict[Key, int] = {}
         self.trace = trace
 
@@ -274,7 +274,8 @@ class Feeder:
             return None
         job, version = got
         self.inflight[r] += 1
-        self.seqs[r] += self.G
+        if self.max_seqs:
+            self.seqs[r] += self.G
         self.where[(job.epoch, job.prompt_id)] = r
         if self.trace is not None:
             self.trace.append(("admit", r, job.epoch, job.prompt_id, version))
@@ -296,8 +297,10 @@ class Feeder:
 
     def unfinished(self, r: int, count: int) -> None:
         """Instance ``r`` reports ``count`` unfinished samples (the sequence rule's count:
-        running and queued, plus G per admitted group it has not received yet)."""
-        self.seqs[r] = max(0, int(count))
+        running and queued, plus G per admitted group it has not received yet); ignored under
+        the group-slot rule."""
+        if self.max_seqs:
+            self.seqs[r] = max(0, int(count))
         if self.trace is not None:
             self.trace.append(("unfinished", r, int(count)))
 

@@ -45,6 +45,7 @@ def test_unfinished_samples_decide_the_room(admission):
     else:
         feeder.unfinished(0, 5)                     # counts are ignored: both slots stay held
         assert _fill(feeder) == []
+        assert feeder.seqs == [0]                   # no sequence count is kept under the slot rule
         feeder.finished(0, "p0")
         assert _fill(feeder) == ["p2"]
 
