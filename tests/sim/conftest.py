@@ -1,7 +1,10 @@
 import json
+import sys
 from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))  # sim_common.py lives next to the tests
 
 
 @pytest.fixture

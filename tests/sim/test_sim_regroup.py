@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from asp_ascend.config import load_config
+from sim_common import small_sim_config
 from asp_ascend.lengths.workloads import workload_from_config
 from asp_ascend.scheduler.cost import CostModel
 from asp_ascend.scheduler.execution import ExecutionSettings
@@ -89,14 +90,8 @@ def test_regroup_fills_the_streamed_mini_batch():
 
 
 def _cfg(seed, **over):
-    base = {"seed": seed, "workload.type": "synthetic", "workload.num_prompts": 128, "workload.epochs": 2,
-            "lengths.max_response_length": 2048, "workload.body_median": 150, "workload.tail_scale": 500,
-            "train.group_size": 4, "train.global_batch_size": 32, "train.mini_batch_size": 8,
-            "train.micro_batch_size": 4, "rollout.max_num_seqs": 16, "sim.total_devices": 6,
-            "sim.rollout_devices": 3, "sim.infer_tp": 1, "sim.epochs": 1, "sim.model_class": "custom",
-            "pipeline.regroup": "on"}
-    base.update(over)
-    return load_config(None, [f"{k}={v}" for k, v in base.items()])
+    return small_sim_config(seed, **{"workload.num_prompts": 128, "train.global_batch_size": 32,
+                                     "train.mini_batch_size": 8, "pipeline.regroup": "on", **over})
 
 
 @pytest.mark.parametrize("case", range(3))

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from asp_ascend.config import load_config
+from sim_common import small_sim_config
 from asp_ascend.errors import ConfigError
 from asp_ascend.lengths.workloads import workload_from_config
 from asp_ascend.scheduler.cost import CostModel
@@ -106,14 +107,8 @@ def test_stream_groups_prefers_a_complete_mini_batch_and_pads_per_group():
 
 
 def _cfg(seed, **over):
-    base = {"seed": seed, "workload.type": "synthetic", "workload.num_prompts": 64, "workload.epochs": 2,
-            "lengths.max_response_length": 2048, "workload.body_median": 150, "workload.tail_scale": 500,
-            "train.group_size": 4, "train.global_batch_size": 16, "train.mini_batch_size": 4,
-            "train.micro_batch_size": 4, "rollout.max_num_seqs": 16, "sim.total_devices": 6,
-            "sim.rollout_devices": 3, "sim.infer_tp": 1, "sim.epochs": 1, "sim.model_class": "custom",
-            "sim.stream_groups": "true"}
-    base.update(over)
-    return load_config(None, [f"{k}={v}" for k, v in base.items()])
+    return small_sim_config(seed, **{"workload.num_prompts": 64, "train.global_batch_size": 16,
+                                     "train.mini_batch_size": 4, "sim.stream_groups": "true", **over})
 
 
 @pytest.mark.parametrize("case", range(4))
