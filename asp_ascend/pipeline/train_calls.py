@@ -44,16 +44,23 @@ class TrainerCalls:
         if self.stream_start is not None:
             self._stream_groups(it, planned, mbs, todo)
             return
-        m = next((m for m in todo if all(k in self.queue for k in mbs[m])), None)
-        if m is None and self.tail.regroup(self.iteration):  # pipeline.regroup: fill one within the iteration
-            mbs = self.tail.members(self.iteration, planned)
-            m = next((m for m in todo if all(k in self.queue for k in mbs[m])), None)
-        if m is None and self.tail.maybe_defer(self.iteration):  # partial rollout: carry the late groups over
-            mbs = self.tail.members(self.iteration, planned)
-            m = next((m for m in todo if all(k in self.queue for k in mbs[m])), None)
+        mbs, m = self._whole_mini_batch(planned, mbs, todo)
         if m is None:
             return
         self._train_whole(it, mbs, m)
+
+    def _whole_mini_batch(self, planned: dict, mbs: dict, todo: list[int]) -> tuple[dict, int | None]:
+        """The membership and the first of ``todo`` whose groups are all generated (None: none is):
+        as planned, else after ``pipeline.regroup`` filled one within the iteration, else after
+        partial rollout carried the late groups over (each asked only when the one before left
+        none)."""
+        whole = lambda ms: next((m for m in todo if all(k in self.queue for k in ms[m])), None)  # noqa: E731
+        m = whole(mbs)
+        for move in (self.tail.regroup, self.tail.maybe_defer):
+            if m is None and move(self.iteration):
+                mbs = self.tail.members(self.iteration, planned)
+                m = whole(mbs)
+        return mbs, m
 
     def _train_whole(self, it: IterationProgress, mbs: dict, m: int) -> None:
         """One ``train_step`` over mini-batch ``m``, all of its groups generated."""
@@ -78,14 +85,7 @@ class TrainerCalls:
         swap in finished ones of the next iteration."""
         st = self.streamed
         if st is None:
-            whole = lambda ms: next((m for m in todo if all(k in self.queue for k in ms[m])), None)  # noqa: E731
-            m = whole(mbs)
-            if m is None and self.tail.regroup(self.iteration):
-                mbs = self.tail.members(self.iteration, planned)
-                m = whole(mbs)
-            if m is None and self.tail.maybe_defer(self.iteration):
-                mbs = self.tail.members(self.iteration, planned)
-                m = whole(mbs)
+            mbs, m = self._whole_mini_batch(planned, mbs, todo)
             if m is not None:
                 self._train_whole(it, mbs, m)
                 return

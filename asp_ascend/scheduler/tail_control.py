@@ -361,10 +361,9 @@ class TailControl:
         self._sized.pop(key, None)
         if self.governor is not None:
             self.governor.on_finish(key)
-        if self.carry is None and self.membership is not None:
+        if self.membership is not None:   # carry-over's, or regroup's own
             self.membership.on_finish(key)
         if self.carry is not None:
-            self.carry.on_finish(key)
             self._lengths[key] = [int(x) for x in lengths]
             i = self.carry.iteration_of(key)
             self._count_done(i, self._lengths[key], +1)
