@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..io import output_to_actor_log
-from .step_lock import StepLock
+from .step_lock import StepLock, await_core, core_outputs
 
 EXTENSION = "asp_ascend.engines.vllm_ext.WeightReloadExtension"
 
@@ -429,13 +429,13 @@ class RolloutEngine:
             raise RuntimeError(f"rollout instance {self.instance} failed: {self._error!r}") from self._error
 
     def _loop(self) -> None:
-        core = self._core_outputs()
+        core = core_outputs(self.engine)
         try:
             while not self._stop:
                 # the step's clock and version label start where its wait for the engine starts
                 t0, step_version = time.time(), self.version  # (older vLLM: no labels from the engine core)
                 if core is not None:
-                    self._await_core(core)
+                    await_core(core, self.engine, lambda: self._stop)
                 with self._lock.for_step():
                     has_work = self.engine.has_unfinished_requests()
                     # with the core's queue: step only on a queued output (work that came after the
@@ -457,30 +457,6 @@ class RolloutEngine:
         except BaseException as exc:  # re-raised to the orchestrator on the next call
             self._error = exc
             self._has_done.set()
-
-    def _core_outputs(self):
-        """The queue the engine core's step outputs arrive in when the core runs in its own process
-        (vLLM V1's ``SyncMPClient.outputs_queue``), else None (then ``engine.step()`` waits for them
-        under the engine lock)."""
-        import queue
-
-        q = getattr(getattr(self.engine, "engine_core", None), "outputs_queue", None)
-        return q if isinstance(q, queue.Queue) else None
-
-    def _await_core(self, q) -> None:
-        """Wait, without the engine lock, until the engine core has queued a step's output (or
-        nothing is unfinished, or the loop stops). The core computes a step while this process
-        waits for it, so a ``submit`` (or a weight update) goes in meanwhile: its requests reach the
-        core during that step and join the next, instead of waiting for the step's output and
-        joining the one after (the core runs a step ahead of this process). ``engine.step()``, which
-        then returns at once, and every other engine call stay under the engine lock. A wake-up
-        this wait consumed is passed on, so a caller reading the same queue (``llm.generate`` of
-        :meth:`warm_up` under the engine lock) is not left waiting for a later output."""
-        with q.not_empty:
-            while not q._qsize() and not self._stop and self.engine.has_unfinished_requests():
-                q.not_empty.wait(timeout=0.005)
-            if q._qsize():
-                q.not_empty.notify()
 
     def _collect(self, outputs: list[Any], now: float, step_version: int) -> None:
         for out in outputs:

@@ -1,9 +1,11 @@
 """The rollout instance's engine lock: its step loop against the callers (``submit``, weight
 updates), fair to the callers. (``poll`` does not take it: it reads the instance's bookkeeping
-under a lock of its own, ``RolloutEngine._state``.)"""
+under a lock of its own, ``RolloutEngine._state``.) Also the step loop's wait for the engine
+core's output without the lock (:func:`await_core`)."""
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 
 class StepLock:
@@ -58,3 +60,30 @@ class _LoopTurn:
 
     def __exit__(self, *exc) -> None:
         self.lock._lock.release()
+
+
+def core_outputs(engine):
+    """The queue ``engine``'s core step outputs arrive in when the core runs in its own process
+    (vLLM V1's ``SyncMPClient.outputs_queue``), else None (then ``engine.step()`` waits for them
+    under the engine lock)."""
+    import queue
+
+    q = getattr(getattr(engine, "engine_core", None), "outputs_queue", None)
+    return q if isinstance(q, queue.Queue) else None
+
+
+def await_core(q, engine, stopped: Callable[[], bool]) -> None:
+    """The step loop's wait, without the engine lock, until the engine core has queued a step's
+    output in ``q`` (:func:`core_outputs`; or nothing is unfinished, or ``stopped()``). The core
+    computes a step while this process waits for it, so a ``submit`` (or a weight update) goes in
+    meanwhile: its requests reach the core during that step and join the next, instead of waiting
+    for the step's output and joining the one after (the core runs a step ahead of this process).
+    ``engine.step()``, which then returns at once, and every other engine call stay under the
+    engine lock. A wake-up this wait consumed is passed on, so a caller reading the same queue
+    (``llm.generate`` of ``RolloutEngine.warm_up`` under the engine lock) is not left waiting for a
+    later output. (``q._qsize``: ``qsize()`` would take the queue's mutex, held here.)"""
+    with q.not_empty:
+        while not q._qsize() and not stopped() and engine.has_unfinished_requests():
+            q.not_empty.wait(timeout=0.005)
+        if q._qsize():
+            q.not_empty.notify()
