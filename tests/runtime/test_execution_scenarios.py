@@ -43,6 +43,7 @@ from asp_ascend.scheduler.planner import plan  # noqa: E402
 
 K, EPOCHS, TICK = 1, 2, 0.006    # lag bound; epochs of 4 iterations; seconds per generated token
 RUN_TIMEOUT_S = 180               # a loop that lost a group would wait for it forever
+HOLD_FAILSAFE_S = 30              # held groups are let go after this even if their release never came
 WORDS = ["a", "b", "c", "d", "e", "f", "g", "h"]
 
 
@@ -53,11 +54,13 @@ class ScriptedInstance:
     A poll reports the unfinished samples and those received, and with ``wake_below`` returns
     once a sample's finish leaves fewer unfinished (as the vLLM actor does).
     ``die_after``: the process exits at the first poll after it handed back that many groups
-    (its first life only: once Ray restarted it, it lives)."""
+    (its first life only: once Ray restarted it, it lives). ``held``: group ids that do not
+    finish, whatever their length, until ``release`` is called (a scenario made by state, not
+    by how fast this machine is)."""
 
-    def __init__(self, r: int, lengths: dict, die_after: int = 0, tick: float = TICK):
+    def __init__(self, r: int, lengths: dict, die_after: int = 0, tick: float = TICK, held=()):
         self.r, self.lengths, self.version, self.running, self.delivered = r, lengths, 0, [], 0
-        self.tick = tick
+        self.tick, self.held = tick, set(held)
         self.received, self.last_poll = 0, time.time()
         self.die_after = 0 if ray.get_runtime_context().was_current_actor_reconstructed else die_after
 
@@ -73,11 +76,17 @@ class ScriptedInstance:
         return [await self.submit(**g) for g in groups]
 
     def _unfinished(self, now: float) -> int:
-        return sum(e > now for g in self.running for e in g[5])
+        return sum(e > now or g[1] in self.held for g in self.running for e in g[5])
+
+    def _done(self, g, now: float) -> bool:
+        return g[0] <= now and g[1] not in self.held
+
+    async def release(self) -> None:
+        self.held.clear()
 
     def _woken(self, wake_below: int) -> bool:
         now = time.time()
-        return any(g[0] <= now for g in self.running) or (
+        return any(self._done(g, now) for g in self.running) or (
             wake_below > 0 and any(self.last_poll < e <= now for g in self.running for e in g[5])
             and self._unfinished(now) < wake_below)
 
@@ -88,8 +97,8 @@ class ScriptedInstance:
         while not self._woken(wake_below) and time.time() < deadline:
             await asyncio.sleep(0.005)
         now = self.last_poll = time.time()
-        done = [g for g in self.running if g[0] <= now]
-        self.running = [g for g in self.running if g[0] > now]
+        done = [g for g in self.running if self._done(g, now)]
+        self.running = [g for g in self.running if not self._done(g, now)]
         self.delivered += len(done)
         return {"groups": [self._group(*g) for g in done], "busy_s": 0.0, "running": self._unfinished(now),
                 "received": self.received}
@@ -145,9 +154,11 @@ def lengths_of(sched, resp) -> dict:
 
 def run_loop(trainer, plan_, lengths: dict, out, *, version: int = 0, die_after=(0, 0), restarts: int = 0,
              replan=None, history=None, checkpoint_every: int = 0, tick: float = TICK,
-             stream_start: str | None = None, tail=None, on_orch=None) -> Orchestrator:
-    """The runtime's loop over fresh instances, from ``version`` (the trainer's weights pushed first)."""
-    insts = [ScriptedInstance.options(max_restarts=restarts).remote(r, lengths, die_after[r], tick) for r in range(R)]
+             stream_start: str | None = None, tail=None, on_orch=None, held=()) -> Orchestrator:
+    """The runtime's loop over fresh instances, from ``version`` (the trainer's weights pushed first);
+    ``held``: group ids the instances keep unfinished until released (``ScriptedInstance``)."""
+    insts = [ScriptedInstance.options(max_restarts=restarts).remote(r, lengths, die_after[r], tick, held)
+             for r in range(R)]
     ray.get([i.ready.remote() for i in insts])
     wsync = WeightSync(trainer, insts, "object_store", "cpu")
     first = wsync.start(version, list(range(R)))
@@ -378,6 +389,24 @@ def _fill_checker(orch, missed: list) -> None:
     orch._start_train_step = checked
 
 
+def _release_when_ready(orch, missed: list, iteration: int) -> None:
+    """Wraps the loop's trainer phase (after ``_fill_checker``): the instances' held groups (one
+    per mini-batch of ``iteration``) are released once the trainer was ready for ``iteration``
+    with none of its mini-batches generated and acted on it: a ``regroup`` event of
+    ``iteration`` (regroup on) or a recorded miss of it (off: the trainer stood idle). Held
+    until then, whatever the speed of this machine; ``HOLD_FAILSAFE_S`` lets them go if neither
+    ever comes (the test then fails on its assertions, not on the run's timeout)."""
+    start, t0, held = orch._start_train_step, time.time(), [True]
+
+    def released():
+        start()
+        if held[0] and (any(ev["iteration"] == iteration for ev in orch.timeline.events["regroup"])
+                        or any(i == iteration for i, _ in missed) or time.time() - t0 > HOLD_FAILSAFE_S):
+            held[0] = False
+            ray.get([inst.release.remote() for inst in orch.instances])
+    orch._start_train_step = released
+
+
 @pytest.mark.parametrize("stream", [None, "fewest_left"])
 def test_regroup(cluster, trainer, tmp_path, stream):
     """``pipeline.regroup``: when the trainer is ready and no mini-batch of its iteration is
@@ -385,17 +414,30 @@ def test_regroup(cluster, trainer, tmp_path, stream):
     iteration and the lag bound hold (the simulator and MindSpeed-RL's source run the plan as
     composed: the same groups per iteration), every step keeps the mini-batch's size, groups did
     move (``regroup`` events), and the trainer never stood idle while the iteration's generated,
-    untrained groups could fill a mini-batch. Without regroup the same schedule leaves it idle so."""
+    untrained groups could fill a mini-batch. Without regroup the same schedule leaves it idle so.
+
+    The situation is made by state, not by timing: one group of each mini-batch of iteration
+    ``hold`` stays unfinished until the trainer, ready for that iteration, regrouped (on) or
+    stood idle (off), while its other groups (more than a mini-batch's worth) finish."""
     from asp_ascend.scheduler.tail_control import TailOptions
 
     settings = settings_for()
     sched, resp = schedule_and_lengths("asp", K, epochs=EPOCHS)
+    plan_ = ExecutionPlan.from_schedule(sched, settings)
+    hold = 2
+    mbs = plan_.iterations[hold]
+    held = {f"{e}:{p}" for keys in mbs.values() for e, p in keys[:1]}
+    assert len(held) == len(mbs) >= 2 and sum(map(len, mbs.values())) - len(held) >= max(map(len, mbs.values()))
     runs = {}
     for on in (True, False) if stream is None else (True,):
         missed: list = []
+
+        def wrap(o, missed=missed):
+            _fill_checker(o, missed)
+            _release_when_ready(o, missed, hold)
         orch = run_loop(trainer, ExecutionPlan.from_schedule(sched, settings), lengths_of(sched, resp),
-                        tmp_path / str(on), stream_start=stream, tail=TailOptions(regroup=on),
-                        on_orch=lambda o, missed=missed: _fill_checker(o, missed))
+                        tmp_path / str(on), stream_start=stream, tail=TailOptions(regroup=on), on_orch=wrap,
+                        held=held)
         runs[on] = (orch, missed)
     orch, missed = runs[True]
     trained, lags, times = runtime_trained([orch.timeline])
@@ -405,10 +447,12 @@ def test_regroup(cluster, trainer, tmp_path, stream):
     size = sched.groupby(["iteration", "mini_batch"]).size()
     assert all(len(st["samples"]) == size[(st["iteration"], st["mini_batch"])] * G for st in steps)
     moved = orch.timeline.events["regroup"]
-    assert moved and all(set(ev) >= {"iteration", "mini_batch", "from_mini_batch", "replaces"} for ev in moved)
+    assert all(set(ev) >= {"iteration", "mini_batch", "from_mini_batch", "replaces"} for ev in moved)
+    assert any(ev["iteration"] == hold for ev in moved), "the held iteration's groups were not regrouped"
     assert missed == []
     if False in runs:
-        assert runs[False][1], "without regroup the trainer never waited with a mini-batch's worth generated"
+        assert any(i == hold for i, _ in runs[False][1]), \
+            "without regroup the trainer never waited with a mini-batch's worth generated"
         assert not runs[False][0].timeline.events["regroup"]
 
 
