@@ -8,13 +8,9 @@ Weight updates take the engine lock, so they land *between* decode steps: reques
 that are running keep going on the new weights, and each token's behaviour log-prob
 (``logprobs_mode=processed_logprobs``: after temperature) is recorded as it is drawn.
 
-Every finished group carries, per sample: token ids, per-token behaviour log-probs,
-vLLM's ``finish_reason`` (``stop`` | ``length``), the version of the weights that drew its
-first and last tokens, ``segments`` (``[[first token, version], ...]``: which weights drew
-each token; a request that spans weight syncs has one segment per version), the number of
-engine steps that produced tokens (``steps``: with speculative decoding a step can yield
-several tokens), vLLM's prefix-cache hit (``cached_tokens``), and wall-clock times of
-admission, first token and finish. ``poll`` also reports the progress of every running group
+Every finished group carries its admission version and time and one record per sample (token
+ids, behaviour log-probs, finish reason, the weights behind each token, ...: the format is
+engines/rollout_records.py's). ``poll`` also reports the progress of every running group
 (lengths of its finished samples, tokens so far of the others) for online re-estimation.
 
 ``speculative`` (a dict: vLLM's ``speculative_config``, e.g. ``{"method": "ngram",
@@ -42,24 +38,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..io import output_to_actor_log
+from .rollout_records import Group, finished_group, group_done, new_group, progress, record_output
 from .step_lock import StepLock, await_core, core_outputs
 
 EXTENSION = "asp_ascend.engines.vllm_ext.WeightReloadExtension"
-
-
-@dataclass
-class _Group:
-    group_id: str
-    meta: dict
-    size: int
-    t_admit: float
-    version: int
-    samples: dict = field(default_factory=dict)
-    sent: dict = field(default_factory=dict)      # sample -> tokens already reported by poll
 
 
 def pin_process(cores: list[int]) -> None:
@@ -127,7 +112,7 @@ class RolloutEngine:
         self._wake = threading.Event()
         self._has_done = threading.Event()
         self._stop = False
-        self._groups: dict[str, _Group] = {}
+        self._groups: dict[str, Group] = {}
         self._done: list[dict] = []
         self._error: BaseException | None = None
         self._busy_s = 0.0
@@ -201,25 +186,13 @@ class RolloutEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        now = time.time()
-        oldest = [int(p["segments"][0][1]) for p in (prefix or []) if p.get("token_ids") and p.get("segments")]
-        g = _Group(group_id, dict(meta or {}), n, now, min(oldest + [self.version]))
+        g = new_group(group_id, meta, n, max_tokens, time.time(), self.version, prefix)
         requests = []   # (request id, prompt, params)
         running, context = 0, 0
-        for s in range(n):
-            pre = (prefix or [])[s] if prefix and s < len(prefix) else {}
-            done_tokens = list(pre.get("token_ids", []))
-            rec = {"sample": s, "token_ids": done_tokens, "logprobs": list(pre.get("logprobs", [])),
-                   "t_first_token": now if done_tokens else None, "t_finish": None,
-                   "version_first": int(pre["segments"][0][1]) if done_tokens else self.version,
-                   "segments": [list(x) for x in pre.get("segments", [])] if done_tokens else [], "steps": 0,
-                   "resumed_at": len(done_tokens), "_drawn": bool(done_tokens)}
-            g.samples[s] = rec
-            g.sent[s] = len(done_tokens)
-            if pre.get("finished") or len(done_tokens) >= max_tokens:
-                rec["t_finish"], rec["version_last"] = now, int(rec["segments"][-1][1]) if done_tokens else self.version
-                rec["finish_reason"] = pre.get("finish_reason") or "length"
+        for s, rec in g.samples.items():
+            if rec["t_finish"] is not None:   # finished in its prefix
                 continue
+            done_tokens = list(rec["token_ids"])
             sp = SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_tokens - len(done_tokens),
                                 logprobs=0, seed=seed * 1000 + s, output_kind=RequestOutputKind.DELTA,
                                 detokenize=False, stop_token_ids=list(stop_token_ids))
@@ -283,7 +256,7 @@ class RolloutEngine:
                     "busy_s": self._busy_s,
                     "meter": {"steps": self._steps, "seq_steps": self._seq_steps, "ctx_steps": self._ctx_steps,
                               "busy_s": self._busy_s},
-                    "progress": self._progress(), "submits": calls,
+                    "progress": progress(self._groups.values()), "submits": calls,
                     "timing": {"call": t_call, "wake": t_wake, "locked": t_locked, "out": time.time()}}
 
     def status(self) -> dict:
@@ -295,30 +268,6 @@ class RolloutEngine:
                     "tokens": sum(len(r["token_ids"]) for _, _, r in live),
                     # tokens of running samples already handed out by a poll (the caller holds them as prefixes)
                     "reported": sum(max(0, g.sent.get(s, 0)) for g, s, _ in live)}
-
-    def _progress(self) -> list[dict]:
-        """Per running group: ``key`` (its meta's epoch and prompt id), ``finished`` (sample ->
-        length), ``tokens`` (tokens so far of each unfinished sample) and ``new`` (sample ->
-        [token ids, log-probs, segments, finish reason or None]: what it drew since the last poll, so the
-        caller holds every sample's prefix should this instance fail)."""
-        out = []
-        for g in self._groups.values():
-            if g.meta.get("eval") or "prompt_id" not in g.meta:
-                continue
-            new = {}
-            for s, r in g.samples.items():
-                k = g.sent.get(s, 0)
-                if k < 0:        # finished and reported
-                    continue
-                if len(r["token_ids"]) > k or r["t_finish"] is not None:
-                    new[s] = [r["token_ids"][k:], r["logprobs"][k:], r["segments"],
-                              (r.get("finish_reason") or "stop") if r["t_finish"] is not None else None]
-                    g.sent[s] = len(r["token_ids"]) if r["t_finish"] is None else -1
-            out.append({"key": [g.meta.get("epoch", 0), g.meta["prompt_id"]],
-                        "finished": {s: len(r["token_ids"]) for s, r in g.samples.items() if r["t_finish"] is not None},
-                        "tokens": [len(r["token_ids"]) for r in g.samples.values() if r["t_finish"] is None],
-                        "new": new})
-        return out
 
     # ------------------------------------------------------------------ weights
     def update_weights(self, ticket, group: dict | None = None) -> dict:
@@ -465,58 +414,24 @@ class RolloutEngine:
             if g is None:
                 continue
             rec = g.samples[int(s)]
-            comp = out.outputs[0]
-            toks = list(comp.token_ids)
-            if toks and rec["t_first_token"] is None:
-                rec["t_first_token"] = now
-            if toks:
-                rec["steps"] += 1
-                if not rec["segments"] or rec["segments"][-1][1] != step_version:
-                    rec["segments"].append([len(rec["token_ids"]), step_version])
-            rec["token_ids"].extend(toks)
+            drawn = record_output(rec, out, now, step_version, self._labels)
             if "_ctx" in rec:
-                rec["_ctx"] += len(toks)
-                self._context += len(toks)
-            if comp.logprobs:
-                rec["logprobs"].extend(float(lp[t].logprob) for lp, t in zip(comp.logprobs, toks))
-            if toks:
-                if not rec.get("_drawn"):
-                    rec["version_first"], rec["_drawn"] = step_version, True
-                rec["version_last"] = step_version
-            if getattr(out, "num_cached_tokens", None):  # vLLM's prefix-cache hit for this request
-                rec["cached_tokens"] = int(out.num_cached_tokens)
+                rec["_ctx"] += drawn
+                self._context += drawn
             if out.finished:
-                rec["t_finish"] = now
                 if "_ctx" in rec:  # leaves the running batch
                     self._running -= 1
                     self._context -= rec.pop("_ctx")
                     if self._running < self._wake_below:   # room to admit: the next poll returns now
                         self._has_done.set()
-                rec.setdefault("version_last", rec["version_first"])
-                spans = getattr(comp, "weight_versions", None) if self._labels else None
-                if spans:  # the engine core's own labels of the weights behind each token (of this
-                    # request: a resumed sample's kept prefix comes first)
-                    at = rec["resumed_at"]
-                    kept = [x for x in rec["segments"] if x[0] < at]
-                    seg = kept + [[at + int(sp.start), int(sp.version)] for sp in spans]
-                    rec["segments"] = [x for i, x in enumerate(seg) if i == 0 or x[1] != seg[i - 1][1]]
-                    rec["version_first"] = int(rec["segments"][0][1])
-                    rec["version_last"] = int(spans[-1].version)
-                rec["finish_reason"] = comp.finish_reason
-                rec.pop("_drawn", None)
-                if rec["t_first_token"] is None:
-                    rec["t_first_token"] = now
                 self._finish_group_if_done(gid)
 
     def _finish_group_if_done(self, gid: str) -> None:
         """Hand group ``gid`` to the next poll once all its samples are finished (bookkeeping lock held)."""
         g = self._groups[gid]
-        if all(x["t_finish"] is not None for x in g.samples.values()):
+        if group_done(g):
             del self._groups[gid]
-            self._done.append({"group_id": gid, "meta": g.meta, "instance": self.instance,
-                               "admission_version": g.version, "t_admit": g.t_admit,
-                               "speculative_tokens": int(self.speculative.get("num_speculative_tokens", 0)),
-                               "samples": [g.samples[i] for i in range(g.size)]})
+            self._done.append(finished_group(g, self.instance, self.speculative.get("num_speculative_tokens", 0)))
             self._has_done.set()
 
 

@@ -25,26 +25,10 @@ their ``on_*`` updates:
   finished groups of the next iteration (``rollout.partial_rollout``).
 
 Run-time rooms (``measure_costs``: the runtime's choice; the simulator and MindSpeed-RL keep the
-plan's rooms). A :class:`~asp_ascend.scheduler.cost_meter.CostMeter` fits the decode step
-``a + b * context + c * n`` to the instances' own step times and averages the trainer's time
-per iteration; it measures whenever ``measure_costs`` is set, with or without tail-aware
-concurrency (every real run writes ``costs`` events, so calibration can fit any run), and sizes
-rooms only with it. A group g of iteration i with expected longest remaining sample L (at admission
-the bias-corrected prediction times the expected largest-of-G factor; later the estimator's
-``remaining``) is then sized by :class:`~asp_ascend.scheduler.tail.TailModel` over one
-iteration's loads: work = the decode work of i's groups (their predictions bias-corrected by the
-estimator, as g's own length is) at the instances' *measured* concurrency (the meter's mean
-batch, ``full_batch``: an instance whose slots are held by finished samples runs fewer
-sequences than ``max_num_seqs``), train = the measured trainer time, the floor = g's latency /
-(k + 1). A room is given only when the best period a room allows is at least
-``TAIL_GAIN_MIN`` (10 %) below the uncapped period
-``max(work / R, train, latency at the measured batch / (k + 1))``: where the step cost hardly depends
-on the batch or the trainer sets the period, nothing is capped. Until the meter has
-``min_steps`` decode steps and one iteration's trainer time, nothing is capped either. Instances
-that share CPU cores (``dedicated=False``: unpinned on the CPU) get no room at all: an
-instance's step time there is set by the load of every process on the cores, not by its own
-batch (the fitted ``c`` mixes the two), and a cap only splits the same work into more steps,
-each paying the fixed cost ``a`` in CPU time the others need (the meter still measures).
+plan's rooms): a :class:`~asp_ascend.scheduler.cost_meter.CostMeter` measures the decode step and
+the trainer's time whenever ``measure_costs`` is set (every real run writes ``costs`` events); with
+tail-aware concurrency a :class:`~asp_ascend.scheduler.room_sizing.RoomSizer` sizes the rooms
+from it (scheduler/room_sizing.py says how, and when nothing is capped).
 
 Timeline events (metrics/timeline.py): ``steal`` (a job moved between instances), ``tail``
 (an admission capped its instance, or re-estimation changed a running group's room:
@@ -55,21 +39,18 @@ the orchestrator). Nothing here calls Ray.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Iterable
-
-import numpy as np
 
 from .admission import Job
 from .carryover import CarryOver, late_groups
 from .cost_meter import CostMeter
 from .execution import ExecutionPlan, Feeder
 from .reestimate import GroupEstimator, group_max_factor
-from .tail import IterationLoads, TailGovernor, TailModel
+from .room_sizing import RoomSizer
+from .tail import TailGovernor
 
 Key = tuple[int, str]
-TAIL_GAIN_MIN = 0.10   # a run-time room must shorten the predicted period by this share at least
 RESIZE_CHANGE = 0.2    # a running group is re-sized when its remaining estimate moved by this share
 
 
@@ -124,9 +105,10 @@ class TailControl:
         # run); with tail-aware concurrency they also size the run-time rooms (``sizing``)
         self.meter = CostMeter() if options.measure_costs else None
         self.sizing = self.meter is not None and self.governor is not None
+        self.sizer = (RoomSizer(plan, self.meter, self.estimator, max_tokens=max_tokens, prompt_length=self.plen,
+                                dedicated=options.dedicated) if self.sizing else None)
         self._jobs: dict[Key, Job] = {}                 # running groups
         self._sized: dict[Key, tuple[float, int, int]] = {}   # key -> (remaining, meter revision, room)
-        self._work: dict[tuple[int, int], tuple[float, float, float]] = {}   # (iteration, revision) -> loads
         self._reported: dict[Key, set] = {}     # samples whose finish the estimator has seen
         # partial rollout: every running group's samples so far (token ids, log-probs, version
         # segments, finished), so a group whose instance fails resumes from its prefix
@@ -201,80 +183,11 @@ class TailControl:
             self.meter.on_iteration(seconds)
 
     def _room_of(self, job: Job) -> int:
-        """The room ``job`` gets when admitted now (0: no cap)."""
-        key = key_of(job)
-        if not self.sizing:
-            return int(self.rooms.get(key, 0))
-        est = self.estimator
-        mean = est.predict(job.predicted_length) if est is not None else max(1.0, job.predicted_length)
-        longest = min(mean * group_max_factor(est.sigma if est is not None else 0.3, self.G), self.max_tokens)
-        return self.size_room(job.iteration, longest, self.plen(job.prompt_id))
-
-    def _loads(self, iteration: int, cm, full: int) -> tuple[float, float, float]:
-        """(decode work at ``full`` concurrency, instance-seconds; mean context of a running
-        sequence; mean prompt length) of ``iteration``'s groups under the measured costs. Each
-        group's length is its prediction as re-estimation corrects it (``GroupEstimator.predict``:
-        the learnt bias), the same expectation a group's own room is sized from (``_room_of``):
-        with predictions that run short of the lengths drawn, the raw ones made every iteration's
-        work look small beside its bias-corrected longest group, so every long group looked like
-        it set the period and got a room."""
-        est = self.estimator
-        learnt = est.learnt if est is not None else 0
-        ck = (iteration, self.meter.revision, learnt, full)
-        if ck not in self._work:
-            keys = [k for mb in self.plan.iterations.get(iteration, {}).values() for k in mb]
-            n = max(1, len(keys))
-            if est is not None:
-                pred = sum(est.predict(self.plan.predicted_length.get(k, 0.0)) for k in keys) / n
-            else:
-                pred = self.plan.predicted.get(iteration, 0.0) / n
-            plen = sum(self.plen(p) for _, p in keys) / n if keys else 0.0
-            work = self.G * n * float(cm.work(plen, pred, full))
-            self._work = {k: v for k, v in self._work.items() if k[1:] == ck[1:]}
-            self._work[ck] = (work, plen + pred / 2.0, plen)
-        return self._work[ck]
-
-    def size_room(self, iteration: int, longest: float, prompt_length: float) -> int:
-        """Run-time room of a group of ``iteration`` whose longest sample has ``longest`` tokens
-        (left) to generate, from the measured costs (0: no cap; see the module docstring)."""
-        if not self.sizing or not self.opts.dedicated:
-            return 0
-        cm, train = self.meter.cost(), self.meter.train_time()
-        if cm is None or train is None or longest <= 0:
-            return 0
-        full = self.full_batch()
-        work, ctx, _ = self._loads(iteration, cm, full)
-        k1 = self.k + 1
-        base = max(work / self.R, train)
-        # uncapped floor: the group among ``full`` sequences (cheap check first: most groups are no tail)
-        lat_full = longest * float(cm.step(full, self.G * (prompt_length + longest / 2.0) + (full - self.G) * ctx))
-        if lat_full / k1 <= base * (1.0 + TAIL_GAIN_MIN):
-            return 0
-        loads = IterationLoads(np.array([work]), np.array([train]), np.array([ctx]), np.array([1.0]), iteration,
-                               np.array([float(longest)]), np.array([float(prompt_length)]))
-        tm = TailModel(cm, group_size=self.G, max_num_seqs=full, lag_bound=self.k, num_instances=self.R,
-                       loads=loads)
-        uncapped = max(base, float(tm.latency(longest, prompt_length, full, ctx)) / k1)
-        best, _ = tm.best_period(iteration, float(longest), float(prompt_length), 1.0)
-        if best > uncapped * (1.0 - TAIL_GAIN_MIN):
-            return 0     # the cap is not predicted to pay
-        room = tm.room(iteration, float(longest), float(prompt_length))
-        return room if room < full else 0
-
-    def full_batch(self) -> int:
-        """Sequences an uncapped instance runs at once, as measured: the meter's mean batch
-        (sequence-steps over engine steps so far), rounded up to a multiple of G, between G and
-        ``max_num_seqs``. An instance does not run ``max_num_seqs`` sequences just because it may:
-        the Feeder's slots are groups, and a group keeps its slot until its last sample
-        finishes, so the finished samples of the groups still running, and the waits for the
-        next version (lag bound), leave part of the slots without a running sequence (the
-        dedicated-core runs of docs/runtime.md: a mean batch of 50-60 with 128 slots). Priced at
-        ``max_num_seqs``, an uncapped tail looked slower, and a room more useful, than they are."""
-        tot = self.meter.totals()
-        if tot["steps"] <= 0:
-            return self.S
-        n = self.G * math.ceil(tot["seq_steps"] / tot["steps"] / self.G - 1e-9)
-        return int(min(self.S, max(self.G, n)))
+        """The room ``job`` gets when admitted now (0: no cap): the plan's, or with run-time
+        sizing the measured costs' (scheduler/room_sizing.py)."""
+        if self.sizer is None:
+            return int(self.rooms.get(key_of(job), 0))
+        return self.sizer.room_of(job)
 
     def _resize(self, key: Key) -> None:
         """Re-size running group ``key`` from its re-estimated remaining tokens (measured costs)."""
@@ -286,7 +199,7 @@ class TailControl:
         rev = self.meter.revision
         if last is not None and last[1] == rev and abs(rem - last[0]) <= RESIZE_CHANGE * max(last[0], 1.0):
             return
-        room = self.size_room(job.iteration, rem, self.plen(job.prompt_id))
+        room = self.sizer.size_room(job.iteration, rem, self.plen(job.prompt_id))
         old = last[2] if last is not None else 0
         self._sized[key] = (rem, rev, room)
         if room != old:

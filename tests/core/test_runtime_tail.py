@@ -290,7 +290,7 @@ def test_costs_are_measured_without_tail_concurrency():
     assert ev["train_s"] == 0.05
     assert abs(ev["seq_steps"] - (100 * 4 + 100 * 64 + 300 * 64)) < 1e-6   # the mean batch is seq_steps / steps
     assert abs(ev["busy_s"] - (100 * (0.004) + 100 * 0.034 + 300 * 0.034)) < 1e-9
-    assert ctl.size_room(0, 300.0, 10.0) == 0 and ctl.room_rule(plan.feeder()) is None
+    assert ctl.sizer is None and ctl.room_rule(plan.feeder()) is None
     assert [p for _, p in _fill(plan.feeder(), ctl)] == ["s0", "s1", "s2", "s3"] and not tl.events["tail"]
 
 
@@ -309,23 +309,23 @@ def test_measured_costs_decide_whether_a_cap_pays():
     settings = dict(reestimate=True, tail_concurrency="auto", measure_costs=True)
     plan = _plan(jobs, slots_seqs=32 * G, dispatch="static", R=2)
     ctl, tl = _control(plan, **settings)
-    assert ctl.size_room(0, 300.0, 10.0) == 0            # nothing measured yet: no cap
+    assert ctl.sizer.size_room(0, 300.0, 10.0) == 0            # nothing measured yet: no cap
     _measured(ctl, a=0.002, c=0.0005, train=0.05)          # device-like: 64 sequences cost 17x one
-    room = ctl.size_room(0, 300.0, 10.0)
+    room = ctl.sizer.size_room(0, 300.0, 10.0)
     assert 0 < room < 32 * G
-    assert ctl.size_room(0, 5.0, 10.0) == 0               # a short group is no tail
+    assert ctl.sizer.size_room(0, 5.0, 10.0) == 0               # a short group is no tail
     cpu = _plan(jobs, slots_seqs=32 * G, dispatch="static", R=2)
     ctl2, _ = _control(cpu, **settings)
     _measured(ctl2, a=0.02, c=0.00001, train=0.05)         # CPU-like: the step costs the same at any batch
-    assert ctl2.size_room(0, 300.0, 10.0) == 0
+    assert ctl2.sizer.size_room(0, 300.0, 10.0) == 0
     shared = _plan(jobs, slots_seqs=32 * G, dispatch="static", R=2)
     ctl4, _ = _control(shared, **settings, dedicated=False)   # instances sharing CPU cores: never capped
     _measured(ctl4, a=0.002, c=0.0005, train=0.05)
-    assert ctl4.size_room(0, 300.0, 10.0) == 0
+    assert ctl4.sizer.size_room(0, 300.0, 10.0) == 0
     slow = _plan(jobs, slots_seqs=32 * G, dispatch="static", R=2)
     ctl3, _ = _control(slow, **settings)
     _measured(ctl3, a=0.002, c=0.0005, train=100.0)        # the trainer sets the period
-    assert ctl3.size_room(0, 300.0, 10.0) == 0
+    assert ctl3.sizer.size_room(0, 300.0, 10.0) == 0
 
 
 def test_reestimation_gives_a_running_group_a_room_and_takes_it_back():
@@ -430,13 +430,13 @@ def test_the_iteration_work_beside_a_tail_uses_the_learnt_bias():
     # iteration 1's work (bias-corrected, as the tail's own length is) outweighs a 48-token
     # group's floor, and the group gets no room; priced from the raw predictions it kept one
     ctl, feeder = _one_instance_control(10.0, a=0.002, c=0.0005, batches=(120, 128), train=0.2)
-    assert 0 < ctl.size_room(1, 48.0, 0.0) < 128          # nothing learnt yet: the work looks small
+    assert 0 < ctl.sizer.size_room(1, 48.0, 0.0) < 128          # nothing learnt yet: the work looks small
     for i in range(16):
         ctl.on_progress([{"key": [0, f"p{i}"], "finished": {s: 40 for s in range(8)}, "tokens": []}])
         feeder.finished(0, f"p{i}")
         ctl.on_finish((0, f"p{i}"), [40] * 8)
     assert ctl.estimator.predict(10.0) > 20.0
-    assert ctl.size_room(1, 48.0, 0.0) == 0
+    assert ctl.sizer.size_room(1, 48.0, 0.0) == 0
 
 
 def test_a_room_is_priced_at_the_batch_the_instance_runs():
@@ -446,6 +446,6 @@ def test_a_room_is_priced_at_the_batch_the_instance_runs():
     # floor is under the trainer's time and nothing is capped
     full, _ = _one_instance_control(20.0, a=0.0063, c=0.0001, batches=(120, 128), train=0.5)
     half, _ = _one_instance_control(20.0, a=0.0063, c=0.0001, batches=(32, 64), train=0.5)
-    assert full.full_batch() == 128 and half.full_batch() == 48
-    assert 0 < full.size_room(1, 64.0, 0.0) < 128
-    assert half.size_room(1, 64.0, 0.0) == 0
+    assert full.sizer.full_batch() == 128 and half.sizer.full_batch() == 48
+    assert 0 < full.sizer.size_room(1, 64.0, 0.0) < 128
+    assert half.sizer.size_room(1, 64.0, 0.0) == 0
