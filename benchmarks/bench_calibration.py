@@ -206,7 +206,9 @@ def cross(run_dirs: list[str], tolerance: float, one_mean: bool = False, json_pa
     out = {}
     for f in run_dirs:
         print(f"== fit on {Path(f).name}: " + ", ".join(f"{k}={v:.4g}" for k, v in fits[f].items()
-                                                        if isinstance(v, float)))
+                                                        if isinstance(v, float))
+              + (" (admit_engine_s: the hand-over, no admission in the step fit's rows)"
+                 if fits[f].get("admit_engine_from") == "handover" else ""))
         for d in run_dirs:
             df = rp.compare_phases(tls[d], rp.replay(tls[d], fits[f], tail_caps=caps, **rp.run_settings(d)))
             out[(f, d)] = df
@@ -248,7 +250,7 @@ def cross(run_dirs: list[str], tolerance: float, one_mean: bool = False, json_pa
             "schema_version": 1, "tolerance_pct": tolerance, "one_sync_mean": one_mean, "tail_caps": caps,
             "admit_each": admit_each,
             "runs": dict(zip(names, run_dirs)),
-            "fits": {n: {k: fits[d].get(k) for k in COEFS} for n, d in zip(names, run_dirs)},
+            "fits": {n: {k: fits[d].get(k) for k in (*COEFS, "admit_engine_from")} for n, d in zip(names, run_dirs)},
             "iteration_time": {fn: {dn: {"measured_s": float(out[(f, d)].loc["iteration_time", "measured_s"]),
                                          "predicted_s": float(out[(f, d)].loc["iteration_time", "simulated_s"]),
                                          "error_pct": float(out[(f, d)].loc["iteration_time", "error_pct"]),

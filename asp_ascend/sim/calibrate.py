@@ -49,6 +49,8 @@ from ..errors import DataError
 from ..metrics.timeline import Timeline
 from .decode_fit import fit_decode_requests, fit_decode_steps, fit_total
 
+MIN_ADMISSIONS = 8   # admissions stamped in the step fit's rows below which admit_engine_s is not fitted
+
 
 # --------------------------------------------------------------------------- overheads
 def _group_ready(req: pd.DataFrame) -> pd.Series:
@@ -236,7 +238,25 @@ def fit_timeline(tl: Timeline, micro_batching: str = "auto") -> dict:
         fit["train_per_token"] = fit["train_per_step"] = None
     fit.update(fit_sync(req, syncs))
     fit.update(fit_overheads(tl))
+    _engine_cost_from_handover(fit)
     return fit
+
+
+def _engine_cost_from_handover(fit: dict) -> None:
+    """``admit_engine_s`` where the step fit cannot see it: a run none of whose admissions (fewer
+    than MIN_ADMISSIONS) are stamped in a fitted interval (all of them land where nothing runs
+    through yet: a sync run whose whole burst is handed over before the instance's first step)
+    leaves the fit's admission column empty, and its 0 would price every admission beside running
+    sequences as free when the fit predicts an async run. The runtime's hand-over holds the
+    instance's engine lock (the step loop waits for it), so the stall an admission causes is its
+    hand-over: ``admit_each_s`` stands in, marked ``admit_engine_from: handover`` (else ``steps``).
+    On the CPU default the async runs' fitted admission cost is 0.8-1.0x their fitted hand-over."""
+    if fit.get("decode_method") != "steps":
+        return
+    fit["admit_engine_from"] = "steps"
+    if fit.get("decode_admissions", 0) < MIN_ADMISSIONS and (fit.get("admit_each_s") or 0.0) > 0.0:
+        fit["admit_engine_s"] = float(fit["admit_each_s"])
+        fit["admit_engine_from"] = "handover"
 
 
 def calibrate_run(run_dir: str | Path) -> dict:

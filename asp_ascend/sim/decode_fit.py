@@ -19,7 +19,7 @@ ones whose first token closes it: they were prefilled in its last step). Each in
 fitted by non-negative least squares. ``admit`` (``admit_engine_s``) is what an admission costs
 its instance's engine: the runtime hands a group to vLLM on the instance's own core (its
 ``submit`` call, stamping ``t_admit``), and an interval holding such a stamp takes that much
-longer (2.7-3.9 ms per admission on the CPU default); without the column an async run, which
+longer (2.7-4.1 ms per admission on the CPU default); without the column an async run, which
 admits while it decodes, carries that cost in its step coefficients, and a sync run, which
 admits mostly before decoding, does not. Plain least squares on purpose: the simulator needs the
 *mean* step time, and on a shared machine the noise is one-sided (other work only stretches steps),
@@ -213,7 +213,8 @@ def fit_decode_steps(req: pd.DataFrame, syncs: pd.DataFrame) -> dict | None:
     per_step = y / u["k"].to_numpy(float)
     pred = X @ np.array([a, b, c, pf, adm]) / u["k"].to_numpy(float)
     return {"decode_a": float(a), "decode_b": float(b), "decode_c": float(c), "prefill_per_token": float(pf),
-            "admit_engine_s": float(adm), "decode_r2": r2(per_step, pred), "decode_rows": int(len(u)),
+            "admit_engine_s": float(adm), "decode_admissions": int(u["A"].sum()),
+            "decode_r2": r2(per_step, pred), "decode_rows": int(len(u)),
             "decode_method": "steps",
             "step_conflicts": int(conflicts), "step_intervals": int(len(d))}
 

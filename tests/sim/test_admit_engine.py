@@ -8,8 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from asp_ascend.metrics.timeline import Timeline
 from asp_ascend.scheduler.cost import CostModel
 from asp_ascend.scheduler.execution import ExecutionSettings
+from asp_ascend.sim.calibrate import fit_timeline
 from asp_ascend.sim.decode_fit import fit_decode_steps, step_intervals
 from asp_ascend.sim.engine import Engine, SimJobs, TrainerSpec
 
@@ -42,6 +44,46 @@ def test_the_step_fit_recovers_a_known_admission_cost():
     assert fit["decode_a"] == pytest.approx(0.008, rel=1e-6)
     assert fit["decode_c"] == pytest.approx(5e-4, rel=1e-6)
     assert fit_decode_steps(_hand_made(0.0), pd.DataFrame())["admit_engine_s"] == pytest.approx(0.0, abs=1e-9)
+
+
+def _timeline(req: pd.DataFrame) -> Timeline:
+    tl = Timeline()
+    tl.extend("request", req.assign(iteration=0, admission_version=0,
+                                    sample=req.groupby("prompt_id").cumcount()).to_dict("records"))
+    return tl
+
+
+def _burst_first(h: float, a: float = 0.008, c: float = 5e-4, groups: int = 10, G: int = 4, seed: int = 0):
+    """A sync run's burst as the runtime hands it over (one submit call before the engine's first
+    step): groups stamped ``h`` apart on an idle instance, all sequences joining the step that starts
+    after the last hand-over; steps of ``a + c * (running)``. No stamp lies in an interval with
+    sequences running through it."""
+    rng = np.random.default_rng(seed)
+    L = rng.integers(2, 40, size=groups * G)
+    Q = int(L.max())
+    n = np.array([int((L > q).sum()) for q in range(Q)])
+    T = groups * h + np.concatenate([[0.0], np.cumsum(a + c * n)])
+    return pd.DataFrame({"instance": 0, "epoch": 0, "prompt_id": [f"p{g}" for g in np.repeat(np.arange(groups), G)],
+                         "t_admit": np.repeat(h * np.arange(groups), G), "t_first_token": T[1], "t_finish": T[L],
+                         "response_length": L, "prompt_length": 5})
+
+
+def test_admissions_the_step_fit_cannot_see_cost_their_hand_over():
+    """A run whose admissions all land before its instance steps (the sync runs on the CPU default
+    since an instance's burst is one ``submit_many`` call) leaves the step fit's admission column
+    empty: the fit then takes the hand-over (``admit_each_s``, the runtime holds the engine lock for
+    it) as the admission's engine cost instead of 0, which priced every busy admission of an async
+    run as free."""
+    req = _burst_first(0.004)
+    assert step_intervals(req)[0]["A"].sum() == 0
+    fit = fit_timeline(_timeline(req))
+    assert fit["admit_each_s"] == pytest.approx(0.004) and fit["admit_engine_s"] == pytest.approx(0.004)
+    assert fit["decode_admissions"] == 0 and fit["admit_engine_from"] == "handover"
+    assert fit["decode_a"] == pytest.approx(0.008, rel=1e-6) and fit["decode_c"] == pytest.approx(5e-4, rel=1e-6)
+    # a run with admissions in its fitted intervals keeps the fitted cost
+    fit = fit_timeline(_timeline(_hand_made(0.003)))
+    assert fit["decode_admissions"] >= 8 and fit["admit_engine_from"] == "steps"
+    assert fit["admit_engine_s"] == pytest.approx(0.003, rel=1e-6)
 
 
 CM = CostModel(decode_a=0.01, decode_b=0.0, decode_c=0.0, prefill_per_token=0.0)   # 10 ms a step
