@@ -2,6 +2,7 @@
 
     python benchmarks/bench_tail.py ablation   [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
+                                               [--set pipeline.regroup=off]
     python benchmarks/bench_tail.py seed       [--devices 128] [--set pipeline.regroup=off]
     python benchmarks/bench_tail.py breakdown  [--devices 128] [--per-iteration] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...]
@@ -19,7 +20,8 @@ figure; the rows of systems whose plan draws nothing from the seed (``SEED_FREE`
 FIFO queue and the sorted one) are simulated once. ``robustness``: ASP (every lossless mechanism)
 planned on the configured costs and executed on other ones (decode coefficients x0.1 / x10,
 half / twice the planned concurrency) against ``fully_async_fifo`` and ``async_balanced``
-executed on the same, with asp at ``scheduler.concurrency`` full and auto (planned on the configured
+executed on the same (asp's defaults include regroup since 2026-12-03; ``--set KEY=VALUE ...`` adds
+overrides to every row, e.g. ``pipeline.regroup=off`` for the earlier grids), with asp at ``scheduler.concurrency`` full and auto (planned on the configured
 costs, so auto's cap is chosen from the planned, not the true, costs) and asp with
 ``rollout.tail_concurrency=auto`` beside it; one grid per ``--devices``. With more than one
 ``--plan-seeds``: asp's defaults and balanced per seed, fifo once (``SEED_FREE``), then per cell
@@ -144,11 +146,12 @@ def plan_seed_cells(a, workloads_outer: bool = False):
 
     cells = ([(D, wl) for wl in a.workloads for D in a.devices] if workloads_outer
              else [(D, wl) for D in a.devices for wl in a.workloads])
+    extra = dict(kv.split("=", 1) for kv in getattr(a, "set", []))
     for D, wl in cells:
         w = workload_from_config(_cfg(wl, a.data, a.prompts, D, {}))
 
         def run(name, over, s, mismatch=None, wl=wl, w=w, D=D):
-            return _run(_cfg(wl, a.data, a.prompts, D, {**over, "seed": s}), w, name, mismatch)
+            return _run(_cfg(wl, a.data, a.prompts, D, {**over, **extra, "seed": s}), w, name, mismatch)
         yield D, wl, run
 
 
@@ -264,8 +267,11 @@ def _grid_cells(args, D: int):
             yield wl, label, cell
 
 
+# asp's defaults on robustness's grid: guided dispatch, re-estimation and regroup (pipeline.regroup:
+# auto is on for asp); the grids before 2026-12-03 ran asp without regroup (--set pipeline.regroup=off)
+ASP_DEFAULTS = {**OFF, **LOSSLESS, **REGROUP}
 # robustness over planner seeds: asp's defaults against the two baselines executed on the same costs
-ROBUST_ROWS = [("asp", "asp", {**OFF, **LOSSLESS}), ("fifo", "fully_async_fifo", OFF),
+ROBUST_ROWS = [("asp", "asp", ASP_DEFAULTS), ("fifo", "fully_async_fifo", OFF),
                ("balanced", "async_balanced", OFF)]
 
 
@@ -334,13 +340,13 @@ def robustness(args) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for D in args.devices:
         for wl, label, it in _grid_cells(args, D):
-            asp = it("asp", {**OFF, **LOSSLESS})        # asp's defaults (scheduler.concurrency as configured)
+            asp = it("asp", ASP_DEFAULTS)        # asp's defaults (scheduler.concurrency as configured)
             static = it("asp", OFF)
             fifo = it("fully_async_fifo", OFF)
             bal = it("async_balanced", OFF)
-            tail = it("asp", {**OFF, **TAIL_AUTO})
-            full = it("asp", {**OFF, **LOSSLESS, **CONC_FULL})
-            auto = it("asp", {**OFF, **LOSSLESS, **CONC_AUTO})
+            tail = it("asp", {**ASP_DEFAULTS, **TAIL_AUTO})
+            full = it("asp", {**ASP_DEFAULTS, **CONC_FULL})
+            auto = it("asp", {**ASP_DEFAULTS, **CONC_AUTO})
             a, f = asp["iteration_time_mean"], fifo["iteration_time_mean"]
 
             def vs(x, ref=f):
@@ -559,12 +565,13 @@ def main(argv=None) -> int:
     ap.add_argument("--per-iteration", action="store_true", help="breakdown: also print every iteration's row")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                     help="breakdown, seed: config overrides on top of the seed setup (e.g. lengths.predictor=oracle, "
-                         "pipeline.regroup=off)")
+                         "pipeline.regroup=off); robustness: on top of every row (pipeline.regroup=off: the grids "
+                         "before asp regrouped)")
     args = ap.parse_args(argv)
     if args.plan_seeds is not None and args.what not in ("ablation", "robustness", "breakdown"):
         ap.error(f"--plan-seeds applies to ablation, robustness and breakdown only, not to {args.what}")
-    if args.set and args.what not in ("breakdown", "seed"):
-        ap.error(f"--set applies to breakdown and seed only, not to {args.what}")
+    if args.set and args.what not in ("breakdown", "seed", "robustness"):
+        ap.error(f"--set applies to breakdown, seed and robustness only, not to {args.what}")
     bad = [kv for kv in args.set if "=" not in kv]
     if bad:
         ap.error(f"--set: {' '.join(bad)} is not KEY=VALUE (e.g. lengths.predictor=oracle)")

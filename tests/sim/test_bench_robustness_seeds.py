@@ -86,3 +86,30 @@ def test_one_seed_prints_the_single_seed_table(monkeypatch, capsys):
     assert capsys.readouterr().out == plain
     assert plain.splitlines()[0].startswith("| workload | devices | true costs (plan: configured) | asp iter. time")
     assert len(plain.splitlines()) == 3
+
+
+def test_asp_regroups_and_set_reaches_every_row(monkeypatch, capsys):
+    """asp's defaults on the grid include regroup (pipeline.regroup: auto is on for asp since
+    2026-12-03); ``--set pipeline.regroup=off`` turns it off on every row (the earlier grids)."""
+    from asp_ascend.config import regroup_of
+
+    def fake(argv):
+        seen = []
+
+        def run(cfg, w, name, mismatch=None):
+            seen.append((name, regroup_of(cfg, name)))
+            return {"iteration_time_mean": 1.0, "admission_concurrency": 256}
+        monkeypatch.setattr(bench_tail, "_run", run)
+        monkeypatch.setattr(bench_tail, "GRID", bench_tail.GRID[:1])
+        bench_tail.main(["robustness", "--prompts", "64", "--workloads", "bimodal"] + argv)
+        capsys.readouterr()
+        return seen
+
+    for argv in ([], ["--plan-seeds", "0", "1"]):
+        seen = fake(argv)
+        assert ("asp", True) in seen and ("fully_async_fifo", False) in seen and ("async_balanced", False) in seen
+        assert {ok for name, ok in seen if name != "asp"} == {False}
+        assert set(fake(argv + ["--set", "pipeline.regroup=off"])) <= {("asp", False), ("fully_async_fifo", False),
+                                                                       ("async_balanced", False)}
+    # the single-seed table's asp columns (defaults, tail auto, full, auto) regroup; the static plan does not
+    assert [ok for name, ok in fake([]) if name == "asp"] == [True, False, True, True, True]
