@@ -79,4 +79,5 @@ def tail_options(cfg, schedule_path: Path):
     shared = get_platform(cfg.platform, check=False).name == "cpu" and not r.cpu_cores
     return TailOptions(reestimate=cfg.scheduler.reestimate, tail_concurrency=str(r.tail_concurrency),
                        partial_rollout=r.partial_rollout, max_split=r.max_split, rooms=rooms, measure_costs=True,
-                       dedicated=not shared, regroup=regroup_of(cfg, cfg.scheduler.policy))
+                       dedicated=not shared, regroup=regroup_of(cfg, cfg.scheduler.policy),
+                       regroup_heavy=bool(cfg.pipeline.regroup_heavy))

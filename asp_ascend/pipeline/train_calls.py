@@ -60,6 +60,8 @@ class TrainerCalls:
             if m is None and move(self.iteration):
                 mbs = self.tail.members(self.iteration, planned)
                 m = whole(mbs)
+        if m is not None and self.tail.heavy_first(self.iteration, m):   # pipeline.regroup_heavy
+            mbs = self.tail.members(self.iteration, planned)
         return mbs, m
 
     def _train_whole(self, it: IterationProgress, mbs: dict, m: int) -> None:

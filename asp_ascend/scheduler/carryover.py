@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable, Iterable
 
-from .regroup import regroup_pairs
+from .regroup import heavy_first_pairs, regroup_pairs
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class CarryOver:
         self.members: dict[tuple[int, int], list[Hashable]] = {}    # (iteration, mini-batch) -> keys
         self._slots_of: dict[int, list[tuple[int, int]]] = {}      # iteration -> its members' keys, in order
         self.finished: dict[Hashable, int] = {}        # key -> finish order
+        self.weight: dict[Hashable, float] = {}        # key -> its training work once finished (tokens)
         self.trained: set[Hashable] = set()
         self.swaps: list[Swap] = []
         self.regroups: list[Swap] = []   # pipeline.regroup's moves (within an iteration)
@@ -65,12 +66,13 @@ class CarryOver:
             self._member_list((int(it), int(mb))).append(key)
 
     # state updates -----------------------------------------------------------------
-    def on_finish(self, key: Hashable) -> None:
+    def on_finish(self, key: Hashable, weight: float = 0.0) -> None:
         if key in self.finished:
             raise ValueError(f"group {key!r} finished twice")
         if key not in self.where:
             raise KeyError(f"unknown group {key!r}")
         self.finished[key] = len(self.finished)
+        self.weight[key] = float(weight)
 
     def on_trained(self, iteration: int, mini_batch: int) -> list[Hashable]:
         """The trainer took mini-batch (iteration, mini_batch): its members, each exactly once."""
@@ -144,6 +146,24 @@ class CarryOver:
             self._move(late, (j, n))
             self._move(donor, (i, m))
             out.append(Swap(late, donor, i, m, j, n))
+        self.regroups.extend(out)
+        return out
+
+    def heavy_first(self, iteration: int, target: int) -> list[Swap]:
+        """``pipeline.regroup_heavy`` (scheduler/regroup.py, :func:`heavy_first_pairs`): the trainer is
+        about to train mini-batch ``target`` of ``iteration`` (all of its groups finished); while some
+        untrained group of the iteration is unfinished, its lightest groups trade slots with the
+        heaviest finished groups of the other untrained mini-batches. :class:`Swap` s as
+        :meth:`regroup`'s (``deferred``: the group leaving ``target``); also in ``self.regroups``."""
+        slots = [s for s in self._slots_of.get(iteration, ()) if not self._trained_slot(s)]
+        members = {m: self.members[(i, m)] for i, m in slots}
+        out = []
+        for light, heavy in heavy_first_pairs(members, sorted(members), target, self.finished.get,
+                                              self.weight.__getitem__):
+            (i, m), (j, n) = self.where[light], self.where[heavy]
+            self._move(light, (j, n))
+            self._move(heavy, (i, m))
+            out.append(Swap(light, heavy, i, m, j, n))
         self.regroups.extend(out)
         return out
 

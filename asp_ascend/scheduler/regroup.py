@@ -61,3 +61,30 @@ def regroup_pairs(members: Mapping[int, Sequence[Hashable]], todo: Iterable[int]
     if not forced and len(donors) < len(missing):
         return []
     return list(zip(missing, donors))
+
+
+def heavy_first_pairs(members: Mapping[int, Sequence[Hashable]], todo: Iterable[int], target: int,
+                      generated: Callable[[Hashable], int | None], weight: Callable[[Hashable], float]
+                      ) -> list[tuple[Hashable, Hashable]]:
+    """(light group of ``target``, heavier generated group of another untrained mini-batch) pairs to
+    swap (``pipeline.regroup_heavy``), so that the step about to train ``target`` (all of its groups
+    generated) holds the heaviest generated groups of the iteration's untrained mini-batches.
+
+    Only while some untrained group is not generated yet (else the order of the remaining steps
+    moves nothing). Why it never delays the iteration: with regroup, the k-th step of an iteration
+    can start once k mini-batches' worth of its groups are generated, whichever they are, so the
+    steps' release times do not depend on who trains when; the iteration's last step ends at the
+    latest over steps s of (release of s + the work of steps s, s+1, ...), and moving work from a
+    later step to an earlier one lowers or keeps every such sum. The groups trained after the last
+    one to be generated are then the lightest left. ``weight(key)``: a generated group's training
+    work (its tokens: known once it is generated, not a prediction); ties: the earlier generated."""
+    todo = list(todo)
+    if target not in todo:
+        raise ValueError(f"regroup: target mini-batch {target} is not among the untrained ones {todo}")
+    if all(generated(k) is not None for m in todo for k in members[m]):
+        return []
+    gen = [k for m in todo for k in members[m] if generated(k) is not None]
+    heavy = sorted(gen, key=lambda k: (-weight(k), generated(k)))[:len(members[target])]
+    hs, own = set(heavy), set(members[target])
+    out = sorted((k for k in members[target] if k not in hs), key=lambda k: (weight(k), generated(k)))
+    return list(zip(out, [k for k in heavy if k not in own]))

@@ -65,6 +65,7 @@ class TailOptions:
     measure_costs: bool = False          # size rooms at run time from the run's measured costs
     dedicated: bool = True               # each instance owns its device (False: instances share CPU cores)
     regroup: bool = False                # pipeline.regroup: fill a mini-batch within its iteration at run time
+    regroup_heavy: bool = False          # pipeline.regroup_heavy: a step takes the heaviest generated groups
 
 
 def key_of(job: Job) -> Key:
@@ -258,8 +259,9 @@ class TailControl:
                 seen.add(int(s))
                 self.estimator.on_sample_finish(key, int(length))
 
-    def on_finish(self, key: Key, lengths: list[int]) -> None:
-        """A group came back complete (``lengths``: its samples' response lengths, by sample)."""
+    def on_finish(self, key: Key, lengths: list[int], prompt_length: float | None = None) -> None:
+        """A group came back complete (``lengths``: its samples' response lengths, by sample;
+        ``prompt_length``: its prompt's tokens, else the ``prompt_length`` given at construction)."""
         est = self.estimator
         if est is not None and key in est.groups:
             # _finish_samples(key, dict(enumerate(lengths))), without the sort: samples in order
@@ -274,8 +276,9 @@ class TailControl:
         self._sized.pop(key, None)
         if self.governor is not None:
             self.governor.on_finish(key)
-        if self.membership is not None:   # carry-over's, or regroup's own
-            self.membership.on_finish(key)
+        if self.membership is not None:   # carry-over's, or regroup's own; weight: the group's tokens
+            p = self.plen(key[1]) if prompt_length is None else prompt_length
+            self.membership.on_finish(key, sum(lengths) + len(lengths) * float(p))
         if self.carry is not None:
             self._lengths[key] = [int(x) for x in lengths]
             i = self.carry.iteration_of(key)
@@ -317,6 +320,20 @@ class TailControl:
             self._event("regroup", t=self.now(), epoch=sw.swapped_in[0], prompt_id=sw.swapped_in[1],
                         iteration=iteration, mini_batch=sw.mini_batch, from_mini_batch=sw.to_mini_batch,
                         replaces=[sw.deferred[0], sw.deferred[1]])
+        return moves
+
+    def heavy_first(self, iteration: int, mini_batch: int) -> list:
+        """``pipeline.regroup_heavy``: the trainer is about to train ``mini_batch`` of ``iteration``
+        (all of its groups generated): while a group of the iteration's untrained mini-batches is
+        not generated, its lightest groups trade slots with the heaviest generated groups of the
+        others (scheduler/regroup.py), one ``regroup`` event each (``rule: heavy_first``)."""
+        if not (self.opts.regroup and self.opts.regroup_heavy):
+            return []
+        moves = self.membership.heavy_first(iteration, mini_batch)
+        for sw in moves:
+            self._event("regroup", t=self.now(), epoch=sw.swapped_in[0], prompt_id=sw.swapped_in[1],
+                        iteration=iteration, mini_batch=sw.mini_batch, from_mini_batch=sw.to_mini_batch,
+                        replaces=[sw.deferred[0], sw.deferred[1]], rule="heavy_first")
         return moves
 
     def late(self, iteration: int) -> tuple[list[Key], dict[Key, float], float | None]:

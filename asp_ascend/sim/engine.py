@@ -82,7 +82,8 @@ class Engine:
         moves = self.mech.partial_rollout or self.mech.regroup    # the membership may change at run time
         self.trainer = Trainer(jobs, self.tr, self.stream, self._push, self._start_sync,
                                self._trainer_waits if moves else None, decoding=lambda: any(self.inst.n),
-                               trained=self._trained if moves else None)
+                               trained=self._trained if moves else None,
+                               choosing=self._trainer_takes if self.mech.regroup_heavy else None)
         job_objs = jobs_from_columns(jobs.iteration, jobs.dispatch_rank, [str(p) for p in jobs.prompt_id.tolist()],
                                      jobs.epoch, jobs.instance, jobs.mini_batch, jobs.predicted_length)
         self.job_of = {(j.epoch, j.prompt_id): x for x, j in enumerate(job_objs)}
@@ -256,7 +257,7 @@ class Engine:
         key = self.key_of[j]
         self.feeder.finished(key[0], key[1], release=not late)
         if self.tc is not None:
-            self.tc.on_finish(key, jobs.resp[j].tolist())
+            self.tc.on_finish(key, jobs.resp[j].tolist(), float(jobs.prompt_length[j]))
         self.trainer.on_group(j, t)
         self.dirty = True
 
@@ -288,6 +289,12 @@ class Engine:
             return
         for sw in self.tc.maybe_defer(i):
             tr.swap(self.job_of[sw.deferred], self.job_of[sw.swapped_in])
+
+    def _trainer_takes(self, i: int, x: int) -> None:
+        """``pipeline.regroup_heavy``: the trainer is about to train mini-batch ``x`` (all generated) of
+        iteration ``i``: it takes the heaviest generated groups of i's untrained mini-batches."""
+        for sw in self.tc.heavy_first(i, self.trainer.mb_mini[x]):
+            self.trainer.exchange(self.job_of[sw.deferred], self.job_of[sw.swapped_in])
 
     def _trained(self, i: int, m: int) -> None:
         """Carry-over or regroup: mini-batch (i, m) was trained. As the runtime's orchestrator does at the end

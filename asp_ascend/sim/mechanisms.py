@@ -42,6 +42,7 @@ class SimMechanisms:
     max_tokens: int = 1 << 30             # lengths.max_response_length (caps re-estimates)
     defer_share: float = 0.125            # ask for a deferral once at most this share of the iteration is unfinished
     regroup: bool = False                 # pipeline.regroup (resolved for the system: config.regroup_of)
+    regroup_heavy: bool = False           # pipeline.regroup_heavy (with regroup only)
 
     @property
     def any_control(self) -> bool:
@@ -54,7 +55,7 @@ class SimMechanisms:
                 rooms[(int(jobs.epoch[x]), str(jobs.prompt_id[x]))] = int(jobs.room[x])
         return TailOptions(reestimate=self.reestimate, tail_concurrency=str(self.tail_concurrency),
                            partial_rollout=self.partial_rollout, max_split=int(self.max_split), rooms=rooms,
-                           regroup=self.regroup)
+                           regroup=self.regroup, regroup_heavy=self.regroup and self.regroup_heavy)
 
 
 class SimProgress:

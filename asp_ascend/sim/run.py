@@ -217,7 +217,8 @@ def mechanisms_for(cfg, spec: SystemSpec, costs: SimCosts, workload) -> SimMecha
                          tail_concurrency=str(cfg.rollout.tail_concurrency) if spec.dispatch == "asp" else "off",
                          partial_rollout=partial, max_split=int(cfg.rollout.max_split),
                          speculation=from_config(cfg.rollout, cfg.cost, costs.instance, ctx),
-                         max_tokens=int(cfg.lengths.max_response_length), regroup=regroup)
+                         max_tokens=int(cfg.lengths.max_response_length), regroup=regroup,
+                         regroup_heavy=regroup and bool(cfg.pipeline.regroup_heavy))
 
 
 def simulate_system(cfg, workload, name: str, *, total_devices: int | None = None,

@@ -150,13 +150,15 @@ class Trainer:
 
     def __init__(self, jobs: SimJobs, spec: TrainerSpec, stream: bool, push: Callable,
                  start_sync: Callable[[float, int], None], waiting: Callable[..., None] | None = None,
-                 decoding: Callable[[], bool] | None = None, trained: Callable[[int, int], None] | None = None):
+                 decoding: Callable[[], bool] | None = None, trained: Callable[[int, int], None] | None = None,
+                 choosing: Callable[[int, int], None] | None = None):
         self.spec, self.stream, self.push, self.start_sync = spec, stream, push, start_sync
         self.decoding = decoding       # is any instance decoding now (spec.sync_busy_s)
         self.sync_dur = spec.sync_s    # the duration of the sync started last
         self.waiting = waiting         # called when the trainer waits on an iteration (regroup, carry-over);
         #                                with a third argument, the mini-batch being streamed waits
         self.trained = trained         # called with (iteration, mini_batch) when its step ends (carry-over)
+        self.choosing = choosing       # called with (iteration, x) before mini-batch x's step (regroup_heavy)
         self.jobs = jobs
         self.members: dict | None = None   # (iteration, mini_batch) -> job indices, once groups were swapped
         # sim.stream_groups: only a streaming trainer (stream_train) can take groups before the iteration is
@@ -256,6 +258,8 @@ class Trainer:
             self.push(t + self.spec.switch_s, TRAIN, -1)
             return
         x = heapq.heappop(self.ready[i])
+        if self.choosing is not None:
+            self.choosing(i, x)
         self.qsize -= self.mb_groups[x]
         self._q_event(t, "get")
         self.busy = True
@@ -278,6 +282,8 @@ class Trainer:
                 self.waiting(i, t)     # carry-over may swap generated groups in (swap keeps avail current)
             if self.ready[i]:
                 x = heapq.heappop(self.ready[i])
+                if self.choosing is not None:
+                    self.choosing(i, x)
             else:
                 x = stream_candidate(self.spec.stream_start, (y for y in self.it_mbs[i] if not self.mb_trained[y]),
                                      lambda y: self.mb_groups[y], lambda y: len(self.avail[y]))
@@ -356,16 +362,20 @@ class Trainer:
             self.busy = False
 
     # ------------------------------------------------------------------ carry-over
+    def swap_init(self) -> None:
+        """The members of every mini-batch, in trainer order, before the first swap or exchange."""
+        jobs = self.jobs
+        rank = jobs.dispatch_rank if jobs.train_rank is None else jobs.train_rank
+        self.members = {}
+        for j in np.lexsort((rank, jobs.mini_batch, jobs.iteration)).tolist():
+            self.members.setdefault((self.job_it[j], int(jobs.mini_batch[j])), []).append(j)
+
     def swap(self, deferred: int, swapped_in: int) -> None:
         """Jobs ``deferred`` (unfinished) and ``swapped_in`` (generated, untrained) trade mini-batch
         slots: carry-over (DESIGN 9 e, across iterations) or regroup (within one); both mini-batches
         are re-costed from their new members."""
         if self.members is None:
-            jobs = self.jobs
-            rank = jobs.dispatch_rank if jobs.train_rank is None else jobs.train_rank
-            self.members = {}
-            for j in np.lexsort((rank, jobs.mini_batch, jobs.iteration)).tolist():
-                self.members.setdefault((self.job_it[j], int(jobs.mini_batch[j])), []).append(j)
+            self.swap_init()
         xd, xs = self.job_mb[deferred], self.job_mb[swapped_in]
         kd, ks = (self.mb_iter[xd], self.mb_mini[xd]), (self.mb_iter[xs], self.mb_mini[xs])
         md, ms = self.members[kd], self.members[ks]
@@ -390,6 +400,27 @@ class Trainer:
         if self.mb_left[xd] == 0 and not (self.by_group and xd == self.active):
             heapq.heappush(self.ready[self.mb_iter[xd]], xd)
         for x, key in ((xd, kd), (xs, ks)):
+            self._recost(x, self.members[key])
+
+    def exchange(self, a: int, b: int) -> None:
+        """Generated, untrained jobs ``a`` and ``b`` of one iteration trade mini-batch slots
+        (``pipeline.regroup_heavy``); both mini-batches are re-costed. Neither mini-batch's count
+        of groups left to generate changes."""
+        if self.members is None:
+            self.swap_init()
+        xa, xb = self.job_mb[a], self.job_mb[b]
+        ka, kb = (self.mb_iter[xa], self.mb_mini[xa]), (self.mb_iter[xb], self.mb_mini[xb])
+        ma, mb = self.members[ka], self.members[kb]
+        ma[ma.index(a)] = b
+        mb[mb.index(b)] = a
+        if self.by_group:
+            for j, src, dst in ((a, xa, xb), (b, xb, xa)):
+                if j not in self.avail[src]:
+                    raise RuntimeError(f"regroup_heavy: group {j} is not generated and untrained; this is a bug")
+                self.avail[src].remove(j)
+                self.avail[dst].append(j)
+        self.job_mb[a], self.job_mb[b] = xb, xa
+        for x, key in ((xa, ka), (xb, kb)):
             self._recost(x, self.members[key])
 
     def table(self) -> pd.DataFrame:

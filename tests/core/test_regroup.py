@@ -55,3 +55,33 @@ def test_carryover_regroup_keeps_sizes_iterations_and_exactly_once():
         co.on_finish(k)
     trained += co.on_trained(0, 1)
     assert sorted(trained) == list("abcd") and co.regroups == [sw] and co.swaps == []
+
+
+def test_heavy_first_takes_the_heaviest_generated_groups_into_the_step():
+    from asp_ascend.scheduler.regroup import heavy_first_pairs
+
+    mbs = {0: ["a", "b"], 1: ["c", "d"], 2: ["e", "f"]}
+    w = {"a": 10, "b": 30, "c": 50, "d": 0, "e": 40, "f": 0}.__getitem__
+    # 0 is complete (a, b), f is not generated: the step takes the two heaviest generated, c and e;
+    # the lightest of 0 (a) trades with the heaviest (c), then b with e
+    assert heavy_first_pairs(mbs, [0, 1, 2], 0, _gen("abce"), w) == [("a", "c"), ("b", "e")]
+    # already the heaviest: nothing moves; every untrained group generated: nothing moves
+    assert heavy_first_pairs(mbs, [0, 1, 2], 0, _gen("abd"), w) == []
+    assert heavy_first_pairs(mbs, [0, 1], 0, _gen("abcd"), w) == []
+    # equal weights: the earlier generated stays / comes first
+    eq = (lambda k: 1.0)
+    assert heavy_first_pairs(mbs, [0, 1, 2], 0, _gen("cabe"), eq) == [("b", "c")]
+    with pytest.raises(ValueError, match="target mini-batch 3"):
+        heavy_first_pairs(mbs, [0, 1, 2], 3, _gen("ab"), w)
+
+
+def test_carryover_heavy_first_moves_within_the_iteration_only():
+    co = CarryOver([(k, 0, m) for m, ks in enumerate(["ab", "cd"]) for k in ks] +
+                   [(k, 1, m) for m, ks in enumerate(["ef", "gh"]) for k in ks], max_split=1)
+    for k, wt in (("a", 1), ("b", 2), ("c", 9), ("e", 50), ("f", 60)):
+        co.on_finish(k, wt)
+    (sw,) = co.heavy_first(0, 0)             # e, f of iteration 1 are heavier, but not of iteration 0
+    assert (sw.deferred, sw.swapped_in, sw.iteration, sw.mini_batch, sw.to_iteration, sw.to_mini_batch) == \
+        ("a", "c", 0, 0, 0, 1)
+    assert co.members[(0, 0)] == ["b", "c"] and co.members[(0, 1)] == ["d", "a"]
+    assert co.regroups == [sw] and co.swaps == []

@@ -94,12 +94,14 @@ def _cfg(seed, **over):
                                      "train.mini_batch_size": 8, "pipeline.regroup": "on", **over})
 
 
-@pytest.mark.parametrize("case", range(3))
+@pytest.mark.parametrize("case", range(5))
 def test_regroup_exactly_once_membership_and_lag(case):
+    # cases 3 and 4: with pipeline.regroup_heavy (whole steps, streamed steps)
     rng = np.random.default_rng(700 + case)
     over = {"pipeline.lag_bound": int(rng.integers(0, 3)), "scheduler.dispatch": str(rng.choice(["guided", "static"])),
             "sim.micro_batching": str(rng.choice(["packed", "padded"])),
-            "sim.stream_groups": ("false", "true", "false")[case],
+            "sim.stream_groups": ("false", "true", "false", "false", "true")[case],
+            "pipeline.regroup_heavy": "true" if case >= 3 else "false",
             "cost.decode_c": float(rng.choice([1e-5, 1e-3]))}
     cfg = _cfg(case, **over)
     w = workload_from_config(cfg)
@@ -117,7 +119,7 @@ def test_regroup_exactly_once_membership_and_lag(case):
             # membership per iteration as planned: nothing deferred, every lag within k
             assert res.summary["deferred_groups"] == 0
             assert res.summary["policy_lag_max"] <= k
-        if name == "asp" and case == 0:
+        if name == "asp" and case in (0, 3):
             assert res.summary["regrouped_groups"] > 0
         again = simulate_system(cfg, w, name, record_samples=True).summary
         assert {x: v for x, v in again.items() if x != "wall_s"} == \
@@ -139,3 +141,39 @@ def test_regroup_auto_is_on_for_asp_only_and_the_key_takes_booleans():
     w = workload_from_config(cfg)
     got = {n: simulate_system(cfg, w, n).summary["regrouped_groups"] > 0 for n in ("asp", "fully_async_fifo")}
     assert got == {"asp": True, "fully_async_fifo": False}
+
+
+def test_regroup_heavy_trains_the_lightest_groups_after_the_late_one():
+    # mini-batch 0 = {A, B} (10 and 12 tokens, prompts of 100: trained 12 -> 124), 1 = {C (45), L (300)},
+    # 2 = {D (20), E (50)}. At 124, 2 is complete and L not generated. Regroup alone trains {D, E}
+    # 124 -> 160 (70 x 0.5 + 1) and {C, L} after L: 300 -> 473.5 (345 x 0.5 + 1). With regroup_heavy the
+    # step at 124 takes the two heaviest generated groups, E and C (D goes to 1): {E, C} 124 -> 172.5,
+    # {D, L} 300 -> 461 (320 x 0.5 + 1): the same work, the light group after the late one.
+    resp = np.array([10, 12, 45, 300, 20, 50], dtype=np.int64)
+    jobs = _jobs(resp, mini_batch=[0, 0, 1, 1, 2, 2])
+    jobs.prompt_length[:2] = 100
+    tr = TrainerSpec(train_per_token=0.5, train_per_step=1.0, sync_s=1.0, micro_batch_size=1, micro_batching="padded")
+
+    def run(heavy):
+        eng = Engine(jobs, ExecutionSettings(policy="asp", num_instances=6, max_num_seqs=1, lag_bound=1, group_size=1),
+                     cost=UNIT, kv_capacity=0, trainer=tr, sync_pause=False,
+                     mechanisms=SimMechanisms(regroup=True, regroup_heavy=heavy))
+        return eng, eng.run()
+
+    old, tl_old = run(False)
+    assert _steps(tl_old) == ([[12, 124, 0], [124, 160, 2], [300, 473.5, 1]],
+                              [["p0", "p1"], ["p4", "p5"], ["p2", "p3"]])
+    new, tl = run(True)
+    assert _steps(tl) == ([[12, 124, 0], [124, 172.5, 2], [300, 461, 1]], [["p0", "p1"], ["p2", "p5"], ["p3", "p4"]])
+    assert tl.frame("sync")["t_end"].tolist() == [462]
+    assert new.log.counts == {"regroup": 1} and not old.log.counts
+    assert tl.frame("step")["tokens"].sum() == tl_old.frame("step")["tokens"].sum()
+
+
+def test_regroup_heavy_needs_regroup_and_defaults_off():
+    from asp_ascend.config import load_config as lc
+
+    assert lc(None, []).pipeline.regroup_heavy is False
+    cfg = _cfg(0, **{"pipeline.regroup_heavy": "true", "pipeline.regroup": "off"})
+    w = workload_from_config(cfg)
+    assert simulate_system(cfg, w, "asp").summary["regrouped_groups"] == 0
