@@ -74,7 +74,7 @@ WORKLOADS = {
                       "workload.length_scale": 6, "lengths.max_response_length": 16384},
 }
 OFF = {"scheduler.dispatch": "static", "scheduler.reestimate": "false", "rollout.tail_concurrency": "off",
-       "rollout.speculative": "none", "pipeline.regroup": "off"}
+       "rollout.speculative": "none", "pipeline.regroup": "off", "pipeline.regroup_heavy": "false"}
 SPEC = {"rollout.speculative": "ngram"}
 # asp's lossless defaults: guided dispatch and re-estimation; tail-aware concurrency is opt-in
 # (rollout.tail_concurrency defaults to off): over planner seeds 0-4 auto is ahead of off on the
@@ -89,6 +89,9 @@ TAIL_AUTO = {**LOSSLESS, "rollout.tail_concurrency": "auto"}
 # every workload at 32 devices (docs/scheduler.md, "Filling a mini-batch within its iteration");
 # OFF pins it off so that the rows measured before it stay reproducible
 REGROUP = {"pipeline.regroup": "on"}
+# regroup's step takes the heaviest generated groups of its iteration while one is not generated
+# (pipeline.regroup_heavy, opt-in; docs/scheduler.md, "Heaviest generated groups first")
+HEAVY = {"pipeline.regroup_heavy": "true"}
 # asp's admission concurrency (scheduler/concurrency.py), both modes named explicitly
 CONC_FULL = {"scheduler.concurrency": "full"}
 CONC_AUTO = {"scheduler.concurrency": "auto"}
@@ -104,7 +107,10 @@ ABLATION = [
     ("+ admission concurrency auto (scheduler.concurrency)", "asp", {**OFF, **LOSSLESS, **CONC_AUTO}),
     ("+ regroup (asp, lossless default)", "asp", {**OFF, **LOSSLESS, **REGROUP}),
     ("fully_async_fifo + regroup", "fully_async_fifo", {**OFF, **REGROUP}),
+    ("+ regroup heaviest first (pipeline.regroup_heavy, opt-in)", "asp", {**OFF, **LOSSLESS, **REGROUP, **HEAVY}),
+    ("fully_async_fifo + regroup heaviest first", "fully_async_fifo", {**OFF, **REGROUP, **HEAVY}),
     ("asp default + speculative decoding (ngram)", "asp", {**LOSSLESS, **SPEC}),
+    ("asp default + speculative + regroup heaviest first", "asp", {**LOSSLESS, **SPEC, **HEAVY}),
     ("fully_async_fifo + speculative", "fully_async_fifo", {**OFF, **SPEC}),
     ("async_sorted + speculative", "async_sorted", {**OFF, **SPEC}),
     ("async_balanced + speculative", "async_balanced", {**OFF, **SPEC}),
