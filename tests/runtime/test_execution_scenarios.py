@@ -56,11 +56,15 @@ class ScriptedInstance:
     ``die_after``: the process exits at the first poll after it handed back that many groups
     (its first life only: once Ray restarted it, it lives). ``held``: group ids that do not
     finish, whatever their length, until ``release`` is called (a scenario made by state, not
-    by how fast this machine is)."""
+    by how fast this machine is). ``hold_last_of_first``: the last sample of each of the first
+    that many groups the instance receives does not finish until it has received one more
+    group. A held sample finishes at the later of its scripted time and its release."""
 
-    def __init__(self, r: int, lengths: dict, die_after: int = 0, tick: float = TICK, held=()):
+    def __init__(self, r: int, lengths: dict, die_after: int = 0, tick: float = TICK, held=(),
+                 hold_last_of_first: int = 0):
         self.r, self.lengths, self.version, self.running, self.delivered = r, lengths, 0, [], 0
         self.tick, self.held = tick, set(held)
+        self.hold_first, self.first_held, self.groups_in = hold_last_of_first, {}, 0   # group id -> its scripted end
         self.received, self.last_poll = 0, time.time()
         self.die_after = 0 if ray.get_runtime_context().was_current_actor_reconstructed else die_after
 
@@ -68,6 +72,9 @@ class ScriptedInstance:
                      **kw):
         now = time.time()
         ends = [now + self.tick * x for x in self.lengths[group_id]]
+        self.groups_in += 1
+        if self.groups_in <= self.hold_first:
+            self.first_held[group_id], ends[-1] = ends[-1], float("inf")
         self.running.append((max(ends), group_id, meta, now, self.version, ends))
         self.received += n
         return 0
@@ -81,11 +88,23 @@ class ScriptedInstance:
     def _done(self, g, now: float) -> bool:
         return g[0] <= now and g[1] not in self.held
 
+    def _finishing(self, held, new_ends) -> None:
+        """The running groups of ``held`` (ids) finish at ``new_ends(group)``."""
+        for i, g in enumerate(self.running):
+            if g[1] in held:
+                ends = new_ends(g)
+                self.running[i] = (max(ends), *g[1:5], ends)
+
     async def release(self) -> None:
+        now = time.time()
+        self._finishing(self.held, lambda g: [max(e, now) for e in g[5]])
         self.held.clear()
 
     def _woken(self, wake_below: int) -> bool:
         now = time.time()
+        if self.first_held and self.groups_in > self.hold_first:
+            self._finishing(self.first_held, lambda g: g[5][:-1] + [max(self.first_held[g[1]], now)])
+            self.first_held = {}
         return any(self._done(g, now) for g in self.running) or (
             wake_below > 0 and any(self.last_poll < e <= now for g in self.running for e in g[5])
             and self._unfinished(now) < wake_below)
@@ -154,11 +173,12 @@ def lengths_of(sched, resp) -> dict:
 
 def run_loop(trainer, plan_, lengths: dict, out, *, version: int = 0, die_after=(0, 0), restarts: int = 0,
              replan=None, history=None, checkpoint_every: int = 0, tick: float = TICK,
-             stream_start: str | None = None, tail=None, on_orch=None, held=()) -> Orchestrator:
+             stream_start: str | None = None, tail=None, on_orch=None, held=(),
+             hold_last_of_first: int = 0) -> Orchestrator:
     """The runtime's loop over fresh instances, from ``version`` (the trainer's weights pushed first);
-    ``held``: group ids the instances keep unfinished until released (``ScriptedInstance``)."""
-    insts = [ScriptedInstance.options(max_restarts=restarts).remote(r, lengths, die_after[r], tick, held)
-             for r in range(R)]
+    ``held``, ``hold_last_of_first``: what the instances keep unfinished, and until when (``ScriptedInstance``)."""
+    insts = [ScriptedInstance.options(max_restarts=restarts).remote(r, lengths, die_after[r], tick, held,
+                                                                    hold_last_of_first) for r in range(R)]
     ray.get([i.ready.remote() for i in insts])
     wsync = WeightSync(trainer, insts, "object_store", "cpu")
     first = wsync.start(version, list(range(R)))
@@ -188,8 +208,10 @@ def run_loop(trainer, plan_, lengths: dict, out, *, version: int = 0, die_after=
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
     thread.join(RUN_TIMEOUT_S)
+    hold = "; instances hold samples until the mechanism under test acts" if held or hold_last_of_first else ""
     assert not thread.is_alive(), (f"the loop did not finish in {RUN_TIMEOUT_S} s: trainer at iteration "
-                                   f"{orch.iteration} of {orch.last_iteration}, groups in flight {orch.feeder.inflight}")
+                                   f"{orch.iteration} of {orch.last_iteration}, groups in flight "
+                                   f"{orch.feeder.inflight}{hold}")
     if "error" in result:
         raise result["error"]
     logger.close()
@@ -210,14 +232,38 @@ def trainer(cluster):
     return start_trainer(cluster)
 
 
+def release_when(orch, cond) -> None:
+    """Wraps the loop's trainer phase: once ``cond()`` holds, every instance's held groups are
+    released (``ScriptedInstance.release``)."""
+    start, held = orch._start_train_step, [True]
+
+    def released():
+        if held[0] and cond():
+            held[0] = False
+            ray.get([inst.release.remote() for inst in orch.instances])
+        start()
+    orch._start_train_step = released
+
+
 @pytest.mark.parametrize("restarts", [0, 1])
 def test_instance_dies_and_ray_restarts_it(cluster, trainer, tmp_path, restarts):
     """Instance 1 crashes after handing back two groups: its unfinished prompts move to instance
-    0 (``restarts=0``), or Ray restarts it and it rejoins after receiving the newest weights."""
+    0 (``restarts=0``), or Ray restarts it and it rejoins after receiving the newest weights.
+    However long the restart takes (it was a race with the run's end), the run cannot end before
+    it: the second epoch's groups are held until the restarted instance 1 has a group in flight.
+    It gets one: the first epoch trains meanwhile, so the second's first iterations are
+    admissible, and instance 1 (its queue moved to instance 0 when it failed) takes one of
+    instance 0's queued groups."""
     settings = settings_for()
     sched, resp = schedule_and_lengths("asp", K, epochs=EPOCHS)
-    orch = run_loop(trainer, ExecutionPlan.from_schedule(sched, settings), lengths_of(sched, resp), tmp_path,
-                    die_after=(0, 2), restarts=restarts, tick=TICK * (1 + 2 * restarts))  # time to come back
+    lengths = lengths_of(sched, resp)
+
+    def rejoined_and_working(orch):
+        release_when(orch, lambda: orch.feeder.inflight[1] > 0 and any(
+            ev["state"] == "up" for ev in orch.timeline.events["instance"]))
+    orch = run_loop(trainer, ExecutionPlan.from_schedule(sched, settings), lengths, tmp_path,
+                    die_after=(0, 2), restarts=restarts, held={g for g in lengths if g.startswith("1:")} if restarts
+                    else (), on_orch=rejoined_and_working if restarts else None)
     trained, lags, times = runtime_trained([orch.timeline])
     assert set(times.values()) == {1} and len(times) == len(sched) * G
     assert_agree(sched, K, (trained, lags), *others(sched, resp, settings))
