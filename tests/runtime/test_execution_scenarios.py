@@ -336,17 +336,33 @@ def test_adaptive_replanning(cluster, trainer, tmp_path):
     assert_agree(sched, K, (trained, lags), *others(sched, resp, settings_for()))
 
 
+def held_until_streamed(sched, iteration: int) -> tuple[set, object]:
+    """A streamed step, whatever the machine's speed: one group of ``iteration``'s mini-batch 0 is
+    held (on either instance) until the trainer has finished a streamed part of that mini-batch.
+    The trainer cannot train it whole, so it must stream it (its other groups finish); the held
+    group then finishes after the step's first part. Returns (``held``, ``on_orch``) for
+    :func:`run_loop`."""
+    row = sched[(sched["iteration"] == iteration) & (sched["mini_batch"] == 0)].iloc[0]
+
+    def part_trained(orch):
+        release_when(orch, lambda: orch.streamed is not None and orch.streamed.sent and orch.train_call is None
+                     and orch.iteration == iteration and orch.streamed.mini_batch == 0)
+    return {f"{row['epoch']}:{row['prompt_id']}"}, part_trained
+
+
 @pytest.mark.parametrize("rule", ["fewest_left", "half_generated"])
 def test_stream_groups(cluster, trainer, tmp_path, rule):
     """``pipeline.stream_groups``: the trainer takes a mini-batch's groups as they are generated
     (``accumulate``) and steps after its last. Exactly-once, membership and the lag bound hold
     as without it; some steps really were streamed (their first part started before their
-    mini-batch's last group was generated); a step's record counts the trainer's busy seconds
-    (``t_start`` = ``t_end`` - busy, at or after ``t_first``); one step per planned mini-batch."""
+    mini-batch's last group was generated: one group of iteration 1 is held for that,
+    ``held_until_streamed``); a step's record counts the trainer's busy seconds (``t_start`` =
+    ``t_end`` - busy, at or after ``t_first``); one step per planned mini-batch."""
     settings = settings_for()
     sched, resp = schedule_and_lengths("asp", K, epochs=EPOCHS)
+    held, on_orch = held_until_streamed(sched, 1)
     orch = run_loop(trainer, ExecutionPlan.from_schedule(sched, settings), lengths_of(sched, resp), tmp_path,
-                    stream_start=rule)
+                    stream_start=rule, held=held, on_orch=on_orch)
     trained, lags, times = runtime_trained([orch.timeline])
     assert set(times.values()) == {1} and len(times) == len(sched) * G
     assert_agree(sched, K, (trained, lags), *others(sched, resp, settings))
@@ -371,7 +387,8 @@ def test_streamed_run_makes_the_whole_step_runs_updates(cluster, tmp_path):
     default: with two, which one a run trains first depends on which is generated first, and
     the order changes the update): the scripted instances' samples depend only on their group,
     so both runs train the same samples in the same steps, and every optimizer step must be the
-    same update up to float summation order, although the streamed run split steps into parts.
+    same update up to float summation order, although the streamed run split steps into parts
+    (iteration 1's for sure: one of its groups is held until a part was trained, ``held_until_streamed``).
     Per iteration the loss and the pre-clip gradient norm (which a wrong step denominator
     scales, e.g. a streamed step divided by its last part's tokens) agree, and so do the weights
     at the end."""
@@ -385,8 +402,9 @@ def test_streamed_run_makes_the_whole_step_runs_updates(cluster, tmp_path):
     rows, weights, parts = {}, {}, {}
     for name, rule in (("whole", None), ("stream", "fewest_left")):
         tr = start_trainer(cluster)
+        held, on_orch = held_until_streamed(sched, 1) if rule else ((), None)
         orch = run_loop(tr, ExecutionPlan.from_schedule(sched, settings), lengths_of(sched, resp), tmp_path / name,
-                        stream_start=rule)
+                        stream_start=rule, held=held, on_orch=on_orch)
         rows[name] = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines() if x.strip()]
         weights[name] = dict(ray.get(tr.full_weights.remote()))
         parts[name] = [st.get("parts", 1) for st in orch.timeline.events["step"]]
