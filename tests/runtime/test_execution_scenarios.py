@@ -527,10 +527,12 @@ def test_sequence_admission(cluster, trainer, tmp_path):
     MindSpeed-RL's source run the schedule by group slots: the same groups per iteration); no
     group was admitted where max_num_seqs samples were already unfinished (at most one group
     over), and an instance did hold more groups than its two slots (finished samples no longer
-    hold room)."""
+    hold room): each instance keeps the last sample of its first two groups unfinished until it
+    has received a third group, which the rule admits once their first samples are done."""
     settings = settings_for(admission="sequences")
     sched, resp = schedule_and_lengths("asp", K, epochs=EPOCHS)
-    orch = run_loop(trainer, ExecutionPlan.from_schedule(sched, settings), lengths_of(sched, resp), tmp_path)
+    orch = run_loop(trainer, ExecutionPlan.from_schedule(sched, settings), lengths_of(sched, resp), tmp_path,
+                    hold_last_of_first=2)
     assert orch.feeder.by_sequences
     trained, lags, times = runtime_trained([orch.timeline])
     assert set(times.values()) == {1} and len(times) == len(sched) * G
