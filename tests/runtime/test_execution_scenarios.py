@@ -42,7 +42,7 @@ from asp_ascend.scheduler.execution import ExecutionPlan, ExecutionSettings, job
 from asp_ascend.scheduler.planner import plan  # noqa: E402
 
 K, EPOCHS, TICK = 1, 2, 0.006    # lag bound; epochs of 4 iterations; seconds per generated token
-RUN_TIMEOUT_S = 180               # a loop that lost a group would wait for it forever
+RUN_TIMEOUT_S = 600               # a loop that lost a group would wait for it forever (a slow machine: minutes)
 HOLD_FAILSAFE_S = 30              # held groups are let go after this even if their release never came
 WORDS = ["a", "b", "c", "d", "e", "f", "g", "h"]
 
