@@ -43,7 +43,6 @@ from asp_ascend.scheduler.planner import plan  # noqa: E402
 
 K, EPOCHS, TICK = 1, 2, 0.006    # lag bound; epochs of 4 iterations; seconds per generated token
 RUN_TIMEOUT_S = 600               # a loop that lost a group would wait for it forever (a slow machine: minutes)
-HOLD_FAILSAFE_S = 30              # held groups are let go after this even if their release never came
 WORDS = ["a", "b", "c", "d", "e", "f", "g", "h"]
 
 
@@ -453,24 +452,6 @@ def _fill_checker(orch, missed: list) -> None:
     orch._start_train_step = checked
 
 
-def _release_when_ready(orch, missed: list, iteration: int) -> None:
-    """Wraps the loop's trainer phase (after ``_fill_checker``): the instances' held groups (one
-    per mini-batch of ``iteration``) are released once the trainer was ready for ``iteration``
-    with none of its mini-batches generated and acted on it: a ``regroup`` event of
-    ``iteration`` (regroup on) or a recorded miss of it (off: the trainer stood idle). Held
-    until then, whatever the speed of this machine; ``HOLD_FAILSAFE_S`` lets them go if neither
-    ever comes (the test then fails on its assertions, not on the run's timeout)."""
-    start, t0, held = orch._start_train_step, time.time(), [True]
-
-    def released():
-        start()
-        if held[0] and (any(ev["iteration"] == iteration for ev in orch.timeline.events["regroup"])
-                        or any(i == iteration for i, _ in missed) or time.time() - t0 > HOLD_FAILSAFE_S):
-            held[0] = False
-            ray.get([inst.release.remote() for inst in orch.instances])
-    orch._start_train_step = released
-
-
 @pytest.mark.parametrize("stream", [None, "fewest_left"])
 def test_regroup(cluster, trainer, tmp_path, stream):
     """``pipeline.regroup``: when the trainer is ready and no mini-batch of its iteration is
@@ -497,8 +478,10 @@ def test_regroup(cluster, trainer, tmp_path, stream):
         missed: list = []
 
         def wrap(o, missed=missed):
+            # held until the trainer, ready for ``hold``, regrouped (on) or stood idle (off: a miss)
             _fill_checker(o, missed)
-            _release_when_ready(o, missed, hold)
+            release_when(o, lambda: any(ev["iteration"] == hold for ev in o.timeline.events["regroup"])
+                         or any(i == hold for i, _ in missed))
         orch = run_loop(trainer, ExecutionPlan.from_schedule(sched, settings), lengths_of(sched, resp),
                         tmp_path / str(on), stream_start=stream, tail=TailOptions(regroup=on), on_orch=wrap,
                         held=held)
