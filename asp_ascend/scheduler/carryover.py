@@ -122,12 +122,7 @@ class CarryOver:
         fin, trained = self.finished, self.trained
         donors = sorted((k for slot in self._slots_of.get(nxt, ()) for k in self.members[slot]
                          if k in fin and k not in trained), key=fin.__getitem__)
-        out = []
-        for d, s in zip(movable, donors):
-            (i, m), (j, n) = self.where[d], self.where[s]
-            self._move(d, (j, n))
-            self._move(s, (i, m))
-            out.append(Swap(d, s, i, m, j, n))
+        out = self._trade(zip(movable, donors))
         self.swaps.extend(out)
         return out
 
@@ -139,13 +134,7 @@ class CarryOver:
         takes its slot in (``iteration``, ``mini_batch``)); also appended to ``self.regroups``."""
         slots = [s for s in self._slots_of.get(iteration, ()) if not self._trained_slot(s)]
         members = {m: self.members[(i, m)] for i, m in slots}
-        fin = self.finished
-        out = []
-        for late, donor in regroup_pairs(members, sorted(members), fin.get, target):
-            (i, m), (j, n) = self.where[late], self.where[donor]
-            self._move(late, (j, n))
-            self._move(donor, (i, m))
-            out.append(Swap(late, donor, i, m, j, n))
+        out = self._trade(regroup_pairs(members, sorted(members), self.finished.get, target))
         self.regroups.extend(out)
         return out
 
@@ -157,14 +146,20 @@ class CarryOver:
         :meth:`regroup`'s (``deferred``: the group leaving ``target``); also in ``self.regroups``."""
         slots = [s for s in self._slots_of.get(iteration, ()) if not self._trained_slot(s)]
         members = {m: self.members[(i, m)] for i, m in slots}
-        out = []
-        for light, heavy in heavy_first_pairs(members, sorted(members), target, self.finished.get,
-                                              self.weight.__getitem__):
-            (i, m), (j, n) = self.where[light], self.where[heavy]
-            self._move(light, (j, n))
-            self._move(heavy, (i, m))
-            out.append(Swap(light, heavy, i, m, j, n))
+        out = self._trade(heavy_first_pairs(members, sorted(members), target, self.finished.get,
+                                            self.weight.__getitem__))
         self.regroups.extend(out)
+        return out
+
+    def _trade(self, pairs) -> list[Swap]:
+        """Each (a, b) of ``pairs`` trades slots, in order (a pair may be chosen after the moves
+        before it): a takes b's slot and b takes a's; one :class:`Swap` each (``deferred`` = a)."""
+        out = []
+        for a, b in pairs:
+            (i, m), (j, n) = self.where[a], self.where[b]
+            self._move(a, (j, n))
+            self._move(b, (i, m))
+            out.append(Swap(a, b, i, m, j, n))
         return out
 
     def _trained_slot(self, slot: tuple[int, int]) -> bool:
