@@ -282,3 +282,6 @@ def test_regroup_is_refused_with_the_key_and_the_fix():
         translate(raw7b(), ["pipeline.regroup=on"])
     for value in ("off", "auto"):                             # auto: off under the bridges, as is the default
         assert translate(raw7b(), [f"pipeline.regroup={value}"])[0].pipeline.regroup == value
+    with pytest.raises(ConfigError, match="asp.pipeline.regroup_heavy: true is not supported with MindSpeed-RL.*"
+                                          "set asp.pipeline.regroup_heavy: false"):
+        translate(raw7b(), ["pipeline.regroup_heavy=true"])

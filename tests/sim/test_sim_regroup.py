@@ -171,9 +171,16 @@ def test_regroup_heavy_trains_the_lightest_groups_after_the_late_one():
 
 
 def test_regroup_heavy_needs_regroup_and_defaults_off():
-    from asp_ascend.config import load_config as lc
+    """``pipeline.regroup_heavy`` is off by default; it only re-composes the mini-batches regroup
+    manages, so it does nothing where regroup resolves off (auto: the baselines) and, with
+    ``pipeline.regroup: off``, the config is refused, naming the fix."""
+    from asp_ascend.errors import ConfigError
 
-    assert lc(None, []).pipeline.regroup_heavy is False
-    cfg = _cfg(0, **{"pipeline.regroup_heavy": "true", "pipeline.regroup": "off"})
+    assert load_config(None, []).pipeline.regroup_heavy is False
+    cfg = _cfg(0, **{"pipeline.regroup_heavy": "true", "pipeline.regroup": "auto"})
     w = workload_from_config(cfg)
-    assert simulate_system(cfg, w, "asp").summary["regrouped_groups"] == 0
+    assert simulate_system(cfg, w, "fully_async_fifo").summary["regrouped_groups"] == 0
+    with pytest.raises(ConfigError, match="pipeline.regroup_heavy: true needs pipeline.regroup.*"
+                                          "set pipeline.regroup: auto"):
+        load_config(None, ["pipeline.regroup_heavy=true", "pipeline.regroup=off"])
+    assert load_config(None, ["pipeline.regroup_heavy=true", "pipeline.regroup=on"]).pipeline.regroup_heavy
