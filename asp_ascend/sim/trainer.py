@@ -374,13 +374,7 @@ class Trainer:
         """Jobs ``deferred`` (unfinished) and ``swapped_in`` (generated, untrained) trade mini-batch
         slots: carry-over (DESIGN 9 e, across iterations) or regroup (within one); both mini-batches
         are re-costed from their new members."""
-        if self.members is None:
-            self.swap_init()
-        xd, xs = self.job_mb[deferred], self.job_mb[swapped_in]
-        kd, ks = (self.mb_iter[xd], self.mb_mini[xd]), (self.mb_iter[xs], self.mb_mini[xs])
-        md, ms = self.members[kd], self.members[ks]
-        md[md.index(deferred)] = swapped_in
-        ms[ms.index(swapped_in)] = deferred
+        xd, xs = self._trade_slots(deferred, swapped_in)
         if self.by_group:
             # deferred is not generated (in no avail list); swapped_in is generated and, being of a
             # later iteration than the trainer's, not consumed yet: it moves to deferred's mini-batch
@@ -388,7 +382,6 @@ class Trainer:
                 raise RuntimeError(f"sim.stream_groups: swapped-in group {swapped_in} was already trained; this is a bug")
             self.avail[xs].remove(swapped_in)
             self.avail[xd].append(swapped_in)
-        self.job_mb[deferred], self.job_mb[swapped_in] = xs, xd
         self.job_it[deferred], self.job_it[swapped_in] = self.mb_iter[xs], self.mb_iter[xd]
         self.it_gen_left[self.mb_iter[xd]] -= 1
         self.it_gen_left[self.mb_iter[xs]] += 1
@@ -399,29 +392,36 @@ class Trainer:
         self.mb_left[xd] -= 1
         if self.mb_left[xd] == 0 and not (self.by_group and xd == self.active):
             heapq.heappush(self.ready[self.mb_iter[xd]], xd)
-        for x, key in ((xd, kd), (xs, ks)):
-            self._recost(x, self.members[key])
+        self._recost_members(xd, xs)
 
     def exchange(self, a: int, b: int) -> None:
         """Generated, untrained jobs ``a`` and ``b`` of one iteration trade mini-batch slots
         (``pipeline.regroup_heavy``); both mini-batches are re-costed. Neither mini-batch's count
         of groups left to generate changes."""
-        if self.members is None:
-            self.swap_init()
-        xa, xb = self.job_mb[a], self.job_mb[b]
-        ka, kb = (self.mb_iter[xa], self.mb_mini[xa]), (self.mb_iter[xb], self.mb_mini[xb])
-        ma, mb = self.members[ka], self.members[kb]
-        ma[ma.index(a)] = b
-        mb[mb.index(b)] = a
+        xa, xb = self._trade_slots(a, b)
         if self.by_group:
             for j, src, dst in ((a, xa, xb), (b, xb, xa)):
                 if j not in self.avail[src]:
                     raise RuntimeError(f"regroup_heavy: group {j} is not generated and untrained; this is a bug")
                 self.avail[src].remove(j)
                 self.avail[dst].append(j)
+        self._recost_members(xa, xb)
+
+    def _trade_slots(self, a: int, b: int) -> tuple[int, int]:
+        """Jobs ``a`` and ``b`` trade places in their mini-batches' member lists (``job_mb`` follows);
+        returns their mini-batches before the trade."""
+        if self.members is None:
+            self.swap_init()
+        xa, xb = self.job_mb[a], self.job_mb[b]
+        ma, mb = self.members[(self.mb_iter[xa], self.mb_mini[xa])], self.members[(self.mb_iter[xb], self.mb_mini[xb])]
+        ma[ma.index(a)] = b
+        mb[mb.index(b)] = a
         self.job_mb[a], self.job_mb[b] = xb, xa
-        for x, key in ((xa, ka), (xb, kb)):
-            self._recost(x, self.members[key])
+        return xa, xb
+
+    def _recost_members(self, *xs: int) -> None:
+        for x in xs:
+            self._recost(x, self.members[(self.mb_iter[x], self.mb_mini[x])])
 
     def table(self) -> pd.DataFrame:
         """The micro-batch table as trained: swapped mini-batches carry their new members' tokens
