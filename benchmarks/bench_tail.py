@@ -36,7 +36,14 @@ wait of iteration i's last-finishing (critical) group after the lag bound allowe
 beside other sequences cost it (its latency minus its latency alone), how much shorter alone it is
 than the iteration's longest group, and the trainer's time after it; per iteration and averaged
 over the steady iterations (from k + 1 on), divided by k + 1 (seconds per iteration), beside DESIGN
-5's three bound terms; with several ``--plan-seeds``, one line per seed.
+5's three bound terms; with several ``--plan-seeds``, one line per seed and their mean. Beside them, per
+steady iteration, its last optimizer step (``metrics/floor.last_steps``): how many of the iteration's
+groups were not generated when the step before it began: when that is all of the step's own groups
+(*forced*), the last step is exactly the groups generated last, and ``pipeline.regroup_heavy``, which
+chooses among generated groups, cannot lighten it; the share of forced iterations, and for forced
+and other iterations the trainer's time after the last group (per iteration, / (k + 1)), the last
+step's seconds and its tokens against the iteration's mean step; and the moves
+``pipeline.regroup_heavy`` made in the run (``regrouped_heavy_first``).
 ``speed``: the issue-14 speed target, seconds of ``simulate_system`` per policy (workload
 generation and planning included) for 100k prompts x G = 8 on 64 rollout instances (TP 2, 128
 rollout of 256 devices) on the reasoning-like workload with every mechanism on (guided dispatch,
@@ -476,18 +483,25 @@ def floor_terms(res, cfg):
 
 def breakdown(args) -> None:
     """asp's iterations beside their lag floor on the seed setups (module docstring)."""
+    import numpy as np
+
     from asp_ascend.lengths.workloads import workload_from_config
+    from asp_ascend.metrics.floor import last_steps
     from asp_ascend.sim.run import simulate_system
 
     head = ("| setup | plan seed | iter. time (s) | bound LB_i (s) | floor: longest alone / (k+1) | decode-work term | "
             "trainer term | critical group's wait | beside other sequences | critical alone - longest alone | "
-            "trainer after the last group | critical = longest | sequences beside the critical group |")
+            "trainer after the last group | critical = longest | sequences beside the critical group | "
+            "last step forced (its groups = those not generated when the step before began) | "
+            "trainer after the last group: forced / other iterations | last step (s): forced / other | "
+            "last step's tokens / the iteration's mean step: forced / other | heavy_first moves |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for model in ("7b", "32b"):
         for D in args.devices:
             over = dict(kv.split("=", 1) for kv in args.set)
             w = workload_from_config(_seed_cfg(model, D, args.prompts, {**over, "seed": 0}))
+            rows = []
             for s in args.plan_seeds:
                 cfg = _seed_cfg(model, D, args.prompts, {**over, "seed": s})
                 res = simulate_system(cfg, w, "asp", record_samples=False)
@@ -495,18 +509,32 @@ def breakdown(args) -> None:
                 k1 = cfg.pipeline.lag_bound + 1
                 m = b[b["iteration"] >= k1]
                 t = terms.iloc[m["iteration"].to_numpy()]
+                ls = last_steps(res.timeline.frame("request"), res.timeline.frame("step"))
+                ls = ls[ls["iteration"] >= k1].merge(m[["iteration", "after"]], on="iteration")
+                f, o = ls[ls["left_at_last_but_one"] >= ls["last_groups"]], ls[ls["left_at_last_but_one"] < ls["last_groups"]]
                 sm = res.summary
-                print(f"| sim_{model} ({D}) | {s} | {sm['iteration_time_mean']:.1f} | "
-                      f"{sm['iteration_time_mean'] / sm['lower_bound_ratio']:.1f} | "
-                      f"{m['floor_group_solo'].mean() / k1:.1f} | {t['decode'].mean():.1f} | {t['train'].mean():.1f} | "
-                      f"{m['critical_wait'].mean() / k1:.1f} | "
-                      f"{(m['critical_latency'] - m['critical_solo']).mean() / k1:.1f} | "
-                      f"{(m['critical_solo'] - m['floor_group_solo']).mean() / k1:.1f} | {m['after'].mean() / k1:.1f} | "
-                      f"{int(m['critical_is_floor_group'].sum())} of {len(m)} | {m['critical_beside'].mean():.1f} |",
-                      flush=True)
+                row = [sm["iteration_time_mean"], sm["iteration_time_mean"] / sm["lower_bound_ratio"],
+                       m["floor_group_solo"].mean() / k1, t["decode"].mean(), t["train"].mean(),
+                       m["critical_wait"].mean() / k1, (m["critical_latency"] - m["critical_solo"]).mean() / k1,
+                       (m["critical_solo"] - m["floor_group_solo"]).mean() / k1, m["after"].mean() / k1,
+                       m["critical_is_floor_group"].mean(), m["critical_beside"].mean(),
+                       len(f) / max(len(ls), 1), f["after"].mean() / k1, o["after"].mean() / k1,
+                       f["last_step_s"].mean(), o["last_step_s"].mean(), f["last_tokens_share"].mean(),
+                       o["last_tokens_share"].mean(), sm.get("regrouped_heavy_first", 0)]
+                rows.append(row)
+                print(_breakdown_row(f"sim_{model} ({D})", str(s), row, len(m)), flush=True)
                 if args.per_iteration:
-                    print(b.assign(**{c: terms[c].to_numpy()[b["iteration"].to_numpy()] for c in terms}).round(1)
-                          .to_string(index=False))
+                    print(b.assign(**{c: terms[c].to_numpy()[b["iteration"].to_numpy()] for c in terms})
+                          .merge(ls, on="iteration", how="left").round(2).to_string(index=False))
+            if len(rows) > 1:
+                print(_breakdown_row(f"sim_{model} ({D})", "mean", list(np.nanmean(rows, axis=0)), len(m)), flush=True)
+
+
+def _breakdown_row(setup: str, seed: str, r: list, n: int) -> str:
+    """One breakdown line from its values (breakdown's order); ``n``: steady iterations per run."""
+    return (f"| {setup} | {seed} | " + " | ".join(f"{x:.1f}" for x in r[:9]) + f" | {100 * r[9]:.0f} % of {n} | "
+            f"{r[10]:.1f} | {100 * r[11]:.0f} % | {r[12]:.1f} / {r[13]:.1f} | {r[14]:.1f} / {r[15]:.1f} | "
+            f"{r[16]:.2f} / {r[17]:.2f} | {r[18]:.0f} |")
 
 
 def admission(args) -> None:

@@ -79,3 +79,38 @@ def floor_breakdown(requests: pd.DataFrame, syncs: pd.DataFrame, solo: pd.Series
                      beside(requests, int(c["instance"]), float(c["t_admit"]), last, cg),
                      last, pub[i + 1], pub[i + 1] - last, pub[i + 1] - allowed))
     return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+LAST_STEP_COLUMNS = ("iteration", "steps", "left_at_last_but_one", "last_groups", "last_step_s", "last_tokens_share")
+
+
+def last_steps(requests: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
+    """Per iteration with at least two optimizer steps, what its last step could hold (why
+    ``pipeline.regroup_heavy`` can or cannot lighten it): ``left_at_last_but_one`` = the
+    iteration's groups whose last sample finished after its last-but-one step began (a streamed
+    step's ``t_first``, else ``t_start``): none of them can be in an earlier step, so when it equals
+    ``last_groups`` (the last step's groups: every step of an iteration holds
+    ``train.mini_batch_size`` of them) the last step is exactly the groups generated last and
+    no choice among generated groups changes it; ``last_step_s`` = the trainer's seconds on the last
+    step (``t_end - t_start``); ``last_tokens_share`` = its tokens / the mean tokens of the
+    iteration's steps. ``steps``: the timeline's ``step`` frame (``iteration``, ``t_start``,
+    ``t_end``, ``tokens``, optionally ``t_first``); ``requests``: its ``request`` frame (the
+    trained iteration)."""
+    g = group_table(requests)
+    fin = g.groupby("iteration")["t_finish"].apply(lambda s: np.sort(s.to_numpy(float)))
+    size = g.groupby("iteration").size()
+    began = steps["t_start"].astype(float)
+    if "t_first" in steps:
+        began = steps["t_first"].astype(float).fillna(began)
+    st = steps.assign(began=began).sort_values(["iteration", "t_end"], kind="stable")
+    rows = []
+    for i, s in st.groupby("iteration", sort=True):
+        i = int(i)
+        if len(s) < 2 or i not in fin.index:
+            continue
+        prev, last = s.iloc[-2], s.iloc[-1]
+        f = fin.loc[i]
+        left = int(f.size - np.searchsorted(f, float(prev["began"]), side="right"))
+        rows.append((i, len(s), left, int(size.loc[i]) // len(s), float(last["t_end"] - last["t_start"]),
+                     float(last["tokens"] / s["tokens"].mean())))
+    return pd.DataFrame(rows, columns=list(LAST_STEP_COLUMNS))

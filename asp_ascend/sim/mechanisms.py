@@ -102,11 +102,14 @@ class SimProgress:
 
 @dataclass
 class MechanismLog:
-    """What the mechanisms did (the timeline's steal/tail/defer/swap events, counted)."""
+    """What the mechanisms did (the timeline's steal/tail/defer/swap/regroup events, counted); an
+    event with a ``rule`` (regroup's ``heavy_first``) is counted under ``KIND_RULE`` as well."""
     counts: dict = field(default_factory=dict)
 
-    def __call__(self, kind: str, **_):
+    def __call__(self, kind: str, rule: str | None = None, **_):
         self.counts[kind] = self.counts.get(kind, 0) + 1
+        if rule:
+            self.counts[f"{kind}_{rule}"] = self.counts.get(f"{kind}_{rule}", 0) + 1
 
 
 def ks_distance(x: np.ndarray, ref_sorted: np.ndarray) -> float:
@@ -130,6 +133,7 @@ def tail_summary(req: pd.DataFrame, planned_iteration: np.ndarray, version_at_fi
     out = {"tail_capped_groups": (log.counts.get("tail", 0) if log else 0),
            "deferred_groups": (log.counts.get("defer", 0) if log else 0),
            "regrouped_groups": (log.counts.get("regroup", 0) if log else 0),
+           "regrouped_heavy_first": (log.counts.get("regroup_heavy_first", 0) if log else 0),
            **deferred_lags(it, planned_iteration, req["admission_version"].to_numpy(), version_at_finish)}
     L = req["response_length"].to_numpy()
     order = np.argsort(it, kind="stable")

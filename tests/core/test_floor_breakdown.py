@@ -57,3 +57,20 @@ def test_floor_breakdown_k0_and_missing_solo():
 def test_beside_empty_interval():
     req, _, _ = hand_frames()
     assert beside(req, 0, 5.0, 5.0, (0, "A")) == 0.0
+
+
+def test_last_steps_hand_computed():
+    """metrics/floor.last_steps: groups of iteration 2 finish at 25 (F) and 35 (E); with two steps of
+    one group each, the last-but-one began at 26 (F generated, E not: 1 left = the last step's one
+    group, forced), a streamed one's t_first (24: neither generated) counts over t_start."""
+    from asp_ascend.metrics.floor import last_steps
+
+    req, _, _ = hand_frames()
+    steps = pd.DataFrame({"iteration": [2, 2, 1], "t_start": [26.0, 35.0, 20.0], "t_end": [30.0, 41.0, 22.0],
+                          "tokens": [100, 300, 50]})
+    r = last_steps(req, steps).set_index("iteration")
+    assert list(r.index) == [2]                     # iteration 1 has one step only
+    assert (r.loc[2, "steps"], r.loc[2, "left_at_last_but_one"], r.loc[2, "last_groups"]) == (2, 1, 1)
+    assert (r.loc[2, "last_step_s"], r.loc[2, "last_tokens_share"]) == (6.0, 1.5)
+    streamed = steps.assign(t_first=[24.0, float("nan"), float("nan")])
+    assert last_steps(req, streamed).set_index("iteration").loc[2, "left_at_last_but_one"] == 2

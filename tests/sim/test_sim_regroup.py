@@ -166,8 +166,27 @@ def test_regroup_heavy_trains_the_lightest_groups_after_the_late_one():
     new, tl = run(True)
     assert _steps(tl) == ([[12, 124, 0], [124, 172.5, 2], [300, 461, 1]], [["p0", "p1"], ["p2", "p5"], ["p3", "p4"]])
     assert tl.frame("sync")["t_end"].tolist() == [462]
-    assert new.log.counts == {"regroup": 1} and not old.log.counts
+    assert new.log.counts == {"regroup": 1, "regroup_heavy_first": 1} and not old.log.counts
     assert tl.frame("step")["tokens"].sum() == tl_old.frame("step")["tokens"].sum()
+
+
+def test_summaries_count_heavy_first_moves():
+    """``regrouped_heavy_first``: the simulator's summary and a real run's (pipeline/summary.py, from its
+    ``regroup`` events' ``rule``) count the moves ``pipeline.regroup_heavy`` made, among ``regrouped_groups``."""
+    from asp_ascend.metrics.timeline import Timeline
+    from asp_ascend.pipeline.summary import carry_over_summary
+
+    cfg = _cfg(3, **{"pipeline.regroup_heavy": "true"})
+    s = simulate_system(cfg, workload_from_config(cfg), "asp").summary
+    assert 0 < s["regrouped_heavy_first"] < s["regrouped_groups"]
+    tl = Timeline()
+    for i in range(2):
+        tl.add("request", epoch=0, iteration=i, instance=0, prompt_id=f"p{i}", sample=0, admission_version=i,
+               t_admit=0.0, t_first_token=1.0, t_finish=2.0, prompt_length=1, response_length=3)
+    tl.add("regroup", t=1.0, epoch=0, prompt_id="p0", iteration=0, rule="heavy_first")
+    tl.add("regroup", t=1.0, epoch=0, prompt_id="p1", iteration=1)
+    got = carry_over_summary(tl, lag_bound=1)
+    assert (got["regrouped_groups"], got["regrouped_heavy_first"]) == (2, 1)
 
 
 def test_regroup_heavy_needs_regroup_and_defaults_off():
