@@ -525,7 +525,7 @@ def breakdown(args) -> None:
                 print(_breakdown_row(f"sim_{model} ({D})", str(s), row, len(m)), flush=True)
                 if args.per_iteration:
                     print(b.assign(**{c: terms[c].to_numpy()[b["iteration"].to_numpy()] for c in terms})
-                          .merge(ls, on="iteration", how="left").round(2).to_string(index=False))
+                          .merge(ls.drop(columns="after"), on="iteration", how="left").round(2).to_string(index=False))
             if len(rows) > 1:
                 print(_breakdown_row(f"sim_{model} ({D})", "mean", list(np.nanmean(rows, axis=0)), len(m)), flush=True)
 
