@@ -28,7 +28,8 @@ An instance's share of a window is 1/R, except from a shared queue (``shared_que
 window goes to the instances free when it is admitted, each up to S sequences (the simulator's
 instances take a new version's work as they come back from the weight sync, the idle ones first),
 so an instance holds ``min(S, seqs / R_free)`` of it (``_queue_share``).
-A group's longest sample runs ``min(mean x group_max_factor, max_response_length)`` steps.
+A group's longest sample runs ``min(mean x group_max_factor, max_response_length)`` steps, and its
+mean length is that of samples each cut at ``max_response_length`` (``capped_sample_mean``).
 
 Trainer (as the simulator's and the runtime's): iteration i's optimizer steps in the order their
 mini-batches are generated, each once its last group is done and the previous step has ended, on
@@ -42,6 +43,7 @@ sorting = trainer idle waiting for samples; padding = pad slots of the trainer's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -103,6 +105,8 @@ def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_len
     max_len = np.inf if not max_response_length else float(max_response_length)
     L = np.minimum(L, max_len)
     longest = np.minimum(np.maximum(L * group_max_factor, L), max_len)
+    # each sample is cut at the cap, so where the spread reaches it the samples' mean is below min(L, cap)
+    L = capped_sample_mean(L, max_len, group_max_factor, group_size)
     ro = _rollout(it, inst, rank, L, longest, P, n_iter, G=group_size, R=num_instances, S=max_num_seqs, cost=cost,
                   kv_cache_tokens=kv_cache_tokens, k=lag_bound)
     tr = _trainer(it, np.asarray(mini_batch, dtype=np.int64), rank, P, L, n_iter, G=group_size,
@@ -313,6 +317,31 @@ def dispatch_windows(iteration: np.ndarray, instance: np.ndarray, rank: np.ndarr
     out = np.empty_like(iteration)
     out[order] = suffix
     return out
+
+
+def capped_sample_mean(mean, cap: float, group_max_factor, group_size: int) -> np.ndarray:
+    """Expected mean of a group's samples when each is ``mean x lognormal(0, sigma)`` (mean-one,
+    the workloads' within-group spread) cut at ``cap`` (``lengths.max_response_length``):
+    ``E[min(Y, cap)] = mean x Phi((ln(cap / mean) - sigma^2 / 2) / sigma) + cap x (1 - Phi((ln(cap /
+    mean) + sigma^2 / 2) / sigma))``, below ``min(mean, cap)`` where the spread reaches the cap.
+    ``sigma`` is the spread whose expected longest of ``group_size`` samples is ``group_max_factor``
+    x the mean (the inverse of ``reestimate.group_max_factor``); 1 (or no cap) leaves ``mean``."""
+    mean = np.asarray(mean, dtype=np.float64)
+    gmf = np.broadcast_to(np.asarray(group_max_factor, dtype=np.float64), mean.shape)
+    if not np.isfinite(cap) or group_size <= 1:
+        return mean.copy()
+    G = group_size
+    z = NormalDist().inv_cdf((G - 0.375) / (G + 0.25))
+    # group_max_factor = exp(sigma z - sigma^2 / 2): the smaller root
+    sigma = z - np.sqrt(np.maximum(z * z - 2.0 * np.log(np.maximum(gmf, 1.0)), 0.0))
+    out = mean.copy()
+    near = (sigma > 0) & (mean > 0) & (mean * np.exp(4.0 * sigma) > cap)   # the cap cuts off > ~3e-5 of the mass
+    if near.any():
+        s, m = sigma[near], mean[near]
+        u = np.log(cap / m) / s
+        phi = np.vectorize(NormalDist().cdf, otypes=[float])
+        out[near] = m * phi(u - s / 2.0) + cap * (1.0 - phi(u + s / 2.0))
+    return np.minimum(out, mean)
 
 
 def _longest_solo(it, P, L, G, cost: CostModel, n_iter: int) -> np.ndarray:

@@ -43,3 +43,35 @@ def test_a_shared_queue_window_lands_on_the_instances_free_at_its_admission():
     own = estimate(*args, **kw, shared_queue=False)
     assert shared["run_time_s"] == pytest.approx(16.5)
     assert own["run_time_s"] == pytest.approx(15.0)
+
+
+def test_a_group_whose_spread_reaches_the_cap_is_trained_on_its_cut_samples():
+    # one group of 8 samples whose mean (16,384 tokens) is the length cap, spread 0.3 (the samples
+    # mean x lognormal(0, 0.3), each cut at the cap, as the workloads draw them). Half of the samples
+    # would run past the cap, so their mean is 2 x Phi(-0.15) x 16,384 = 0.88076 x 16,384 = 14,430.4
+    # tokens, not 16,384. Decode and sync are free and a trainer token costs 1 ms, so the iteration
+    # is the trainer's time on 8 x 14,430.4 tokens (x the packed token's cost).
+    from statistics import NormalDist
+
+    from asp_ascend.scheduler.estimate import capped_sample_mean
+    from asp_ascend.scheduler.microbatch import PACKED_TOKEN_COST
+    from asp_ascend.scheduler.reestimate import group_max_factor
+
+    gmf = group_max_factor(0.3, 8)
+    cut = 2.0 * NormalDist().cdf(-0.15) * 16384.0
+    assert cut == pytest.approx(14430.4, abs=0.1)
+    assert capped_sample_mean([16384.0], 16384.0, gmf, 8)[0] == pytest.approx(cut)
+    # the same from the samples themselves
+    rng = np.random.default_rng(0)
+    drawn = np.minimum(16384.0 * np.exp(0.3 * rng.standard_normal(400_000) - 0.045), 16384.0).mean()
+    assert capped_sample_mean([16384.0], 16384.0, gmf, 8)[0] == pytest.approx(drawn, rel=2e-3)
+    # far below the cap, without spread or without a cap: the mean itself
+    assert capped_sample_mean([1000.0, 16384.0, 16384.0], 16384.0, [gmf, 1.0, 1.0], 8) == pytest.approx(
+        [1000.0, 16384.0, 16384.0])
+    assert capped_sample_mean([16384.0], np.inf, gmf, 8)[0] == 16384.0
+    trainer = CostModel(decode_a=0.0, decode_b=0.0, decode_c=0.0, prefill_per_token=0.0, train_per_token=1e-3,
+                        train_per_step=0.0, logprob_per_token=0.0, sync_s=0.0)
+    e = estimate([0], [0], [0], [0], [16384.0], [0.0], group_size=8, num_instances=1, max_num_seqs=8, lag_bound=0,
+                 micro_batch_size=8, cost=trainer, group_max_factor=gmf, micro_batching="packed",
+                 max_response_length=16384)
+    assert e["iteration_time_mean"] == pytest.approx(PACKED_TOKEN_COST * 8 * cut * 1e-3)
