@@ -89,11 +89,12 @@ def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_len
              num_instances: int, max_num_seqs: int, lag_bound: int, micro_batch_size: int,
              cost: CostModel, group_max_factor: float = 1.0, kv_cache_tokens: int = 0,
              micro_batching: str = "padded", max_tokens_per_micro_batch: int = 0,
-             max_response_length: float | None = None, shared_queue: bool = False) -> dict:
+             max_response_length: float | None = None, shared_queue: bool = False, groups: bool = False) -> dict:
     """Predicted run figures for a schedule whose groups have mean lengths ``lengths``;
     ``micro_batching``/``max_tokens_per_micro_batch``: how the trainer cuts micro-batches (the
     runtime's mode, ``microbatch.resolve_mode(train.micro_batching)``); ``max_response_length``:
-    no sample decodes further."""
+    no sample decodes further. ``groups``: also ``"groups"``, each group's start, finish and
+    latency alone (input order), and ``"versions"``, V_0..V_n (a breakdown's quantities)."""
     it = np.asarray(iteration, dtype=np.int64)
     it = it - it.min()
     rank = np.asarray(dispatch_rank, dtype=np.int64)
@@ -116,7 +117,12 @@ def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_len
                      shared_queue=shared_queue)
     lb = iteration_lower_bounds(np.bincount(it, weights=ro.work, minlength=n_iter) / num_instances,
                                 tr["train_unpadded"], _longest_solo(it, P, longest, group_size, cost, n_iter), lag_bound)
-    return _figures(pipe, tr, ro.cells, lb, num_instances)
+    out = _figures(pipe, tr, ro.cells, lb, num_instances)
+    if groups:
+        per = {k: np.empty(ro.order.size) for k in ("start", "finish", "solo")}
+        per["start"][ro.order], per["finish"][ro.order], per["solo"][ro.order] = pipe["start"], pipe["fin"], ro.solo
+        out["groups"], out["versions"] = per, pipe["V"]
+    return out
 
 
 def _rollout(it, inst, rank, L, longest, P, n_iter, *, G, R, S, cost: CostModel, kv_cache_tokens, k=1) -> _Rollout:
@@ -263,7 +269,7 @@ def _pipeline(ro: _Rollout, it, inst, tr: dict, n_iter, *, R, k, sync_s, shared_
         np.maximum.at(ready, step_o[g], fin)
         np.maximum.at(gen, it_o[g], fin)
     V[n_iter] = train(n_iter - 1)
-    return {"V": V, "C": C_cell, "S": S_cell, "gen": gen, "wait": wait}
+    return {"V": V, "C": C_cell, "S": S_cell, "gen": gen, "wait": wait, "start": start_o, "fin": fin_o}
 
 
 def _queue_share(start: np.ndarray, fin: np.ndarray, admit: float, seqs: float, cap: float, R: int) -> float:

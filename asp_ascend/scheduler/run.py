@@ -148,10 +148,11 @@ def plan_epoch_columns(cfg, inp: PlanInputs, policy: str | None = None, epochs: 
     return parts[0] if len(parts) == 1 else {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}
 
 
-def estimate_schedule(cfg, sched, inp: PlanInputs, lengths: np.ndarray, policy: str | None = None) -> dict:
+def estimate_schedule(cfg, sched, inp: PlanInputs, lengths: np.ndarray, policy: str | None = None, *,
+                      groups: bool = False) -> dict:
     """Analytic figures of ``sched`` (a schedule frame or columns from ``plan_epochs``: each epoch's
     rows in ``inp.prompt_ids`` order, planned with ``policy``, default ``scheduler.policy``) when the
-    groups' mean lengths are ``lengths`` (per prompt of inp)."""
+    groups' mean lengths are ``lengths`` (per prompt of inp); ``groups``: see ``estimate``."""
     t, r = cfg.train, cfg.rollout
     n_rows = len(sched["epoch"])
     if n_rows % len(inp.prompt_ids):
@@ -166,7 +167,7 @@ def estimate_schedule(cfg, sched, inp: PlanInputs, lengths: np.ndarray, policy: 
                     kv_cache_tokens=r.kv_cache_tokens, micro_batching=resolve_mode(t.micro_batching),
                     max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
                     max_response_length=cfg.lengths.max_response_length,
-                    shared_queue=SHARED_QUEUE[policy or cfg.scheduler.policy])
+                    shared_queue=SHARED_QUEUE[policy or cfg.scheduler.policy], groups=groups)
 
 
 def planned_concurrency(cfg, inp: PlanInputs) -> int:
