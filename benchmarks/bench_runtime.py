@@ -2,7 +2,8 @@
 
     python benchmarks/bench_runtime.py throughput [--out runs/bench_runtime] [key=value ...]
     python benchmarks/bench_runtime.py tail [--out runs/bench_tail] [--systems a,b] [--repeats 2] [key=value ...]
-    python benchmarks/bench_runtime.py paired [--out runs/paired] [--systems a,b] [--blocks 1] [--order abba] [key=value ...]
+    python benchmarks/bench_runtime.py paired [--out runs/paired] [--systems a,b] [--blocks 1] [--order abba]
+        [--history LENGTHS_TABLE [--history-quantile Q]] [key=value ...]
     python benchmarks/bench_runtime.py paired --report-only [--out runs/paired]
     python benchmarks/bench_runtime.py stepcost [--out runs/stepcost] [--batches 1,2,...]
     python benchmarks/bench_runtime.py bound --stepcost runs/stepcost/stepcost.json RUN_DIR...
@@ -35,7 +36,14 @@ split (response tokens each instance drew and its busy share, ``asp_ascend.metri
 ``tail`` prints these too); then per pair (A, B adjacent in time: AB and BA of each block) the
 ratio B / A (also of the mean engine step time, and tokens/s at equal step time: each run's
 tokens/s times its ms per step, :func:`pair_ratios`), and over all pairs the median with its
-min-max spread.
+min-max spread. Per run also the slot floor (the fewest engine steps per iteration any order of
+the run's groups could take under group slots, :func:`plan_figures`; per system, the run's steps
+over it) and how the plan's predicted lengths correlate with the groups' drawn longest and mean
+sample. ``--history PATH`` (``tail`` too): the systems of ``HISTORY_SYSTEMS`` (``async_asp_history``)
+plan from that length table (``lengths.path``; a prompt's mean, or ``--history-quantile Q``'s
+quantile of its samples), the other system of the pair as it is; with a frozen policy and the same
+seed a run draws exactly the lengths of the frozen run whose lengths.parquet is given, so that is an
+oracle plan (docs/runtime.md, "The oracle ceiling").
 ``train.lr=1e-12`` as an override freezes the policy: every system then draws the same tokens per
 iteration, so tokens/s compares the schedules and not the policies' trajectories (docs/runtime.md,
 "Streaming groups into the trainer").
@@ -116,10 +124,29 @@ TAIL_SYSTEMS = {
                           "rollout.tail_concurrency=off", "scheduler.reestimate=false", "rollout.admission=groups"],
     "async_asp_seq": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp", *LOSSLESS,
                       "rollout.admission=sequences"],
+    # asp's lossless mechanisms planned from the length history of ``--history PATH`` (e.g. a run's
+    # lengths.parquet; ``history_overrides``): with a frozen policy and the same seed a run draws the
+    # lengths of the run the table came from, so the plan's predictions are an oracle
+    "async_asp_history": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp", *LOSSLESS],
 }
+HISTORY_SYSTEMS = ("async_asp_history",)   # the systems ``--history`` applies to (and that need it)
 TAIL_DEFAULT = ("sync", "async_fifo", "async_asp_lossless", "async_asp_partial")   # ``tail`` without --systems
 KEYS = ("throughput", "iteration_time_mean", "padding_bubble", "skew_bubble", "sorting_bubble",
         "lower_bound_ratio", "policy_lag_max", "queue_occupancy_cv")
+
+
+def history_overrides(path: Path, quantile: float | None = None) -> list[str]:
+    """The keys a history system adds: ``lengths.path`` and the predictor, the mean of a prompt's
+    samples in the table, or with ``quantile`` their ``quantile`` quantile (1.0: the longest, what a
+    group's latency is)."""
+    pred = (["lengths.predictor=mean"] if quantile is None
+            else ["lengths.predictor=quantile", f"lengths.quantile={quantile}"])
+    return [f"lengths.path={path}", *pred]
+
+
+def system_overrides(name: str, history: list[str]) -> list[str]:
+    """``name``'s keys; ``history`` (:func:`history_overrides`) only for the systems of ``HISTORY_SYSTEMS``."""
+    return TAIL_SYSTEMS[name] + (list(history) if name in HISTORY_SYSTEMS else [])
 
 
 def _train(out: Path, overrides: list[str], cpu: bool = False) -> Path:
@@ -351,7 +378,8 @@ def lags_and_instances(runs: list[tuple[str, str, dict]]) -> None:
         print(f"  {'':30s} {_split_line(combine_instance_splits(splits) if splits else None)}")
 
 
-def tail(out: Path, extra: list[str], systems: list[str] | None = None, repeats: int = 1) -> None:
+def tail(out: Path, extra: list[str], systems: list[str] | None = None, repeats: int = 1,
+         history: list[str] = ()) -> None:
     """Every system ``repeats`` times, interleaved (fifo, asp, ..., fifo, asp, ...), so slow
     phases of a shared machine hit every system; then the figures side by side and, per
     repeat, each system's tokens/s over async fifo's of the same repeat."""
@@ -359,7 +387,7 @@ def tail(out: Path, extra: list[str], systems: list[str] | None = None, repeats:
     res: dict[tuple[str, int], dict] = {}
     for rep in range(repeats):
         for name in names:
-            d = _train(out / f"{name}_r{rep}", TAIL_TASK + TAIL_SYSTEMS[name] + extra, cpu=True)
+            d = _train(out / f"{name}_r{rep}", TAIL_TASK + system_overrides(name, history) + extra, cpu=True)
             res[(name, rep)] = f = tail_figures(d, _lag_bound(d))
             f["cpu"] = cpu_window(d / "cpu_samples.jsonl")
             print(f"[{name} r{rep}] tokens/s {f['tokens_s']:.0f} ({f['tokens_s_1']:.0f} without iteration 0)", flush=True)
@@ -420,6 +448,56 @@ def occupancy(split: dict) -> dict:
             "few": sum(r["few_s"] for r in split["instances"]) / span}
 
 
+def plan_figures(d: Path) -> dict:
+    """Two figures of a run from its ``request`` events and schedule.parquet, every group drawn:
+
+    ``slot_floor``: the fewest engine steps per iteration (iterations 1 on) in which any order of the
+    run's groups could draw them under group slots (``rollout.admission: groups``, no partial
+    rollout): a group holds one of its instance's ``max_num_seqs // G`` slots from admission until
+    its longest sample's last token, a sample gains one token per engine step, so the groups of an
+    iteration need at least sum(their longest sample) / (slots x instances) steps. It counts no
+    admission gap and no lag bound, so it is below what any schedule of that admission rule can
+    run; a run's steps per iteration over it is the most an order could cut them (at equal step
+    time, the most it could gain in tokens/s). None under ``rollout.admission: sequences`` or with
+    partial rollout (a group then frees its slot early).
+
+    ``pred_r_longest`` / ``pred_r_mean``: the Pearson correlation of the plan's ``predicted_length``
+    with each group's drawn longest / mean sample (NaN without schedule.parquet or variance)."""
+    from collections import defaultdict
+
+    import numpy as np
+    import pandas as pd
+
+    from asp_ascend.metrics import Timeline
+
+    cfg = _config(d)
+    ro, nan = cfg.get("rollout", {}), float("nan")
+    longest, total, count, iteration = defaultdict(int), defaultdict(int), defaultdict(int), {}
+    for e in Timeline.read_jsonl(d / "timeline.jsonl").events.get("request", []):
+        g = (int(e["epoch"]), str(e["prompt_id"]))
+        longest[g] = max(longest[g], int(e["response_length"]))
+        total[g] += int(e["response_length"])
+        count[g] += 1
+        iteration[g] = int(e["iteration"])
+    res = {"slot_floor": None, "pred_r_longest": nan, "pred_r_mean": nan}
+    later = [g for g in longest if iteration[g] >= 1]
+    if later and ro.get("admission", "groups") == "groups" and not ro.get("partial_rollout", False):
+        slots = max(1, int(ro["max_num_seqs"]) // int(cfg["train"]["group_size"])) * int(ro.get("num_instances", 1))
+        res["slot_floor"] = sum(longest[g] for g in later) / slots / len({iteration[g] for g in later})
+    sched = d / "schedule.parquet"
+    if longest and sched.is_file():
+        plan = pd.read_parquet(sched, columns=["epoch", "prompt_id", "predicted_length"])
+        pred = {(int(e), str(p)): float(x) for e, p, x in zip(plan["epoch"], plan["prompt_id"], plan["predicted_length"])}
+        keys = [g for g in longest if g in pred]
+        x = np.array([pred[g] for g in keys])
+        for key, y in (("pred_r_longest", [longest[g] for g in keys]),
+                       ("pred_r_mean", [total[g] / count[g] for g in keys])):
+            y = np.asarray(y, dtype=float)
+            if len(keys) > 1 and x.std() > 0 and y.std() > 0:
+                res[key] = float(np.corrcoef(x, y)[0, 1])
+    return res
+
+
 def run_row(d: Path, name: str, **extra) -> dict:
     """One run's row of the paired series: tokens/s and mean iteration time (iteration 1 on), the
     CPU figures of the window iteration 0's sync end .. the last sync end (``cpu_window``: the
@@ -443,6 +521,7 @@ def run_row(d: Path, name: str, **extra) -> dict:
         row.update(steps_iter=st["steps_s"] * f["iter_time_1"], batch=st["batch"], step_ms=st["step_ms"])
     if f["split"] is not None:
         row.update(occupancy(f["split"]))
+    row.update(plan_figures(d))
     lat = admission_figures(d)
     if lat is not None and lat["latency"]["n"]:
         row.update(adm_ms=1e3 * lat["latency"]["median"], adm_p90_ms=1e3 * lat["latency"]["p90"])
@@ -486,8 +565,10 @@ def latency(runs: list[Path]) -> None:
 OTHER_LOAD_MAX = 0.1   # cores other processes used during a run above which its pair is marked (and left out of the clean median)
 
 
-def paired(out: Path, extra: list[str], systems: list[str], blocks: int, order: str) -> None:
-    """``blocks`` more blocks of the paired series in ``out`` (see the module docstring)."""
+def paired(out: Path, extra: list[str], systems: list[str], blocks: int, order: str,
+           history: list[str] = ()) -> None:
+    """``blocks`` more blocks of the paired series in ``out`` (see the module docstring); ``history``:
+    the keys of ``--history`` (:func:`history_overrides`), for the systems of ``HISTORY_SYSTEMS``."""
     a, b = systems
     seq = {"abba": [a, b, b, a], "ab": [a, b]}[order]
     log = out / "paired.jsonl"
@@ -495,8 +576,9 @@ def paired(out: Path, extra: list[str], systems: list[str], blocks: int, order: 
     first = 1 + max((r["block"] for r in done), default=-1)
     for blk in range(first, first + blocks):
         for pos, name in enumerate(seq):
-            d = _train(out / f"b{blk:02d}_{pos}_{name}", TAIL_TASK + TAIL_SYSTEMS[name] + extra, cpu=True)
-            done.append({"system": name, "dir": str(d), "block": blk, "pos": pos, "t": time.time(), "overrides": extra})
+            own = system_overrides(name, history)[len(TAIL_SYSTEMS[name]):] + extra
+            d = _train(out / f"b{blk:02d}_{pos}_{name}", TAIL_TASK + TAIL_SYSTEMS[name] + own, cpu=True)
+            done.append({"system": name, "dir": str(d), "block": blk, "pos": pos, "t": time.time(), "overrides": own})
             tmp = log.with_suffix(".tmp")
             tmp.write_text("".join(json.dumps(r) + "\n" for r in done))
             tmp.replace(log)
@@ -541,13 +623,19 @@ def paired_report(out: Path, systems: list[str] | None = None) -> dict:
     a, b = systems or (rows[0]["system"], next(r["system"] for r in rows if r["system"] != rows[0]["system"]))
     print(f"\n{'block':>5s} {'run':>3s} {'system':20s} {'tok/s 1+':>8s} {'it_s 1+':>7s} {'tokens/it':>9s} "
           f"{'run CPU s':>9s} {'other cores':>11s} {'steps/it':>8s} {'batch':>5s} {'step ms':>7s} {'idle':>5s} "
-          f"{'few':>5s} {'trainer':>7s} {'steal':>5s} {'defer':>5s} {'lag':>3s} {'adm ms':>6s} {'p90':>5s}")
+          f"{'few':>5s} {'trainer':>7s} {'steal':>5s} {'defer':>5s} {'lag':>3s} {'adm ms':>6s} {'p90':>5s} "
+          f"{'floor':>5s} {'r long':>6s} {'r mean':>6s}")
     for r in rows:
         print(f"{r['block']:5d} {r['pos']:3d} {r['system']:20s} {r['tokens_s_1']:8.0f} {r['iter_time_1']:7.3f} "
               f"{r['tokens_1']:9.0f} {r.get('run_cpu_s', nan):9.1f} {r.get('other_cores', nan):11.2f} "
               f"{r.get('steps_iter', nan):8.1f} {r.get('batch', nan):5.1f} {r.get('step_ms', nan):7.1f} "
               f"{r.get('idle', nan):5.2f} {r.get('few', nan):5.2f} {r['trainer_1']:7.3f} {r['steal']:5d} {r['defer']:5d} "
-              f"{r['lag_max']:3d} {r.get('adm_ms', nan):6.1f} {r.get('adm_p90_ms', nan):5.1f}")
+              f"{r['lag_max']:3d} {r.get('adm_ms', nan):6.1f} {r.get('adm_p90_ms', nan):5.1f} "
+              f"{r['slot_floor'] if r.get('slot_floor') is not None else nan:5.1f} "
+              f"{r.get('pred_r_longest', nan):6.2f} {r.get('pred_r_mean', nan):6.2f}")
+    print("(floor: the fewest engine steps per iteration any order of the run's groups could take under group "
+          "slots, plan_figures; r long / r mean: correlation of the plan's predicted lengths with the drawn "
+          "group longest / mean sample)")
     lags_and_instances([(r["system"], f"block {r['block']} run {r['pos']} {r['system']}", r["figures"]) for r in rows])
     pairs = []
     for blk in sorted({r["block"] for r in rows}):
@@ -578,6 +666,14 @@ def paired_report(out: Path, systems: list[str] | None = None) -> dict:
             print(f"  {label:22s} median {np.median(v):.3f}x  (min {v.min():.3f}x, max {v.max():.3f}x, {len(v)} pairs)")
     fa = [r["tokens_s_1"] for r in rows if r["system"] == a]
     print(f"{a} alone: tokens/s {min(fa):.0f} .. {max(fa):.0f} over {len(fa)} runs (the drift the pairs cancel)")
+    for name in (a, b):
+        cut = np.array([r["steps_iter"] / r["slot_floor"] for r in rows
+                        if r["system"] == name and r.get("slot_floor") and "steps_iter" in r])
+        if len(cut):
+            res[("slot floor", name)] = (float(np.median(cut)), float(cut.min()), float(cut.max()))
+            print(f"{name}: engine steps per iteration over the slot floor median {np.median(cut):.3f}x (min "
+                  f"{cut.min():.3f}x, max {cut.max():.3f}x, {len(cut)} runs): the most any order of the same "
+                  "groups could cut them under group slots")
     return res
 
 
@@ -799,6 +895,38 @@ def convergence(out: Path, seeds: list[int], extra: list[str], systems: list[str
     print(f"wrote {out / 'convergence.png'}")
 
 
+def _history_arg(p, a) -> list[str]:
+    """The keys of ``--history`` / ``--history-quantile`` (:func:`history_overrides`), after checking
+    them against the systems asked for: a history system needs the table, the table needs one, and
+    the table is read once here (a bad one fails before any run, naming the file)."""
+    if a.history_quantile is not None and a.history is None:
+        p.error("--history-quantile needs --history PATH (the length table it reads)")
+    if a.what not in ("tail", "paired") or a.report_only:
+        if a.history is not None and a.what not in ("tail", "paired"):
+            p.error(f"{a.what}: --history applies to tail and paired only")
+        return []
+    systems = [x for x in a.systems.split(",") if x]
+    wants = [x for x in systems if x in HISTORY_SYSTEMS]
+    if wants and a.history is None:
+        p.error(f"{wants[0]} plans from a length history: add --history PATH (e.g. a frozen run's lengths.parquet)")
+    if a.history is None:
+        return []
+    if not wants:
+        p.error(f"--history is read by {', '.join(HISTORY_SYSTEMS)} only: add one to --systems "
+                f"(got {a.systems or 'the default systems'!r})")
+    if not 0.0 <= (a.history_quantile if a.history_quantile is not None else 0.0) <= 1.0:
+        p.error(f"--history-quantile {a.history_quantile}: must be in [0, 1] (1.0: a prompt's longest sample)")
+    from asp_ascend.errors import DataError
+    from asp_ascend.lengths.history import load_history
+
+    path = Path(a.history).resolve()
+    try:
+        load_history(path)
+    except DataError as exc:
+        p.error(f"--history: {exc}")
+    return history_overrides(path, a.history_quantile)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=("throughput", "tail", "paired", "stepcost", "bound", "latency", "convergence"))
@@ -814,15 +942,20 @@ def main() -> None:
     p.add_argument("--batches", default="1,2,4,8,16,32,64,128", help="stepcost: batch sizes")
     p.add_argument("--target", type=float, default=1.15, help="bound: the throughput ratio over fifo to budget for")
     p.add_argument("--stepcost", default="runs/stepcost/stepcost.json", help="bound: stepcost's output")
+    p.add_argument("--history", default=None, help="tail, paired: the length history (a run's lengths.parquet, "
+                   "or a .csv/.jsonl table) the systems of HISTORY_SYSTEMS plan from (lengths.path)")
+    p.add_argument("--history-quantile", type=float, default=None, help="tail, paired: predict a prompt's "
+                   "length as this quantile of its history samples (1.0: the longest); without it, their mean")
     p.add_argument("overrides", nargs="*")
     a = p.parse_intermixed_args()
+    history = _history_arg(p, a)
     out = Path(a.out)
     if a.what not in ("latency", "bound"):   # those two only read run directories: no --out
         out.mkdir(parents=True, exist_ok=True)
     if a.what == "throughput":
         throughput(out, a.overrides)
     elif a.what == "tail":
-        tail(out, a.overrides, [x for x in a.systems.split(',') if x], a.repeats)
+        tail(out, a.overrides, [x for x in a.systems.split(',') if x], a.repeats, history)
     elif a.what == "paired":
         pair = [x for x in a.systems.split(",") if x] or ["async_fifo", "async_asp_lossless"]
         if len(pair) != 2 or any(x not in TAIL_SYSTEMS for x in pair):
@@ -830,7 +963,7 @@ def main() -> None:
         if a.report_only:
             paired_report(out, pair)
         else:
-            paired(out, a.overrides, pair, a.blocks, a.order)
+            paired(out, a.overrides, pair, a.blocks, a.order, history)
     elif a.what == "stepcost":
         stepcost(out, a.overrides, [int(x) for x in a.batches.split(",")])
     elif a.what == "bound":
