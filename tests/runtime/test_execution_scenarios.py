@@ -503,6 +503,84 @@ def test_regroup(cluster, trainer, tmp_path, stream):
         assert not runs[False][0].timeline.events["regroup"]
 
 
+def _heavy_scenario(plan_, weight, hold: int) -> tuple:
+    """Iteration ``hold``'s mini-batches as the heavy_first test needs them: (the mini-batch the
+    trainer takes first, its planned groups, the group held back: the lightest of the highest-indexed
+    mini-batch, the other groups (generated when the trainer reaches the iteration))."""
+    mbs = plan_.iterations[hold]
+    first, last = min(mbs), max(mbs)
+    held = min(mbs[last], key=weight)
+    rest = [k for m in sorted(mbs) for k in mbs[m] if k != held]
+    return first, list(mbs[first]), held, rest
+
+
+def test_regroup_heavy(cluster, trainer, tmp_path):
+    """``pipeline.regroup_heavy``: when the trainer is about to train a mini-batch all of whose groups
+    are generated while a group of its iteration's other untrained mini-batch is not, the step
+    takes the heaviest generated groups of the iteration (tokens: responses + G x prompt), its
+    lightest going to the other mini-batch (``regroup`` events with ``rule: heavy_first``).
+    Exactly-once, membership per iteration and the lag bound hold; every step keeps its size.
+    Without the key the same schedule's step trains the planned mini-batch.
+
+    The situation is made by state, not by timing: in iteration ``hold`` the lightest group of
+    its last mini-batch is held until the trainer regrouped heaviest-first (on) or trained a step
+    of the iteration (off), and the trainer does not start the iteration until all its other
+    groups are generated (a trainer slower than generation, forced by state), so its first
+    mini-batch is complete and the other mini-batch holds two generated groups and the held one."""
+    from asp_ascend.metrics.timeline import Timeline
+    from asp_ascend.scheduler.tail_control import TailOptions
+
+    settings = settings_for()
+    sched, resp = schedule_and_lengths("asp", K, epochs=EPOCHS)
+    lengths = lengths_of(sched, resp)
+    plen = 3                                           # run_loop's prompts: three token ids each
+    weight = lambda k: sum(lengths[f"{k[0]}:{k[1]}"]) + G * plen   # noqa: E731
+    hold = 2
+    first, planned, held, rest = _heavy_scenario(ExecutionPlan.from_schedule(sched, settings), weight, hold)
+    heaviest = sorted(rest, key=weight, reverse=True)[:len(planned)]
+    # the rule has something to do, and the heaviest are one set (no tie at the boundary)
+    assert set(heaviest) != set(planned) and weight(heaviest[-1]) > max(
+        weight(k) for k in rest if k not in heaviest)
+    runs = {}
+    for on in (True, False):
+        def wrap(o):
+            release_when(o, lambda: any(ev["iteration"] == hold and ev.get("rule") == "heavy_first"
+                                        for ev in o.timeline.events["regroup"])
+                         or any(st["iteration"] == hold for st in o.timeline.events["step"]))
+            start, gate = o._start_train_step, [True]
+
+            def gated():   # the trainer reaches iteration ``hold`` only once all but the held group are generated
+                if gate[0] and o.iteration == hold:
+                    if not all(k in o.queue for k in rest):
+                        return
+                    gate[0] = False
+                start()
+            o._start_train_step = gated
+        run_loop(trainer, ExecutionPlan.from_schedule(sched, settings), lengths, tmp_path / str(on),
+                 tail=TailOptions(regroup=True, regroup_heavy=on), on_orch=wrap,
+                 held={f"{held[0]}:{held[1]}"})
+        tl = Timeline.read_jsonl(tmp_path / str(on) / "timeline.jsonl")
+        trained, lags, times = runtime_trained([tl])
+        assert set(times.values()) == {1} and len(times) == len(sched) * G       # every sample once
+        assert_agree(sched, K, (trained, lags))                                  # membership, lag <= k
+        size = sched.groupby(["iteration", "mini_batch"]).size()
+        assert all(len(st["samples"]) == size[(st["iteration"], st["mini_batch"])] * G for st in tl.events["step"])
+        tokens = {}                                    # each trained group's tokens, from its requests
+        for rq in tl.events["request"]:
+            key = (int(rq["epoch"]), str(rq["prompt_id"]))
+            tokens[key] = tokens.get(key, 0) + int(rq["response_length"]) + int(rq["prompt_length"])
+        assert all(tokens[k] == weight(k) for k in rest + [held])
+        step = next(st for st in tl.events["step"] if st["iteration"] == hold)
+        runs[on] = (step["mini_batch"], {(int(e), str(p)) for e, p, _ in step["samples"]},
+                    [ev for ev in tl.events["regroup"] if ev["iteration"] == hold])
+    m, took, moved = runs[True]
+    assert [ev.get("rule") for ev in moved] == ["heavy_first"] * len(set(heaviest) - set(planned)), moved
+    assert all(ev["mini_batch"] == first for ev in moved)
+    assert m == first and took == set(heaviest), (sorted(map(weight, took)), sorted(map(weight, heaviest)))
+    m, took, moved = runs[False]
+    assert m == first and took == set(planned) and not moved, "without the key the planned mini-batch trains"
+
+
 def test_sequence_admission(cluster, trainer, tmp_path):
     """``rollout.admission: sequences``: an instance takes another group while its unfinished
     samples (the last poll's count, plus G per group sent since) are fewer than max_num_seqs.
