@@ -92,7 +92,8 @@ CONVERGENCE_DEFAULT = ["sync", "async_asp_k1", "async_asp_k2"]
 CONVERGENCE_BLOCK = 16  # iterations per block of the per-block reward table
 # the lossless mechanisms of DESIGN 9 (a-c), then bounded off-policy carry-over (e); regroup
 # (asp's default since 2026-12-03, pipeline.regroup: auto) pinned off so that the systems measured
-# before it stay what they were; the *_regroup systems turn it on
+# before it stay what they were; the *_regroup systems turn it on, without its heaviest-first take
+# (pipeline.regroup_heavy, asp's default since, pinned off: they were measured before it)
 LOSSLESS = ["scheduler.dispatch=guided", "scheduler.reestimate=true", "rollout.tail_concurrency=auto",
             "pipeline.regroup=off"]
 TAIL_TASK = ["data.synthetic.tail_alpha=0.8", "rollout.num_instances=2", "rollout.cpu_cores=[]", "train.cpu_cores=[]",
@@ -114,9 +115,10 @@ TAIL_SYSTEMS = {
                          "pipeline.stream_groups=true"],
     # pipeline.regroup: a mini-batch completed at run time from generated groups of its iteration
     "async_asp_regroup": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=asp", *LOSSLESS[:-1],
-                          "pipeline.regroup=on"],
+                          "pipeline.regroup=on", "pipeline.regroup_heavy=off"],
     "async_fifo_regroup": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=fifo",
-                           "rollout.tail_concurrency=off", "scheduler.reestimate=false", "pipeline.regroup=on"],
+                           "rollout.tail_concurrency=off", "scheduler.reestimate=false", "pipeline.regroup=on",
+                           "pipeline.regroup_heavy=off"],
     # rollout.admission=sequences: an instance admits while its unfinished samples < max_num_seqs
     "async_fifo_seq": ["pipeline.mode=async", "pipeline.lag_bound=1", "scheduler.policy=fifo",
                        "rollout.tail_concurrency=off", "scheduler.reestimate=false", "rollout.admission=sequences"],

@@ -3,7 +3,7 @@
     python benchmarks/bench_tail.py ablation   [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
                                                [--set pipeline.regroup=off]
-    python benchmarks/bench_tail.py seed       [--devices 128] [--set pipeline.regroup=off]
+    python benchmarks/bench_tail.py seed       [--devices 128] [--set pipeline.regroup_heavy=off]
     python benchmarks/bench_tail.py breakdown  [--devices 128] [--per-iteration] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...]
     python benchmarks/bench_tail.py admission  [--devices 32 64] [--prompts N]
@@ -20,8 +20,9 @@ figure; the rows of systems whose plan draws nothing from the seed (``SEED_FREE`
 FIFO queue and the sorted one) are simulated once. ``robustness``: ASP (every lossless mechanism)
 planned on the configured costs and executed on other ones (decode coefficients x0.1 / x10,
 half / twice the planned concurrency) against ``fully_async_fifo`` and ``async_balanced``
-executed on the same (asp's defaults include regroup since 2026-12-03; ``--set KEY=VALUE ...`` adds
-overrides to every row, e.g. ``pipeline.regroup=off`` for the earlier grids), with asp at ``scheduler.concurrency`` full and auto (planned on the configured
+executed on the same (asp's defaults include regroup and its heaviest-first take since 2026-12-03;
+``--set KEY=VALUE ...`` adds overrides to every row, e.g. ``pipeline.regroup=off`` for the earlier
+grids, ``pipeline.regroup_heavy=off`` for those of 2026-12-03 before the heaviest-first take), with asp at ``scheduler.concurrency`` full and auto (planned on the configured
 costs, so auto's cap is chosen from the planned, not the true, costs) and asp with
 ``rollout.tail_concurrency=auto`` beside it; one grid per ``--devices``. With more than one
 ``--plan-seeds``: asp's defaults and balanced per seed, fifo once (``SEED_FREE``), then per cell
@@ -29,7 +30,8 @@ the mean and (min .. max) over the seeds of asp against fifo and against balance
 count the cells where asp is strictly ahead of fifo (below -0.0 % as printed) on the mean, for
 every seed, and for some seeds only. ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices
 (asp as those configs run it: guided dispatch, re-estimation, ``scheduler.concurrency: auto``, and
-regroup, ``pipeline.regroup: auto``; ``--set KEY=VALUE ...`` adds overrides).
+regroup with its heaviest-first take, ``pipeline.regroup`` and ``pipeline.regroup_heavy: auto``;
+``--set KEY=VALUE ...`` adds overrides).
 ``breakdown``: asp on the same seed setups, where its iterations go beside their lag floor
 (``asp_ascend/metrics/floor.py``): over the k + 1 periods from version i - k to version i + 1, the
 wait of iteration i's last-finishing (critical) group after the lag bound allowed it, what running
@@ -81,7 +83,7 @@ WORKLOADS = {
                       "workload.length_scale": 6, "lengths.max_response_length": 16384},
 }
 OFF = {"scheduler.dispatch": "static", "scheduler.reestimate": "false", "rollout.tail_concurrency": "off",
-       "rollout.speculative": "none", "pipeline.regroup": "off", "pipeline.regroup_heavy": "false"}
+       "rollout.speculative": "none", "pipeline.regroup": "off", "pipeline.regroup_heavy": "off"}
 SPEC = {"rollout.speculative": "ngram"}
 # asp's lossless defaults: guided dispatch and re-estimation; tail-aware concurrency is opt-in
 # (rollout.tail_concurrency defaults to off): over planner seeds 0-4 auto is ahead of off on the
@@ -97,8 +99,12 @@ TAIL_AUTO = {**LOSSLESS, "rollout.tail_concurrency": "auto"}
 # OFF pins it off so that the rows measured before it stay reproducible
 REGROUP = {"pipeline.regroup": "on"}
 # regroup's step takes the heaviest generated groups of its iteration while one is not generated
-# (pipeline.regroup_heavy, opt-in; docs/scheduler.md, "Heaviest generated groups first")
-HEAVY = {"pipeline.regroup_heavy": "true"}
+# (pipeline.regroup_heavy); asp's default (auto: on wherever regroup is) since it was ahead of regroup
+# alone for every planner seed 0-4 on every workload, or level (docs/scheduler.md, "Heaviest
+# generated groups first"); OFF pins it off, NO_HEAVY turns it off on asp's defaults. auto, not on:
+# with regroup on it is on, and --set pipeline.regroup=off turns both off instead of a refused config
+HEAVY = {"pipeline.regroup_heavy": "auto"}
+NO_HEAVY = {"pipeline.regroup_heavy": "off"}
 # asp's admission concurrency (scheduler/concurrency.py), both modes named explicitly
 CONC_FULL = {"scheduler.concurrency": "full"}
 CONC_AUTO = {"scheduler.concurrency": "auto"}
@@ -112,12 +118,13 @@ ABLATION = [
     ("+ re-estimation (asp's lossless default before regroup)", "asp", {**OFF, **LOSSLESS}),
     ("+ tail-aware concurrency auto (opt-in)", "asp", {**OFF, **TAIL_AUTO}),
     ("+ admission concurrency auto (scheduler.concurrency)", "asp", {**OFF, **LOSSLESS, **CONC_AUTO}),
-    ("+ regroup (asp, lossless default)", "asp", {**OFF, **LOSSLESS, **REGROUP}),
+    ("+ regroup (asp's lossless default before regroup_heavy)", "asp", {**OFF, **LOSSLESS, **REGROUP}),
     ("fully_async_fifo + regroup", "fully_async_fifo", {**OFF, **REGROUP}),
-    ("+ regroup heaviest first (pipeline.regroup_heavy, opt-in)", "asp", {**OFF, **LOSSLESS, **REGROUP, **HEAVY}),
+    ("+ regroup heaviest first (pipeline.regroup_heavy: asp's lossless default)", "asp",
+     {**OFF, **LOSSLESS, **REGROUP, **HEAVY}),
     ("fully_async_fifo + regroup heaviest first", "fully_async_fifo", {**OFF, **REGROUP, **HEAVY}),
     ("asp default + speculative decoding (ngram)", "asp", {**LOSSLESS, **SPEC}),
-    ("asp default + speculative + regroup heaviest first", "asp", {**LOSSLESS, **SPEC, **HEAVY}),
+    ("asp default without regroup heaviest first + speculative", "asp", {**LOSSLESS, **SPEC, **NO_HEAVY}),
     ("fully_async_fifo + speculative", "fully_async_fifo", {**OFF, **SPEC}),
     ("async_sorted + speculative", "async_sorted", {**OFF, **SPEC}),
     ("async_balanced + speculative", "async_balanced", {**OFF, **SPEC}),
@@ -280,9 +287,11 @@ def _grid_cells(args, D: int):
             yield wl, label, cell
 
 
-# asp's defaults on robustness's grid: guided dispatch, re-estimation and regroup (pipeline.regroup:
-# auto is on for asp); the grids before 2026-12-03 ran asp without regroup (--set pipeline.regroup=off)
-ASP_DEFAULTS = {**OFF, **LOSSLESS, **REGROUP}
+# asp's defaults on robustness's grid: guided dispatch, re-estimation, regroup and its heaviest-first
+# take (pipeline.regroup and pipeline.regroup_heavy: auto are on for asp); the grids before
+# 2026-12-03 ran asp without regroup (--set pipeline.regroup=off), those of that day without the
+# heaviest-first take (--set pipeline.regroup_heavy=off)
+ASP_DEFAULTS = {**OFF, **LOSSLESS, **REGROUP, **HEAVY}
 # robustness over planner seeds: asp's defaults against the two baselines executed on the same costs
 ROBUST_ROWS = [("asp", "asp", ASP_DEFAULTS), ("fifo", "fully_async_fifo", OFF),
                ("balanced", "async_balanced", OFF)]

@@ -16,6 +16,13 @@ def regroup_of(cfg: Config, policy: str) -> bool:
     return mode == "on" or (mode == "auto" and policy == "asp")
 
 
+def regroup_heavy_of(cfg: Config, policy: str) -> bool:
+    """``pipeline.regroup_heavy`` for a run (or simulated system) dispatching with ``policy``: it
+    re-composes only the mini-batches regroup manages, so ``auto`` (and ``on``) is on wherever
+    :func:`regroup_of` is, ``off`` nowhere (``on`` with ``pipeline.regroup: off`` is refused)."""
+    return cfg.pipeline.regroup_heavy != "off" and regroup_of(cfg, policy)
+
+
 # A run's pipeline.mode / scheduler.policy / scheduler.adaptive as the simulator names the same
 # system (sim/policies.py): run summaries are keyed by it, so a run and its simulation line up.
 # A sync run (decoupled instances, k = 0, whole-iteration training) has no simulated counterpart.

@@ -228,13 +228,15 @@ class PipelineConfig:
                               "(default) = on for scheduler.policy asp, off for the baselines; on | off for every "
                               "policy. asp simulate reads it too (auto: on for the asp system policies); timeline "
                               "event regroup (docs/scheduler.md)", choices=("auto", "on", "off"), yaml_bool=True)
-    regroup_heavy: bool = _f(False, "with pipeline.regroup: before each step, while some group of the iteration is "
+    regroup_heavy: str = _f("auto", "with pipeline.regroup: before each step, while some group of the iteration is "
                                     "not yet generated, the step takes the heaviest generated groups (by tokens, "
                                     "known once generated) of the iteration's untrained mini-batches, its lightest "
                                     "going to the others, so the groups trained after the last one generated are "
                                     "the lightest left. Lossless like regroup; never delays the iteration's last "
                                     "step under an additive step cost (docs/scheduler.md); timeline event regroup "
-                                    "with rule heavy_first")
+                                    "with rule heavy_first. auto (default) = on wherever pipeline.regroup resolves "
+                                    "on (scheduler.policy asp), off elsewhere; on (needs pipeline.regroup not off) "
+                                    "| off", choices=("auto", "on", "off"), yaml_bool=True)
 
 
 @dataclass

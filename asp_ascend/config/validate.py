@@ -238,10 +238,10 @@ def _validate_tail_keys(cfg: Config, p: list[str]) -> None:
     if cfg.pipeline.stream_groups and cfg.pipeline.mode == "sync":
         p.append("pipeline.stream_groups: needs pipeline.mode=async (the sync mode trains once the whole iteration is "
                  "generated); set it to false or use async")
-    if cfg.pipeline.regroup_heavy and cfg.pipeline.regroup == "off":
-        p.append("pipeline.regroup_heavy: true needs pipeline.regroup (it re-composes the mini-batches regroup "
+    if cfg.pipeline.regroup_heavy == "on" and cfg.pipeline.regroup == "off":
+        p.append("pipeline.regroup_heavy: on needs pipeline.regroup (it re-composes the mini-batches regroup "
                  "manages), which is off; set pipeline.regroup: auto (on for asp) or on, or pipeline.regroup_heavy: "
-                 "false")
+                 "auto (off where regroup is) or off")
     if r.partial_rollout and cfg.pipeline.mode == "sync":
         p.append("rollout.partial_rollout: needs pipeline.mode=async (a deferred group keeps generating across "
                  "weight syncs); set it to false or use async")

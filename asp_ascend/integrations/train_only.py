@@ -13,10 +13,10 @@ def train_only_problems(cfg, framework: str) -> list[str]:
         problems.append(f"asp.pipeline.regroup: true is not supported with {framework} (its trainer takes an "
                         "iteration once it is generated, in the schedule's mini-batches; only asp train starts a "
                         "step before then, where re-composing mini-batches can help); set asp.pipeline.regroup: false")
-    if cfg.pipeline.regroup_heavy:
+    if cfg.pipeline.regroup_heavy == "on":   # auto: off here, as regroup is
         problems.append(f"asp.pipeline.regroup_heavy: true is not supported with {framework} (it re-composes "
                         "mini-batches before an iteration is generated, which only asp train's trainer does); set "
-                        "asp.pipeline.regroup_heavy: false")
+                        "asp.pipeline.regroup_heavy: false (or auto)")
     if cfg.rollout.admission != "groups":
         problems.append(f"asp.rollout.admission: {cfg.rollout.admission} is not supported with {framework} "
                         "(only asp train's rollout instances report the unfinished samples the sequence rule "

@@ -57,10 +57,13 @@ def replanner(cfg, train, k: int, out: Path, first):
     return replan
 
 
-def tail_options(cfg, schedule_path: Path):
+def tail_options(cfg, schedule_path: Path, bridge: bool = False):
     """The tail keys for the loop (DESIGN 9); the planned rooms come from the schedule's
     ``room`` column (0: no cap). The runtime sizes rooms from its own measured costs
-    (``measure_costs``: scheduler/tail_control.py); the planned rooms are then not used."""
+    (``measure_costs``: scheduler/tail_control.py); the planned rooms are then not used.
+    ``bridge``: for a framework bridge's source (MindSpeed-RL), whose trainer takes an iteration
+    once it is generated: ``pipeline.regroup`` and ``pipeline.regroup_heavy`` resolve off there
+    (an explicit ``on`` is refused by integrations/train_only.py)."""
     import pandas as pd
 
     from ..scheduler.tail_control import TailOptions
@@ -71,7 +74,7 @@ def tail_options(cfg, schedule_path: Path):
         if "room" in sched:
             capped = sched[sched["room"] > 0]
             rooms = {(int(e), str(p)): int(n) for e, p, n in zip(capped["epoch"], capped["prompt_id"], capped["room"])}
-    from ..config import regroup_of
+    from ..config import regroup_heavy_of, regroup_of
     from ..platforms import get_platform
 
     r = cfg.rollout
@@ -79,5 +82,5 @@ def tail_options(cfg, schedule_path: Path):
     shared = get_platform(cfg.platform, check=False).name == "cpu" and not r.cpu_cores
     return TailOptions(reestimate=cfg.scheduler.reestimate, tail_concurrency=str(r.tail_concurrency),
                        partial_rollout=r.partial_rollout, max_split=r.max_split, rooms=rooms, measure_costs=True,
-                       dedicated=not shared, regroup=regroup_of(cfg, cfg.scheduler.policy),
-                       regroup_heavy=bool(cfg.pipeline.regroup_heavy))
+                       dedicated=not shared, regroup=not bridge and regroup_of(cfg, cfg.scheduler.policy),
+                       regroup_heavy=not bridge and regroup_heavy_of(cfg, cfg.scheduler.policy))

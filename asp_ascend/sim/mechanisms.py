@@ -42,7 +42,7 @@ class SimMechanisms:
     max_tokens: int = 1 << 30             # lengths.max_response_length (caps re-estimates)
     defer_share: float = 0.125            # ask for a deferral once at most this share of the iteration is unfinished
     regroup: bool = False                 # pipeline.regroup (resolved for the system: config.regroup_of)
-    regroup_heavy: bool = False           # pipeline.regroup_heavy (with regroup only)
+    regroup_heavy: bool = False           # pipeline.regroup_heavy (with regroup only: config.regroup_heavy_of)
 
     @property
     def any_control(self) -> bool:

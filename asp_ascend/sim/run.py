@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import regroup_of
+from ..config import regroup_heavy_of, regroup_of
 from ..errors import AspError
 from ..metrics import summarize
 from .bounds import lower_bounds
@@ -202,8 +202,9 @@ def mechanisms_for(cfg, spec: SystemSpec, costs: SimCosts, workload) -> SimMecha
     """The tail mechanisms (DESIGN 9) that system ``spec`` runs with under ``cfg``: tail rooms and
     guided dispatch for per-instance schedules (asp; balanced gets guided dispatch too), carry-over
     for asp_partial or any streaming system with ``rollout.partial_rollout``, regroup for the
-    streaming systems ``pipeline.regroup`` names (``auto``: asp's; ``config.regroup_of``), speculative decoding
-    on every system's instances (equal engine features)."""
+    streaming systems ``pipeline.regroup`` names (``auto``: asp's; ``config.regroup_of``) and with it
+    ``pipeline.regroup_heavy`` (``auto``: wherever regroup is; ``config.regroup_heavy_of``), speculative
+    decoding on every system's instances (equal engine features)."""
     from ..scheduler.speculative import from_config
 
     per_instance = spec.dispatch in ("asp", "balanced")
@@ -218,7 +219,7 @@ def mechanisms_for(cfg, spec: SystemSpec, costs: SimCosts, workload) -> SimMecha
                          partial_rollout=partial, max_split=int(cfg.rollout.max_split),
                          speculation=from_config(cfg.rollout, cfg.cost, costs.instance, ctx),
                          max_tokens=int(cfg.lengths.max_response_length), regroup=regroup,
-                         regroup_heavy=regroup and bool(cfg.pipeline.regroup_heavy))
+                         regroup_heavy=regroup and regroup_heavy_of(cfg, spec.dispatch))
 
 
 def simulate_system(cfg, workload, name: str, *, total_devices: int | None = None,

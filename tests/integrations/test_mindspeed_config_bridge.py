@@ -282,6 +282,15 @@ def test_regroup_is_refused_with_the_key_and_the_fix():
         translate(raw7b(), ["pipeline.regroup=on"])
     for value in ("off", "auto"):                             # auto: off under the bridges, as is the default
         assert translate(raw7b(), [f"pipeline.regroup={value}"])[0].pipeline.regroup == value
-    with pytest.raises(ConfigError, match="asp.pipeline.regroup_heavy: true is not supported with MindSpeed-RL.*"
-                                          "set asp.pipeline.regroup_heavy: false"):
-        translate(raw7b(), ["pipeline.regroup_heavy=true"])
+    for value in ("true", "on"):
+        with pytest.raises(ConfigError, match="asp.pipeline.regroup_heavy: true is not supported with MindSpeed-RL.*"
+                                              "set asp.pipeline.regroup_heavy: false"):
+            translate(raw7b(), [f"pipeline.regroup_heavy={value}"])
+    # auto (the default, on for asp train) resolves off in the bridge's source, as regroup does
+    from asp_ascend.pipeline.planning import tail_options
+
+    cfg = translate(raw7b(), ["pipeline.regroup_heavy=auto"])[0]
+    assert cfg.scheduler.policy == "asp" and cfg.pipeline.regroup_heavy == cfg.pipeline.regroup == "auto"
+    opts = tail_options(cfg, Path("none.parquet"), bridge=True)
+    assert not opts.regroup and not opts.regroup_heavy
+    assert tail_options(cfg, Path("none.parquet")).regroup_heavy     # asp train's loop: on

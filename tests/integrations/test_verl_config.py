@@ -96,6 +96,7 @@ def test_fully_async_iteration_is_prompts_per_parameter_version_and_staleness_co
                               (("asp", "rollout", "speculative"), "ngram", "asp.rollout.speculative"),
                               (("asp", "rollout", "partial_rollout"), True, "asp.rollout.partial_rollout"),
                               (("asp", "pipeline", "stream_groups"), True, "asp.pipeline.stream_groups"),
+                              (("asp", "pipeline", "regroup_heavy"), True, "asp.pipeline.regroup_heavy"),
                               (("asp", "rollout", "admission"), "sequences", "asp.rollout.admission"),
                               (("async_training", "use_dynamic_resource_scheduling"), True,
                                "async_training.use_dynamic_resource_scheduling")):

@@ -89,14 +89,16 @@ def test_one_seed_prints_the_single_seed_table(monkeypatch, capsys):
 
 
 def test_asp_regroups_and_set_reaches_every_row(monkeypatch, capsys):
-    """asp's defaults on the grid include regroup (pipeline.regroup: auto is on for asp since
-    2026-12-03); ``--set pipeline.regroup=off`` turns it off on every row (the earlier grids)."""
-    from asp_ascend.config import regroup_of
+    """asp's defaults on the grid include regroup and its heaviest-first take (pipeline.regroup and
+    pipeline.regroup_heavy: auto are on for asp since 2026-12-03); ``--set pipeline.regroup=off``
+    turns both off on every row (the earlier grids)."""
+    from asp_ascend.config import regroup_heavy_of, regroup_of
 
     def fake(argv):
         seen = []
 
         def run(cfg, w, name, mismatch=None):
+            assert regroup_heavy_of(cfg, name) == regroup_of(cfg, name), (name, argv)
             seen.append((name, regroup_of(cfg, name)))
             return {"iteration_time_mean": 1.0, "admission_concurrency": 256}
         monkeypatch.setattr(bench_tail, "_run", run)

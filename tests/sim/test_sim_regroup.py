@@ -189,17 +189,41 @@ def test_summaries_count_heavy_first_moves():
     assert (got["regrouped_groups"], got["regrouped_heavy_first"]) == (2, 1)
 
 
-def test_regroup_heavy_needs_regroup_and_defaults_off():
-    """``pipeline.regroup_heavy`` is off by default; it only re-composes the mini-batches regroup
-    manages, so it does nothing where regroup resolves off (auto: the baselines) and, with
-    ``pipeline.regroup: off``, the config is refused, naming the fix."""
+def test_regroup_heavy_auto_follows_regroup_and_on_needs_it(tmp_path):
+    """``pipeline.regroup_heavy`` (``auto`` by default) re-composes only the mini-batches regroup
+    manages: ``auto`` and ``on`` resolve on wherever ``pipeline.regroup`` does (auto: asp), off
+    elsewhere (the baselines do nothing with it); ``on`` with ``pipeline.regroup: off`` is refused,
+    naming the fix; YAML booleans read as on / off. One resolution (``config.regroup_heavy_of``)
+    for the simulator and the runtime's tail options (pipeline/planning.py)."""
+    from asp_ascend.config import regroup_heavy_of
     from asp_ascend.errors import ConfigError
+    from asp_ascend.pipeline.planning import tail_options
 
-    assert load_config(None, []).pipeline.regroup_heavy is False
-    cfg = _cfg(0, **{"pipeline.regroup_heavy": "true", "pipeline.regroup": "auto"})
-    w = workload_from_config(cfg)
-    assert simulate_system(cfg, w, "fully_async_fifo").summary["regrouped_groups"] == 0
-    with pytest.raises(ConfigError, match="pipeline.regroup_heavy: true needs pipeline.regroup.*"
-                                          "set pipeline.regroup: auto"):
-        load_config(None, ["pipeline.regroup_heavy=true", "pipeline.regroup=off"])
-    assert load_config(None, ["pipeline.regroup_heavy=true", "pipeline.regroup=on"]).pipeline.regroup_heavy
+    assert load_config(None, []).pipeline.regroup_heavy == "auto"
+    for regroup, heavy, want in (("auto", "auto", (True, False)), ("auto", "on", (True, False)),
+                                 ("auto", "true", (True, False)), ("auto", "off", (False, False)),
+                                 ("auto", "false", (False, False)), ("on", "auto", (True, True)),
+                                 ("on", "on", (True, True)), ("off", "auto", (False, False)),
+                                 ("off", "off", (False, False))):
+        cfg = load_config(None, [f"pipeline.regroup={regroup}", f"pipeline.regroup_heavy={heavy}"])
+        assert (regroup_heavy_of(cfg, "asp"), regroup_heavy_of(cfg, "fifo")) == want, (regroup, heavy)
+        for policy, on in zip(("asp", "fifo"), want):
+            cfg = load_config(None, [f"pipeline.regroup={regroup}", f"pipeline.regroup_heavy={heavy}",
+                                     f"scheduler.policy={policy}"])
+            assert tail_options(cfg, tmp_path / "none.parquet").regroup_heavy is on, (regroup, heavy, policy)
+    for heavy in ("on", "true"):
+        with pytest.raises(ConfigError, match="pipeline.regroup_heavy: on needs pipeline.regroup.*"
+                                              "set pipeline.regroup: auto.*or pipeline.regroup_heavy: auto"):
+            load_config(None, [f"pipeline.regroup_heavy={heavy}", "pipeline.regroup=off"])
+    with pytest.raises(ConfigError, match="pipeline.regroup_heavy.*not one of auto, on, off"):
+        load_config(None, ["pipeline.regroup_heavy=sometimes"])
+    # the simulator: asp's default makes heaviest-first moves (as on does), off none; fifo (regroup
+    # auto = off there) moves nothing with it on
+    got = {}
+    for heavy in ("auto", "off", "on"):
+        cfg = _cfg(0, **{"pipeline.regroup": "auto", "pipeline.regroup_heavy": heavy})
+        w = workload_from_config(cfg)
+        got[heavy] = [(s["regrouped_groups"], s["regrouped_heavy_first"]) for s in
+                      (simulate_system(cfg, w, n).summary for n in ("asp", "fully_async_fifo"))]
+    assert got["auto"] == got["on"] and got["auto"][0][1] > 0 and got["off"][0][1] == 0 < got["off"][0][0], got
+    assert got["on"][1] == (0, 0), got

@@ -287,7 +287,7 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
         plan, [_RayHandle(a) for a in actors], prompt_of,
         sampling={"max_tokens": cfg.lengths.max_response_length, "temperature": cfg.rollout.temperature,
                   "top_p": cfg.rollout.top_p, "seed": cfg.seed, "stop_token_ids": [int(tokenizer.eod)]},
-        push=push, tail=tail_options(cfg, Path(schedule_path)), max_tokens=cfg.lengths.max_response_length)
+        push=push, tail=tail_options(cfg, Path(schedule_path), bridge=True), max_tokens=cfg.lengths.max_response_length)
     settings = LoopSettings(global_batch_size=cfg.train.global_batch_size, group_size=n,
                             lag_bound=settings.lag_bound, iterations=0, off_policy=cfg.train.off_policy,
                             tis_cap=cfg.train.tis_cap, dataset_additional_keys=tuple(dataset_additional_keys),
