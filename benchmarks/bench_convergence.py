@@ -48,8 +48,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CONFIG = ROOT / "configs" / "cpu_tiny_grpo.yaml"
+# pipeline.stream_groups (asp's default since 2026-12-03) pinned off: the systems without _stream
+# were measured before it
 LOSSLESS = ["scheduler.policy=asp", "scheduler.dispatch=guided", "scheduler.reestimate=true",
-            "rollout.tail_concurrency=auto"]
+            "rollout.tail_concurrency=auto", "pipeline.stream_groups=off"]
 ASYNC_K1 = ["pipeline.mode=async", "pipeline.lag_bound=1"]
 SYSTEMS = {
     "sync": ["pipeline.mode=sync", "scheduler.policy=asp"],

@@ -93,9 +93,10 @@ CONVERGENCE_BLOCK = 16  # iterations per block of the per-block reward table
 # the lossless mechanisms of DESIGN 9 (a-c), then bounded off-policy carry-over (e); regroup
 # (asp's default since 2026-12-03, pipeline.regroup: auto) pinned off so that the systems measured
 # before it stay what they were; the *_regroup systems turn it on, without its heaviest-first take
-# (pipeline.regroup_heavy, asp's default since, pinned off: they were measured before it)
+# (pipeline.regroup_heavy, asp's default since, pinned off: they were measured before it); streaming
+# (pipeline.stream_groups, asp's default since 2026-12-03) pinned off likewise but for *_stream
 LOSSLESS = ["scheduler.dispatch=guided", "scheduler.reestimate=true", "rollout.tail_concurrency=auto",
-            "pipeline.regroup=off"]
+            "pipeline.stream_groups=off", "pipeline.regroup=off"]
 TAIL_TASK = ["data.synthetic.tail_alpha=0.8", "rollout.num_instances=2", "rollout.cpu_cores=[]", "train.cpu_cores=[]",
              "rollout.num_cpus=0.5", "train.num_cpus=1", "train.eval_every=0", "train.max_iterations=16"]
 TAIL_SYSTEMS = {

@@ -23,6 +23,15 @@ def regroup_heavy_of(cfg: Config, policy: str) -> bool:
     return cfg.pipeline.regroup_heavy != "off" and regroup_of(cfg, policy)
 
 
+def stream_groups_of(cfg: Config, policy: str) -> bool:
+    """``pipeline.stream_groups`` for a run (or simulated system) dispatching with ``policy``:
+    ``auto`` is on wherever ``pipeline.regroup``'s ``auto`` is (asp's schedules), off for the
+    baselines and in ``pipeline.mode: sync`` (which trains once the iteration is generated; ``on``
+    is refused there); ``on`` | ``off`` for every policy."""
+    mode = cfg.pipeline.stream_groups
+    return mode == "on" or (mode == "auto" and policy == "asp" and cfg.pipeline.mode == "async")
+
+
 # A run's pipeline.mode / scheduler.policy / scheduler.adaptive as the simulator names the same
 # system (sim/policies.py): run summaries are keyed by it, so a run and its simulation line up.
 # A sync run (decoupled instances, k = 0, whole-iteration training) has no simulated counterpart.

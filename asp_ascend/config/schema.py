@@ -203,11 +203,14 @@ class PipelineConfig:
     mode: str = _f("async", "async: rollout and training overlap; sync: generate then train", choices=("async", "sync"))
     lag_bound: int = _f(1, "k: max policy lag in versions (sync forces 0)")
     queue_capacity: int = _f(0, "bounded sample-queue capacity in groups (0 = one global batch x (k+1))")
-    stream_groups: bool = _f(False, "async: the trainer runs each generated group's forward/backward as soon as it "
+    stream_groups: str = _f("auto", "async: the trainer runs each generated group's forward/backward as soon as it "
                                     "is generated, for the mini-batch being trained, and the optimizer step after its "
                                     "last group (the same update: gradients sum over groups, the step's denominator "
                                     "scales them before the step); off: a step starts once its whole mini-batch is "
-                                    "generated. asp simulate models it too (as sim.stream_groups)")
+                                    "generated. auto (default) = on for scheduler.policy asp (as pipeline.regroup), "
+                                    "off for the baselines and in the sync mode; on (needs pipeline.mode async) | "
+                                    "off. asp simulate models it too (auto: on for the asp system policies)",
+                            choices=("auto", "on", "off"), yaml_bool=True)
     stream_groups_start: str = _f("half_generated", "pipeline.stream_groups: when no mini-batch of the iteration is "
                                                     "fully generated, which partly generated one a free trainer starts "
                                                     "(it then trains that one to its step before any other): "

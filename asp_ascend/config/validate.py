@@ -235,9 +235,9 @@ def _validate_tail_keys(cfg: Config, p: list[str]) -> None:
             p.append(f"{key}: {val} must be >= 0")
     if r.max_split < 1:
         p.append(f"rollout.max_split: {r.max_split} must be >= 1 (iterations a deferred group may move)")
-    if cfg.pipeline.stream_groups and cfg.pipeline.mode == "sync":
-        p.append("pipeline.stream_groups: needs pipeline.mode=async (the sync mode trains once the whole iteration is "
-                 "generated); set it to false or use async")
+    if cfg.pipeline.stream_groups == "on" and cfg.pipeline.mode == "sync":
+        p.append("pipeline.stream_groups: on needs pipeline.mode=async (the sync mode trains once the whole iteration "
+                 "is generated); set it to auto (off in the sync mode) or off, or use async")
     if cfg.pipeline.regroup_heavy == "on" and cfg.pipeline.regroup == "off":
         p.append("pipeline.regroup_heavy: on needs pipeline.regroup (it re-composes the mini-batches regroup "
                  "manages), which is off; set pipeline.regroup: auto (on for asp) or on, or pipeline.regroup_heavy: "

@@ -5,10 +5,10 @@ from __future__ import annotations
 def train_only_problems(cfg, framework: str) -> list[str]:
     """The ``asp.*`` keys of ``cfg`` set to something only ``asp train`` can do under ``framework``."""
     problems = []
-    if cfg.pipeline.stream_groups:
+    if cfg.pipeline.stream_groups == "on":   # auto: off here (the bridges stream nothing)
         problems.append(f"asp.pipeline.stream_groups: true is not supported with {framework} (its actor update "
                         "takes a whole mini-batch; only asp train streams groups into its trainer); set "
-                        "asp.pipeline.stream_groups: false")
+                        "asp.pipeline.stream_groups: false (or auto)")
     if cfg.pipeline.regroup == "on":   # auto: off here (the bridges run no regroup)
         problems.append(f"asp.pipeline.regroup: true is not supported with {framework} (its trainer takes an "
                         "iteration once it is generated, in the schedule's mini-batches; only asp train starts a "

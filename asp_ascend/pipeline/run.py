@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import stream_groups_of
 from ..errors import ConfigError
 from .actors import init_ray, shutdown_instances, speculative_config, start_actors, warm_up
 from .planning import plan_run, tail_options
@@ -119,7 +120,7 @@ def _run(cfg, settings, train, ev, reward_fn, cores, out: Path, resume, attempt,
                             RunOutputs(out / "timeline.jsonl", logger, t_start, t.checkpoint_every, out / "checkpoints"),
                             weight_sync=wsync, ticket=ticket, evaluator=evaluator, replan=replan,
                             fleet=_fleet_options(cfg), tail=tail_options(cfg, out / "schedule.parquet"),
-                            stream_start=cfg.pipeline.stream_groups_start if cfg.pipeline.stream_groups else None)
+                            stream_start=_stream_start(cfg))
         if resume is not None:
             orch.history = list(resume.history)  # the length history observed before the interruption
         orch.run()
@@ -190,6 +191,12 @@ def _task(cfg, tok, tok_ids: dict, train, ev, ev_ids: dict | None, reward_fn):
     evaluator = (Evaluator(Prompts(ev_ids, dict(zip(ev.ids, ev.answers))), cfg.train.eval_every, reward_fn, decode)
                  if ev_ids else None)
     return task, evaluator
+
+
+def _stream_start(cfg) -> str | None:
+    """``pipeline.stream_groups`` as resolved for the run (``auto``: on for asp; config.stream_groups_of):
+    its start rule, or None (steps take whole mini-batches)."""
+    return str(cfg.pipeline.stream_groups_start) if stream_groups_of(cfg, cfg.scheduler.policy) else None
 
 
 def _fleet_options(cfg):

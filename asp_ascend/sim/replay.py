@@ -218,13 +218,16 @@ def run_settings(run_dir: str | Path) -> dict:
     ``admission_concurrency`` from ``schedule_report.json`` (the planner's, ``scheduler.concurrency``;
     ``pipeline/planning.py`` runs the plan at it) when lower than ``rollout.max_num_seqs``.
     ``group_slots``: the run admitted by group slots (``rollout.admission: groups``); a run made
-    with ``sequences`` replays under the simulator's sequence rule."""
+    with ``sequences`` replays under the simulator's sequence rule. ``stream_start``: the run's
+    ``pipeline.stream_groups`` resolved as the run did (``auto``: on for asp); a run directory
+    without a config.yaml predates the key's default and replays unstreamed."""
     import json
 
-    from ..config import lag_bound_of, run_config
+    from ..config import lag_bound_of, run_config, stream_groups_of
 
     cfg = run_config(run_dir)
     has_file = (Path(run_dir) / "config.yaml").is_file()
+    streamed = has_file and stream_groups_of(cfg, cfg.scheduler.policy)   # as the run resolved it
     mns = int(cfg.rollout.max_num_seqs)
     rep = Path(run_dir) / "schedule_report.json"
     if rep.is_file():
@@ -239,7 +242,7 @@ def run_settings(run_dir: str | Path) -> dict:
             "sync_mode": cfg.pipeline.mode == "sync", "micro_batch_size": cfg.train.micro_batch_size,
             "micro_batching": cfg.train.micro_batching,
             "num_instances": cfg.rollout.num_instances if has_file else None,
-            "stream_start": str(cfg.pipeline.stream_groups_start) if cfg.pipeline.stream_groups else None,
+            "stream_start": str(cfg.pipeline.stream_groups_start) if streamed else None,
             "group_slots": cfg.rollout.admission == "groups"}
 
 

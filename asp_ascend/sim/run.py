@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import regroup_heavy_of, regroup_of
+from ..config import regroup_heavy_of, regroup_of, stream_groups_of
 from ..errors import AspError
 from ..metrics import summarize
 from .bounds import lower_bounds
@@ -49,12 +49,14 @@ class SimResult:
     wall_s: float
 
 
-def stream_settings(cfg) -> dict:
-    """The simulated trainer's streaming (``TrainerSpec`` keys): ``sim.stream_groups`` with its start
-    rule, else ``pipeline.stream_groups`` (what ``asp train`` runs) with its own."""
+def stream_settings(cfg, policy: str) -> dict:
+    """The simulated trainer's streaming (``TrainerSpec`` keys) for a system dispatching with
+    ``policy``: ``sim.stream_groups`` (every streaming system) with its start rule, else
+    ``pipeline.stream_groups`` as ``asp train`` resolves it (``auto``: asp's; ``config.stream_groups_of``)
+    with its own."""
     if cfg.sim.stream_groups:
         return {"stream_groups": True, "stream_start": str(cfg.sim.stream_groups_start)}
-    return {"stream_groups": bool(cfg.pipeline.stream_groups), "stream_start": str(cfg.pipeline.stream_groups_start)}
+    return {"stream_groups": stream_groups_of(cfg, policy), "stream_start": str(cfg.pipeline.stream_groups_start)}
 
 
 class _Predictions:
@@ -246,7 +248,7 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
                      sync_busy_s=costs.sync_busy_s, admit_each_s=costs.admit_each_s,
                      admit_engine_s=costs.admit_engine_s,
                      max_tokens_per_micro_batch=int(cfg.train.max_tokens_per_micro_batch),
-                     **stream_settings(cfg))
+                     **stream_settings(cfg, spec.dispatch))
     settings = spec.execution(jobs.group_size, dispatch=cfg.scheduler.dispatch)
     true_cm = costs.instance
     if mismatch is not None:

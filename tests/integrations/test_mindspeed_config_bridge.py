@@ -254,13 +254,15 @@ def test_an_instance_spanning_nodes_is_refused_by_key():
 def test_stream_groups_is_refused_with_the_key_and_the_fix():
     """Only asp train streams groups into its trainer: the MindSpeed-RL bridge refuses the key
     (in the config's asp group or as an override) instead of silently not streaming."""
-    for raw, over in ((raw7b(), ["pipeline.stream_groups=true"]),
+    for raw, over in ((raw7b(), ["pipeline.stream_groups=true"]), (raw7b(), ["pipeline.stream_groups=on"]),
                       ({**raw7b(), "asp": {"pipeline": {"stream_groups": True}}}, [])):
         with pytest.raises(ConfigError, match="asp.pipeline.stream_groups: true is not supported with MindSpeed-RL.*"
                                               "set asp.pipeline.stream_groups: false"):
             translate(raw, over)
     cfg, _ = translate(raw7b(), ["pipeline.stream_groups=false"])
-    assert not cfg.pipeline.stream_groups
+    assert cfg.pipeline.stream_groups == "off"
+    # auto (the default, on for asp train's asp runs) is accepted: the bridge's trainer streams nothing
+    assert translate(raw7b(), [])[0].pipeline.stream_groups == "auto"
 
 
 def test_sequence_admission_is_refused_with_the_key_and_the_fix():

@@ -173,11 +173,54 @@ def test_pipeline_stream_groups_is_what_asp_simulate_models_too():
     for name, over in {"sim": {"sim.stream_groups_start": "lowest_index"},
                        "pipeline": {"sim.stream_groups": "false", "pipeline.stream_groups": "true",
                                     "pipeline.stream_groups_start": "lowest_index"},
-                       "off": {"sim.stream_groups": "false"}}.items():
+                       "off": {"sim.stream_groups": "false", "pipeline.stream_groups": "off"}}.items():
         cfg = _cfg(0, **over)
         t[name] = simulate_system(cfg, w, "asp").summary["iteration_time_mean"]
     assert t["sim"] == t["pipeline"] != t["off"]
-    assert stream_settings(_cfg(0, **{"pipeline.stream_groups": "true", "pipeline.stream_groups_start": "fewest_left"})) \
-        == {"stream_groups": True, "stream_start": "half_generated"}      # the sim key and its start rule win
-    with pytest.raises(ConfigError, match="pipeline.stream_groups: needs pipeline.mode=async"):
-        load_config(None, ["pipeline.stream_groups=true", "pipeline.mode=sync"])
+    for policy in ("asp", "fifo"):      # the sim key and its start rule win, for every streaming policy
+        assert stream_settings(_cfg(0, **{"pipeline.stream_groups": "off", "pipeline.stream_groups_start": "fewest_left"}),
+                               policy) == {"stream_groups": True, "stream_start": "half_generated"}
+    for value in ("true", "on"):
+        with pytest.raises(ConfigError, match="pipeline.stream_groups: on needs pipeline.mode=async.*set it to auto"):
+            load_config(None, [f"pipeline.stream_groups={value}", "pipeline.mode=sync"])
+
+
+def test_pipeline_stream_groups_auto_is_on_for_asp_off_for_the_baselines(tmp_path):
+    """``pipeline.stream_groups`` is auto | on | off (YAML booleans read as on / off): ``auto`` (the
+    default) resolves on for asp (where ``pipeline.regroup``'s auto does), off for the baselines and
+    in the sync mode. One resolution (``config.stream_groups_of``) for the simulator's systems, asp
+    train's loop (pipeline/run.py) and the calibration replay of a run (as the run resolved it)."""
+    from asp_ascend.config import stream_groups_of
+    from asp_ascend.pipeline.run import _stream_start
+    from asp_ascend.sim.replay import run_settings
+    from asp_ascend.sim.run import stream_settings
+
+    assert load_config(None, []).pipeline.stream_groups == "auto"
+    for value, want in (("auto", (True, False)), ("on", (True, True)), ("true", (True, True)),
+                        ("off", (False, False)), ("false", (False, False))):
+        cfg = load_config(None, [f"pipeline.stream_groups={value}"])
+        assert cfg.pipeline.stream_groups == {"true": "on", "false": "off"}.get(value, value)
+        assert (stream_groups_of(cfg, "asp"), stream_groups_of(cfg, "fifo")) == want, value
+        assert [stream_settings(cfg, p)["stream_groups"] for p in ("asp", "fifo")] == list(want), value
+        for policy, on in zip(("asp", "fifo"), want):
+            cfg = load_config(None, [f"pipeline.stream_groups={value}", f"scheduler.policy={policy}",
+                                     "pipeline.stream_groups_start=lowest_index"])
+            assert _stream_start(cfg) == ("lowest_index" if on else None), (value, policy)
+            run = tmp_path / f"{value}_{policy}"
+            run.mkdir()
+            (run / "config.yaml").write_text(f"scheduler:\n  policy: {policy}\npipeline:\n  stream_groups: {value}\n"
+                                             "  stream_groups_start: lowest_index\n")   # bare on/off/true: YAML bools
+            assert run_settings(run)["stream_start"] == ("lowest_index" if on else None), (value, policy)
+    sync = load_config(None, ["pipeline.mode=sync"])
+    assert not stream_groups_of(sync, "asp") and _stream_start(sync) is None
+    with pytest.raises(ConfigError, match="pipeline.stream_groups.*not one of auto, on, off"):
+        load_config(None, ["pipeline.stream_groups=sometimes"])
+    # the simulator: asp streams under auto, so the trainer after the iteration's last group is
+    # shorter than with the key off; fifo is the same under auto and off
+    got = {}
+    for value in ("auto", "off", "on"):
+        cfg = _cfg(0, **{"sim.stream_groups": "false", "pipeline.stream_groups": value})
+        w = workload_from_config(cfg)
+        got[value] = [simulate_system(cfg, w, n).summary["iteration_time_mean"] for n in ("asp", "fully_async_fifo")]
+    assert got["auto"][0] == got["on"][0] != got["off"][0], got
+    assert got["auto"][1] == got["off"][1] != got["on"][1], got
