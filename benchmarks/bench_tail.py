@@ -131,6 +131,8 @@ ABLATION = [
     ("+ streaming groups into the trainer (pipeline.stream_groups: asp's lossless default)", "asp",
      {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM}),
     ("fully_async_fifo + regroup heaviest first", "fully_async_fifo", {**OFF, **REGROUP, **HEAVY}),
+    ("fully_async_fifo + regroup heaviest first + streaming (asp's trainer-side defaults)", "fully_async_fifo",
+     {**OFF, **REGROUP, **HEAVY, "pipeline.stream_groups": "on"}),
     ("asp default + speculative decoding (ngram)", "asp", {**LOSSLESS, **SPEC}),
     ("asp default without regroup heaviest first + speculative", "asp", {**LOSSLESS, **SPEC, **NO_HEAVY}),
     ("fully_async_fifo + speculative", "fully_async_fifo", {**OFF, **SPEC}),
@@ -296,10 +298,12 @@ def _grid_cells(args, D: int):
 
 
 # asp's defaults on robustness's grid: guided dispatch, re-estimation, regroup and its heaviest-first
-# take (pipeline.regroup and pipeline.regroup_heavy: auto are on for asp); the grids before
-# 2026-12-03 ran asp without regroup (--set pipeline.regroup=off), those of that day without the
-# heaviest-first take (--set pipeline.regroup_heavy=off)
-ASP_DEFAULTS = {**OFF, **LOSSLESS, **REGROUP, **HEAVY}
+# take, streaming groups into the trainer (pipeline.regroup, pipeline.regroup_heavy and
+# pipeline.stream_groups: auto are on for asp, off for the baselines); the grids before 2026-12-03
+# ran asp without regroup (--set pipeline.regroup=off), the earlier ones of that day without the
+# heaviest-first take (--set pipeline.regroup_heavy=off) or without streaming
+# (--set pipeline.stream_groups=off)
+ASP_DEFAULTS = {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM}
 # robustness over planner seeds: asp's defaults against the two baselines executed on the same costs
 ROBUST_ROWS = [("asp", "asp", ASP_DEFAULTS), ("fifo", "fully_async_fifo", OFF),
                ("balanced", "async_balanced", OFF)]

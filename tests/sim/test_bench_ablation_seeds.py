@@ -44,8 +44,8 @@ def test_seed_free_rows_run_once_the_others_per_seed(counted, one_seed):
         assert len(res[label]) == len(SEEDS)
         # more seeds leave seed 0's figures as they were
         assert res[label][0]["iteration_time_mean"] == one_seed[label][0]["iteration_time_mean"], label
-    # as shipped, + regroup, + regroup heaviest first, + speculative, + partial
-    assert sum(n == "fully_async_fifo" for n, _, _ in calls) == 5
+    # as shipped, + regroup, + regroup heaviest first, + that and streaming, + speculative, + partial
+    assert sum(n == "fully_async_fifo" for n, _, _ in calls) == 6
     free = sum(name in bench_tail.SEED_FREE for _, name, _ in bench_tail.ABLATION)
     assert len(calls) == free + (len(bench_tail.ABLATION) - free) * len(SEEDS)
 
