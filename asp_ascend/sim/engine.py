@@ -293,8 +293,8 @@ class Engine:
     def _trainer_takes(self, i: int, x: int) -> None:
         """``pipeline.regroup_heavy``: the trainer is about to train mini-batch ``x`` (all generated) of
         iteration ``i``: it takes the heaviest generated groups of i's untrained mini-batches."""
-        for sw in self.tc.heavy_first(i, self.trainer.mb_mini[x]):
-            self.trainer.exchange(self.job_of[sw.deferred], self.job_of[sw.swapped_in])
+        self.trainer.exchange([(self.job_of[sw.deferred], self.job_of[sw.swapped_in])
+                               for sw in self.tc.heavy_first(i, self.trainer.mb_mini[x])])
 
     def _trained(self, i: int, m: int) -> None:
         """Carry-over or regroup: mini-batch (i, m) was trained. As the runtime's orchestrator does at the end

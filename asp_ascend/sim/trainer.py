@@ -394,10 +394,17 @@ class Trainer:
             heapq.heappush(self.ready[self.mb_iter[xd]], xd)
         self._recost_members(xd, xs)
 
-    def exchange(self, a: int, b: int) -> None:
-        """Generated, untrained jobs ``a`` and ``b`` of one iteration trade mini-batch slots
-        (``pipeline.regroup_heavy``); both mini-batches are re-costed. Neither mini-batch's count
-        of groups left to generate changes."""
+    def exchange(self, pairs) -> None:
+        """Each pair ``(a, b)`` of generated, untrained jobs of one iteration trades mini-batch
+        slots (``pipeline.regroup_heavy``), in order; every mini-batch touched is re-costed once,
+        after the last trade (its cost depends only on its final members). Neither mini-batch's
+        count of groups left to generate changes."""
+        touched = {}
+        for a, b in pairs:
+            touched.update(dict.fromkeys(self._exchange_one(a, b)))
+        self._recost_members(*touched)
+
+    def _exchange_one(self, a: int, b: int) -> tuple[int, int]:
         xa, xb = self._trade_slots(a, b)
         if self.by_group:
             for j, src, dst in ((a, xa, xb), (b, xb, xa)):
@@ -405,7 +412,7 @@ class Trainer:
                     raise RuntimeError(f"regroup_heavy: group {j} is not generated and untrained; this is a bug")
                 self.avail[src].remove(j)
                 self.avail[dst].append(j)
-        self._recost_members(xa, xb)
+        return xa, xb
 
     def _trade_slots(self, a: int, b: int) -> tuple[int, int]:
         """Jobs ``a`` and ``b`` trade places in their mini-batches' member lists (``job_mb`` follows);
