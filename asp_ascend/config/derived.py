@@ -9,11 +9,16 @@ def lag_bound_of(cfg: Config) -> int:
     return 0 if cfg.pipeline.mode == "sync" else int(cfg.pipeline.lag_bound)
 
 
+def _on_for(mode: str, policy: str) -> bool:
+    """An ``auto | on | off`` key of asp's trainer-side rules: ``auto`` is on for asp's schedules,
+    off for the baselines."""
+    return mode == "on" or (mode == "auto" and policy == "asp")
+
+
 def regroup_of(cfg: Config, policy: str) -> bool:
     """``pipeline.regroup`` for a run (or simulated system) dispatching with ``policy``: ``auto`` is
     on for asp's schedules, off for the baselines."""
-    mode = cfg.pipeline.regroup
-    return mode == "on" or (mode == "auto" and policy == "asp")
+    return _on_for(cfg.pipeline.regroup, policy)
 
 
 def regroup_heavy_of(cfg: Config, policy: str) -> bool:
@@ -29,7 +34,7 @@ def stream_groups_of(cfg: Config, policy: str) -> bool:
     baselines and in ``pipeline.mode: sync`` (which trains once the iteration is generated; ``on``
     is refused there); ``on`` | ``off`` for every policy."""
     mode = cfg.pipeline.stream_groups
-    return mode == "on" or (mode == "auto" and policy == "asp" and cfg.pipeline.mode == "async")
+    return mode == "on" or (cfg.pipeline.mode == "async" and _on_for(mode, policy))
 
 
 # A run's pipeline.mode / scheduler.policy / scheduler.adaptive as the simulator names the same

@@ -32,10 +32,10 @@ def carry_over_summary(tl, lag_bound: int) -> dict:
                            for seg, v in zip(req["segments"], req["admission_version"])])
     else:
         last = req["admission_version"].to_numpy()
-    log = MechanismLog({kind: len(tl.events[kind]) for kind in TAIL_KINDS if tl.events[kind]})
-    heavy = sum(ev.get("rule") == "heavy_first" for ev in tl.events["regroup"])
-    if heavy:
-        log.counts["regroup_heavy_first"] = heavy
+    log = MechanismLog()    # counted as the simulator counts them (an event's rule as well)
+    for kind in TAIL_KINDS:
+        for ev in tl.events[kind]:
+            log(kind, rule=ev.get("rule"))
     out = tail_summary(req, planned, last, lag_bound, log)
     out["stolen_groups"] = len(tl.events["steal"])
     return out

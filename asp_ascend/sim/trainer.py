@@ -401,18 +401,15 @@ class Trainer:
         count of groups left to generate changes."""
         touched = {}
         for a, b in pairs:
-            touched.update(dict.fromkeys(self._exchange_one(a, b)))
+            xa, xb = self._trade_slots(a, b)
+            touched.update(dict.fromkeys((xa, xb)))
+            if self.by_group:
+                for j, src, dst in ((a, xa, xb), (b, xb, xa)):
+                    if j not in self.avail[src]:
+                        raise RuntimeError(f"regroup_heavy: group {j} is not generated and untrained; this is a bug")
+                    self.avail[src].remove(j)
+                    self.avail[dst].append(j)
         self._recost_members(*touched)
-
-    def _exchange_one(self, a: int, b: int) -> tuple[int, int]:
-        xa, xb = self._trade_slots(a, b)
-        if self.by_group:
-            for j, src, dst in ((a, xa, xb), (b, xb, xa)):
-                if j not in self.avail[src]:
-                    raise RuntimeError(f"regroup_heavy: group {j} is not generated and untrained; this is a bug")
-                self.avail[src].remove(j)
-                self.avail[dst].append(j)
-        return xa, xb
 
     def _trade_slots(self, a: int, b: int) -> tuple[int, int]:
         """Jobs ``a`` and ``b`` trade places in their mini-batches' member lists (``job_mb`` follows);
