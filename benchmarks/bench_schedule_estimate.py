@@ -3,6 +3,7 @@
     python benchmarks/bench_schedule_estimate.py [--n 4096] [--data DIR] [--predictor mean]
     python benchmarks/bench_schedule_estimate.py --seed-setups [--n 4096] [--devices 128]
     python benchmarks/bench_schedule_estimate.py --breakdown ROW [--drawn]   (ROW: 7b:asp_auto, 32b:fifo, code:asp, ...)
+    ... [--set KEY=VALUE ...]   (config overrides for the estimate and the simulator alike)
 
 For each workload (synthetic heavy tail; the Azure conversation and code traces of DIR, default
 ../shared/data) and policy: the mean iteration time the analytic estimate gives
@@ -28,6 +29,10 @@ n - 1 - (k + 1), ...) and divided by n, so the four add up to the difference in 
 time. ROW: ``7b`` or ``32b`` (the seed setups) with ``asp_auto``, ``asp_full`` or ``fifo``; or
 ``syn8``, ``syn32``, ``conv``, ``code`` (the workloads above) with a policy. ``--drawn``: the estimate
 on the simulator's drawn lengths (each group's sample mean, longest / mean), no cap left to apply.
+
+``--set``: config overrides applied to every row, the estimate's config and the simulator's alike
+(e.g. ``pipeline.stream_groups=off pipeline.regroup_heavy=off``: asp's trainer-side rules as they
+were before they became its defaults).
 """
 from __future__ import annotations
 
@@ -64,7 +69,7 @@ def setups(data: Path, only: str | None = None):
 LOSSLESS = ["scheduler.dispatch=guided", "scheduler.reestimate=true", "rollout.tail_concurrency=off"]
 
 
-def seed_config(model: str, devices: int, n: int, extra: list[str]):
+def seed_config(model: str, devices: int, n: int, extra: list[str], overrides: tuple = ()):
     """(simulator config, estimate config) of configs/sim_<model>.yaml at ``devices``: the second
     states the first's simulated costs as ``cost.*`` of a custom model class (same simulation)."""
     from asp_ascend.config import load_config
@@ -73,7 +78,7 @@ def seed_config(model: str, devices: int, n: int, extra: list[str]):
     path = ROOT / "configs" / f"sim_{model}.yaml"
     Dr = sweep_split(load_config(path, []), devices)
     common = [f"sim.total_devices={devices}", f"sim.rollout_devices={Dr}", f"workload.num_prompts={n}",
-              "workload.epochs=2", "sim.epochs=1", "output_dir=unused"] + LOSSLESS + extra
+              "workload.epochs=2", "sim.epochs=1", "output_dir=unused"] + LOSSLESS + extra + list(overrides)
     cfg = load_config(path, common)
     spec = system_for(cfg, "asp")
     c = costs_for(cfg, spec)
@@ -96,7 +101,7 @@ def seed_setups(a) -> None:
     worst = 1.0
     for model in ("7b", "32b"):
         for label, extra in (("asp, concurrency auto", []), ("asp, concurrency full", ["scheduler.concurrency=full"])):
-            cfg, est_cfg = seed_config(model, a.devices, a.n, extra)
+            cfg, est_cfg = seed_config(model, a.devices, a.n, extra, a.set)
             w = workload_from_config(cfg)
             _, rep = build_schedule(est_cfg, compare=label.endswith("auto"))
             rows = [(label, rep["realized"], simulate_system(cfg, w, "asp", record_samples=False).summary)]
@@ -120,7 +125,7 @@ def workload_config(a, ov: list[str], R: int):
               "workload.epochs=2", "sim.epochs=1", "sim.model_class=custom", "sim.infer_tp=1", "sim.logprob_passes=1",
               f"lengths.predictor={a.predictor}"]
     return load_config(None, common + ov + [f"rollout.num_instances={R}", f"sim.total_devices={2 * R}",
-                                            f"sim.rollout_devices={R}"])
+                                            f"sim.rollout_devices={R}"] + a.set)
 
 
 def breakdown(a) -> None:
@@ -139,7 +144,8 @@ def breakdown(a) -> None:
     if where in ("7b", "32b"):
         if pol not in ("asp_auto", "asp_full", "fifo"):
             raise SystemExit(f"--breakdown {a.breakdown}: a seed setup takes asp_auto, asp_full or fifo")
-        cfg, ecfg = seed_config(where, a.devices, a.n, ["scheduler.concurrency=full"] if pol == "asp_full" else [])
+        cfg, ecfg = seed_config(where, a.devices, a.n, ["scheduler.concurrency=full"] if pol == "asp_full" else [],
+                                a.set)
         pol = "fifo" if pol == "fifo" else "asp"
     else:
         rows = list(setups(Path(a.data), where))
@@ -208,6 +214,8 @@ def main() -> None:
     ap.add_argument("--devices", type=int, default=128, help="--seed-setups: total devices")
     ap.add_argument("--breakdown", metavar="ROW", help="one row term by term (7b:asp_auto, 32b:fifo, code:asp, ...)")
     ap.add_argument("--drawn", action="store_true", help="--breakdown: the estimate on the simulator's drawn lengths")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="config overrides for every row, estimate and simulator alike")
     a = ap.parse_args()
     if a.breakdown:
         return breakdown(a)

@@ -22,8 +22,13 @@ runs, so
 at most a full instance's: ``(S - G) x (c + b x mean context)`` per step of its own, the prefill of
 the ``S - G`` sequences admitted with it (when it starts with its window) and of each one's
 replacement once per mean length; and at most the
-instance's share of the work still to come: the rest of its window, plus the next window's share
-once that is admitted, for the part done before the group ends (a fixed point, three rounds).
+instance's share of the work still to come: the rest of its window admitted by its start (less what
+the pool ran of it before: the work dispatched before the group, or for a group pulled forward that
+waits for its admission version, the earlier-admitted work done by then), plus the share of every
+later part admitted while it runs (a window's groups of a later iteration, pulled forward, are
+admitted at that iteration's version, not the window's), for the part done before the group ends
+(a fixed point, three rounds; a group pulled forward is finished once its own admission version is
+known, so the windows it outlives count too).
 An instance's share of a window is 1/R, except from a shared queue (``shared_queue``): there the
 window goes to the instances free when it is admitted, each up to S sequences (the simulator's
 instances take a new version's work as they come back from the weight sync, the idle ones first),
@@ -33,7 +38,10 @@ mean length is that of samples each cut at ``max_response_length`` (``capped_sam
 
 Trainer (as the simulator's and the runtime's): iteration i's optimizer steps in the order their
 mini-batches are generated, each once its last group is done and the previous step has ended, on
-the micro-batches the runtime cuts (``_trainer``); ``V_{i+1}`` = the last step's end + sync.
+the micro-batches the runtime cuts (``_trainer``); with ``pipeline.regroup`` the steps take the
+groups in the order they are generated, with ``pipeline.stream_groups`` each group's
+forward/backward runs once it is generated (``_train_groups``); ``V_{i+1}`` = the last step's end +
+sync.
 
 Bubbles: skew = instance time idle or in its own long tail while others still generate iteration
 i, per (window, instance) cell of the placement as planned; lag-blocked = the rest of its idle;
@@ -83,17 +91,23 @@ class _Rollout:
     cap: np.ndarray         # per window: the sequences an instance holds at most
     cells: np.ndarray       # (window, instance) work as placed (bubble figures)
     work: np.ndarray        # per group (input order)
+    work_o: np.ndarray      # per group (pooled order)
 
 
 def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_lengths, *, group_size: int,
              num_instances: int, max_num_seqs: int, lag_bound: int, micro_batch_size: int,
              cost: CostModel, group_max_factor: float = 1.0, kv_cache_tokens: int = 0,
              micro_batching: str = "padded", max_tokens_per_micro_batch: int = 0,
-             max_response_length: float | None = None, shared_queue: bool = False, groups: bool = False) -> dict:
+             max_response_length: float | None = None, shared_queue: bool = False, regroup: bool = False,
+             stream: bool = False, groups: bool = False) -> dict:
     """Predicted run figures for a schedule whose groups have mean lengths ``lengths``;
     ``micro_batching``/``max_tokens_per_micro_batch``: how the trainer cuts micro-batches (the
     runtime's mode, ``microbatch.resolve_mode(train.micro_batching)``); ``max_response_length``:
-    no sample decodes further. ``groups``: also ``"groups"``, each group's start, finish and
+    no sample decodes further. ``regroup`` (``pipeline.regroup`` as resolved for the run): an
+    iteration's optimizer steps take its groups in the order they are generated, each step as many
+    as its planned mini-batch holds; ``stream`` (``pipeline.stream_groups``): the trainer runs each
+    group's forward/backward as it is generated, a step's optimizer update after its last group
+    (``_train_groups``). ``groups``: also ``"groups"``, each group's start, finish and
     latency alone (input order), and ``"versions"``, V_0..V_n (a breakdown's quantities)."""
     it = np.asarray(iteration, dtype=np.int64)
     it = it - it.min()
@@ -114,7 +128,7 @@ def estimate(iteration, instance, mini_batch, dispatch_rank, lengths, prompt_len
                   micro_batch_size=micro_batch_size, micro_batching=micro_batching, max_tokens=max_tokens_per_micro_batch,
                   cost=cost, group_max_factor=group_max_factor)
     pipe = _pipeline(ro, it, inst, tr, n_iter, R=num_instances, k=lag_bound, sync_s=cost.sync_s,
-                     shared_queue=shared_queue)
+                     shared_queue=shared_queue, regroup=regroup, stream=stream)
     lb = iteration_lower_bounds(np.bincount(it, weights=ro.work, minlength=n_iter) / num_instances,
                                 tr["train_unpadded"], _longest_solo(it, P, longest, group_size, cost, n_iter), lag_bound)
     out = _figures(pipe, tr, ro.cells, lb, num_instances)
@@ -167,7 +181,7 @@ def _rollout(it, inst, rank, L, longest, P, n_iter, *, G, R, S, cost: CostModel,
     pre_step = pre_wave / np.maximum(mean_l, 1.0)
     cells = np.bincount(w * R + inst[order], weights=w_o, minlength=n_iter * R).reshape(n_iter, R)
     return _Rollout(order, win_start, first_wave, before, solo, Lg, per_step + pre_step, pre_wave, beside,
-                    np.bincount(w, weights=w_o, minlength=n_iter), seqs, cap, cells, work)
+                    np.bincount(w, weights=w_o, minlength=n_iter), seqs, cap, cells, work, w_o)
 
 
 def _trainer(it, mb, rank, P, L, n_iter, *, G, micro_batch_size, micro_batching, max_tokens, cost: CostModel,
@@ -198,23 +212,36 @@ def _trainer(it, mb, rank, P, L, n_iter, *, G, micro_batch_size, micro_batching,
         tok, pad = step_slots(np.repeat(mbcode, G), longest, mode=micro_batching, micro=micro_batch_size,
                               max_tokens=max_tokens)
         slots_mb = real_mb + np.maximum(0.0, tok + pad - real_mb)
+    # per group on its own (regroup / streaming: ``_train_groups``): packed, or its G sequences each
+    # as long as its longest, as the streaming trainer cuts a group alone; the optimizer step apart
+    real_g = G * (P + L)
+    slots_g = (PACKED_TOKEN_COST * real_g if micro_batching == "packed"
+               else np.maximum(real_g, G * np.ceil(P + L * group_max_factor)))
     real_i = np.bincount(mb_iter, weights=real_mb, minlength=n_iter)
     n_steps = np.bincount(mb_iter, minlength=n_iter)
     # padding bubble counts pad slots only (a packed token's kernel overhead is not padding)
     pad_i = np.bincount(mb_iter, weights=(slots_mb - real_mb) if micro_batching != "packed" else np.zeros(n_mbs),
                         minlength=n_iter)
     return {"step_of": step_of, "step_iter": mb_iter, "step_s": cost.train_time(slots_mb, np.ones(n_mbs)),
+            "group_s": cost.train_time(slots_g, np.zeros(n)), "per_step_s": float(cost.train_per_step),
+            "step_groups": np.bincount(step_of, minlength=n_mbs),
             "train_unpadded": cost.train_time(real_i, n_steps), "real": real_i, "slots": real_i + pad_i}
 
 
-def _pipeline(ro: _Rollout, it, inst, tr: dict, n_iter, *, R, k, sync_s, shared_queue=False) -> dict:
-    """The recurrence over windows: versions V, each group's finish, each step's readiness.
+def _pipeline(ro: _Rollout, it, inst, tr: dict, n_iter, *, R, k, sync_s, shared_queue=False, regroup=False,
+              stream=False) -> dict:
+    """The recurrence over windows: versions V, each group's finish, each step's readiness
+    (``regroup``/``stream``: the trainer as ``_train_groups`` runs it).
 
     Window j needs V up to V_j (its groups' admission versions are <= j); V_j needs iteration
     j - 1 trained, whose groups were all dispatched in windows <= j - 1."""
     order, ws = ro.order, ro.win_start
     it_o, step_o = it[order], tr["step_of"][order]
-    steps_of = [np.flatnonzero(tr["step_iter"] == i) for i in range(n_iter)]
+    steps_of = _by_value(tr["step_iter"], n_iter)
+    by_group = regroup or stream
+    if by_group:
+        groups_of = _by_value(it_o, n_iter)
+        group_s_o = tr["group_s"][order]
     step_s = tr["step_s"]
     ready = np.zeros(step_s.size)
     V = np.zeros(n_iter + 1)
@@ -229,6 +256,11 @@ def _pipeline(ro: _Rollout, it, inst, tr: dict, n_iter, *, R, k, sync_s, shared_
 
     def train(i: int) -> float:
         """Iteration i's steps in the order they become ready, from V_i; the trainer's idle time."""
+        if by_group:
+            m = groups_of[i]
+            t, wait[i] = _train_groups(V[i], fin_o[m], group_s_o[m], step_o[m], tr["step_groups"][steps_of[i]],
+                                       tr["per_step_s"], regroup=regroup, stream=stream)
+            return t + sync_s
         t, idle = V[i], 0.0
         xs = steps_of[i][np.argsort(ready[steps_of[i]], kind="stable")]
         for x in xs.tolist():
@@ -237,9 +269,52 @@ def _pipeline(ro: _Rollout, it, inst, tr: dict, n_iter, *, R, k, sync_s, shared_
         wait[i] = idle
         return t + sync_s
 
+    win_o = np.repeat(np.arange(n_iter), np.diff(ws))   # each position's window
+    rest_o = np.zeros(order.size)
+    full_o = np.zeros(order.size)
+    later = np.flatnonzero(win_o < it_o)                 # groups pulled forward into an earlier window
+    pulled = [later[x] for x in _by_value(it_o[later], n_iter)]
+    # a window's parts by admission: its own iteration's groups and those pulled forward from later
+    # ones, each admitted at V[iteration - k]: (window, iteration), 1/R of its beside terms and work
+    span = int((it_o - win_o).max(initial=0)) + 1
+    key = win_o * span + (it_o - win_o)
+    pkey = np.flatnonzero(np.bincount(key, minlength=n_iter * span))   # (window, iteration), ascending
+    part_win, part_adm = pkey // span, np.maximum(0, pkey // span + pkey % span - k)
+    part_share = np.bincount(key, weights=ro.beside, minlength=n_iter * span)[pkey] / R
+    part_len = np.maximum(np.bincount(key, weights=ro.work_o, minlength=n_iter * span)[pkey] / R, 1e-12)
+
+    def finish(pos, fin, upto: int) -> np.ndarray:
+        """The groups at ``pos``: their finish with the 1/R share of every part of a later window
+        admitted at V_0..V_upto while they run (a fixed point from ``fin``)."""
+        own = win_o[pos]
+        # parts of windows own..upto + k (a later window's are admitted after V_upto)
+        lo, hi = np.searchsorted(pkey, [int(own.min()) * span, (upto + k + 1) * span])
+        parts = lo + np.flatnonzero(part_adm[lo:hi] <= upto)
+        st = start_o[pos]
+        # a later window's parts, and its own window's admitted after it started (parts x groups)
+        adm = V[part_adm[parts]][:, None]
+        pw = part_win[parts][:, None]
+        share = np.where((pw > own) | ((pw == own) & (adm > st)), part_share[parts][:, None], 0.0)
+        if not share.any():
+            return fin
+        begin = np.maximum(adm, st)
+        base = st + ro.solo[pos]
+        for _ in range(FIXED_POINT_ROUNDS):
+            frac = np.clip((fin - begin) / part_len[parts][:, None], 0.0, 1.0)
+            fin = base + np.minimum(full_o[pos], rest_o[pos] + (frac * share).sum(axis=0))
+        return fin
+
     for j in range(n_iter):
         if j > 0:
             V[j] = train(j - 1)
+        if k > 0 and pulled[j].size:
+            # a group pulled forward runs beside every window admitted before its own iteration
+            # is trained (up to j + k), not only the one after its window: once V_j is known
+            pos = pulled[j]
+            fin = finish(pos, fin_o[pos], j)
+            fin_o[pos] = fin
+            np.maximum.at(ready, step_o[pos], fin)
+            np.maximum.at(gen, it_o[pos], fin)
         admit = V[max(0, j - k)]
         s = max(free, admit)
         free = s + ro.W[j] / R
@@ -248,28 +323,76 @@ def _pipeline(ro: _Rollout, it, inst, tr: dict, n_iter, *, R, k, sync_s, shared_
         c_prev = C_cell[j]
         g = slice(ws[j], ws[j + 1])
         start = np.where(ro.first_wave[g], s, s + ro.before[g] / R)
-        start = np.maximum(start, V[np.maximum(0, it_o[g] - k)])
-        done_before = np.where(ro.first_wave[g], 0.0, ro.before[g] / max(ro.W[j], 1e-12))
+        off = it_o[g] - j                     # >= 0: a window holds its own and later iterations
+        adm_v = V[np.maximum(0, j + np.arange(int(off.max(initial=0)) + 1) - k)]   # non-decreasing
+        adm = adm_v[off]
+        start = np.maximum(start, adm)
+        # the rest of its window beside it: the groups admitted by its start (those admitted later,
+        # pulled forward, co-run from their admission: ``finish``), less what was done before it
+        # starts: the work dispatched before it or, for a group that waits for its admission past
+        # the window's start (pulled forward), what the pool ran by then of the groups admitted before
+        cum_w = np.r_[0.0, np.cumsum(np.bincount(off, weights=ro.work_o[g], minlength=adm_v.size))]
+        cum_b = np.r_[0.0, np.cumsum(np.bincount(off, weights=ro.beside[g], minlength=adm_v.size))]
+        le = np.searchsorted(adm_v, start, side="right")
+        done_before = np.clip(np.minimum((start - s) * R, cum_w[np.searchsorted(adm_v, start, side="left")])
+                              / np.maximum(cum_w[le], 1e-12), 0.0, 1.0)
         share = 1.0 / R              # the instance's share of the window
         if shared_queue and ro.seqs[j] > 0:
             run = slice(ws[max(0, j - k)], ws[j])
             share = _queue_share(start_o[run], fin_o[run], admit, ro.seqs[j], ro.cap[j], R)
-        rest = np.maximum(0.0, ro.beside[g].sum() * share * (1.0 - done_before) - ro.beside[g] * share)
+        rest = np.maximum(0.0, cum_b[le] * share * (1.0 - done_before) - ro.beside[g] * share)
         # a full instance beside every step of the group (and, starting with its window, its prefill)
         full = ro.per_step[j] * ro.steps[g] + np.where(ro.first_wave[g], ro.pre_wave[j], 0.0)
+        start_o[g], rest_o[g], full_o[g] = start, rest, full
+        pos = np.arange(ws[j], ws[j + 1])
+        # the later windows' shares co-run once they are admitted (those admitted by V_j: up to j + k)
         fin = start + ro.solo[g] + np.minimum(full, rest)
-        if k > 0 and j + 1 < n_iter:  # the next window's share co-runs once it is admitted
-            nxt_admit = V[max(0, j + 1 - k)]
-            nxt_share = ro.beside[ws[j + 1]:ws[j + 2]].sum() / R
-            nxt_len = max(ro.W[j + 1] / R, 1e-12)
-            for _ in range(FIXED_POINT_ROUNDS):
-                frac = np.clip((fin - np.maximum(nxt_admit, start)) / nxt_len, 0.0, 1.0)
-                fin = start + ro.solo[g] + np.minimum(full, rest + frac * nxt_share)
-        start_o[g], fin_o[g] = start, fin
+        if pos.size and k > 0:
+            fin = finish(pos, fin, j)
+        fin_o[g] = fin
         np.maximum.at(ready, step_o[g], fin)
         np.maximum.at(gen, it_o[g], fin)
     V[n_iter] = train(n_iter - 1)
     return {"V": V, "C": C_cell, "S": S_cell, "gen": gen, "wait": wait, "start": start_o, "fin": fin_o}
+
+
+def _by_value(x: np.ndarray, n: int) -> list[np.ndarray]:
+    """For each value 0..n-1 the positions of ``x`` (integers in 0..n-1) holding it, ascending."""
+    o = np.argsort(x, kind="stable")
+    return np.split(o, np.searchsorted(x[o], np.arange(1, n)))
+
+
+def _train_groups(t0: float, fin: np.ndarray, dur: np.ndarray, step: np.ndarray, sizes: np.ndarray,
+                  per_step: float, *, regroup: bool, stream: bool) -> tuple[float, float]:
+    """One iteration's trainer from ``t0`` (its version) under ``pipeline.regroup`` /
+    ``stream_groups``: (the last optimizer step's end, the trainer's idle time). Per group: its
+    finish ``fin``, its forward/backward seconds ``dur``, its planned step ``step``; ``sizes``:
+    the groups of each planned step (in step order), ``per_step``: an optimizer update's seconds.
+
+    With ``regroup`` step m holds the groups generated m-th (in ``sizes``' counts): the trainer
+    fills a waiting mini-batch with generated groups of later ones (``scheduler/regroup.py``), so
+    the steps follow the finish order; without it each step holds its planned groups and the steps
+    run in the order they are generated. With ``stream`` each group's pass runs once it is
+    generated and the trainer is free, the update after the step's last group; without it a step
+    runs once its last group is generated."""
+    if regroup:
+        order = np.argsort(fin, kind="stable")
+        cut = np.cumsum(sizes)[:-1]
+    else:
+        code = step - step.min()     # an iteration's steps have consecutive codes
+        last = np.zeros(int(code.max()) + 1)
+        np.maximum.at(last, code, fin)
+        order = np.lexsort((fin, last[code]))
+        cut = np.flatnonzero(np.diff(step[order])) + 1
+    f, d = fin[order], dur[order].astype(np.float64)
+    ends = np.r_[cut, order.size] - 1            # each step's last group
+    d[ends] += per_step
+    if not stream:   # one event per step: its last group's finish, all its seconds
+        f, d = np.maximum.reduceat(f, np.r_[0, cut]), np.add.reduceat(d, np.r_[0, cut])
+    # t_k = max(t_{k-1}, f_k) + d_k, as a scan: t_n = D_n + max(t0, max_k (f_k - D_{k-1}))
+    D = np.cumsum(d)
+    t = float(D[-1] + max(t0, float(np.max(f - (D - d)))))
+    return t, t - t0 - float(D[-1])
 
 
 def _queue_share(start: np.ndarray, fin: np.ndarray, admit: float, seqs: float, cap: float, R: int) -> float:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ..config import regroup_of, stream_groups_of
 from ..errors import ConfigError, DataError
 from .cost import CostModel
 from .estimate import estimate
@@ -167,7 +168,9 @@ def estimate_schedule(cfg, sched, inp: PlanInputs, lengths: np.ndarray, policy: 
                     kv_cache_tokens=r.kv_cache_tokens, micro_batching=resolve_mode(t.micro_batching),
                     max_tokens_per_micro_batch=t.max_tokens_per_micro_batch,
                     max_response_length=cfg.lengths.max_response_length,
-                    shared_queue=SHARED_QUEUE[policy or cfg.scheduler.policy], groups=groups)
+                    shared_queue=SHARED_QUEUE[policy or cfg.scheduler.policy], groups=groups,
+                    regroup=cfg.pipeline.mode == "async" and regroup_of(cfg, policy or cfg.scheduler.policy),
+                    stream=stream_groups_of(cfg, policy or cfg.scheduler.policy))
 
 
 def planned_concurrency(cfg, inp: PlanInputs) -> int:

@@ -75,3 +75,43 @@ def test_a_group_whose_spread_reaches_the_cap_is_trained_on_its_cut_samples():
                  micro_batch_size=8, cost=trainer, group_max_factor=gmf, micro_batching="packed",
                  max_response_length=16384)
     assert e["iteration_time_mean"] == pytest.approx(PACKED_TOKEN_COST * 8 * cut * 1e-3)
+
+
+def test_a_group_pulled_forward_runs_beside_what_is_admitted_with_it_not_its_windows_earlier_work():
+    # one instance, one-sample groups, lag bound 1, a step costs 1 s + 0.5 s per running sequence.
+    # On the instance in rank order: a (iteration 0, 6 tokens), x (iteration 2, 4 tokens), b
+    # (iteration 1, 2 tokens), y (iteration 2, 1 token): x is ranked before iteration 1's b, so it
+    # is dispatched with iteration 1's window, but it waits for version 1. a finishes at 10 s = V_1
+    # (6 steps of 1.5 s, b's 0.5 s beside two of them).
+    # Window 1 starts when the pool frees at 6 s: b runs 6-9 s alone (x is admitted at 10 s, after
+    # it); x starts at 10 s beside y (admitted at 10 s too): one step of both (2 s), then 3 steps
+    # alone (4.5 s): 16.5 s, as an event simulation runs it. Before, the estimate counted x beside a
+    # and b (both done before x is admitted) and b beside x: a 12, b 11, x 19.5 s.
+    e = estimate([0, 2, 1, 2], [0, 0, 0, 0], [0, 0, 0, 0], [0, 1, 2, 3], [6.0, 4.0, 2.0, 1.0], [0.0] * 4,
+                 group_size=1, num_instances=1, max_num_seqs=8, lag_bound=1, micro_batch_size=1, cost=PER_SEQ,
+                 micro_batching="packed", groups=True)
+    assert e["groups"]["finish"] == pytest.approx([10.0, 16.5, 9.0, 12.0])
+    assert e["versions"] == pytest.approx([0.0, 10.0, 10.0, 16.5])
+
+
+# a decode step costs 1 s whatever runs; a group's forward/backward 0.1 s per token (packed), an
+# optimizer update 1 s, the weight sync is free
+def _trainer_cost():
+    from asp_ascend.scheduler.microbatch import PACKED_TOKEN_COST
+
+    return CostModel(decode_a=1.0, decode_b=0.0, decode_c=0.0, prefill_per_token=0.0,
+                     train_per_token=0.1 / PACKED_TOKEN_COST, train_per_step=1.0, logprob_per_token=0.0, sync_s=0.0)
+
+
+@pytest.mark.parametrize("regroup,stream,end", [(False, False, 46.0), (True, False, 48.0), (True, True, 45.0)])
+def test_the_trainer_takes_groups_as_regroup_and_streaming_run_it(regroup, stream, end):
+    # one iteration of four one-sample groups of 10, 20, 30 and 40 tokens, generated at 10, 20, 30
+    # and 40 s, forward/backward 1, 2, 3 and 4 s; planned mini-batches {10, 40} and {20, 30}.
+    # As planned: {20, 30} once 30 is generated, 30 + 5 + 1 = 36 s, then {10, 40} at 40 s: 46 s.
+    # regroup (the generated groups first): {10, 20} at 20 s, 20 + 3 + 1 = 24 s; {30, 40} at 40 s:
+    # 48 s. regroup and streaming (each group's pass once it is generated, the update after a step's
+    # last group): 10 + 1 = 11, 20 + 2 = 22, + 1 = 23; 30 + 3 = 33, 40 + 4 = 44, + 1 = 45 s.
+    e = estimate([0] * 4, [0] * 4, [0, 1, 1, 0], [0, 1, 2, 3], [10.0, 20.0, 30.0, 40.0], [0.0] * 4, group_size=1,
+                 num_instances=1, max_num_seqs=8, lag_bound=1, micro_batch_size=2, cost=_trainer_cost(),
+                 micro_batching="packed", regroup=regroup, stream=stream)
+    assert e["run_time_s"] == pytest.approx(end)

@@ -160,8 +160,10 @@ def test_build_schedule_equals_plan_and_estimate(tmp_path):
                    group_size=8, num_instances=3, max_num_seqs=cfg.rollout.max_num_seqs, lag_bound=1,
                    micro_batch_size=cfg.train.micro_batch_size, cost=cost,
                    micro_batching="packed",   # train.micro_batching auto runs packed
-                   max_response_length=cfg.lengths.max_response_length)
+                   max_response_length=cfg.lengths.max_response_length,
+                   regroup=True, stream=True)    # pipeline.regroup / stream_groups auto: on for asp
     assert cfg.train.micro_batching == "auto"
+    assert (cfg.pipeline.regroup, cfg.pipeline.stream_groups) == ("auto", "auto")
     assert report["predicted"]["iteration_time_mean"] == est["iteration_time_mean"]
     assert set(report["baselines"]) == {"fifo", "random", "sorted", "balanced"}
 
