@@ -8,6 +8,7 @@
     python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...]
     python benchmarks/bench_tail.py admission  [--devices 32 64] [--prompts N]
     python benchmarks/bench_tail.py reestimate [--data DIR] [--prompts N] [--devices 32 64]
+    python benchmarks/bench_tail.py bound      [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
 
 ``ablation``: per heavy-tailed workload (reasoning-like synthetic, bimodal synthetic, Azure
 code trace x8 and conversation trace x6 from ``--data``, the repository's ../shared/data by
@@ -56,6 +57,18 @@ target <= 30 s per policy. ``admission``: asp with ``scheduler.concurrency`` ful
 without re-estimation (``scheduler.reestimate=false``) and ``fully_async_fifo``, then per device
 count the cells where turning re-estimation off is ahead / level / behind (0.5 % of iteration
 time) and the decision rule of docs/scheduler.md ("Does re-estimation still pay?").
+``bound``: how far below ``fully_async_fifo`` any schedule could go, on the ablation's workloads
+and split: per workload and device count, fifo as shipped, asp's defaults and fifo with asp's
+trainer-side rules (regroup heaviest first, streaming; ``BOUND_ROWS``), means over the planner
+seeds, per iteration: the iteration time, the trainer's busy time (optimizer steps plus weight
+syncs; with packed micro-batches it prices tokens and steps, so every schedule of the same epoch
+has the same), its idle time before its first step (the pipeline fill) and after, DESIGN 5's LB_i
+terms (``floor_terms``: decode work, trainer, the longest group alone / (k + 1)), sum LB_i /
+iterations and ``lower_bound_ratio``, the publish floor of the run's iterations
+(``metrics/floor.publish_floor``: the trainer's busy time and each iteration's longest group alone
+within its k + 1 periods together, for the system's iteration membership) / iterations, and the
+room each bound leaves below fifo (1 - bound / fifo's iteration time): where it is under the
+target's 11 %, no dispatch order or mini-batch choice on that membership reaches the target.
 Prints markdown tables (docs/scheduler.md holds a copy).
 """
 from __future__ import annotations
@@ -153,13 +166,14 @@ def _cfg(workload: str, data: Path, prompts: int, devices: int, over: dict):
     return load_config(None, [f"{k}={v}" for k, v in allk.items()])
 
 
-def _run(cfg, w, name, mismatch=None) -> dict:
+def _run(cfg, w, name, mismatch=None, result=False):
+    """The summary of ``name`` simulated on ``w`` (with ``result``: the SimResult and its cfg)."""
     from asp_ascend.sim.run import simulate_system
 
     t = time.perf_counter()
-    s = simulate_system(cfg, w, name, record_samples=False, mismatch=mismatch).summary
-    s["wall_s"] = time.perf_counter() - t
-    return s
+    res = simulate_system(cfg, w, name, record_samples=False, mismatch=mismatch)
+    res.summary["wall_s"] = time.perf_counter() - t
+    return (res, cfg) if result else res.summary
 
 
 # system policies whose plan draws nothing from the config's seed (scheduler/planner.py: fifo is
@@ -171,7 +185,8 @@ SEED_FREE = ("fully_async_fifo", "async_sorted")
 def plan_seed_cells(a, workloads_outer: bool = False):
     """(devices, workload, run) per device count and workload of ``a`` (device counts outer unless
     ``workloads_outer``): the workload built once (seed 0: the same prompts, lengths and predictions
-    for every seed), ``run(policy, overrides, seed)`` its summary simulated with that planner seed."""
+    for every seed), ``run(policy, overrides, seed)`` its summary simulated with that planner seed
+    (``result=True``: its SimResult and config)."""
     from asp_ascend.lengths.workloads import workload_from_config
 
     cells = ([(D, wl) for wl in a.workloads for D in a.devices] if workloads_outer
@@ -180,8 +195,9 @@ def plan_seed_cells(a, workloads_outer: bool = False):
     for D, wl in cells:
         w = workload_from_config(_cfg(wl, a.data, a.prompts, D, {}))
 
-        def run(name, over, s, mismatch=None, wl=wl, w=w, D=D):
-            return _run(_cfg(wl, a.data, a.prompts, D, {**over, **extra, "seed": s}), w, name, mismatch)
+        def run(name, over, s, mismatch=None, result=False, wl=wl, w=w, D=D):
+            cfg = _cfg(wl, a.data, a.prompts, D, {**over, **extra, "seed": s})
+            return _run(cfg, w, name, mismatch, result=True) if result else _run(cfg, w, name, mismatch)
         yield D, wl, run
 
 
@@ -474,7 +490,8 @@ def _seed_cfg(model: str, D: int, prompts: int, over: dict):
 
 
 def floor_terms(res, cfg):
-    """(per-iteration floor breakdown, DESIGN 5's terms per iteration) of a simulated asp run."""
+    """(per-iteration floor breakdown, DESIGN 5's terms per iteration) of a simulated run; beside the
+    decode-work and trainer terms, ``shortest``: the iteration's shortest group alone."""
     import numpy as np
     import pandas as pd
 
@@ -499,7 +516,73 @@ def floor_terms(res, cfg):
     st = tl.frame("step")
     train = np.bincount(st["iteration"].to_numpy(np.int64), weights=(st["t_end"] - st["t_start"]).to_numpy(float),
                         minlength=n_it)
-    return b, pd.DataFrame({"decode": decode, "train": train})
+    shortest = solo.groupby(g["iteration"]).min().reindex(range(n_it)).to_numpy(float)
+    return b, pd.DataFrame({"decode": decode, "train": train, "shortest": shortest})
+
+
+# bound's systems (ABLATION rows): fifo as shipped, asp's defaults, fifo with asp's trainer-side rules
+BOUND_ROWS = [r for r in ABLATION if r[0] in (
+    "fully_async_fifo (as shipped)", "+ streaming groups into the trainer (pipeline.stream_groups: asp's lossless default)",
+    "fully_async_fifo + regroup heaviest first + streaming (asp's trainer-side defaults)")]
+
+
+def bound_terms(res, cfg) -> dict:
+    """Per iteration of one simulated run (seconds): the iteration time; the trainer's busy time
+    (its optimizer steps plus the weight syncs: a trainer that never waited would take this), its
+    idle time before its first step (the pipeline fill) and after it; the means of the LB_i terms
+    (decode work, trainer, the longest group alone / (k + 1); ``floor_terms``) and sum LB_i /
+    iterations (the summary's ``lower_bound_ratio``'s denominator); and ``chain``: the last publish
+    ``metrics.floor.publish_floor`` allows these iterations / iterations (the trainer's busy time,
+    each iteration's longest group alone plus its sync within k + 1 periods, the shortest group of
+    iteration 0 alone before the first step)."""
+    from asp_ascend.metrics.floor import publish_floor
+
+    b, terms = floor_terms(res, cfg)
+    tl, sm = res.timeline, res.summary
+    st, sy = tl.frame("step"), tl.frame("sync")
+    n, W = sm["iterations"], sm["run_time_s"]
+    sync = (sy["t_end"] - sy["t_start"]).groupby(sy["version"]).sum().reindex(range(1, n + 1)).to_numpy(float)
+    busy = terms["train"].to_numpy()[:n] + sync
+    floor = b.set_index("iteration")["floor_group_solo"].reindex(range(n)).to_numpy(float) + sync
+    first = st["t_first"].fillna(st["t_start"]) if "t_first" in st else st["t_start"]
+    fill = float(first.min()) - float(tl.frame("request")["t_admit"].min())
+    chain = publish_floor(busy, floor, cfg.pipeline.lag_bound, float(terms["shortest"].iloc[0]))[-1]
+    return {"time": sm["iteration_time_mean"], "busy": busy.sum() / n, "fill": fill / n,
+            "idle": (W - busy.sum() - fill) / n, "decode": float(terms["decode"].mean()),
+            "train": float(terms["train"].mean()), "floor": float(b["floor_group_solo"].mean()) / (cfg.pipeline.lag_bound + 1),
+            "lb": W / sm["lower_bound_ratio"] / n, "ratio": sm["lower_bound_ratio"], "chain": chain / n}
+
+
+def bound(args) -> None:
+    """How far any schedule could go below fifo (module docstring): per workload and system, the
+    trainer's busy time, sum LB_i and the publish floor beside the iteration time, each as room left
+    vs fifo."""
+    import functools
+
+    import numpy as np
+
+    print(f"planner seeds {', '.join(map(str, args.plan_seeds))}: means over them ({' and '.join(SEED_FREE)} run "
+          f"once; the publish floor's room also min .. max); seconds per iteration; room left = 1 - bound / fifo's "
+          f"iteration time\n")
+    head = ("| workload | devices | system | iter. time (s) | vs fifo | trainer busy: steps + syncs (s) | "
+            "trainer idle: fill / after it (s) | LB_i terms: decode work / trainer / longest alone / (k+1) (s) | "
+            "sum LB_i / iterations (s) | lower_bound_ratio | publish floor / iterations (s) | "
+            "room left vs fifo: trainer busy / sum LB_i / publish floor |")
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for D, wl, run in plan_seed_cells(args, workloads_outer=True):
+        res = seed_runs(functools.partial(run, result=True), args.plan_seeds, BOUND_ROWS)
+        fifo = None
+        for label, name, _over in BOUND_ROWS:
+            terms = [bound_terms(*r) for r in res[label]]
+            t = {k: float(np.mean([x[k] for x in terms])) for k in terms[0]}
+            fifo = fifo or t["time"]
+            room = [100 * (1 - x["chain"] / fifo) for x in terms]
+            spread = "" if name in SEED_FREE or len(room) == 1 else f" ({min(room):.1f} .. {max(room):.1f})"
+            print(f"| {wl} | {D} | {label} | {t['time']:.1f} | {100 * (t['time'] / fifo - 1):+.1f}% | {t['busy']:.1f} | "
+                  f"{t['fill']:.1f} / {t['idle']:.1f} | {t['decode']:.1f} / {t['train']:.1f} / {t['floor']:.1f} | "
+                  f"{t['lb']:.1f} | {t['ratio']:.3f} | {t['chain']:.1f} | {100 * (1 - t['busy'] / fifo):.1f} % / "
+                  f"{100 * (1 - t['lb'] / fifo):.1f} % / {100 * (1 - t['chain'] / fifo):.1f} %{spread} |", flush=True)
 
 
 def breakdown(args) -> None:
@@ -606,7 +689,8 @@ def speed(args) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("ablation", "robustness", "seed", "speed", "admission", "reestimate", "breakdown"))
+    ap.add_argument("what", choices=("ablation", "robustness", "seed", "speed", "admission", "reestimate", "breakdown",
+                                     "bound"))
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data",
                     help="directory of the Azure LLM trace CSVs")
     ap.add_argument("--prompts", type=int, default=None, help="prompts per epoch (default 4096; speed: 100000)")
@@ -623,8 +707,8 @@ def main(argv=None) -> int:
                          "pipeline.regroup=off); robustness: on top of every row (pipeline.regroup=off: the grids "
                          "before asp regrouped)")
     args = ap.parse_args(argv)
-    if args.plan_seeds is not None and args.what not in ("ablation", "robustness", "breakdown"):
-        ap.error(f"--plan-seeds applies to ablation, robustness and breakdown only, not to {args.what}")
+    if args.plan_seeds is not None and args.what not in ("ablation", "robustness", "breakdown", "bound"):
+        ap.error(f"--plan-seeds applies to ablation, robustness, breakdown and bound only, not to {args.what}")
     if args.set and args.what not in ("breakdown", "seed", "robustness"):
         ap.error(f"--set applies to breakdown, seed and robustness only, not to {args.what}")
     bad = [kv for kv in args.set if "=" not in kv]
@@ -636,7 +720,7 @@ def main(argv=None) -> int:
     args.devices = args.devices or ([128] if args.what in ("seed", "breakdown") else [256] if args.what == "speed" else [32])
     args.prompts = args.prompts or (100000 if args.what == "speed" else 4096)
     {"ablation": ablation, "robustness": robustness, "seed": seed, "speed": speed,
-     "admission": admission, "reestimate": reestimate, "breakdown": breakdown}[args.what](args)
+     "admission": admission, "reestimate": reestimate, "breakdown": breakdown, "bound": bound}[args.what](args)
     return 0
 
 

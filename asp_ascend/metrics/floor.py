@@ -114,3 +114,32 @@ def last_steps(requests: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFrame:
         rows.append((i, len(s), left, int(size.loc[i]) // len(s), float(last["t_end"] - last["t_start"]),
                      float(last["tokens"] / s["tokens"].mean())))
     return pd.DataFrame(rows, columns=list(LAST_STEP_COLUMNS))
+
+
+def publish_floor(busy, floor, lag_bound: int, fill: float = 0.0) -> np.ndarray:
+    """The earliest publish times V_1 .. V_n any run of these n iterations could reach, whatever its
+    dispatch order and mini-batches (the iterations' membership fixed): the trainer trains iteration i
+    only once it holds version i and publishes i + 1 after it, and i's longest group starts no earlier
+    than V_{i-k} (0 for i <= k), so::
+
+        V_{i+1} >= V_i + busy_i          (V_0 = fill)
+        V_{i+1} >= V_{i-k} + floor_i
+
+    ``busy[i]``: the trainer's seconds on iteration i (its optimizer steps and the weight sync that
+    publishes i + 1); ``floor[i]``: at least i's longest group alone plus that sync; ``fill``: the
+    seconds before the trainer can begin iteration 0 (at least its shortest group alone). V_n / n
+    bounds the mean iteration time from below more tightly than DESIGN 5's sum of LB_i / n, which
+    prices each iteration's floor in full even where the trainer's slack beside it absorbs part."""
+    busy = np.asarray(busy, dtype=float)
+    floor = np.asarray(floor, dtype=float)
+    k = int(lag_bound)
+    if k < 0:
+        raise ValueError(f"lag_bound must be >= 0, got {lag_bound}")
+    if busy.shape != floor.shape or busy.ndim != 1:
+        raise ValueError(f"busy and floor must be 1-D of one length (one entry per iteration), got shapes "
+                         f"{busy.shape} and {floor.shape}")
+    V = np.zeros(busy.size + 1)
+    V[0] = fill
+    for i in range(busy.size):
+        V[i + 1] = max(V[i] + busy[i], (V[i - k] if i - k > 0 else 0.0) + floor[i])
+    return V[1:]

@@ -74,3 +74,19 @@ def test_last_steps_hand_computed():
     assert (r.loc[2, "last_step_s"], r.loc[2, "last_tokens_share"]) == (6.0, 1.5)
     streamed = steps.assign(t_first=[24.0, float("nan"), float("nan")])
     assert last_steps(req, streamed).set_index("iteration").loc[2, "left_at_last_but_one"] == 2
+
+
+def test_publish_floor_hand_computed():
+    """metrics/floor.publish_floor: V_{i+1} = max(V_i + busy_i, V_{i-k} + floor_i), V_0 = fill for
+    the trainer, admissions of iterations 0 .. k from 0."""
+    from asp_ascend.metrics.floor import publish_floor
+
+    # k = 1: V_1 = max(2 + 5, 1) = 7; V_2 = max(12, 0 + 20) = 20 (iteration 1 admitted from 0);
+    # V_3 = max(25, V_1 + 1) = 25; V_4 = max(30, V_2 + 14) = 34
+    assert publish_floor([5, 5, 5, 5], [1, 20, 1, 14], 1, fill=2.0).tolist() == [7.0, 20.0, 25.0, 34.0]
+    # k = 0: each iteration's floor counts from the previous publish: 7, max(12, 27), max(32, 28), max(37, 46)
+    assert publish_floor([5, 5, 5, 5], [1, 20, 1, 14], 0, fill=2.0).tolist() == [7.0, 27.0, 32.0, 46.0]
+    with pytest.raises(ValueError, match="lag_bound must be >= 0"):
+        publish_floor([1.0], [1.0], -1)
+    with pytest.raises(ValueError, match="one entry per iteration"):
+        publish_floor([1.0, 2.0], [1.0], 1)

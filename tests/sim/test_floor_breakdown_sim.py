@@ -1,6 +1,8 @@
 """benchmarks/bench_tail.py breakdown's terms on a simulated asp run (bimodal workload, 2,048 prompts,
 32 devices): per iteration the k + 1 periods split exactly into the critical group's wait, its latency
-and the trainer's time after it, and no group runs faster than alone (the floor holds)."""
+and the trainer's time after it, and no group runs faster than alone (the floor holds); bound's
+publish floor is never after the run's publishes, and the trainer's busy time is the same for asp and
+fifo (packed micro-batches price tokens and steps, not how mini-batches are composed)."""
 import sys
 from pathlib import Path
 
@@ -42,3 +44,23 @@ def test_bound_terms_match_the_summary(terms):
     lb = np.maximum(np.maximum(t["decode"].to_numpy(), t["train"].to_numpy())[floor.index], floor.to_numpy())
     s = res.summary
     assert lb.sum() == pytest.approx(s["run_time_s"] / s["lower_bound_ratio"], rel=1e-6)
+
+
+def test_publish_floor_holds_and_trainer_busy_is_schedule_free(terms):
+    """bench_tail.py bound on the run: the publish floor (metrics/floor.publish_floor) is at or below
+    the run's last publish and at or above sum LB_i's trainer part; fifo, whose iterations and
+    mini-batches differ, keeps the trainer just as busy (steps + syncs) with packed micro-batches."""
+    from asp_ascend.lengths.workloads import workload_from_config
+    from asp_ascend.sim.run import simulate_system
+
+    (b, t), cfg, res = terms
+    s = res.summary
+    bt = bench_tail.bound_terms(res, cfg)
+    assert bt["busy"] <= bt["chain"] <= s["run_time_s"] / s["iterations"] + 1e-9
+    assert bt["time"] == s["iteration_time_mean"] and bt["fill"] > 0 and bt["idle"] >= -1e-9
+    fcfg = bench_tail._cfg("bimodal", None, 2048, 32, bench_tail.OFF)
+    assert str(fcfg.sim.micro_batching) == "auto" and str(fcfg.train.micro_batching) in ("auto", "packed")
+    fifo = simulate_system(fcfg, workload_from_config(fcfg), "fully_async_fifo", record_samples=False)
+    fb = bench_tail.bound_terms(fifo, fcfg)
+    assert fb["busy"] == pytest.approx(bt["busy"], rel=1e-9)
+    assert fb["chain"] <= fb["time"] + 1e-9
