@@ -2,7 +2,7 @@
 
     python benchmarks/bench_tail.py ablation   [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
-                                               [--set pipeline.regroup=off]
+                                               [--set pipeline.regroup=off] [--cells 'a, b, c x10' ...] [--floor]
     python benchmarks/bench_tail.py seed       [--devices 128] [--set pipeline.regroup_heavy=off]
     python benchmarks/bench_tail.py breakdown  [--devices 128] [--per-iteration] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...]
@@ -29,7 +29,10 @@ costs, so auto's cap is chosen from the planned, not the true, costs) and asp wi
 ``--plan-seeds``: asp's defaults and balanced per seed, fifo once (``SEED_FREE``), then per cell
 the mean and (min .. max) over the seeds of asp against fifo and against balanced, and per device
 count the cells where asp is strictly ahead of fifo (below -0.0 % as printed) on the mean, for
-every seed, and for some seeds only. ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices
+every seed, and for some seeds only. ``--cells LABEL ...`` (robustness, reestimate): only those rows
+of the grid (labels as printed). ``robustness --floor``: instead of the grid, per cell asp's defaults
+and balanced beside their lag floor, breakdown's terms (below) priced on the cell's true costs, each
+the mean over the planner seeds. ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices
 (asp as those configs run it: guided dispatch, re-estimation, ``scheduler.concurrency: auto``, and
 regroup with its heaviest-first take, ``pipeline.regroup`` and ``pipeline.regroup_heavy: auto``;
 ``--set KEY=VALUE ...`` adds overrides).
@@ -306,10 +309,15 @@ def _grid_cells(args, D: int):
     workload, with seed 0)."""
     from asp_ascend.sim.run import Mismatch
 
+    cells = getattr(args, "cells", None)
     for _, wl, run in plan_seed_cells(argparse.Namespace(**{**vars(args), "devices": [D]})):
         for label, mm in GRID:
+            if cells and label not in cells:
+                continue
+
             def cell(name, over, s=0, run=run, m=Mismatch(**mm)):
                 return run(name, over, s, m)
+            cell.mismatch = Mismatch(**mm)
             yield wl, label, cell
 
 
@@ -381,7 +389,55 @@ def robustness_seeds(args) -> None:
         print(line)
 
 
+FLOOR_COLUMNS = ("iter. time (s)", "longest alone / (k+1)", "critical group's wait", "beside other sequences",
+                 "critical alone - longest alone", "trainer after the last group", "sequences beside the critical group")
+
+
+def robustness_floor_terms(wl: str, D: int, data, prompts: int, name: str, over: dict, seed: int, mismatch,
+                           extra: dict | None = None) -> list[float]:
+    """FLOOR_COLUMNS of one robustness run (``name`` planned on the configured costs with planner
+    ``seed``, executed on ``mismatch``'s): breakdown's terms over the steady iterations (from k + 1
+    on) per iteration (/ (k + 1)), the critical group's solo latency priced on the true costs."""
+    from asp_ascend.lengths.workloads import workload_from_config
+    from asp_ascend.sim.run import simulate_system
+
+    w = workload_from_config(_cfg(wl, data, prompts, D, {}))
+    cfg = _cfg(wl, data, prompts, D, {**over, **(extra or {}), "seed": seed})
+    res = simulate_system(cfg, w, name, record_samples=True, mismatch=mismatch)
+    b, _ = floor_terms(res, cfg, mismatch.cost(res.costs.instance))
+    k1 = cfg.pipeline.lag_bound + 1
+    m = b[b["iteration"] >= k1]
+    return [res.summary["iteration_time_mean"], m["floor_group_solo"].mean() / k1, m["critical_wait"].mean() / k1,
+            (m["critical_latency"] - m["critical_solo"]).mean() / k1,
+            (m["critical_solo"] - m["floor_group_solo"]).mean() / k1, m["after"].mean() / k1,
+            m["critical_beside"].mean()]
+
+
+def robustness_floor(args) -> None:
+    """Per robustness cell, where asp's and balanced's iterations go beside their lag floor
+    (breakdown's terms on the cell's true costs), each the mean over ``--plan-seeds``."""
+    import numpy as np
+
+    extra = dict(kv.split("=", 1) for kv in args.set)
+    print(f"planner seeds {', '.join(map(str, args.plan_seeds))} (workload built with seed 0); per iteration, "
+          f"mean over the seeds and the steady iterations; / (k+1) as in breakdown\n")
+    print("| workload | devices | true costs (plan: configured) | system | " + " | ".join(FLOOR_COLUMNS) + " |")
+    print("|---|---|---|---|" + "---|" * len(FLOOR_COLUMNS))
+    for D in args.devices:
+        for wl, label, it in _grid_cells(args, D):
+            for key, name, over in ROBUST_ROWS:
+                if key == "fifo":
+                    continue
+                rows = [robustness_floor_terms(wl, D, args.data, args.prompts, name, over, s, it.mismatch, extra)
+                        for s in args.plan_seeds]
+                r = np.mean(rows, axis=0)
+                print(f"| {wl} | {D} | {label} | {key} | " + " | ".join(f"{x:.1f}" for x in r[:6])
+                      + f" | {r[6]:.0f} |", flush=True)
+
+
 def robustness(args) -> None:
+    if args.floor:
+        return robustness_floor(args)
     if len(args.plan_seeds) > 1:
         return robustness_seeds(args)
     print("| workload | devices | true costs (plan: configured) | asp iter. time (s) | vs fifo (shared queue) | "
@@ -489,15 +545,17 @@ def _seed_cfg(model: str, D: int, prompts: int, over: dict):
     return load_config(path, [f"{k}={v}" for k, v in allk.items()])
 
 
-def floor_terms(res, cfg):
+def floor_terms(res, cfg, cost=None):
     """(per-iteration floor breakdown, DESIGN 5's terms per iteration) of a simulated run; beside the
-    decode-work and trainer terms, ``shortest``: the iteration's shortest group alone."""
+    decode-work and trainer terms, ``shortest``: the iteration's shortest group alone. ``cost``: the
+    instances' true cost model where it differs from the planned one (a robustness cell's
+    ``Mismatch.cost``), else the run's own."""
     import numpy as np
     import pandas as pd
 
     from asp_ascend.metrics.floor import floor_breakdown, group_table
 
-    tl, cm = res.timeline, res.costs.instance
+    tl, cm = res.timeline, cost or res.costs.instance
     req = tl.frame("request")
     g = group_table(req)
     solo = pd.Series(cm.group_latency_exact(g["prompt_length"].to_numpy(float),
@@ -701,6 +759,12 @@ def main(argv=None) -> int:
     ap.add_argument("--plan-seeds", type=int, nargs="+", default=None,
                     help="ablation, robustness, breakdown: planner seeds, each row simulated with every one (default "
                          "0); with more than one, the mean and (min .. max) over them (breakdown: a line per seed)")
+    ap.add_argument("--cells", nargs="+", default=None, choices=[label for label, _ in GRID], metavar="LABEL",
+                    help="robustness, reestimate: only these rows of the grid (labels as printed, e.g. "
+                         "'a, b, c x10' 'decode b x10'); default all")
+    ap.add_argument("--floor", action="store_true",
+                    help="robustness: instead of the grid, where asp's and balanced's iterations go beside their lag "
+                         "floor in each cell (breakdown's terms on the cell's true costs), mean over --plan-seeds")
     ap.add_argument("--per-iteration", action="store_true", help="breakdown: also print every iteration's row")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                     help="breakdown, seed: config overrides on top of the seed setup (e.g. lengths.predictor=oracle, "
@@ -711,6 +775,10 @@ def main(argv=None) -> int:
         ap.error(f"--plan-seeds applies to ablation, robustness, breakdown and bound only, not to {args.what}")
     if args.set and args.what not in ("breakdown", "seed", "robustness"):
         ap.error(f"--set applies to breakdown, seed and robustness only, not to {args.what}")
+    if args.floor and args.what != "robustness":
+        ap.error(f"--floor applies to robustness only, not to {args.what}")
+    if args.cells and args.what not in ("robustness", "reestimate"):
+        ap.error(f"--cells applies to robustness and reestimate only, not to {args.what}")
     bad = [kv for kv in args.set if "=" not in kv]
     if bad:
         ap.error(f"--set: {' '.join(bad)} is not KEY=VALUE (e.g. lengths.predictor=oracle)")

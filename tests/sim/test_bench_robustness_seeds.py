@@ -115,3 +115,35 @@ def test_asp_regroups_and_set_reaches_every_row(monkeypatch, capsys):
                                                                        ("async_balanced", False)}
     # the single-seed table's asp columns (defaults, tail auto, full, auto) regroup; the static plan does not
     assert [ok for name, ok in fake([]) if name == "asp"] == [True, False, True, True, True]
+
+
+def test_cells_restricts_the_grid_and_is_refused_elsewhere(capsys):
+    a = argparse.Namespace(workloads=["bimodal"], devices=[32], prompts=64, data=None,
+                           cells=["a, b, c x10", "planned costs"])
+    got = [(wl, label) for wl, label, _ in bench_tail._grid_cells(a, 32)]
+    assert got == [("bimodal", "planned costs"), ("bimodal", "a, b, c x10")]     # the grid's order, not argv's
+    for argv in (["ablation", "--cells", "planned costs"], ["robustness", "--cells", "decode a x3"],
+                 ["ablation", "--floor"]):
+        with pytest.raises(SystemExit):
+            bench_tail.main(argv)
+    capsys.readouterr()
+
+
+def test_floor_prices_the_critical_group_on_the_true_costs():
+    """robustness --floor: the plan is made on the configured costs in every cell, so each iteration's
+    longest group is the same one at the planned costs and with every decode coefficient x10; priced
+    on the true costs its latency alone is about 10x (prefill is not scaled: a little under), priced
+    on the planned ones it would be the same figure in both cells."""
+    from asp_ascend.sim.run import Mismatch
+
+    def terms(mm):
+        return bench_tail.robustness_floor_terms("bimodal", 32, None, 1024, "asp", bench_tail.ASP_DEFAULTS, 0,
+                                                 Mismatch(**mm))
+    planned = terms({})
+    slow = terms({"decode_a": 10.0, "decode_b": 10.0, "decode_c": 10.0})
+    assert len(planned) == len(bench_tail.FLOOR_COLUMNS)
+    assert 9.0 < slow[1] / planned[1] <= 10.0
+    # the iteration time is the robustness grid's own run of that cell
+    a = argparse.Namespace(workloads=["bimodal"], devices=[32], prompts=1024, data=None, cells=["planned costs"])
+    (_, _, it), = bench_tail._grid_cells(a, 32)
+    assert planned[0] == it("asp", bench_tail.ASP_DEFAULTS)["iteration_time_mean"]
