@@ -298,22 +298,36 @@ class Dispatcher:
             work = {i: self.remaining_work(i) for i in cand}
             v = min(cand, key=lambda i: (-work[i], i))
             work_v = work[v]
+            job = self.queues[v].best(limit)
         else:   # memoised: every thief of this limit until something moves asks the same victims
             victims = self._victims_memo.get(limit)
             if victims is None:
-                cand = [i for i, q in enumerate(self.queues) if self.alive[i] and q.iters and q.iters[0] <= limit]
-                work = {i: self.remaining_work(i) for i in cand}
-                victims = self._victims_memo[limit] = sorted(cand, key=lambda i: (-work[i], i))
-            v = next((i for i in victims if i != instance), None)
+                victims = self._victims_memo[limit] = self._top_victims(limit)
+            v, work_v, job = victims[0] if victims[0][0] != instance else victims[1]
             if v is None:
                 return None, None
-            work_v = self.remaining_work(v)
-        job = self.queues[v].best(limit)
         # a steal must lower the later of the two instances' finishes (see the class doc): the
         # thief's remaining work plus the job stays below the victim's (which includes the job)
         if job is None or self.remaining_work(instance) + job.predicted_length >= work_v:
             return None, None
         return job, v
+
+    def _top_victims(self, limit: int) -> tuple[tuple, tuple]:
+        """The two instances with an admissible job for ``limit`` and the most remaining work (ties:
+        the lower index), each as (instance, remaining work, its best admissible job); (None, 0.0,
+        None) where there are fewer. A thief takes the first that is not itself, as the whole list
+        sorted by (-work, index) would give it. Every candidate is asked, in index order."""
+        cand = [i for i, q in enumerate(self.queues) if self.alive[i] and q.iters and q.iters[0] <= limit]
+        work = {i: self.remaining_work(i) for i in cand}
+        v1 = v2 = None
+        w1 = w2 = 0.0
+        for i in cand:
+            w = work[i]
+            if v1 is None or w > w1:
+                v1, w1, v2, w2 = i, w, v1, w1
+            elif v2 is None or w > w2:
+                v2, w2 = i, w
+        return tuple((v, w, None if v is None else self.queues[v].best(limit)) for v, w in ((v1, w1), (v2, w2)))
 
     def may_take(self, instance: int, steal: bool = True) -> bool:
         """False when ``peek``/``next_for`` would give ``instance`` nothing: a cheap test (no

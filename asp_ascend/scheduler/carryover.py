@@ -50,6 +50,7 @@ class CarryOver:
         self.members: dict[tuple[int, int], list[Hashable]] = {}    # (iteration, mini-batch) -> keys
         self._slots_of: dict[int, list[tuple[int, int]]] = {}      # iteration -> its members' keys, in order
         self.finished: dict[Hashable, int] = {}        # key -> finish order
+        self.n_finished: dict[tuple[int, int], int] = {}  # (iteration, mini-batch) -> its finished members
         self.weight: dict[Hashable, float] = {}        # key -> its training work once finished (tokens)
         self.trained: set[Hashable] = set()
         self.swaps: list[Swap] = []
@@ -73,6 +74,8 @@ class CarryOver:
             raise KeyError(f"unknown group {key!r}")
         self.finished[key] = len(self.finished)
         self.weight[key] = float(weight)
+        slot = self.where[key]
+        self.n_finished[slot] = self.n_finished.get(slot, 0) + 1
 
     def on_trained(self, iteration: int, mini_batch: int) -> list[Hashable]:
         """The trainer took mini-batch (iteration, mini_batch): its members, each exactly once."""
@@ -100,7 +103,11 @@ class CarryOver:
         return [k for slot in self._slots_of.get(iteration, ()) for k in self.members[slot]]
 
     def unfinished(self, iteration: int) -> list[Hashable]:
-        return [k for slot in self._slots_of.get(iteration, ()) for k in self.members[slot] if k not in self.finished]
+        """The unfinished groups of ``iteration``, in :meth:`members_of`'s order (mini-batches whose
+        members all finished are skipped by their count)."""
+        fin, nfin, members = self.finished, self.n_finished, self.members
+        return [k for slot in self._slots_of.get(iteration, ()) if nfin.get(slot, 0) < len(members[slot])
+                for k in members[slot] if k not in fin]
 
     def defer(self, iteration: int, late: Iterable[Hashable]) -> list[Swap]:
         """Defer the ``late`` groups of ``iteration`` to ``iteration + 1`` where the rules allow.
@@ -134,7 +141,9 @@ class CarryOver:
         takes its slot in (``iteration``, ``mini_batch``)); also appended to ``self.regroups``."""
         slots = [s for s in self._slots_of.get(iteration, ()) if not self._trained_slot(s)]
         members = {m: self.members[(i, m)] for i, m in slots}
-        out = self._trade(regroup_pairs(members, sorted(members), self.finished.get, target))
+        nfin = self.n_finished
+        counts = {m: nfin.get((i, m), 0) for i, m in slots}
+        out = self._trade(regroup_pairs(members, sorted(members), self.finished.get, target, counts))
         self.regroups.extend(out)
         return out
 
@@ -146,8 +155,10 @@ class CarryOver:
         :meth:`regroup`'s (``deferred``: the group leaving ``target``); also in ``self.regroups``."""
         slots = [s for s in self._slots_of.get(iteration, ()) if not self._trained_slot(s)]
         members = {m: self.members[(i, m)] for i, m in slots}
+        nfin = self.n_finished
+        counts = {m: nfin.get((i, m), 0) for i, m in slots}
         out = self._trade(heavy_first_pairs(members, sorted(members), target, self.finished.get,
-                                            self.weight.__getitem__))
+                                            self.weight.__getitem__, counts))
         self.regroups.extend(out)
         return out
 
@@ -171,6 +182,9 @@ class CarryOver:
         self.members[old].remove(key)
         self._member_list(slot).append(key)
         self.where[key] = slot
+        if key in self.finished:
+            self.n_finished[old] -= 1
+            self.n_finished[slot] = self.n_finished.get(slot, 0) + 1
 
     def _member_list(self, slot: tuple[int, int]) -> list[Hashable]:
         """``members[slot]``, created (and indexed by its iteration) on first use."""

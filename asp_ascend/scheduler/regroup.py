@@ -37,16 +37,20 @@ from typing import Callable, Hashable, Iterable, Mapping, Sequence
 
 
 def regroup_pairs(members: Mapping[int, Sequence[Hashable]], todo: Iterable[int],
-                  generated: Callable[[Hashable], int | None], target: int | None = None
-                  ) -> list[tuple[Hashable, Hashable]]:
+                  generated: Callable[[Hashable], int | None], target: int | None = None,
+                  counts: Mapping[int, int] | None = None) -> list[tuple[Hashable, Hashable]]:
     """(late group, donor) pairs to swap, each late group taking its donor's slot and vice versa.
 
     ``members``: mini-batch -> its groups in trainer order; ``todo``: the iteration's untrained
     mini-batches; ``generated(key)``: the group's generation order (lower = earlier), or None
     while it is not generated. ``target``: a forced target (the mini-batch being streamed),
     filled as far as donors allow; else the rule of the module docstring, and no pair unless a
-    mini-batch can be completed and none is complete already."""
+    mini-batch can be completed and none is complete already. ``counts`` (optional): per mini-batch
+    of ``todo``, how many of its groups are generated; with it the usual answers (no pair) come
+    from the counts alone, without asking ``generated`` of every group (the same pairs)."""
     todo = list(todo)
+    if counts is not None and not _may_pair(members, todo, counts, target):
+        return []
     gen = {m: [k for k in members[m] if generated(k) is not None] for m in todo}
     forced = target is not None
     if not forced:
@@ -63,9 +67,23 @@ def regroup_pairs(members: Mapping[int, Sequence[Hashable]], todo: Iterable[int]
     return list(zip(missing, donors))
 
 
+def _may_pair(members, todo: list, counts: Mapping[int, int], target: int | None) -> bool:
+    """False where :func:`regroup_pairs` returns no pair, judged from the generated counts alone:
+    no untrained mini-batch, one complete already, or fewer donors than the target misses (no
+    donor at all, or nothing missing, with a forced target)."""
+    if target is None:
+        if not todo or any(counts[m] == len(members[m]) for m in todo):
+            return False
+        target = min(todo, key=lambda m: (len(members[m]) - counts[m], m))
+        return sum(counts[m] for m in todo if m != target) >= len(members[target]) - counts[target]
+    if target not in counts:
+        return True     # regroup_pairs raises
+    return counts[target] < len(members[target]) and any(counts[m] for m in todo if m != target)
+
+
 def heavy_first_pairs(members: Mapping[int, Sequence[Hashable]], todo: Iterable[int], target: int,
-                      generated: Callable[[Hashable], int | None], weight: Callable[[Hashable], float]
-                      ) -> list[tuple[Hashable, Hashable]]:
+                      generated: Callable[[Hashable], int | None], weight: Callable[[Hashable], float],
+                      counts: Mapping[int, int] | None = None) -> list[tuple[Hashable, Hashable]]:
     """(light group of ``target``, heavier generated group of another untrained mini-batch) pairs to
     swap (``pipeline.regroup_heavy``), so that the step about to train ``target`` (all of its groups
     generated) holds the heaviest generated groups of the iteration's untrained mini-batches.
@@ -77,11 +95,14 @@ def heavy_first_pairs(members: Mapping[int, Sequence[Hashable]], todo: Iterable[
     latest over steps s of (release of s + the work of steps s, s+1, ...), and moving work from a
     later step to an earlier one lowers or keeps every such sum. The groups trained after the last
     one to be generated are then the lightest left. ``weight(key)``: a generated group's training
-    work (its tokens: known once it is generated, not a prediction); ties: the earlier generated."""
+    work (its tokens: known once it is generated, not a prediction); ties: the earlier generated.
+    ``counts`` (optional): as :func:`regroup_pairs`'s, to see that every group is generated
+    without asking ``generated`` of each."""
     todo = list(todo)
     if target not in todo:
         raise ValueError(f"regroup: target mini-batch {target} is not among the untrained ones {todo}")
-    if all(generated(k) is not None for m in todo for k in members[m]):
+    if (all(counts[m] == len(members[m]) for m in todo) if counts is not None
+            else all(generated(k) is not None for m in todo for k in members[m])):
         return []
     gen = [k for m in todo for k in members[m] if generated(k) is not None]
     heavy = sorted(gen, key=lambda k: (-weight(k), generated(k)))[:len(members[target])]

@@ -366,7 +366,7 @@ class TailControl:
             if (w is not None and w not in fin and self.carry.iteration_of(w) == iteration
                     and self._remaining_of(w) <= budget):
                 return [], {}, budget
-        waiting = [k for k in self.carry.members_of(iteration) if k not in fin]
+        waiting = self.carry.unfinished(iteration)
         if budget is None or not waiting:
             return [], {}, budget
         if every:

@@ -171,6 +171,8 @@ class Trainer:
                                            spec.max_tokens_per_micro_batch, per_group=self.by_group,
                                            group_pad=self.g_pad if self.by_group else None)
         self._recosted: dict[int, tuple[int, int]] = {}   # swapped mini-batch -> (tokens, pad); see table()
+        self._group_tok: list[int] | None = None    # per job: its sequences' tokens (made at the first _recost)
+        self._group_pad: list[int] | None = None    # per job: its pad cut on its own (sim.stream_groups)
         self.mb_iter = mbt["iteration"].to_numpy().tolist()
         self.mb_mini = mbt["mini_batch"].to_numpy().tolist()
         self.mb_groups = mbt["groups"].to_numpy().tolist()
@@ -442,13 +444,21 @@ class Trainer:
         """Mini-batch ``x``'s tokens, pad and duration from its members ``js`` (in order), cut as
         :func:`micro_batch_table` cuts one step (on arrays: a table per swap cost more than the rest)."""
         jobs, spec = self.jobs, self.spec
+        if self.by_group or spec.micro_batching == "packed":
+            # the pad needs no sequence: sums of per-group integers, kept as lists (no arrays per swap)
+            if self._group_tok is None:
+                self._group_tok = (jobs.resp + jobs.prompt_length[:, None]).astype(np.int64).sum(axis=1).tolist()
+                self._group_pad = self.g_pad.tolist() if self.by_group else None
+            tokens = sum(map(self._group_tok.__getitem__, js))
+            # each group cut on its own (group_pads); packed micro-batches carry no pad (step_slots' answer)
+            pad = sum(map(self._group_pad.__getitem__, js)) if self.by_group else 0
+            self._recosted[x] = (tokens, pad)
+            self.mb_dur[x] = (spec.train_per_token * float(trainer_slots(tokens, pad, spec.micro_batching))
+                              + spec.train_per_step)
+            return
         seq = (jobs.resp[js] + jobs.prompt_length[js, None]).reshape(-1).astype(np.int64)
         tokens = int(seq.sum())
-        if self.by_group:
-            pad = int(self.g_pad[js].sum())   # each group cut on its own (group_pads)
-        elif spec.micro_batching == "packed":
-            pad = 0                    # packed micro-batches carry no pad (step_slots' answer, without its arrays)
-        elif spec.micro_batching == "padded_to_dispatch":
+        if spec.micro_batching == "padded_to_dispatch":
             # colocated only, never swaps; here it would pad to this mini-batch's longest
             pad = int(seq.size * seq.max()) - tokens
         else:
