@@ -281,8 +281,10 @@ class Dispatcher:
         if not self.alive[instance]:
             return None, None
         own = 0 if self.shared else instance
-        limit = self._limit(instance)
-        job = self.queues[own].best(limit)
+        adm = self.adm
+        limit = adm.instance_version[instance] + adm.k      # _limit, inlined (hot)
+        q = self.queues[own]
+        job = q.best(limit) if q.iters and q.iters[0] <= limit else None
         if job is not None or not (self.guided and steal) or not self.may_steal(instance):
             return job, own
         # the victims with an admissible job, then the one with the most remaining work among them
@@ -353,16 +355,25 @@ class Dispatcher:
         """Tokens per sample left on ``instance``: its queued jobs' predictions plus its running
         groups' re-estimated remaining lengths (with an estimator) or, without one, their
         predictions (``Job.predicted_length``, counted in full until the group finishes)."""
-        work = self._queue(instance).work
+        work = self.queues[0 if self.shared else instance].work
         if self.estimator is None:
             return work + self.running_work[instance]
         memo = self._run_memo
         if memo is None:
-            return work + sum(self.estimator.remaining(key) for key in self.running_on[instance])
+            return work + self._running_remaining(instance)
         run = memo.get(instance)
         if run is None:
-            run = memo[instance] = sum(self.estimator.remaining(key) for key in self.running_on[instance])
+            run = memo[instance] = self._running_remaining(instance)
         return work + run
+
+    def _running_remaining(self, instance: int) -> float:
+        """The sum of the estimator's ``remaining`` over ``instance``'s running groups, in the set's
+        order; an estimator with ``remaining_sum(keys)`` (the same sum in one call) is asked that."""
+        est = self.estimator
+        total = getattr(est, "remaining_sum", None)
+        if total is not None:
+            return total(self.running_on[instance])
+        return sum(est.remaining(key) for key in self.running_on[instance])
 
     def memo_running(self, on: bool) -> None:
         """Memoise (``on``) or stop memoising each instance's running remaining work.

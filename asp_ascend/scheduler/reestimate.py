@@ -166,6 +166,18 @@ class GroupEstimator:
             # it leaves the unfinished list (as the longest so far: siblings start together)
             g.tokens = tuple(sorted(g.tokens)[:-1])
 
+    def on_samples_finish(self, key: Hashable, lengths: Sequence[int]) -> None:
+        """:meth:`on_sample_finish` for each of ``lengths`` in turn (one call: a group's last report)."""
+        g = self.groups[key]
+        G, finished = self.G, g.finished
+        for length in lengths:
+            if len(finished) >= G:
+                raise ValueError(f"group {key!r}: more than {G} samples finished")
+            finished.append(max(1, int(length)))
+            g.memo = None
+            if len(g.tokens) > G - len(finished):
+                g.tokens = tuple(sorted(g.tokens)[:-1])
+
     def on_group_finish(self, key: Hashable) -> None:
         """The group is done: forget it, and learn the spread and the prediction error from it."""
         g = self.groups.pop(key)

@@ -266,9 +266,8 @@ class TailControl:
         if est is not None and key in est.groups:
             # _finish_samples(key, dict(enumerate(lengths))), without the sort: samples in order
             seen = self._reported.get(key, ())
-            for s, length in enumerate(lengths):
-                if s not in seen:
-                    est.on_sample_finish(key, int(length))
+            est.on_samples_finish(key, [int(x) for s, x in enumerate(lengths) if s not in seen] if seen
+                                  else [int(x) for x in lengths])
             est.on_group_finish(key)
         self._reported.pop(key, None)
         self.prefixes.pop(key, None)
