@@ -139,10 +139,7 @@ class CarryOver:
         that one as far as they allow). Returns the moves as :class:`Swap` s within the
         iteration (``deferred``: the unfinished group, ``swapped_in``: the finished one that
         takes its slot in (``iteration``, ``mini_batch``)); also appended to ``self.regroups``."""
-        slots = [s for s in self._slots_of.get(iteration, ()) if not self._trained_slot(s)]
-        members = {m: self.members[(i, m)] for i, m in slots}
-        nfin = self.n_finished
-        counts = {m: nfin.get((i, m), 0) for i, m in slots}
+        members, counts = self._untrained(iteration)
         out = self._trade(regroup_pairs(members, sorted(members), self.finished.get, target, counts))
         self.regroups.extend(out)
         return out
@@ -153,10 +150,7 @@ class CarryOver:
         untrained group of the iteration is unfinished, its lightest groups trade slots with the
         heaviest finished groups of the other untrained mini-batches. :class:`Swap` s as
         :meth:`regroup`'s (``deferred``: the group leaving ``target``); also in ``self.regroups``."""
-        slots = [s for s in self._slots_of.get(iteration, ()) if not self._trained_slot(s)]
-        members = {m: self.members[(i, m)] for i, m in slots}
-        nfin = self.n_finished
-        counts = {m: nfin.get((i, m), 0) for i, m in slots}
+        members, counts = self._untrained(iteration)
         out = self._trade(heavy_first_pairs(members, sorted(members), target, self.finished.get,
                                             self.weight.__getitem__, counts))
         self.regroups.extend(out)
@@ -173,9 +167,19 @@ class CarryOver:
             out.append(Swap(a, b, i, m, j, n))
         return out
 
-    def _trained_slot(self, slot: tuple[int, int]) -> bool:
-        keys = self.members[slot]
-        return bool(keys) and keys[0] in self.trained
+    def _untrained(self, iteration: int) -> tuple[dict, dict]:
+        """The untrained mini-batches of ``iteration`` (in creation order): mini-batch -> its keys,
+        and mini-batch -> how many of them finished. A mini-batch is trained whole, so its first
+        key tells."""
+        trained, allm, nfin = self.trained, self.members, self.n_finished
+        members, counts = {}, {}
+        for slot in self._slots_of.get(iteration, ()):
+            keys = allm[slot]
+            if keys and keys[0] in trained:
+                continue
+            members[slot[1]] = keys
+            counts[slot[1]] = nfin.get(slot, 0)
+        return members, counts
 
     def _move(self, key: Hashable, slot: tuple[int, int]) -> None:
         old = self.where[key]

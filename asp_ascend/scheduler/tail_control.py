@@ -222,17 +222,22 @@ class TailControl:
     def on_progress(self, reports: Iterable[dict]) -> None:
         """An instance's per-group progress: ``{"key": (epoch, prompt_id), "finished": {sample: length},
         "tokens": [tokens so far of each unfinished sample]}``."""
-        est = self.estimator
         for rep in reports:
             key = tuple(rep["key"])
             if self.carry is not None and rep.get("new"):
                 self._extend_prefix(key, rep["new"])
-            if est is None or key not in est.groups:
-                continue
-            self._finish_samples(key, rep["finished"])
-            est.on_progress(key, rep["tokens"][: self.G - len(est.groups[key].finished)])
-            if self.sizing and self.opts.dedicated:
-                self._resize(key)
+            self.progress(key, rep["finished"], rep["tokens"])
+
+    def progress(self, key: Key, finished: dict, tokens: list) -> None:
+        """One group's progress (:meth:`on_progress`'s report without ``new``): ``finished``:
+        {sample: length}, ``tokens``: tokens so far of each unfinished sample."""
+        est = self.estimator
+        if est is None or key not in est.groups:
+            return
+        self._finish_samples(key, finished)
+        est.on_progress(key, tokens[: self.G - len(est.groups[key].finished)])
+        if self.sizing and self.opts.dedicated:
+            self._resize(key)
 
     def _extend_prefix(self, key: Key, new: dict) -> None:
         pre = self.prefixes.setdefault(key, {})
@@ -254,10 +259,10 @@ class TailControl:
 
     def _finish_samples(self, key: Key, finished: dict) -> None:
         seen = self._reported.setdefault(key, set())
-        for s, length in sorted(finished.items(), key=lambda x: int(x[0])):
+        for s in sorted(finished, key=int):
             if int(s) not in seen:
                 seen.add(int(s))
-                self.estimator.on_sample_finish(key, int(length))
+                self.estimator.on_sample_finish(key, int(finished[s]))
 
     def on_finish(self, key: Key, lengths: list[int], prompt_length: float | None = None) -> None:
         """A group came back complete (``lengths``: its samples' response lengths, by sample;

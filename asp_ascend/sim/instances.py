@@ -227,10 +227,22 @@ class Instances:
         self.S[r] = Sr = self.ev_step[r]
         self.ev_time[r] = None
         h, in_run, fin_step = self.heaps[r], self.in_run, self.fin_step
-        while h and h[0][0] <= Sr:
-            fs, s = heapq.heappop(h)
-            if in_run[s] and fin_step[s] == fs:
-                self._finish(s, r, self.T[r])
+        if h and h[0][0] <= Sr:
+            t = self.T[r]
+            G, n, K, plen_j, g0, s0 = self.G, self.n, self.K, self.plen_j, self.g0, self.s0
+            t_fin, ver_fin, job_left, version_of = self.t_fin, self.ver_fin, self.job_left, self.version_of
+            while h and h[0][0] <= Sr:
+                fs, s = heapq.heappop(h)
+                if in_run[s] and fin_step[s] == fs:
+                    j = s // G                  # sample s finishes (hot: once per sample)
+                    n[r] -= 1
+                    K[r] -= plen_j[j] + g0[s] - s0[s]
+                    in_run[s] = False
+                    t_fin[s] = t
+                    ver_fin[s] = version_of(r)
+                    job_left[j] -= 1
+                    if job_left[j] == 0:
+                        self.on_group_done(j, t)
         if self.moved is not None:
             self.moved(r)
 
@@ -277,18 +289,6 @@ class Instances:
         return self.resume_version[r]
 
     # ------------------------------------------------------------------ state
-    def _finish(self, s: int, r: int, t: float) -> None:
-        G = self.G
-        self.n[r] -= 1
-        self.K[r] -= self.plen_j[s // G] + self.g0[s] - self.s0[s]
-        self.in_run[s] = False
-        self.t_fin[s] = t
-        self.ver_fin[s] = self.version_of(r)
-        j = s // G
-        self.job_left[j] -= 1
-        if self.job_left[j] == 0:
-            self.on_group_done(j, t)
-
     def _preempt_one(self, r: int) -> None:
         od = self.order[r]
         while od and not self.in_run[od[-1]]:

@@ -105,15 +105,17 @@ class SimProgress:
         G = inst.G
         j = self.job_of[key]
         b = j * G
-        step, left = inst.S[inst.seq_inst[b]], inst.job_left[j]
+        S, seq_inst, in_run, t_fin, g0, s0 = inst.S, inst.seq_inst, inst.in_run, inst.t_fin, inst.g0, inst.s0
+        step, left = S[seq_inst[b]], inst.job_left[j]
         finished, tokens = {}, []
-        for s in range(b, b + G):
-            done, tok = inst.sample_tokens(s)
-            if done:
-                finished[s - b] = tok
+        for s in range(b, b + G):      # inst.sample_tokens(s), inlined
+            if in_run[s]:
+                tokens.append(g0[s] + S[seq_inst[s]] - s0[s])
+            elif t_fin[s] > 0.0:
+                finished[s - b] = inst.resp[s]
             else:
-                tokens.append(tok)
-        self.tc.on_progress([{"key": key, "finished": finished, "tokens": tokens}])
+                tokens.append(g0[s])
+        self.tc.progress(key, finished, tokens)
         rem = est.remaining(key)
         self._cache[key] = (b, step, left, rem)
         return rem
