@@ -153,7 +153,7 @@ class GroupEstimator:
         left = self.G - len(g.finished)
         if len(tokens) > left:
             raise ValueError(f"group {key!r}: {len(tokens)} unfinished samples reported, {left} left")
-        g.tokens = tuple(int(t) for t in tokens)
+        g.tokens = tuple(map(int, tokens))
         g.memo = None
 
     def on_sample_finish(self, key: Hashable, length: int) -> None:
@@ -170,13 +170,15 @@ class GroupEstimator:
         """:meth:`on_sample_finish` for each of ``lengths`` in turn (one call: a group's last report)."""
         g = self.groups[key]
         G, finished = self.G, g.finished
+        ordered = False     # g.tokens sorted already (after the first drop): the next drop needs no sort
         for length in lengths:
             if len(finished) >= G:
                 raise ValueError(f"group {key!r}: more than {G} samples finished")
             finished.append(max(1, int(length)))
             g.memo = None
             if len(g.tokens) > G - len(finished):
-                g.tokens = tuple(sorted(g.tokens)[:-1])
+                g.tokens = g.tokens[:-1] if ordered else tuple(sorted(g.tokens)[:-1])
+                ordered = True
 
     def on_group_finish(self, key: Hashable) -> None:
         """The group is done: forget it, and learn the spread and the prediction error from it."""
