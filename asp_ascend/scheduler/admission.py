@@ -285,12 +285,12 @@ class Dispatcher:
         limit = adm.instance_version[instance] + adm.k      # _limit, inlined (hot)
         q = self.queues[own]
         job = q.best(limit) if q.iters and q.iters[0] <= limit else None
-        if job is not None or not (self.guided and steal) or not self.may_steal(instance):
+        if job is not None or not (self.guided and steal):
             return job, own
         # the victims with an admissible job, then the one with the most remaining work among them
         # (remaining work is asked only of those: with re-estimation it is the costly part). The own
         # queue has none, so no queue's first iteration <= limit means no victim (the usual case)
-        if not self._firsts or self._firsts[0] > limit:
+        if not self._firsts or self._firsts[0] > limit or not self.may_steal(instance):
             return None, None
         if self._run_memo is None:
             cand = [i for i, q in enumerate(self.queues)

@@ -183,9 +183,12 @@ class Engine:
             # stable sort keeps the others in the order the full sort gives them
             for r in sorted([r for r in range(self.R) if not paused[r] and held[r] < cap[r]], key=held.__getitem__):
                 # may_take first (cheap, asks no estimator); with tail caps the room rule itself
-                # peeks with stealing, so then only may_take(r, True) may skip it
-                if (not disp.may_take(r, steal or self.gov is not None)
-                        or (self.gov is not None and not self._has_room(r))):   # (else: held < cap is room)
+                # peeks with stealing, so then only may_take(r, True) may skip it. Where may_take says
+                # no, peek says no too without asking the estimator: the steal pass peeks at once
+                if self.gov is not None:
+                    if not disp.may_take(r, True) or not self._has_room(r):    # (else: held < cap is room)
+                        continue
+                elif not steal and not disp.may_take(r, False):
                     continue
                 head = disp.peek(r, steal)
                 if head is None or (self.barrier and head.iteration > self.released):

@@ -212,7 +212,8 @@ class Instances:
             mk = (kv - C0) // nn if nn else m
             if 1 <= mk < m:
                 m = mk
-        cm = self.cost_at(nn)
+        spec = self.spec_cm         # cost_at(nn), inlined (hot)
+        cm = spec if spec is not None and (self.spec_max <= 0 or nn <= self.spec_max) else self.cm
         if due is not None:             # the first boundary at or after the next hand-over's end
             m = min(m, cm.steps_to_reach(due - self.T[r], nn, C0))
         a, b, c = cm.decode_a, cm.decode_b, cm.decode_c
