@@ -319,12 +319,19 @@ class Dispatcher:
         the lower index), each as (instance, remaining work, its best admissible job); (None, 0.0,
         None) where there are fewer. A thief takes the first that is not itself, as the whole list
         sorted by (-work, index) would give it. Every candidate is asked, in index order."""
-        cand = [i for i, q in enumerate(self.queues) if self.alive[i] and q.iters and q.iters[0] <= limit]
-        work = {i: self.remaining_work(i) for i in cand}
+        alive, memo, fresh = self.alive, self._run_memo, self.estimator is None or self._run_memo is None
         v1 = v2 = None
         w1 = w2 = 0.0
-        for i in cand:
-            w = work[i]
+        for i, q in enumerate(self.queues):
+            if not (alive[i] and q.iters and q.iters[0] <= limit):
+                continue
+            if fresh:
+                w = self.remaining_work(i)
+            else:           # remaining_work(i), inlined: the memoised running work, else asked now
+                run = memo.get(i)
+                if run is None:
+                    run = memo[i] = self._running_remaining(i)
+                w = q.work + run
             if v1 is None or w > w1:
                 v1, w1, v2, w2 = i, w, v1, w1
             elif v2 is None or w > w2:
