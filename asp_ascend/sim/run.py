@@ -15,6 +15,7 @@ Outputs in ``output_dir``: ``summary.json`` (DESIGN 6: one entry per system poli
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import time
 from dataclasses import asdict, dataclass, replace
@@ -230,7 +231,24 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
                     fast_path: bool = True) -> SimResult:
     """Simulate system policy ``name`` on ``workload`` (DESIGN 6 summary entry + timeline);
     ``mismatch``: the instances' true costs differ from the planned ones; ``fast_path=False``
-    runs a system without tail mechanisms through the general admission path (same results)."""
+    runs a system without tail mechanisms through the general admission path (same results).
+
+    The cyclic garbage collector pauses meanwhile: a run allocates millions of small objects
+    (jobs, events, heap entries) that live until its end and form no cycles to speak of; the
+    collector's passes over them took about 6 % of ``asp_partial``'s time at 100k prompts
+    (docs/simulator.md, "Performance"). It resumes once the run's objects are released."""
+    collect = gc.isenabled()
+    gc.disable()
+    try:
+        return _simulate(cfg, workload, name, total_devices=total_devices, rollout_devices=rollout_devices,
+                         record_samples=record_samples, preds=preds, mismatch=mismatch, fast_path=fast_path)
+    finally:
+        if collect:
+            gc.enable()
+
+
+def _simulate(cfg, workload, name: str, *, total_devices, rollout_devices, record_samples, preds, mismatch,
+              fast_path) -> SimResult:
     t0 = time.perf_counter()
     spec = system_for(cfg, name, total_devices, rollout_devices)
     costs = costs_for(cfg, spec)
