@@ -110,6 +110,13 @@ def trainer_slots(tokens, padded_tokens, micro_batching: str) -> np.ndarray:
     return np.asarray(tokens, dtype=float) + np.asarray(padded_tokens, dtype=float)
 
 
+def trainer_slots_one(tokens: int, padded_tokens: int, micro_batching: str) -> float:
+    """:func:`trainer_slots` of one step, on Python floats (the same float64 product or sum)."""
+    if micro_batching == "packed":
+        return PACKED_TOKEN_COST * float(tokens)
+    return float(tokens) + float(padded_tokens)
+
+
 @dataclass(frozen=True)
 class SimCosts:
     """Everything the engine needs to time one system configuration."""

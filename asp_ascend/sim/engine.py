@@ -103,6 +103,8 @@ class Engine:
 
             self.tc = TailControl(self.plan, self.mech.options(jobs), max_tokens=self.mech.max_tokens,
                                   event=self.log, now=lambda: 0.0)
+            # per job, its samples' lengths and its prompt's, as TailControl.on_finish takes them
+            self._resp_rows, self._plen = jobs.resp.tolist(), jobs.prompt_length.astype(float).tolist()
             if self.tc.estimator is not None:
                 self.dispatcher.estimator = SimProgress(self.tc, self.inst, self.job_of)
         self.gov = None if self.tc is None else self.tc.governor    # tail-aware concurrency's caps
@@ -260,7 +262,7 @@ class Engine:
         key = self.key_of[j]
         self.feeder.finished(key[0], key[1], release=not late)
         if self.tc is not None:
-            self.tc.on_finish(key, jobs.resp[j].tolist(), float(jobs.prompt_length[j]))
+            self.tc.on_finish(key, self._resp_rows[j], self._plen[j])
         self.trainer.on_group(j, t)
         self.dirty = True
 

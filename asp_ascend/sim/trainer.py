@@ -26,7 +26,7 @@ import pandas as pd
 
 from ..scheduler.execution import STREAM_STARTS, stream_candidate
 from ..scheduler.microbatch import step_slots
-from .costs import trainer_slots
+from .costs import trainer_slots, trainer_slots_one
 from .jobs import SimJobs
 
 PUBLISH, TRAIN = 0, 1     # event kinds (see engine.py)
@@ -453,7 +453,7 @@ class Trainer:
             # each group cut on its own (group_pads); packed micro-batches carry no pad (step_slots' answer)
             pad = sum(map(self._group_pad.__getitem__, js)) if self.by_group else 0
             self._recosted[x] = (tokens, pad)
-            self.mb_dur[x] = (spec.train_per_token * float(trainer_slots(tokens, pad, spec.micro_batching))
+            self.mb_dur[x] = (spec.train_per_token * trainer_slots_one(tokens, pad, spec.micro_batching)
                               + spec.train_per_step)
             return
         seq = (jobs.resp[js] + jobs.prompt_length[js, None]).reshape(-1).astype(np.int64)
