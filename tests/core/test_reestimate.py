@@ -108,3 +108,28 @@ def test_spread_from_a_history_and_the_group_max_factor():
     mc = np.exp(0.3 * z - 0.045).max(axis=1).mean()
     assert group_max_factor(0.3, G) == pytest.approx(mc, rel=0.02)
     assert group_max_factor(0.0, G) == 1.0 and group_max_factor(0.3, 1) == 1.0
+
+
+def test_a_groups_last_samples_in_one_call_match_one_by_one():
+    import random
+
+    rng = random.Random(3)
+    for _ in range(200):
+        a, b = GroupEstimator(8, max_length=4096.0), GroupEstimator(8, max_length=4096.0)
+        for e in (a, b):
+            e.on_admit("g", 500.0)
+        toks = [rng.randint(0, 900) for _ in range(8)]
+        first = [rng.randint(1, 900) for _ in range(rng.randint(0, 3))]
+        for e in (a, b):
+            e.on_progress("g", toks)
+            for x in first:
+                e.on_sample_finish("g", x)
+        rest = [rng.randint(1, 2000) for _ in range(8 - len(first) - rng.randint(0, 3))]
+        for x in rest:
+            a.on_sample_finish("g", x)
+        b.on_samples_finish("g", rest)
+        ga, gb = a.groups["g"], b.groups["g"]
+        assert (ga.finished, ga.tokens) == (gb.finished, gb.tokens)
+        assert a.remaining("g") == b.remaining("g")
+    with pytest.raises(ValueError, match="more than 8 samples"):
+        b.on_samples_finish("g", [1] * 9)

@@ -85,3 +85,43 @@ def test_carryover_heavy_first_moves_within_the_iteration_only():
         ("a", "c", 0, 0, 0, 1)
     assert co.members[(0, 0)] == ["b", "c"] and co.members[(0, 1)] == ["d", "a"]
     assert co.regroups == [sw] and co.swaps == []
+
+
+def test_the_generated_counts_give_the_same_pairs_as_asking_every_group():
+    """regroup_pairs / heavy_first_pairs with ``counts`` (CarryOver's fast answers) against without,
+    on random memberships, generation orders and targets; and CarryOver's counts stay exact across
+    finishes and moves (regroup, heavy first, deferral)."""
+    import random
+
+    from asp_ascend.scheduler.regroup import heavy_first_pairs
+
+    rng = random.Random(7)
+    for _ in range(400):
+        n_mb, size = rng.randint(1, 4), rng.randint(1, 4)
+        keys = [f"k{i}" for i in range(n_mb * size)]
+        mbs = {m: keys[m * size:(m + 1) * size] for m in range(n_mb)}
+        todo = sorted(rng.sample(range(n_mb), rng.randint(1, n_mb)))
+        done = rng.sample(keys, rng.randint(0, len(keys)))
+        gen = _gen(done)
+        counts = {m: sum(gen(k) is not None for k in mbs[m]) for m in todo}
+        w = {k: rng.choice([1.0, 2.0, 5.0]) for k in keys}.__getitem__
+        for target in (None, rng.choice(todo)):
+            assert regroup_pairs(mbs, todo, gen, target, counts) == regroup_pairs(mbs, todo, gen, target)
+        full = [m for m in todo if counts[m] == len(mbs[m])]    # heavy first's target is all generated
+        if full:
+            t = rng.choice(full)
+            assert heavy_first_pairs(mbs, todo, t, gen, w, counts) == heavy_first_pairs(mbs, todo, t, gen, w)
+
+    for _ in range(50):
+        slots = [(f"{i}{m}{j}", i, m) for i in range(3) for m in range(3) for j in range(3)]
+        co = CarryOver(slots, max_split=1)
+        for key, _, _ in rng.sample(slots, len(slots)):
+            co.on_finish(key, rng.random())
+            i = rng.randrange(3)
+            full = [m for m in range(3) if all(k in co.finished for k in co.members[(i, m)])]
+            ops = [lambda: co.regroup(i), lambda: co.regroup(i, rng.randrange(3)), lambda: co.defer(i, co.unfinished(i))]
+            if full:
+                ops.append(lambda: co.heavy_first(i, rng.choice(full)))
+            rng.choice(ops)()
+            for slot, members in co.members.items():
+                assert co.n_finished.get(slot, 0) == sum(k in co.finished for k in members)
