@@ -9,6 +9,8 @@
     python benchmarks/bench_tail.py admission  [--devices 32 64] [--prompts N]
     python benchmarks/bench_tail.py reestimate [--data DIR] [--prompts N] [--devices 32 64]
     python benchmarks/bench_tail.py bound      [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
+    python benchmarks/bench_tail.py sweep      [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
+                                               [--workloads reasoning ...]
 
 ``ablation``: per heavy-tailed workload (reasoning-like synthetic, bimodal synthetic, Azure
 code trace x8 and conversation trace x6 from ``--data``, the repository's ../shared/data by
@@ -72,6 +74,14 @@ iterations and ``lower_bound_ratio``, the publish floor of the run's iterations
 within its k + 1 periods together, for the system's iteration membership) / iterations, and the
 room each bound leaves below fifo (1 - bound / fifo's iteration time): where it is under the
 target's 11 %, no dispatch order or mini-batch choice on that membership reaches the target.
+``sweep``: asp's defaults on settings they were not tuned on: per workload and device count, from
+the ablation's setup one thing changed at a time (``SWEEP_KEYS``: the synthetic generator's tail,
+body and correlations, the within-group spread, epoch correlation and drift, G, k, the generation
+cap, the instances' concurrency, the mini-batch count, the predictor, TP; the device count; decode
+coefficients x0.1 / x10 known to the planner or not; a 4x slower / faster trainer), asp's defaults
+against fifo and balanced as shipped and fifo with asp's trainer-side rules (``SWEEP_ROWS``), mean
+(min .. max) over the planner seeds, then the cells where asp is more than 1 % behind fifo or
+balanced or the run failed.
 Prints markdown tables (docs/scheduler.md holds a copy).
 """
 from __future__ import annotations
@@ -745,10 +755,114 @@ def speed(args) -> None:
               f"{s.get('deferred_groups', 0)} |", flush=True)
 
 
+
+# sweep: asp's defaults against the baselines on settings none of them was tuned on (one key at a time
+# from each workload's ablation setup); "fifo + rules" is fifo with asp's trainer-side rules (regroup,
+# heaviest first, streaming), so "asp vs fifo + rules" is what asp's dispatch adds on top of them
+SWEEP_ROWS = [("asp", "asp", ASP_DEFAULTS), ("fifo", "fully_async_fifo", OFF), ("balanced", "async_balanced", OFF),
+              ("fifo + rules", "fully_async_fifo", {**OFF, **REGROUP, **HEAVY, "pipeline.stream_groups": "on"})]
+# keys of the synthetic generator only (the traces take their lengths from the trace)
+SYNTHETIC_ONLY = ("workload.tail_fraction", "workload.tail_alpha", "workload.body_sigma",
+                  "workload.prompt_response_correlation")
+SWEEP_KEYS = [("workload.tail_fraction", (0.02, 0.3)), ("workload.tail_alpha", (1.1, 3.0)),
+              ("workload.body_sigma", (0.2, 1.2)), ("workload.group_spread", (0.05, 0.8)),
+              ("workload.epoch_correlation", (0.3, 0.95)), ("workload.drift", (0.1,)),
+              ("workload.prompt_response_correlation", (0.8,)), ("train.group_size", (4, 16)),
+              ("pipeline.lag_bound", (0, 2, 3)), ("lengths.max_response_length", (4096, 32768)),
+              ("rollout.max_num_seqs", (32, 512)), ("train.mini_batch_size", (256, 128, 32, 16)),
+              ("lengths.predictor", ("oracle", "regression")), ("sim.infer_tp", (1, 8))]
+SWEEP_DECODE = [("a", (1, 0, 0)), ("b", (0, 1, 0)), ("c", (0, 0, 1)), ("a, b, c", (1, 1, 1))]
+
+
+def custom_costs(cfg, decode=(1.0, 1.0, 1.0), train: float = 1.0) -> dict:
+    """``cost.*`` overrides of ``sim.model_class: custom`` that reproduce the costs ``cfg`` simulates
+    (its model class at its TP and split), the decode coefficients times ``decode`` (a, b, c) and
+    the trainer's per-token cost times ``train``: planner and simulator both see them."""
+    from asp_ascend.sim.run import costs_for, system_for
+
+    c = costs_for(cfg, system_for(cfg, "asp"))
+    cm = c.instance
+    return {"sim.model_class": "custom", "cost.decode_a": cm.decode_a * decode[0],
+            "cost.decode_b": cm.decode_b * decode[1], "cost.decode_c": cm.decode_c * decode[2],
+            "cost.prefill_per_token": cm.prefill_per_token, "cost.train_per_token": c.train_per_token * train,
+            "cost.logprob_per_token": 0.0, "cost.train_per_step": c.train_per_step, "cost.sync_s": c.sync_s,
+            "rollout.kv_cache_tokens": c.kv_capacity}
+
+
+def sweep_cells(wl: str, data: Path, prompts: int, D: int) -> list:
+    """(label, overrides, Mismatch or None) of sweep's cells on workload ``wl`` at ``D`` devices: the
+    base, then one key at a time (SWEEP_KEYS, the device count, decode and trainer costs): costs x0.1 /
+    x10 known to the planner (``custom_costs``) and unknown to it (planned on the model class's,
+    executed on the scaled ones: robustness's Mismatch), the trainer 4x slower / faster per token."""
+    from asp_ascend.sim.run import Mismatch
+
+    synthetic = WORKLOADS[wl]["workload.type"] == "synthetic"
+    out = [("base", {}, None)]
+    out += [(f"{k}={v}", {k: v}, None) for k, vs in SWEEP_KEYS if synthetic or k not in SYNTHETIC_ONLY for v in vs]
+    out += [(f"devices={n}", {"sim.total_devices": n, "sim.rollout_devices": n // 2}, None) for n in (16, 128)]
+    from asp_ascend.config import load_config
+
+    # the setup's costs (no workload key moves them; the traces' paths need not be read here)
+    split = {**BASE, "sim.total_devices": D, "sim.rollout_devices": D // 2}
+    base = load_config(None, [f"{k}={v}" for k, v in split.items()])
+    for name, which in SWEEP_DECODE:
+        for f in (0.1, 10.0):
+            x = tuple(f if w else 1.0 for w in which)
+            out.append((f"decode {name} x{f:g}, planned", custom_costs(base, x), None))
+            out.append((f"decode {name} x{f:g}, unplanned", {}, Mismatch(*x)))
+    out += [(f"trainer x{f:g} per token", custom_costs(base, train=f), None) for f in (4.0, 0.25)]
+    return out
+
+
+def sweep(args) -> None:
+    """asp's defaults vs fifo, balanced and fifo + rules on every sweep cell (module docstring)."""
+    from asp_ascend.lengths.workloads import workload_from_config
+
+    seeds = args.plan_seeds
+    print(f"planner seeds {', '.join(map(str, seeds))} (each cell's workload built with seed 0); mean (min .. max) "
+          f"over the seeds; fifo and fifo + rules plan nothing at random: run once\n")
+    head = ("| workload | devices | cell | asp iter. time (s) | asp vs fifo | asp vs balanced | asp vs fifo + rules | "
+            "asp throughput / fifo's | lag max (asp) |")
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    behind = []
+    for D in args.devices:
+        for wl in args.workloads:
+            for label, over, mm in sweep_cells(wl, args.data, args.prompts, D):
+                try:
+                    w = workload_from_config(_cfg(wl, args.data, args.prompts, D, over))
+
+                    def run(name, o, s, w=w, over=over, mm=mm):
+                        return _run(_cfg(wl, args.data, args.prompts, D, {**o, **over, "seed": s}), w, name, mm)
+
+                    res = seed_runs(run, seeds, SWEEP_ROWS)
+                except Exception as e:  # a crash or a refused config is a finding of the sweep
+                    print(f"| {wl} | {D} | {label} | error: {type(e).__name__}: {str(e).splitlines()[0]} |||||",
+                          flush=True)
+                    behind.append(f"{wl} / {D} / {label}: error")
+                    continue
+
+                def vs(ref):
+                    xs = [_pct(a, r) for a, r in zip(res["asp"], res[ref])]
+                    return sum(xs) / len(xs), f"{sum(xs) / len(xs):+.1f} % ({min(xs):+.1f} .. {max(xs):+.1f})"
+
+                t = sum(s["iteration_time_mean"] for s in res["asp"]) / len(seeds)
+                thr = sum(a["throughput"] / f["throughput"] for a, f in zip(res["asp"], res["fifo"])) / len(seeds)
+                (f, fs), (b, bs), (_, rs) = vs("fifo"), vs("balanced"), vs("fifo + rules")
+                print(f"| {wl} | {D} | {label} | {t:.1f} | {fs} | {bs} | {rs} | {thr:.3f} | "
+                      f"{max(s['policy_lag_max'] for s in res['asp'])} |", flush=True)
+                if max(f, b) > SWEEP_BEHIND:
+                    behind.append(f"{wl} / {D} / {label}: {f:+.1f} % vs fifo, {b:+.1f} % vs balanced")
+    print(f"\ncells where asp is more than {SWEEP_BEHIND:g} % behind fifo or balanced on the mean, or failed "
+          f"({len(behind)}): {'; '.join(behind) or 'none'}")
+
+
+SWEEP_BEHIND = 1.0    # %: a cell where asp's mean iteration time is more than this above fifo's or balanced's
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("what", choices=("ablation", "robustness", "seed", "speed", "admission", "reestimate", "breakdown",
-                                     "bound"))
+                                     "bound", "sweep"))
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data",
                     help="directory of the Azure LLM trace CSVs")
     ap.add_argument("--prompts", type=int, default=None, help="prompts per epoch (default 4096; speed: 100000)")
@@ -771,8 +885,8 @@ def main(argv=None) -> int:
                          "pipeline.regroup=off); robustness: on top of every row (pipeline.regroup=off: the grids "
                          "before asp regrouped)")
     args = ap.parse_args(argv)
-    if args.plan_seeds is not None and args.what not in ("ablation", "robustness", "breakdown", "bound"):
-        ap.error(f"--plan-seeds applies to ablation, robustness, breakdown and bound only, not to {args.what}")
+    if args.plan_seeds is not None and args.what not in ("ablation", "robustness", "breakdown", "bound", "sweep"):
+        ap.error(f"--plan-seeds applies to ablation, robustness, breakdown, bound and sweep only, not to {args.what}")
     if args.set and args.what not in ("breakdown", "seed", "robustness"):
         ap.error(f"--set applies to breakdown, seed and robustness only, not to {args.what}")
     if args.floor and args.what != "robustness":
@@ -788,7 +902,8 @@ def main(argv=None) -> int:
     args.devices = args.devices or ([128] if args.what in ("seed", "breakdown") else [256] if args.what == "speed" else [32])
     args.prompts = args.prompts or (100000 if args.what == "speed" else 4096)
     {"ablation": ablation, "robustness": robustness, "seed": seed, "speed": speed,
-     "admission": admission, "reestimate": reestimate, "breakdown": breakdown, "bound": bound}[args.what](args)
+     "admission": admission, "reestimate": reestimate, "breakdown": breakdown, "bound": bound,
+     "sweep": sweep}[args.what](args)
     return 0
 
 

@@ -1,0 +1,53 @@
+"""benchmarks/bench_tail.py sweep: its cost cells (custom_costs reproduces the model class's costs,
+so "planned" cells change only what they scale) and its cells per workload."""
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import bench_tail  # noqa: E402
+
+from asp_ascend.lengths.workloads import workload_from_config  # noqa: E402
+from asp_ascend.sim.run import costs_for, system_for  # noqa: E402
+
+
+def _costs(cfg):
+    return costs_for(cfg, system_for(cfg, "asp"))
+
+
+def test_custom_costs_reproduce_the_model_class():
+    base = bench_tail._cfg("bimodal", None, 512, 32, {})
+    same = bench_tail._cfg("bimodal", None, 512, 32, bench_tail.custom_costs(base))
+    a, b = _costs(base), _costs(same)
+    assert same.sim.model_class == "custom"
+    assert b.instance.decode_a == pytest.approx(a.instance.decode_a)
+    assert b.instance.decode_b == pytest.approx(a.instance.decode_b)
+    assert b.instance.decode_c == pytest.approx(a.instance.decode_c)
+    assert b.train_per_token == pytest.approx(a.train_per_token)
+    assert (b.train_per_step, b.sync_s, b.kv_capacity) == (a.train_per_step, a.sync_s, a.kv_capacity)
+    w = workload_from_config(base)
+    t = [bench_tail._run(c, w, "asp")["iteration_time_mean"] for c in (base, same)]
+    assert t[1] == pytest.approx(t[0])
+
+
+def test_custom_costs_scale_what_they_name():
+    base = bench_tail._cfg("bimodal", None, 512, 32, {})
+    a = _costs(base)
+    x = _costs(bench_tail._cfg("bimodal", None, 512, 32, bench_tail.custom_costs(base, (10.0, 1.0, 0.1), 4.0)))
+    assert x.instance.decode_a == pytest.approx(10 * a.instance.decode_a)
+    assert x.instance.decode_b == pytest.approx(a.instance.decode_b)
+    assert x.instance.decode_c == pytest.approx(0.1 * a.instance.decode_c)
+    assert x.train_per_token == pytest.approx(4 * a.train_per_token)
+
+
+def test_cells_per_workload():
+    syn = bench_tail.sweep_cells("bimodal", None, 512, 32)
+    trace = bench_tail.sweep_cells("azure_code_x8", Path("data"), 512, 32)
+    for cells in (syn, trace):
+        labels = [c[0] for c in cells]
+        assert len(set(labels)) == len(labels) and labels[0] == "base"
+        assert "decode a, b, c x10, unplanned" in labels and "trainer x4 per token" in labels
+    assert any(c[0].startswith("workload.tail_alpha") for c in syn)
+    assert not any(k in c[1] for c in trace for k in bench_tail.SYNTHETIC_ONLY)
+    assert len(syn) - len(trace) == sum(len(v) for k, v in bench_tail.SWEEP_KEYS if k in bench_tail.SYNTHETIC_ONLY)
