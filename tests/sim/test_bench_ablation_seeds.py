@@ -82,7 +82,7 @@ def test_one_seed_over_seeds_says_what_the_single_seed_table_says(one_seed):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["seed", "--plan-seeds", "1"], "--plan-seeds applies to ablation, robustness, breakdown and bound only"),
+    (["seed", "--plan-seeds", "1"], "--plan-seeds applies to ablation, robustness, breakdown, bound and sweep only"),
     (["ablation", "--plan-seeds", "0", "0"], "names a seed twice"),
     (["ablation", "--set", "seed=1"], "--set applies to breakdown, seed and robustness only"),
     (["breakdown", "--set", "lengths.predictor"], "is not KEY=VALUE"),
