@@ -137,6 +137,8 @@ NO_HEAVY = {"pipeline.regroup_heavy": "off"}
 # defaults it was behind in no robustness cell for any planner seed 0-4 (docs/scheduler.md,
 # "Against the seed"); OFF pins it off so that the rows measured before it stay reproducible
 STREAM = {"pipeline.stream_groups": "auto"}
+# run-time tail caps from re-estimated progress (scheduler/tail_control.py, TailControl._react); opt-in
+TAIL_REACTIVE = {"rollout.tail_concurrency": "reactive"}
 # asp's admission concurrency (scheduler/concurrency.py), both modes named explicitly
 CONC_FULL = {"scheduler.concurrency": "full"}
 CONC_AUTO = {"scheduler.concurrency": "auto"}
@@ -156,6 +158,8 @@ ABLATION = [
      {**OFF, **LOSSLESS, **REGROUP, **HEAVY}),
     ("+ streaming groups into the trainer (pipeline.stream_groups: asp's lossless default)", "asp",
      {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM}),
+    ("+ reactive tail caps (rollout.tail_concurrency: reactive, opt-in)", "asp",
+     {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM, **TAIL_REACTIVE}),
     ("fully_async_fifo + regroup heaviest first", "fully_async_fifo", {**OFF, **REGROUP, **HEAVY}),
     ("fully_async_fifo + regroup heaviest first + streaming (asp's trainer-side defaults)", "fully_async_fifo",
      {**OFF, **REGROUP, **HEAVY, "pipeline.stream_groups": "on"}),

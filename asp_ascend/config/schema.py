@@ -137,7 +137,9 @@ class RolloutConfig:
                                "other admissions so that group decodes faster: off (default: in the simulator's "
                                "ablation auto is 8-14 points behind off on the reasoning-like workload at 64 "
                                "devices for every planner seed, docs/scheduler.md) | auto (the planner sizes the room "
-                               "from the cost model) | N (at most N sequences on such an instance)", yaml_bool=True)
+                               "from the cost model) | reactive (at run time, from re-estimated progress: the instances of an "
+                               "iteration's last groups admit little while they run; docs/scheduler.md, \"Reactive tail "
+                               "caps\") | N (at most N sequences on such an instance)", yaml_bool=True)
     speculative: str = _f("none", "speculative decoding, vLLM's methods (rejection sampling keeps the sampling "
                           "distribution exact)", choices=("none", "ngram", "eagle", "eagle3", "medusa", "mlp_speculator",
                                                           "draft_model", "mtp"))

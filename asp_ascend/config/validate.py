@@ -207,8 +207,8 @@ def _count_or(value, words: tuple[str, ...], what: str) -> int | str:
 
 
 def parse_tail_concurrency(value) -> int | str:
-    """``rollout.tail_concurrency``: ``"auto"``, ``"off"`` or a positive int (raises ValueError)."""
-    return _count_or(value, ("auto", "off"), "sequences")
+    """``rollout.tail_concurrency``: ``"auto"``, ``"off"``, ``"reactive"`` or a positive int (raises ValueError)."""
+    return _count_or(value, ("auto", "off", "reactive"), "sequences")
 
 
 def parse_speculative_max_batch(value) -> int | str:

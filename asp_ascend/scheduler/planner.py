@@ -234,7 +234,7 @@ def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_ite
     n_mb = -(-counts // m)
     mini_batch = _mini_batches(iteration, pred + plen, counts, m, rng)
     room = np.zeros(n, dtype=np.int64)
-    if tail == "off":
+    if tail in ("off", "reactive"):    # reactive: caps decided at run time (scheduler/tail_control.py)
         is_tail = np.zeros(n, dtype=bool)
         # a group holds its instance for at least part of its own latency: balancing on
         # max(work, latency / 2) gives the hosts of long-tail groups less other work

@@ -449,3 +449,24 @@ def test_a_room_is_priced_at_the_batch_the_instance_runs():
     assert full.sizer.full_batch() == 128 and half.sizer.full_batch() == 48
     assert 0 < full.sizer.size_room(1, 64.0, 0.0) < 128
     assert half.sizer.size_room(1, 64.0, 0.0) == 0
+
+
+def test_reactive_caps_the_instance_of_an_iterations_last_group_until_it_finishes():
+    # two group slots; iteration 0 = "t" (predicted 50) and "s" (5), iteration 1 = "n". Once "s"
+    # finishes, "t" is the last unfinished group of iteration 0 (1 of 2: its tail) and its critical
+    # group: its instance holds at most G sequences (REACTIVE_ROOM x 4 = 0.5, at least G = 2), which
+    # "t" fills, so "n" waits for the free slot until "t" finishes
+    jobs = [_job(0, 0, "t", 0, 50.0), _job(0, 1, "s", 0, 5.0), _job(1, 2, "n", 0, 5.0)]
+    plan = _plan(jobs, slots_seqs=2 * G, dispatch="static", R=1)
+    ctl, tl = _control(plan, tail_concurrency="reactive")
+    feeder = plan.feeder()
+    assert _fill(feeder, ctl) == [(0, "t"), (0, "s")]
+    assert not tl.events["tail"]
+    feeder.finished(0, "s")
+    ctl.on_finish((0, "s"), [5, 5])
+    (ev,) = tl.events["tail"]
+    assert (ev["prompt_id"], ev["room"], ev["cap"], ev["reason"]) == ("t", G, G, "reactive")
+    assert _fill(feeder, ctl) == []
+    feeder.finished(0, "t")
+    ctl.on_finish((0, "t"), [50, 50])
+    assert _fill(feeder, ctl) == [(0, "n")]

@@ -60,6 +60,25 @@ def test_sim_tail_concurrency_isolates_the_tail():
     assert n2.loc[["p0", "p1", "p2", "p3"], "t_finish"].tolist() == [20.0, 10.0, 20.0, 25.0]
 
 
+def test_sim_reactive_tail_caps_the_instance_of_an_iterations_last_group():
+    # one instance of 2 slots (G = 1), a step costs 1 s per running sequence, k = 1. Iteration 0:
+    # p0 (10 tokens) and p1 (2); iteration 1: p2, p3 (5 each), admissible from the start. Both
+    # ways p0 and p1 start at 0 and share steps of 2 s: p1 ends at 4 s, leaving p0 the last of its
+    # iteration (1 of 2 unfinished: its tail, REACTIVE_SHARE = 1/2) and its critical group.
+    # Off: p2 takes p1's slot at 4 s; p0's last 8 tokens share steps of 2 s with p2 (ends 14 s)
+    # then p3: p0 ends at 20 s, p3 alone after it at 22 s. Reactive: p0's instance admits nothing
+    # while p0 runs (room G = 1): p0's 8 tokens alone end at 12 s, then p2 and p3 share steps of
+    # 2 s and end at 22 s. Iteration 0 is generated 8 s earlier, iteration 1 no later.
+    jobs = _jobs([10, 2, 5, 5], [0, 0, 1, 1], [0, 0, 0, 0], predicted=[10, 2, 5, 5])
+    _, off, _ = _run(jobs, R=1, mns=2)
+    assert off.loc[["p0", "p1", "p2", "p3"], "t_finish"].tolist() == [20.0, 4.0, 14.0, 22.0]
+    eng, on, _ = _run(jobs, R=1, mns=2, mech=SimMechanisms(tail_concurrency="reactive"))
+    assert on.loc[["p0", "p1", "p2", "p3"], "t_finish"].tolist() == [12.0, 4.0, 22.0, 22.0]
+    assert on.loc[["p2", "p3"], "t_admit"].tolist() == [12.0, 12.0]
+    # two caps: p0 at 4 s, and p3 once p2's finish (at 22 s, the same instant) left it the last of iteration 1
+    assert eng.log.counts == {"tail": 2}
+
+
 def test_sim_guided_dispatch_corrects_a_misprediction():
     # two instances, one sequence at a time, 1 s per step. The plan thinks every group is 1 token;
     # instance 0's three are really 10 tokens, instance 1's really 1. Static: instance 0 ends at
