@@ -63,6 +63,7 @@ REACTIVE_SHARE = 0.5
 REACTIVE_RATIO = 0.7
 REACTIVE_HOSTS = 0.5
 REACTIVE_ROOM = 0.125
+REACTIVE_STEP = 0.75    # re-decide once an iteration's unfinished groups fell to this share of the last count
 
 
 @dataclass(frozen=True)
@@ -136,6 +137,7 @@ class TailControl:
         self._size: dict[int, int] = {}
         self._capped: dict[Key, int] = {}
         self._it_of: dict[Key, int] = {}
+        self._seen: dict[int, int] = {}     # iteration -> its unfinished groups at the last decision
         if self.reactive:
             self._track(plan.iterations)
 
@@ -172,6 +174,8 @@ class TailControl:
                 return False
             if gov.cap(r) >= self.S:         # no tail runs there: a free slot is room (no peek)
                 return True
+            if not self.rooms and self.sizer is None:   # no job has a room of its own (reactive): no peek
+                return gov.admits(r, feeder.held(r), 0)
             job = self.disp.peek(r, True)
             return job is None or gov.admits(r, feeder.held(r), self._room_of(job))
         return room
@@ -193,7 +197,7 @@ class TailControl:
                             iteration=job.iteration, room=room, cap=self.governor.cap(r),
                             reason="measured" if self.sizing else "plan")
             if self.reactive:
-                self._react(job.iteration)
+                self._react(job.iteration, force=True)
 
     # ------------------------------------------------------------------ run-time rooms
     def on_costs(self, instance: int, meter: dict | None) -> None:
@@ -244,13 +248,22 @@ class TailControl:
     def _iteration_of(self, key: Key) -> int:
         return self.carry.iteration_of(key) if self.carry is not None else self._it_of.get(key, -1)
 
-    def _react(self, iteration: int) -> None:
+    def _react(self, iteration: int, force: bool = False) -> None:
         """``rollout.tail_concurrency: reactive``: once at most ``REACTIVE_SHARE`` of ``iteration``'s
         groups is unfinished, the instances of its critical groups (running, re-estimated remaining
-        tokens at least ``REACTIVE_RATIO`` x the largest) admit nothing new while they run."""
+        tokens at least ``REACTIVE_RATIO`` x the largest) hold at most their room while they run.
+        Re-decided when a group of the iteration is admitted or a capped one finishes, else once its
+        unfinished groups fell to ``REACTIVE_STEP`` x their number at the last decision (each
+        decision asks every running group's remaining tokens)."""
         left = self._unfinished.get(iteration)
+        if not left or len(left) > REACTIVE_SHARE * self._size[iteration]:
+            if not any(i == iteration for i in self._capped.values()):
+                return
+        elif not force and len(left) > REACTIVE_STEP * self._seen.get(iteration, float("inf")):
+            return
         want: dict[Key, float] = {}
         if left and len(left) <= REACTIVE_SHARE * self._size[iteration]:
+            self._seen[iteration] = len(left)
             running = [k for k in left if k in self.governor.where]
             rem_of = self.disp.estimator.remaining if self.disp.estimator is not None else None
             rem = {k: (rem_of(k) if rem_of is not None else self._jobs[k].predicted_length) for k in running}
@@ -353,14 +366,15 @@ class TailControl:
         if self.governor is not None:
             self.governor.on_finish(key)
         if self.reactive:
-            self._capped.pop(key, None)
+            was_capped = self._capped.pop(key, None) is not None
             i = self._iteration_of(key)
             left = self._unfinished.get(i)
             if left is not None:
                 left.discard(key)
                 if not left:
                     del self._unfinished[i]
-            self._react(i)
+                    self._seen.pop(i, None)
+            self._react(i, force=was_capped)
         if self.membership is not None:   # carry-over's, or regroup's own; weight: the group's tokens
             p = self.plen(key[1]) if prompt_length is None else prompt_length
             self.membership.on_finish(key, sum(lengths) + len(lengths) * float(p))
