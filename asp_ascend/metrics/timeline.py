@@ -24,6 +24,9 @@
   and the mean trainer seconds per iteration, scheduler/cost_meter.py; one per refit);
   ``defer``: t, epoch, prompt_id, iteration, to_iteration, remaining, budget and
   ``swap``: t, epoch, prompt_id, iteration, to_iteration, mini_batch, replaces (carry-over);
+  ``regroup``: t, epoch, prompt_id, iteration, mini_batch, from_mini_batch, replaces, and ``rule``
+  ``heavy_first`` for ``pipeline.regroup_heavy``'s (a generated group moved between mini-batches of
+  its iteration); the simulator writes steal/tail/defer/swap/regroup too, at its simulated time;
   ``speculative``: t, instance, epoch, prompt_id, tokens, steps, tokens_per_step, draft_tokens,
   accepted_per_step (a group drawn with speculative decoding).
   ``request`` events of real runs carry ``planned_iteration`` (the schedule's; ``iteration`` is

@@ -4,7 +4,8 @@ run's own timeline, under the simulator's names.
 ``asp train`` (``pipeline/run.py: write_summary``) and MindSpeed-RL's async loop
 (``integrations/mindspeed_rl/run_files.py``) write :func:`run_summary`: ``metrics.summarize``'s
 entry plus :func:`carry_over_summary`, so a run's summary has the keys ``asp simulate`` writes
-(``sim.mechanisms.tail_summary``): ``stolen_groups``, ``tail_capped_groups``, ``deferred_groups``, ``regrouped_groups``
+(``sim.mechanisms.tail_summary``): ``stolen_groups``, ``tail_capped_groups``, ``deferred_groups`` (distinct
+groups deferred: a group deferred twice is one), ``regrouped_groups``
 (``regrouped_heavy_first``: those of them by ``pipeline.regroup_heavy``),
 and by ``metrics.deferred_lags`` ``deferred_samples``, ``policy_lag_max_lossless``,
 ``deferred_lag_hist`` and ``deferred_token_lag_hist``; the per-iteration length mix. ``summarize``'s
@@ -32,10 +33,10 @@ def carry_over_summary(tl, lag_bound: int) -> dict:
                            for seg, v in zip(req["segments"], req["admission_version"])])
     else:
         last = req["admission_version"].to_numpy()
-    log = MechanismLog()    # counted as the simulator counts them (an event's rule as well)
+    log = MechanismLog()    # counted as the simulator counts them (an event's rule, distinct deferred groups)
     for kind in TAIL_KINDS:
         for ev in tl.events[kind]:
-            log(kind, rule=ev.get("rule"))
+            log(kind, **ev)
     out = tail_summary(req, planned, last, lag_bound, log)
     out["stolen_groups"] = len(tl.events["steal"])
     return out

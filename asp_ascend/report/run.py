@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..errors import DataError
+from .decisions import tail_decisions
 
 
 def run_report(run_dir, sim_dir=None) -> int:
@@ -140,26 +141,6 @@ def beside_simulation(summary: dict, sim_dir) -> list[str]:
 
     return ["## Beside its simulation", "", f"Simulation `{Path(sim_dir).name}`, system policy `{key}`.", "",
             *summary_table({f"{key} (run)": entry, f"{key} (simulated)": simulated[key]}), ""]
-
-
-def tail_decisions(tl) -> list[str]:
-    """The tail mechanisms' decisions in the timeline (DESIGN 9): a table, or nothing when none was made."""
-    counts = {k: len(tl.events.get(k, [])) for k in ("steal", "tail", "defer", "swap", "regroup")}
-    spec = tl.events.get("speculative", [])
-    streamed = [e for e in tl.events.get("step", []) if e.get("parts", 1) > 1]
-    if not any(counts.values()) and not spec and not streamed:
-        return []
-    md = ["## Tail mechanisms", "", "| decision | count |", "|---|---|"]
-    md += [f"| {k} | {n} |" for k, n in counts.items()]
-    if spec:
-        tokens, steps = sum(e["tokens"] for e in spec), sum(e["steps"] for e in spec)
-        md.append(f"| speculative groups ({tokens / max(steps, 1):.2f} tokens per engine step) | {len(spec)} |")
-    if streamed:  # pipeline.stream_groups: steps whose groups reached the trainer in several parts
-        waits = sum(e["t_start"] - e["t_first"] for e in streamed)   # span from the first part less busy time
-        md.append(f"| streamed optimizer steps (of {len(tl.events.get('step', []))}; "
-                  f"{sum(e['parts'] for e in streamed) / len(streamed):.1f} parts each, the trainer waited "
-                  f"{waits / len(streamed):.2f} s between parts per step) | {len(streamed)} |")
-    return md + [""]
 
 
 def attempts(out: Path) -> list[tuple[str, pd.DataFrame]]:

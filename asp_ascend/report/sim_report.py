@@ -87,7 +87,8 @@ def write_sim_report(out, views: dict | None = None) -> Path:
     """Write ``report.md`` and the PNGs into simulation directory ``out``; returns the report path.
 
     ``views``: per policy, in-memory timeline frames (``request``, ``queue``, ``sync``) for the
-    Gantt and queue plots; without them the ``timeline_<policy>.jsonl`` files are read.
+    Gantt and queue plots, and ``decisions`` (the tail mechanisms' table, ``report.decisions.tail_decisions``);
+    without them the ``timeline_<policy>.jsonl`` files are read.
     """
     out = Path(out)
     summary = _load(out / "summary.json")
@@ -143,10 +144,12 @@ def _calibration_lines(cal: dict) -> list[str]:
 
 
 def _timeline_plots(out: Path, summary: dict, views: dict | None) -> tuple[list[str], list]:
-    """Per-policy Gantt charts and the queue plot, from ``views`` or the written timelines."""
+    """Per-policy tail mechanisms' decisions (as a training run's report shows them), Gantt charts
+    and the queue plot, from ``views`` or the written timelines."""
     from ..metrics.timeline import Timeline
+    from .decisions import decisions_title, tail_decisions
 
-    figs, queues = [], {}
+    figs, queues, md = [], {}, []
     for name in summary:
         v = (views or {}).get(name)
         if v is None:
@@ -154,7 +157,9 @@ def _timeline_plots(out: Path, summary: dict, views: dict | None) -> tuple[list[
             if not p.is_file():
                 continue
             tl = Timeline.read_jsonl(p)
-            v = {k: tl.frame(k) for k in ("request", "queue", "sync")}
+            v = {**{k: tl.frame(k) for k in ("request", "queue", "sync")},
+                 "decisions": tail_decisions(tl, decisions_title(name))}
+        md += v.get("decisions", [])
         queues[name] = v["queue"]
         if not v["request"].empty:
             figs.append((f"Per-instance timeline: {name}",
@@ -162,7 +167,8 @@ def _timeline_plots(out: Path, summary: dict, views: dict | None) -> tuple[list[
     if not queues:
         return ["Timelines were not written (large run), so there are no Gantt or queue plots; "
                 "rerun with `sim.write_timeline=always` to get them.", ""], figs
-    return [], figs + [("Trainer queue occupancy", plots.queue_occupancy(queues, out / "queue_occupancy.png"))]
+    return md, figs + [("Trainer queue occupancy", plots.queue_occupancy(queues, out / "queue_occupancy.png"))]
+
 
 
 def _throughput_table(pts: pd.DataFrame, first_column: str) -> list[str]:

@@ -84,6 +84,17 @@ def key_of(job: Job) -> Key:
     return (job.epoch, job.prompt_id)
 
 
+def steal_events(disp, seen: int, event: Callable[..., None], t: float) -> int:
+    """One ``steal`` event at time ``t`` per job that guided dispatch (``disp``, the plan's
+    Dispatcher) moved after its first ``seen`` steals; returns how many it has moved (the next
+    ``seen``). The runtime's :meth:`TailControl.record_steals` and the simulator's engine write them."""
+    for job, src, dst in disp.steals[seen:]:
+        event("steal", t=t, epoch=job.epoch, prompt_id=job.prompt_id, iteration=job.iteration,
+              from_instance=src, to_instance=dst, predicted_length=job.predicted_length,
+              victim_work=disp.remaining_work(src))
+    return len(disp.steals)
+
+
 class TailControl:
     """Feeds the tail state machines from runtime events and records their decisions."""
 
@@ -297,11 +308,7 @@ class TailControl:
 
     def record_steals(self) -> None:
         """One ``steal`` event per job guided dispatch moved since the last call."""
-        for job, src, dst in self.disp.steals[self._steals_seen:]:
-            self._event("steal", t=self.now(), epoch=job.epoch, prompt_id=job.prompt_id, iteration=job.iteration,
-                        from_instance=src, to_instance=dst, predicted_length=job.predicted_length,
-                        victim_work=self.disp.remaining_work(src))
-        self._steals_seen = len(self.disp.steals)
+        self._steals_seen = steal_events(self.disp, self._steals_seen, self._event, self.now())
 
     # ------------------------------------------------------------------ progress
     def on_progress(self, reports: Iterable[dict]) -> None:

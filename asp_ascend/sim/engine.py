@@ -96,13 +96,17 @@ class Engine:
                               speculation=self.mech.speculation, version_of=self.adm.instance_version.__getitem__,
                               admit_each_s=self.tr.admit_each_s, admit_engine_s=self.tr.admit_engine_s)
         self.dispatcher.held = self.inst.held       # guided dispatch's steal room, in sequences exactly
-        self.log = MechanismLog()
+        # the mechanisms' events, counted; kept (at the engine's event time ``self.t``) only when
+        # the timeline is recorded (``record_samples``: it will be written)
+        self.log = MechanismLog(events={} if self.record_samples else None)
+        self.t = 0.0
+        self._steals = 0           # guided dispatch's steals already in the timeline
         self.tc = None             # the tail glue shared with the runtime (scheduler/tail_control.py)
         if self.mech.any_control:
             from ..scheduler.tail_control import TailControl
 
             self.tc = TailControl(self.plan, self.mech.options(jobs), max_tokens=self.mech.max_tokens,
-                                  event=self.log, now=lambda: 0.0)
+                                  event=self.log, now=lambda: self.t)
             # per job, its samples' lengths and its prompt's, as TailControl.on_finish takes them
             self._resp_rows, self._plen = jobs.resp.tolist(), jobs.prompt_length.astype(float).tolist()
             if self.tc.estimator is not None:
@@ -142,6 +146,10 @@ class Engine:
         self.inst.enqueue(r, self.job_of[(job.epoch, job.prompt_id)], ver)
         if self.tc is not None:
             self.tc.on_admit(r, job)
+        if self.log.events is not None and len(self.dispatcher.steals) != self._steals:   # a steal, recorded
+            from ..scheduler.tail_control import steal_events
+
+            self._steals = steal_events(self.dispatcher, self._steals, self.log, self.t)
 
     def _gate(self, job) -> bool:
         return job.iteration <= self.released
@@ -395,7 +403,8 @@ class Engine:
         self._check_done()
         self.preemptions = inst.preemptions
         return build_timeline(self.jobs, tr.table(), inst, tr.queue, tr.step_rows, tr.sync_rows, self.record_samples,
-                              members=tr.members, trained_iteration=tr.job_it, streamed=tr.by_group)
+                              members=tr.members, trained_iteration=tr.job_it, streamed=tr.by_group,
+                              events=self.log.events)
 
     def _loop(self) -> None:
         inst, tr, feeder = self.inst, self.trainer, self.feeder
@@ -410,6 +419,7 @@ class Engine:
         events = self._events
         while events:
             t, kind, _, x, tok = heapq.heappop(events)
+            self.t = t
             if kind == INST:
                 if tok == inst.ev_tok[x]:
                     self._on_instance(x, t)

@@ -16,9 +16,9 @@ uses, fed from the simulated instances instead of vLLM's progress reports.
   engine asks ``TailControl.maybe_defer`` and moves the swapped groups between mini-batches.
 
 :func:`tail_summary` adds what the mechanisms did to a run's summary: groups stolen, capped,
-deferred; the lag of deferred samples (by admission version and by the version of their last
-token) and the per-iteration length mix (Kolmogorov-Smirnov distance of each iteration's
-trained response lengths to the whole run's).
+deferred (distinct groups), regrouped; the lag of deferred samples (by admission version and by
+the version of their last token) and the per-iteration length mix (Kolmogorov-Smirnov distance of
+each iteration's trained response lengths to the whole run's).
 """
 from __future__ import annotations
 
@@ -123,14 +123,24 @@ class SimProgress:
 
 @dataclass
 class MechanismLog:
-    """What the mechanisms did (the timeline's steal/tail/defer/swap/regroup events, counted); an
-    event with a ``rule`` (regroup's ``heavy_first``) is counted under ``KIND_RULE`` as well."""
+    """What the mechanisms did: the timeline's steal/tail/defer/swap/regroup events, counted (an
+    event with a ``rule``, regroup's ``heavy_first``, under ``KIND_RULE`` as well), the distinct
+    groups deferred (a group carry-over defers twice, S >= 2, is one deferred group), and, when
+    ``events`` is a dict (the timeline is recorded), the events themselves: kind -> [fields], as
+    the runtime writes them (``TailControl``'s ``event`` callback)."""
     counts: dict = field(default_factory=dict)
+    deferred: set = field(default_factory=set)     # (epoch, prompt_id) of every group deferred
+    events: dict | None = None
 
-    def __call__(self, kind: str, rule: str | None = None, **_):
+    def __call__(self, kind: str, **ev):
         self.counts[kind] = self.counts.get(kind, 0) + 1
+        rule = ev.get("rule")
         if rule:
             self.counts[f"{kind}_{rule}"] = self.counts.get(f"{kind}_{rule}", 0) + 1
+        if kind == "defer":
+            self.deferred.add((ev.get("epoch"), ev.get("prompt_id")))
+        if self.events is not None:
+            self.events.setdefault(kind, []).append(ev)
 
 
 def ks_distance(x: np.ndarray, ref_sorted: np.ndarray) -> float:
@@ -146,13 +156,14 @@ def ks_distance(x: np.ndarray, ref_sorted: np.ndarray) -> float:
 
 def tail_summary(req: pd.DataFrame, planned_iteration: np.ndarray, version_at_finish, lag_bound: int,
                  log: MechanismLog | None) -> dict:
-    """Mechanism counters, the deferred samples' lag histograms (``metrics.deferred_lags``: a sample
-    trained after its planned iteration; a group swapped in early is not deferred) and the
-    per-iteration length mix. ``req``: the request frame (its ``iteration`` = the iteration that
-    trained the sample); ``planned_iteration``: per sample, the plan's."""
+    """Mechanism counters (``deferred_groups``: the distinct groups deferred, not the defer events:
+    with S >= 2 a group may be deferred twice), the deferred samples' lag histograms
+    (``metrics.deferred_lags``: a sample trained after its planned iteration; a group swapped in
+    early is not deferred) and the per-iteration length mix. ``req``: the request frame (its
+    ``iteration`` = the iteration that trained the sample); ``planned_iteration``: per sample, the plan's."""
     it = req["iteration"].to_numpy()
     out = {"tail_capped_groups": (log.counts.get("tail", 0) if log else 0),
-           "deferred_groups": (log.counts.get("defer", 0) if log else 0),
+           "deferred_groups": (len(log.deferred) if log else 0),
            "regrouped_groups": (log.counts.get("regroup", 0) if log else 0),
            "regrouped_heavy_first": (log.counts.get("regroup_heavy_first", 0) if log else 0),
            **deferred_lags(it, planned_iteration, req["admission_version"].to_numpy(), version_at_finish)}

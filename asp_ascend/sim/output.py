@@ -8,15 +8,23 @@ from ..metrics.timeline import KINDS, Timeline
 
 
 class SimTimeline(Timeline):
-    """A :class:`Timeline` whose events are held as pandas frames (fast for 10^6 requests)."""
+    """A :class:`Timeline` whose events are held as pandas frames (fast for 10^6 requests), except
+    the few of ``events`` (kind -> [fields]: the tail mechanisms' decisions), held as a real run's
+    :class:`Timeline` holds them (their fields differ from event to event)."""
 
-    def __init__(self, frames: dict[str, pd.DataFrame]):
+    def __init__(self, frames: dict[str, pd.DataFrame], events: dict[str, list] | None = None):
         super().__init__()
         self.frames = {k: frames.get(k, pd.DataFrame()) for k in KINDS}
+        for kind, evs in (events or {}).items():
+            if kind not in self.events:
+                raise ValueError(f"unknown timeline event kind {kind!r}; valid: {', '.join(KINDS)}")
+            self.events[kind] = evs
 
     def frame(self, kind: str) -> pd.DataFrame:
         if kind not in self.frames:
             raise ValueError(f"unknown timeline event kind {kind!r}; valid: {', '.join(KINDS)}")
+        if self.events[kind] and self.frames[kind].empty:
+            return pd.DataFrame(self.events[kind])
         return self.frames[kind]
 
     def write_jsonl(self, path) -> None:
@@ -24,12 +32,12 @@ class SimTimeline(Timeline):
         from .timeline_io import write_frames_jsonl
 
         with atomic_path(path) as tmp:
-            write_frames_jsonl(self.frames, tmp)
+            write_frames_jsonl(self.frames, tmp, self.events)
 
 
 def build_timeline(jobs, mbt: pd.DataFrame, seqs, queue: tuple, step_rows: list, sync_rows: list,
                    record_samples: bool, members: dict | None = None, trained_iteration=None,
-                   streamed: bool = False) -> SimTimeline:
+                   streamed: bool = False, events: dict | None = None) -> SimTimeline:
     """The run's events as a :class:`SimTimeline`: one request row per sequence (``seqs``: the
     instances' per-sequence record), one step row per optimizer step (``step_rows``: (t_start,
     t_end, mini-batch index into ``mbt``, t_first, parts); ``streamed`` (the trainer streamed groups,
@@ -37,7 +45,8 @@ def build_timeline(jobs, mbt: pd.DataFrame, seqs, queue: tuple, step_rows: list,
     them), one sync row per weight sync, the trainer queue's
     puts and gets. With ``record_samples`` each step lists its (epoch, prompt_id, sample)
     triples; ``members`` ((iteration, mini_batch) -> job indices) and ``trained_iteration`` (per
-    job) override the schedule's where carry-over moved groups."""
+    job) override the schedule's where carry-over moved groups. ``events``: the tail mechanisms'
+    decisions (kind -> [fields], ``MechanismLog.events``), as the runtime writes them."""
     it = jobs.iteration if trained_iteration is None else np.asarray(trained_iteration)
     G, J = jobs.group_size, len(jobs)
     req = pd.DataFrame({
@@ -70,7 +79,7 @@ def build_timeline(jobs, mbt: pd.DataFrame, seqs, queue: tuple, step_rows: list,
     q = pd.DataFrame({"t": np.asarray(queue[0], dtype=float), "op": queue[1],
                       "size": np.asarray(queue[2], dtype=np.int64)})
     return SimTimeline({"request": req, "step": steps, "sync": syncs, "queue": q,
-                        "instance": pd.DataFrame(columns=["t", "instance", "state"])})
+                        "instance": pd.DataFrame(columns=["t", "instance", "state"])}, events)
 
 
 def _step_samples(jobs, steps: pd.DataFrame, members: dict | None) -> list:

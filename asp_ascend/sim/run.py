@@ -316,6 +316,7 @@ def run_points(cfg, workload, names, out: Path, *, total_devices=None, rollout_d
                write_timelines: bool = True, echo=print) -> dict:
     """Simulate ``names``; write summary.json + simulation.json (+ timelines) into ``out``."""
     from ..io import write_json_atomic
+    from ..report.decisions import decisions_title, tail_decisions
 
     preds = _Predictions(workload, cfg)
     summary, setup, views = {}, {}, {}
@@ -332,7 +333,8 @@ def run_points(cfg, workload, names, out: Path, *, total_devices=None, rollout_d
             res.timeline.write_jsonl(out / f"timeline_{name}.jsonl")
         req = res.timeline.frame("request")
         views[name] = {"queue": res.timeline.frame("queue"), "sync": res.timeline.frame("sync"),
-                       "request": req.nsmallest(GANTT_SAMPLES, "t_admit") if len(req) > GANTT_SAMPLES else req}
+                       "request": req.nsmallest(GANTT_SAMPLES, "t_admit") if len(req) > GANTT_SAMPLES else req,
+                       "decisions": tail_decisions(res.timeline, decisions_title(name)) if write else []}
         s = res.summary
         echo(f"  {name:18s} devices={res.spec.devices:4d} R={res.spec.num_instances:3d} "
              f"throughput={s['throughput']:10.1f} tok/s  iter={s['iteration_time_mean']:8.1f}s  "

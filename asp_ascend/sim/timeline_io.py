@@ -10,10 +10,16 @@ from ..io import json_default
 from ..metrics.timeline import KINDS
 
 
-def write_frames_jsonl(frames: dict[str, pd.DataFrame], path) -> None:
-    """One JSON object per event with ``kind`` first, kinds in the canonical order."""
+def write_frames_jsonl(frames: dict[str, pd.DataFrame], path, events: dict[str, list] | None = None) -> None:
+    """One JSON object per event with ``kind`` first, kinds in the canonical order; a kind with
+    ``events`` (kind -> [fields]) is written from them, as a real run's timeline writes it."""
     with open(path, "w") as fh:
         for kind in KINDS:
+            evs = (events or {}).get(kind)
+            if evs:
+                for ev in evs:
+                    fh.write(json.dumps({"kind": kind, **ev}, default=json_default) + "\n")
+                continue
             df = frames.get(kind)
             if df is None or df.empty:
                 continue

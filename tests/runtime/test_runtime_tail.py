@@ -107,8 +107,8 @@ def test_request_events_carry_the_trained_iteration_and_the_planned_one(partial_
 
 
 def test_summary_has_the_simulators_carry_over_keys(partial_run):
-    # summary.json counts what the timeline shows: deferred groups = defer events; a deferred sample
-    # is one trained after its planned iteration; its lag is counted by admission version and by the
+    # summary.json counts what the timeline shows: deferred groups = the defer events' distinct groups; a
+    # deferred sample is one trained after its planned iteration; its lag is counted by admission version and by the
     # version behind its newest token (the last of its segments)
     from collections import Counter
 
@@ -116,7 +116,7 @@ def test_summary_has_the_simulators_carry_over_keys(partial_run):
     (entry,) = [v for k, v in json.loads((out / "summary.json").read_text()).items() if k != "schema_version"]
     late = [ev for ev in tl.events["request"] if ev["iteration"] > ev["planned_iteration"]]
     assert late, "no sample was deferred: the run does not test carry-over"
-    assert entry["deferred_groups"] == len(tl.events["defer"])
+    assert entry["deferred_groups"] == len({(ev["epoch"], ev["prompt_id"]) for ev in tl.events["defer"]})
     assert entry["deferred_samples"] == len(late)
     assert entry["deferred_lag_hist"] == {str(lag): n for lag, n in sorted(
         Counter(ev["iteration"] - ev["admission_version"] for ev in late).items())}

@@ -56,6 +56,10 @@ def test_regroup_trains_the_others_first_and_one_mini_batch_after_the_long_group
     assert _steps(tl) == ([[20, 36, 0], [110, 216, 1]], [["p1", "p2"], ["p0", "p3"]])
     assert tl.frame("sync")[["t_start", "t_end"]].to_numpy().tolist() == [[216, 217]]
     assert new.log.counts == {"regroup": 1} and not old.log.counts
+    # the timeline's event at 20 s (A, B generated), as the runtime writes it: B takes L's slot of mini-batch 0
+    assert tl.events["regroup"] == [{"t": 20.0, "epoch": 0, "prompt_id": "p2", "iteration": 0, "mini_batch": 0,
+                                     "from_mini_batch": 1, "replaces": [0, "p0"]}]
+    assert not tl_old.events["regroup"]
     # exactly once, in the planned iteration; the same tokens trained
     req = tl.frame("request")
     assert sorted(p for s in tl.frame("step")["samples"] for _, p, _ in s) == sorted(req["prompt_id"])

@@ -50,10 +50,13 @@ def test_sim_tail_concurrency_isolates_the_tail():
     jobs = _jobs([10, 5, 5, 5], [0, 0, 0, 0], [0, 0, 0, 0], room=[1, 0, 0, 0])
     _, off, _ = _run(jobs, R=1, mns=4)
     assert off.loc[["p0", "p1", "p2", "p3"], "t_finish"].tolist() == [25.0, 20.0, 20.0, 20.0]
-    eng, on, _ = _run(jobs, R=1, mns=4, mech=SimMechanisms(tail_concurrency="auto"))
+    eng, on, tl = _run(jobs, R=1, mns=4, mech=SimMechanisms(tail_concurrency="auto"))
     assert on.loc[["p0", "p1", "p2", "p3"], "t_finish"].tolist() == [10.0, 25.0, 25.0, 25.0]
     assert on.loc[["p1", "p2", "p3"], "t_admit"].tolist() == [10.0, 10.0, 10.0]
     assert eng.log.counts == {"tail": 1}
+    # the timeline's event, as the runtime writes it: the tail admitted at 0 s, its instance capped to 1
+    assert tl.events["tail"] == [{"t": 0.0, "instance": 0, "epoch": 0, "prompt_id": "p0", "iteration": 0,
+                                  "room": 1, "cap": 1, "reason": "plan"}]
     # a fixed cap N = 2 on the tail's instance: one short at a time beside it (steps of 2 s):
     # p1 ends at 10 s, p2 beside the tail's last 5 tokens at 20 s, p3 alone at 25 s
     _, n2, _ = _run(jobs, R=1, mns=4, mech=SimMechanisms(tail_concurrency="2"))
@@ -90,9 +93,12 @@ def test_sim_guided_dispatch_corrects_a_misprediction():
     jobs = _jobs([10, 10, 10, 1, 1, 1], [0] * 6, [0, 0, 0, 1, 1, 1], predicted=[1] * 6)
     _, static, _ = _run(jobs, R=2, mns=1, cost=PER_STEP)
     assert static["t_finish"].max() == 30.0
-    eng, guided, _ = _run(jobs, R=2, mns=1, cost=PER_STEP, dispatch="guided")
+    eng, guided, tl = _run(jobs, R=2, mns=1, cost=PER_STEP, dispatch="guided")
     assert guided.loc[["p0", "p1", "p2"], "t_finish"].tolist() == [10.0, 13.0, 20.0]
     assert guided.loc["p1", "instance"] == 1 and eng.dispatcher.stolen == 1
+    # the steal in the timeline at 3 s; the victim's work left after it: p0 (running) + p2, 1 token each
+    assert tl.events["steal"] == [{"t": 3.0, "epoch": 0, "prompt_id": "p1", "iteration": 0, "from_instance": 0,
+                                   "to_instance": 1, "predicted_length": 1.0, "victim_work": 2.0}]
     # running groups never move; every group generated exactly once
     assert sorted(guided.index) == [f"p{i}" for i in range(6)]
     # two groups on instance 0: at 3 s instance 0's work is p1's 1 queued token plus running p0's
@@ -121,6 +127,13 @@ def test_sim_partial_rollout_defers_and_swaps_exactly_once():
     eng, req, tl = _run(jobs, R=2, mns=2, cost=PER_STEP, trainer=tr, mech=mech)
     assert req.loc[["p0", "p1", "p2", "p3"], "iteration"].tolist() == [1, 0, 0, 1]
     assert eng.log.counts.get("defer") == 1 and eng.log.counts.get("swap") == 1
+    # the timeline's events at 2 s (the trainer waits on A), as the runtime writes them
+    (d,), (s,) = tl.events["defer"], tl.events["swap"]
+    assert {x: d[x] for x in ("t", "epoch", "prompt_id", "iteration", "to_iteration", "budget")} == \
+        {"t": 2.0, "epoch": 0, "prompt_id": "p0", "iteration": 0, "to_iteration": 1, "budget": 2.0}
+    assert d["remaining"] > d["budget"]
+    assert s == {"t": 2.0, "epoch": 0, "prompt_id": "p2", "iteration": 1, "to_iteration": 0, "mini_batch": 0,
+                 "replaces": [0, "p0"]}
     steps = tl.frame("step")
     trained = [tuple(x) for s in steps["samples"] for x in s]
     assert sorted(trained) == sorted((0, f"p{i}", 0) for i in range(6))          # exactly once
