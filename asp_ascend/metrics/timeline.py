@@ -15,9 +15,11 @@
   ``steal``: t, epoch, prompt_id, iteration, from_instance, to_instance, predicted_length,
   victim_work (guided dispatch moved a job not yet started);
   ``tail``: t, instance, epoch, prompt_id, iteration, room, cap (a floor-setting group was
-  admitted: its instance holds at most ``cap`` sequences while it runs), ``reason`` (real
-  runs: ``measured`` at admission, ``reestimate`` when a running group's room changed, room 0
-  = lifted), ``remaining`` (re-estimated tokens left, with ``reestimate``);
+  admitted: its instance holds at most ``cap`` sequences while it runs), ``reason`` (``plan``:
+  the planner's room at admission; ``measured``: a room sized from the instance's measured
+  costs at admission; ``reestimate``: a running group's room changed, room 0 = lifted;
+  ``reactive``: ``rollout.tail_concurrency: reactive`` capped the instance of a critical
+  group), ``remaining`` (re-estimated tokens left, with ``reestimate``);
   ``costs``: t, decode_a, decode_b, decode_c, steps, seq_steps, busy_s, train_s (real runs,
   every system: the decode-step coefficients fitted to the instances' own steps so far, the
   steps, sequence-steps and seconds inside the steps measured so far, all instances together,
