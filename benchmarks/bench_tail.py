@@ -137,7 +137,7 @@ NO_HEAVY = {"pipeline.regroup_heavy": "off"}
 # defaults it was behind in no robustness cell for any planner seed 0-4 (docs/scheduler.md,
 # "Against the seed"); OFF pins it off so that the rows measured before it stay reproducible
 STREAM = {"pipeline.stream_groups": "auto"}
-# run-time tail caps from re-estimated progress (scheduler/tail_control.py, TailControl._react); opt-in
+# run-time tail caps from re-estimated progress (scheduler/tail_reactive.py, ReactiveCaps); opt-in
 TAIL_REACTIVE = {"rollout.tail_concurrency": "reactive"}
 # asp's admission concurrency (scheduler/concurrency.py), both modes named explicitly
 CONC_FULL = {"scheduler.concurrency": "full"}

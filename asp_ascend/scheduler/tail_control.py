@@ -49,21 +49,10 @@ from .execution import ExecutionPlan, Feeder
 from .reestimate import GroupEstimator, group_max_factor
 from .room_sizing import RoomSizer
 from .tail import TailGovernor
+from .tail_reactive import ReactiveCaps
 
 Key = tuple[int, str]
 RESIZE_CHANGE = 0.2    # a running group is re-sized when its remaining estimate moved by this share
-# rollout.tail_concurrency: reactive (TailControl._react): an iteration is in its tail once at most
-# REACTIVE_SHARE of its groups is unfinished; its critical groups are its running groups whose
-# re-estimated remaining tokens are at least REACTIVE_RATIO x the largest; at most REACTIVE_HOSTS x the
-# instances host a capped group of one iteration at once (the largest remaining first); a critical
-# group's instance holds at most REACTIVE_ROOM x max_num_seqs sequences (at least G) while it runs.
-# Counts, token ratios and shares only: nothing depends on the cost model's scale (chosen on the
-# reasoning-like workload at 64 devices, docs/scheduler.md "Reactive tail caps")
-REACTIVE_SHARE = 0.5
-REACTIVE_RATIO = 0.7
-REACTIVE_HOSTS = 0.5
-REACTIVE_ROOM = 0.125
-REACTIVE_STEP = 0.75    # re-decide once an iteration's unfinished groups fell to this share of the last count
 
 
 @dataclass(frozen=True)
@@ -143,14 +132,10 @@ class TailControl:
         self._done: dict[int, list[int]] = {}       # iteration -> [sum, count] of its finished members' samples (the budget)
         self._ready: dict[int, int] = {}            # iteration -> its finished, untrained members (swap donors)
         self._witness: dict[int, Key] = {}          # iteration -> a group found not late at the last ask
-        # reactive tail caps: iteration -> its unfinished groups, its size; the groups capped now
-        self._unfinished: dict[int, set] = {}
-        self._size: dict[int, int] = {}
-        self._capped: dict[Key, int] = {}
-        self._it_of: dict[Key, int] = {}
-        self._seen: dict[int, int] = {}     # iteration -> its unfinished groups at the last decision
-        if self.reactive:
-            self._track(plan.iterations)
+        # reactive tail caps (scheduler/tail_reactive.py)
+        self.caps = ReactiveCaps(self.G, self.S, self.R) if self.reactive else None
+        if self.caps is not None:
+            self.caps.track(plan.iterations)
 
     @staticmethod
     def _slots(iterations: dict) -> list[tuple[Key, int, int]]:
@@ -160,15 +145,8 @@ class TailControl:
         """A re-planned epoch was added to the plan (iterations >= ``first``)."""
         if self.membership is not None:
             self.membership.add(self._slots({i: mbs for i, mbs in iterations.items() if i >= first}))
-        if self.reactive:
-            self._track({i: mbs for i, mbs in iterations.items() if i >= first})
-
-    def _track(self, iterations: dict) -> None:
-        for i, mbs in iterations.items():
-            keys = {key for m in mbs.values() for key in m}
-            self._unfinished.setdefault(i, set()).update(keys)
-            self._size[i] = self._size.get(i, 0) + len(keys)
-            self._it_of.update(dict.fromkeys(keys, i))
+        if self.caps is not None:
+            self.caps.track({i: mbs for i, mbs in iterations.items() if i >= first})
 
     # ------------------------------------------------------------------ admission
     def room_rule(self, feeder: Feeder) -> Callable[[int], bool] | None:
@@ -257,54 +235,28 @@ class TailControl:
 
     # ------------------------------------------------------------------ reactive tail caps
     def _iteration_of(self, key: Key) -> int:
-        return self.carry.iteration_of(key) if self.carry is not None else self._it_of.get(key, -1)
+        return self.carry.iteration_of(key) if self.carry is not None else self.caps.it_of.get(key, -1)
 
     def _react(self, iteration: int, force: bool = False) -> None:
-        """``rollout.tail_concurrency: reactive``: once at most ``REACTIVE_SHARE`` of ``iteration``'s
-        groups is unfinished, the instances of its critical groups (running, re-estimated remaining
-        tokens at least ``REACTIVE_RATIO`` x the largest) hold at most their room while they run.
-        Re-decided when a group of the iteration is admitted or a capped one finishes, else once its
-        unfinished groups fell to ``REACTIVE_STEP`` x their number at the last decision (each
-        decision asks every running group's remaining tokens)."""
-        left = self._unfinished.get(iteration)
-        if not left or len(left) > REACTIVE_SHARE * self._size[iteration]:
-            if not any(i == iteration for i in self._capped.values()):
-                return
-        elif not force and len(left) > REACTIVE_STEP * self._seen.get(iteration, float("inf")):
+        """``rollout.tail_concurrency: reactive``: apply :meth:`ReactiveCaps.decide` to the governor
+        (a capped group's instance holds at most ``caps.room`` sequences while it runs)."""
+        gov = self.governor
+        rem_of = self.disp.estimator.remaining if self.disp.estimator is not None else None
+        d = self.caps.decide(iteration, force, gov.where,
+                             rem_of if rem_of is not None else (lambda k: self._jobs[k].predicted_length))
+        if d is None:
             return
-        want: dict[Key, float] = {}
-        if left and len(left) <= REACTIVE_SHARE * self._size[iteration]:
-            self._seen[iteration] = len(left)
-            running = [k for k in left if k in self.governor.where]
-            rem_of = self.disp.estimator.remaining if self.disp.estimator is not None else None
-            rem = {k: (rem_of(k) if rem_of is not None else self._jobs[k].predicted_length) for k in running}
-            top = max(rem.values(), default=0.0)
-            hosts: set[int] = set()
-            limit = max(1, int(REACTIVE_HOSTS * self.R))
-            for k in sorted(rem, key=lambda x: -rem[x]):
-                if top <= 0 or rem[k] < REACTIVE_RATIO * top:
-                    break
-                r = self.governor.where[k]
-                if r not in hosts and len(hosts) >= limit:
-                    continue
-                hosts.add(r)
-                want[k] = rem[k]
-        for k in [k for k, i in self._capped.items() if i == iteration and k not in want]:
-            del self._capped[k]
-            if k in self.governor.where:
-                self.governor.on_update(k, 0)
-        for k, rem in want.items():
-            if k not in self._capped:
-                self._capped[k] = iteration
-                self.governor.on_update(k, self._reactive_room())
-                job = self._jobs[k]
-                r = self.governor.where[k]
-                self._event("tail", t=self.now(), instance=r, epoch=job.epoch, prompt_id=job.prompt_id,
-                            iteration=iteration, room=self._reactive_room(), cap=self.governor.cap(r), reason="reactive",
-                            remaining=rem)
-
-    def _reactive_room(self) -> int:
-        return max(self.G, int(REACTIVE_ROOM * self.S) // self.G * self.G)
+        drop, add = d
+        for k in drop:
+            if k in gov.where:
+                gov.on_update(k, 0)
+        room = self.caps.room
+        for k, rem in add.items():
+            gov.on_update(k, room)
+            job = self._jobs[k]
+            r = gov.where[k]
+            self._event("tail", t=self.now(), instance=r, epoch=job.epoch, prompt_id=job.prompt_id,
+                        iteration=iteration, room=room, cap=gov.cap(r), reason="reactive", remaining=rem)
 
     def record_steals(self) -> None:
         """One ``steal`` event per job guided dispatch moved since the last call."""
@@ -372,16 +324,9 @@ class TailControl:
         self._sized.pop(key, None)
         if self.governor is not None:
             self.governor.on_finish(key)
-        if self.reactive:
-            was_capped = self._capped.pop(key, None) is not None
+        if self.caps is not None:
             i = self._iteration_of(key)
-            left = self._unfinished.get(i)
-            if left is not None:
-                left.discard(key)
-                if not left:
-                    del self._unfinished[i]
-                    self._seen.pop(i, None)
-            self._react(i, force=was_capped)
+            self._react(i, force=self.caps.finished(key, i))
         if self.membership is not None:   # carry-over's, or regroup's own; weight: the group's tokens
             p = self.plen(key[1]) if prompt_length is None else prompt_length
             self.membership.on_finish(key, sum(lengths) + len(lengths) * float(p))
