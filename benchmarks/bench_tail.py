@@ -419,12 +419,22 @@ def robustness_floor_terms(wl: str, D: int, data, prompts: int, name: str, over:
     cfg = _cfg(wl, data, prompts, D, {**over, **(extra or {}), "seed": seed})
     res = simulate_system(cfg, w, name, record_samples=True, mismatch=mismatch)
     b, _ = floor_terms(res, cfg, mismatch.cost(res.costs.instance))
-    k1 = cfg.pipeline.lag_bound + 1
+    _, st = steady_floor(b, cfg.pipeline.lag_bound)
+    return [res.summary["iteration_time_mean"], st["floor"], st["wait"], st["beside"], st["alone"], st["after"],
+            st["seqs"]]
+
+
+def steady_floor(b, lag_bound: int):
+    """(the steady iterations' rows, from k + 1 on; their floor terms per iteration, / (k + 1)) of
+    ``floor_terms``'s breakdown ``b``: the longest group alone, the critical group's wait, what
+    running beside other sequences added, critical alone - longest alone, the trainer after the
+    last group, and the sequences beside the critical group (not divided)."""
+    k1 = lag_bound + 1
     m = b[b["iteration"] >= k1]
-    return [res.summary["iteration_time_mean"], m["floor_group_solo"].mean() / k1, m["critical_wait"].mean() / k1,
-            (m["critical_latency"] - m["critical_solo"]).mean() / k1,
-            (m["critical_solo"] - m["floor_group_solo"]).mean() / k1, m["after"].mean() / k1,
-            m["critical_beside"].mean()]
+    return m, {"floor": m["floor_group_solo"].mean() / k1, "wait": m["critical_wait"].mean() / k1,
+               "beside": (m["critical_latency"] - m["critical_solo"]).mean() / k1,
+               "alone": (m["critical_solo"] - m["floor_group_solo"]).mean() / k1, "after": m["after"].mean() / k1,
+               "seqs": m["critical_beside"].mean()}
 
 
 def robustness_floor(args) -> None:
@@ -683,17 +693,15 @@ def breakdown(args) -> None:
                 res = simulate_system(cfg, w, "asp", record_samples=False)
                 b, terms = floor_terms(res, cfg)
                 k1 = cfg.pipeline.lag_bound + 1
-                m = b[b["iteration"] >= k1]
+                m, st = steady_floor(b, cfg.pipeline.lag_bound)
                 t = terms.iloc[m["iteration"].to_numpy()]
                 ls = last_steps(res.timeline.frame("request"), res.timeline.frame("step"))
                 ls = ls[ls["iteration"] >= k1].merge(m[["iteration", "after"]], on="iteration")
                 f, o = ls[ls["left_at_last_but_one"] >= ls["last_groups"]], ls[ls["left_at_last_but_one"] < ls["last_groups"]]
                 sm = res.summary
                 row = [sm["iteration_time_mean"], sm["iteration_time_mean"] / sm["lower_bound_ratio"],
-                       m["floor_group_solo"].mean() / k1, t["decode"].mean(), t["train"].mean(),
-                       m["critical_wait"].mean() / k1, (m["critical_latency"] - m["critical_solo"]).mean() / k1,
-                       (m["critical_solo"] - m["floor_group_solo"]).mean() / k1, m["after"].mean() / k1,
-                       m["critical_is_floor_group"].mean(), m["critical_beside"].mean(),
+                       st["floor"], t["decode"].mean(), t["train"].mean(), st["wait"], st["beside"], st["alone"],
+                       st["after"], m["critical_is_floor_group"].mean(), st["seqs"],
                        len(f) / max(len(ls), 1), f["after"].mean() / k1, o["after"].mean() / k1,
                        f["last_step_s"].mean(), o["last_step_s"].mean(), f["last_tokens_share"].mean(),
                        o["last_tokens_share"].mean(), sm.get("regrouped_heavy_first", 0)]

@@ -240,10 +240,9 @@ class TailControl:
     def _react(self, iteration: int, force: bool = False) -> None:
         """``rollout.tail_concurrency: reactive``: apply :meth:`ReactiveCaps.decide` to the governor
         (a capped group's instance holds at most ``caps.room`` sequences while it runs)."""
-        gov = self.governor
-        rem_of = self.disp.estimator.remaining if self.disp.estimator is not None else None
+        gov, est = self.governor, self.disp.estimator
         d = self.caps.decide(iteration, force, gov.where,
-                             rem_of if rem_of is not None else (lambda k: self._jobs[k].predicted_length))
+                             est.remaining if est is not None else (lambda k: self._jobs[k].predicted_length))
         if d is None:
             return
         drop, add = d
