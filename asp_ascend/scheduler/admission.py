@@ -310,9 +310,22 @@ class Dispatcher:
                 return None, None
         # a steal must lower the later of the two instances' finishes (see the class doc): the
         # thief's remaining work plus the job stays below the victim's (which includes the job)
-        if job is None or self.remaining_work(instance) + job.predicted_length >= work_v:
+        if job is None or self._no_gain(instance, job.predicted_length, work_v):
             return None, None
         return job, v
+
+    def _no_gain(self, instance: int, predicted: float, work_v: float) -> bool:
+        """``remaining_work(instance) + predicted >= work_v`` (a steal refused). When the thief's
+        running work is not memoised, an estimator with ``remaining_reaches(keys, enough)``
+        (``enough(remaining_sum(keys))`` for a monotone test, with the same side effects, which
+        may decide it without every term) is asked that."""
+        memo = self._run_memo
+        if memo is not None and instance not in memo:
+            reaches = getattr(self.estimator, "remaining_reaches", None)
+            if reaches is not None:
+                work = self.queues[instance].work
+                return reaches(self.running_on[instance], lambda run: work + run + predicted >= work_v)
+        return self.remaining_work(instance) + predicted >= work_v
 
     def _top_victims(self, limit: int) -> tuple[tuple, tuple]:
         """The two instances with an admissible job for ``limit`` and the most remaining work (ties:

@@ -32,10 +32,11 @@ the same ``on_*`` updates and read the same estimates.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 _N = NormalDist()
 _EM_ITERS = 8
@@ -198,9 +199,10 @@ class GroupEstimator:
         """Expected sample length of a group not yet started (the prediction, bias-corrected)."""
         return self._cap(max(1.0, float(predicted_length)) * math.exp(self._learnt()[2]))
 
-    def _posterior(self, g: _Group) -> tuple[float, float]:
-        """Posterior mean and variance of the group's log-location."""
-        sigma, tau, bias = self._learnt()
+    def _posterior(self, g: _Group, params: tuple | None = None) -> tuple[float, float]:
+        """Posterior mean and variance of the group's log-location (``params``: the learnt
+        (sigma, tau, bias) to use, default the current ones)."""
+        sigma, tau, bias = params or self._learnt()
         s2, t2 = sigma ** 2, tau ** 2
         m0 = math.log(g.predicted) + bias - 0.5 * (s2 + t2)   # prior predictive mean = pred
         fin = [math.log(x) for x in g.finished]
@@ -211,6 +213,18 @@ class GroupEstimator:
         if cens:
             s = math.sqrt(s2)
             distinct = set(cens)
+            if len(distinct) == 1:
+                # the usual case (siblings start together): _mills inlined, the one term summed
+                # len(cens) times in order (the same floats as the general loop below)
+                c, many = cens[0], len(cens)
+                erfc, exp = math.erfc, math.exp
+                for _ in range(_EM_ITERS):
+                    z = (c - m) / s
+                    sf = 0.5 * erfc(z / _SQRT2)
+                    term = m + s * (z + 1.0 / max(z, 1e-9) if sf < 1e-300 else exp(-0.5 * z * z) / _SQRT2PI / sf)
+                    pseudo = sum([term] * many)
+                    m = (m0 / t2 + (sum_fin + pseudo) / s2) / prec
+                return m, 1.0 / (1.0 / t2 + len(fin) / s2)
             for _ in range(_EM_ITERS):
                 # siblings with equal token counts give equal terms: each distinct one computed
                 # once, the sum still taken term by term in order (the same float)
@@ -236,12 +250,24 @@ class GroupEstimator:
         g.memo = (self._stamp, rem)
         return rem
 
-    def _remaining(self, g: _Group) -> float:
+    def remaining_later(self, key: Hashable) -> Callable[[], float]:
+        """A call that answers, when made, what :meth:`remaining` of ``key`` answers now: the
+        group's state and the learnt parameters as they are now (the group's state must not
+        change in between; the learnt parameters may). For a caller that records progress now
+        and may never need the answer (the simulator's guided dispatch, mechanisms.py)."""
+        g = self.groups[key]
+        if g.memo is not None and g.memo[0] == self._stamp:
+            rem = g.memo[1]
+            return lambda: rem
+        return functools.partial(self._remaining, g, self._learnt())
+
+    def _remaining(self, g: _Group, params: tuple | None = None) -> float:
         n = self.G - len(g.finished)
         if n <= 0:
             return 0.0
-        m, v = self._posterior(g)
-        s = self._learnt()[0]
+        params = params or self._learnt()
+        m, v = self._posterior(g, params)
+        s = params[0]
         # equal token counts give equal estimates: each distinct count once (unfinished
         # siblings are padded with 0 up to n)
         tokens = set(g.tokens)

@@ -23,6 +23,7 @@ each iteration's trained response lengths to the whole run's).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -60,11 +61,21 @@ class SimMechanisms:
 
 class SimProgress:
     """Guided dispatch's :class:`~asp_ascend.scheduler.admission.RemainingWork`: the estimator's
-    remaining tokens of a running group, after reporting its simulated progress."""
+    remaining tokens of a running group, after reporting its simulated progress.
+
+    Like the runtime's periodic polls, a group's progress is re-reported only when a sample
+    finished or its tokens grew by an eighth (at least 64) since the last report; between two
+    reports the answer is the one of the last report. A report is kept with the estimator's
+    :meth:`~asp_ascend.scheduler.reestimate.GroupEstimator.remaining_later` and answered when first
+    needed, so an answer never needed is never computed and every answer is the one its report
+    gives. Guided dispatch's steal test asks :meth:`remaining_reaches`, which often decides
+    without answering every report (its side effects, the reports, are those of an exact sum)."""
 
     def __init__(self, control, inst, job_of: dict):
         self.tc, self.inst, self.job_of = control, inst, job_of
-        self._cache: dict = {}      # key -> (instance step, samples left, remaining) at the last report
+        # key -> [first sample, instance step, samples left, remaining or None, its pending answer,
+        # the answer of the report before] at the last report
+        self._cache: dict = {}
 
     def remaining_sum(self, keys) -> float:
         """``sum(self.remaining(k) for k in keys)`` (the same terms in the same order), with the
@@ -75,33 +86,87 @@ class SimProgress:
         for key in keys:
             hit = cache.get(key)
             if hit is not None:
-                b, step0, left, rem = hit       # remaining()'s cache test, inlined
+                b, step0, left, rem, later, _ = hit       # remaining()'s cache test, inlined
                 step = S[seq_inst[b]]
                 if job_left[b // G] == left:
                     grown = (step - s0[b]) // 8
                     if step - step0 < (grown if grown > 64 else 64):
+                        if rem is None:
+                            rem = hit[3] = later()
+                            hit[4] = None
                         vals.append(rem)
                         continue
             vals.append(self.remaining(key))
         return sum(vals)
 
+    def remaining_reaches(self, keys, enough: Callable[[float], bool]) -> bool:
+        """``enough(remaining_sum(keys))`` for a test ``enough`` monotone in the sum, reporting what
+        :meth:`remaining_sum` reports but answering reports only while the sum with the unanswered
+        ones counted 0 (a lower bound: every answer is >= 0 and a float sum is monotone in its
+        terms) does not decide it; the largest answers of the reports before them first."""
+        inst = self.inst
+        cache, S, seq_inst, job_left, s0, G = self._cache, inst.S, inst.seq_inst, inst.job_left, inst.s0, inst.G
+        vals, pending = [], []
+        for key in keys:
+            hit = cache.get(key)
+            if hit is None or job_left[hit[0] // G] != hit[2] or not (
+                    S[seq_inst[hit[0]]] - hit[1] < max((S[seq_inst[hit[0]]] - s0[hit[0]]) // 8, 64)):
+                prev = 0.0 if hit is None else hit[5] if hit[3] is None else hit[3]
+                hit = self._report(key)
+                if hit is None:
+                    vals.append(0.0)
+                    continue
+                hit[5] = prev
+            if hit[3] is None:
+                pending.append((hit[5], len(vals), hit))
+                vals.append(0.0)
+            else:
+                vals.append(hit[3])
+        low = sum(vals)
+        if not pending:
+            return enough(low)
+        if enough(low):
+            return True
+        pending.sort(key=lambda p: -p[0])
+        last = len(pending) - 1
+        for n, (_, i, hit) in enumerate(pending):
+            vals[i] = x = hit[3] = hit[4]()
+            hit[4] = None
+            low += x
+            # the running sum, shrunk by far more than the rounding of any float sum of these
+            # terms, stays below the exact sum in order; the last test is on the exact sum
+            if n < last and enough(low * (1.0 - 1e-9)):
+                return True
+        return enough(sum(vals))
+
     def remaining(self, key) -> float:
-        # like the runtime's periodic polls, a group's progress is re-reported only when a sample
-        # finished or its tokens grew by an eighth (at least 64) since the last report
         inst = self.inst
         hit = self._cache.get(key)
         if hit is not None:
             # (hot: guided dispatch asks for every running group of every candidate victim) a cached
             # group is running: once it finishes its job_left (0) differs from the cached count (>= 1)
-            b, step0, left, rem = hit
+            b, step0, left, rem, later, _ = hit
             step = inst.S[inst.seq_inst[b]]
             if inst.job_left[b // inst.G] == left:
                 grown = (step - inst.s0[b]) // 8
                 if step - step0 < (grown if grown > 64 else 64):
+                    if rem is None:
+                        rem = hit[3] = later()
+                        hit[4] = None
                     return rem
+        hit = self._report(key)
+        if hit is None:
+            return 0.0
+        rem = hit[3] = hit[4]()
+        hit[4] = None
+        return rem
+
+    def _report(self, key) -> list | None:
+        """Report ``key``'s progress now; its cache entry, the answer pending (None: not running)."""
         est = self.tc.estimator
         if key not in est.groups:
-            return 0.0
+            return None
+        inst = self.inst
         G = inst.G
         j = self.job_of[key]
         b = j * G
@@ -116,9 +181,8 @@ class SimProgress:
             else:
                 tokens.append(g0[s])
         self.tc.progress(key, finished, tokens)
-        rem = est.remaining(key)
-        self._cache[key] = (b, step, left, rem)
-        return rem
+        hit = self._cache[key] = [b, step, left, None, est.remaining_later(key), 0.0]
+        return hit
 
 
 @dataclass

@@ -133,3 +133,19 @@ def test_a_groups_last_samples_in_one_call_match_one_by_one():
         assert a.remaining("g") == b.remaining("g")
     with pytest.raises(ValueError, match="more than 8 samples"):
         b.on_samples_finish("g", [1] * 9)
+
+
+def test_remaining_later_answers_what_remaining_answered_when_asked():
+    est = GroupEstimator(4, max_length=8000)
+    est.on_admit("a", 500)
+    est.on_sample_finish("a", 900)
+    est.on_progress("a", [700, 700, 650])
+    now = est.remaining("a")
+    est.groups["a"].memo = None                  # not read from remaining()'s memo
+    later = est.remaining_later("a")
+    # another group finishes: the learnt parameters move, so remaining() moves too
+    est.on_admit("b", 100)
+    est.on_samples_finish("b", [3000, 3500, 2800, 4000])
+    est.on_group_finish("b")
+    assert est.remaining("a") != now
+    assert later() == now
