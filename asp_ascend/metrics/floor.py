@@ -143,3 +143,61 @@ def publish_floor(busy, floor, lag_bound: int, fill: float = 0.0) -> np.ndarray:
     for i in range(busy.size):
         V[i + 1] = max(V[i] + busy[i], (V[i - k] if i - k > 0 else 0.0) + floor[i])
     return V[1:]
+
+
+CORUN_COLUMNS = ("iteration", "instance", "latency", "on_instance", "previous", "same", "next", "prefill", "even")
+
+
+def corunning(requests: pd.DataFrame, decode_b: float, decode_c: float, num_instances: int,
+              prefill_per_token: float = 0.0) -> pd.DataFrame:
+    """What the other sequences cost each iteration's critical (last-finishing) group, in seconds.
+
+    A decode step costs ``a + c * n + b * context`` (scheduler/cost.py), and every sequence running
+    gets one token per step, so each token another sequence generates on the critical group's
+    instance while that group runs adds ``c + b * its context`` to the group's latency: what
+    running beside other sequences cost it is the sum over those tokens (its latency minus its
+    latency alone, ``floor_breakdown``'s terms, up to preemption). Per iteration: ``on_instance``,
+    that sum plus ``prefill``; the sum split by the other sequence's iteration against the critical
+    group's (``previous`` = earlier, ``same``, ``next`` = later); ``prefill``, what the prompts of
+    the other sequences that started on its instance in that window cost (``prefill_per_token`` x
+    their prompt tokens: an instance prefills the sequences it starts before their next step,
+    stalling the ones it runs; included in ``on_instance``); ``even``, the same sums over every
+    instance in that window divided by ``num_instances``: what the group
+    would pay if the window's other tokens were spread evenly over the instances, whichever held
+    it. A dispatch that cannot tell the critical group from the others while it runs pays about
+    ``even``; only one that moves other tokens off the critical group's instance pays less.
+    Tokens are spread evenly over a sequence's life (first token to finish: the frame has no
+    per-step times), so a sequence running across the window's edges counts its share.
+    ``requests``: the timeline's ``request`` frame (``t_first_token``, else ``t_admit``, is when a
+    sequence started)."""
+    r = requests
+    if num_instances < 1:
+        raise ValueError(f"num_instances must be >= 1, got {num_instances}")
+    t_admit = r["t_admit"].to_numpy(float)
+    start = r["t_first_token"].to_numpy(float) if "t_first_token" in r else t_admit.copy()
+    start = np.where(np.isfinite(start) & (start > 0), start, t_admit)
+    fin = r["t_finish"].to_numpy(float)
+    L = r["response_length"].to_numpy(float)
+    p = r["prompt_length"].to_numpy(float)
+    dur = np.maximum(fin - start, 1e-12)
+    it = r["iteration"].to_numpy(np.int64)
+    inst = r["instance"].to_numpy(np.int64)
+    g = group_table(r)
+    rows = []
+    for i, gi in g.groupby("iteration", sort=True):
+        key = gi["t_finish"].idxmax()
+        c = gi.loc[key]
+        t0, t1 = float(c["t_admit"]), float(c["t_finish"])
+        own = (r["epoch"].to_numpy() == key[0]) & (r["prompt_id"].to_numpy() == key[1])
+        k0 = np.clip((np.maximum(start, t0) - start) / dur, 0.0, 1.0) * L
+        k1 = np.clip((np.minimum(fin, t1) - start) / dur, 0.0, 1.0) * L
+        n = np.clip(k1 - k0, 0.0, None)
+        cost = np.where(own, 0.0, n * (decode_c + decode_b * (p + (k0 + k1) / 2.0)))
+        pre = np.where(~own & (start >= t0) & (start < t1), prefill_per_token * p, 0.0)
+        here = inst == int(c["instance"])
+        rel = np.sign(it - int(i))
+        rows.append((int(i), int(c["instance"]), t1 - t0, float(cost[here].sum() + pre[here].sum()),
+                     float(cost[here & (rel < 0)].sum()), float(cost[here & (rel == 0)].sum()),
+                     float(cost[here & (rel > 0)].sum()), float(pre[here].sum()),
+                     float(cost.sum() + pre.sum()) / num_instances))
+    return pd.DataFrame(rows, columns=list(CORUN_COLUMNS))

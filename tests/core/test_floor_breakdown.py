@@ -90,3 +90,39 @@ def test_publish_floor_hand_computed():
         publish_floor([1.0], [1.0], -1)
     with pytest.raises(ValueError, match="one entry per iteration"):
         publish_floor([1.0, 2.0], [1.0], 1)
+
+
+def test_corunning_hand_computed():
+    """Critical group A (iteration 0, instance 0, 0..10 s); X (iteration 1) beside it from 5 s; Y
+    (iteration 0) on the other instance. With c = 1, b = 0.1 each token of another sequence costs
+    1 + 0.1 x its context (tokens spread evenly over a sequence's life)."""
+    from asp_ascend.metrics.floor import corunning
+
+    rows = [dict(epoch=0, iteration=0, instance=0, prompt_id="A", sample=s, t_admit=0.0, t_first_token=0.0,
+                 t_finish=10.0, prompt_length=0, response_length=10) for s in (0, 1)]
+    rows.append(dict(epoch=0, iteration=1, instance=0, prompt_id="X", sample=0, t_admit=5.0, t_first_token=5.0,
+                     t_finish=15.0, prompt_length=0, response_length=10))
+    rows.append(dict(epoch=0, iteration=0, instance=1, prompt_id="Y", sample=0, t_admit=0.0, t_first_token=0.0,
+                     t_finish=8.0, prompt_length=10, response_length=16))
+    c = corunning(pd.DataFrame(rows), decode_b=0.1, decode_c=1.0, num_instances=2).set_index("iteration")
+    # iteration 0: X's first 5 tokens (context 0..5, mean 2.5) on A's instance; Y's 16 (context 10..26, mean 18)
+    r = c.loc[0]
+    assert (r.instance, r.latency) == (0, 10.0)
+    assert r.on_instance == pytest.approx(5 * 1.25) and r.next == pytest.approx(5 * 1.25)
+    assert r.previous == 0.0 and r.same == 0.0
+    assert r.even == pytest.approx((5 * 1.25 + 16 * 2.8) / 2)
+    # iteration 1: X is critical (5..15 s); A's two samples' last 5 tokens each (context 5..10) beside it
+    r = c.loc[1]
+    assert (r.instance, r.latency) == (0, 10.0)
+    assert r.on_instance == pytest.approx(2 * 5 * 1.75) and r.previous == pytest.approx(2 * 5 * 1.75)
+    # Y's tokens from 5 s to its finish at 8 s: the last 6 of 16 (context 20..26, mean 23)
+    assert r.even == pytest.approx((2 * 5 * 1.75 + 6 * 3.3) / 2)
+    assert (c["prefill"] == 0.0).all()
+    # prefill: Y's 10 prompt tokens start in iteration 0's window (on the other instance: even only)
+    p = corunning(pd.DataFrame(rows), decode_b=0.1, decode_c=1.0, num_instances=2,
+                  prefill_per_token=0.5).set_index("iteration")
+    assert p.loc[0, "prefill"] == 0.0 and p.loc[0, "on_instance"] == pytest.approx(5 * 1.25)
+    assert p.loc[0, "even"] == pytest.approx((5 * 1.25 + 16 * 2.8 + 0.5 * 10) / 2)
+    assert p.loc[1, "even"] == pytest.approx(c.loc[1, "even"])       # Y started before X's window
+    with pytest.raises(ValueError, match="num_instances"):
+        corunning(pd.DataFrame(rows), decode_b=0.1, decode_c=1.0, num_instances=0)

@@ -1,0 +1,86 @@
+"""What running beside other sequences costs each iteration's critical group, and where it comes from.
+
+    python benchmarks/bench_tail_corun.py [--data DIR] [--prompts 4096] [--devices 64] [--workloads reasoning]
+                                          [--plan-seeds 0 1 2 3 4] [--set rollout.tail_concurrency=reactive]
+
+The ablation's setup (``bench_tail.py``: 8 rollout instances per 32 devices, G = 8, k = 1,
+previous-epoch predictions), asp's defaults (``bench_tail.ASP_DEFAULTS``) plus ``--set``
+overrides. Per workload, device count and planner seed, over the steady iterations (from k + 1
+on), per iteration (/ (k + 1), as ``bench_tail.py breakdown``): the mean iteration time and the
+publish floor of the run's iterations (``bench_tail.bound_terms``), the critical
+(last-finishing) group's latency beside other sequences minus alone (``beside``), and
+``metrics/floor.corunning``'s terms: the cost of the other sequences' tokens on its instance
+while it ran (``on its instance``; it models ``beside``), their decode split by their iteration
+(earlier / the same / later) and the prompts prefilled there meanwhile, and ``even``: the cost
+had the window's other tokens been spread evenly over all instances. ``beside - even`` is what a dispatch that moves other tokens off the critical
+group's instance could still gain; ``even`` is what one that cannot tell the critical group
+apart while it runs pays. Prints markdown.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_tail import ASP_DEFAULTS, ROOT, WORKLOADS, _cfg, bound_terms, floor_terms  # noqa: E402
+
+HEAD = ("| workload | devices | seed | iter. time (s) | publish floor (s) | critical alone | beside (latency - alone) "
+        "| on its instance | of it: decode, earlier iterations | the same | later | prefill | even spread |")
+
+
+def corun_row(wl: str, D: int, data, prompts: int, seed: int, extra: dict) -> list[float]:
+    """The table's figures for one run (module docstring), per iteration."""
+    from asp_ascend.lengths.workloads import workload_from_config
+    from asp_ascend.metrics.floor import corunning
+    from asp_ascend.sim.run import simulate_system
+
+    w = workload_from_config(_cfg(wl, data, prompts, D, {}))
+    cfg = _cfg(wl, data, prompts, D, {**ASP_DEFAULTS, **extra, "seed": seed})
+    res = simulate_system(cfg, w, "asp", record_samples=True)
+    k1 = cfg.pipeline.lag_bound + 1
+    b, _ = floor_terms(res, cfg)
+    cm = res.costs.instance
+    c = corunning(res.timeline.frame("request"), cm.decode_b, cm.decode_c, res.spec.num_instances,
+                  cm.prefill_per_token)
+    b, c = b[b["iteration"] >= k1], c[c["iteration"] >= k1]
+    bt = bound_terms(res, cfg)
+    return [bt["time"], bt["chain"], b["critical_solo"].mean() / k1,
+            (b["critical_latency"] - b["critical_solo"]).mean() / k1,
+            *(c[x].mean() / k1 for x in ("on_instance", "previous", "same", "next", "prefill", "even"))]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
+    ap.add_argument("--prompts", type=int, default=4096)
+    ap.add_argument("--devices", type=int, nargs="+", default=[64])
+    ap.add_argument("--workloads", nargs="+", default=["reasoning"], choices=list(WORKLOADS))
+    ap.add_argument("--plan-seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help="config overrides on top of asp's defaults (e.g. rollout.tail_concurrency=reactive)")
+    a = ap.parse_args(argv)
+    bad = [kv for kv in a.set if "=" not in kv]
+    if bad:
+        ap.error(f"--set: {' '.join(bad)} is not KEY=VALUE (e.g. rollout.tail_concurrency=reactive)")
+    extra = dict(kv.split("=", 1) for kv in a.set)
+    print(f"asp's defaults{' + ' + ' '.join(a.set) if a.set else ''}; seconds per iteration (/ (k+1)), steady "
+          f"iterations\n")
+    print(HEAD)
+    print("|---|---|---|" + "---|" * 10)
+    for D in a.devices:
+        for wl in a.workloads:
+            rows = []
+            for s in a.plan_seeds:
+                rows.append(corun_row(wl, D, a.data, a.prompts, s, extra))
+                print(f"| {wl} | {D} | {s} | " + " | ".join(f"{x:.1f}" for x in rows[-1]) + " |", flush=True)
+            if len(rows) > 1:
+                print(f"| {wl} | {D} | mean | " + " | ".join(f"{x:.1f}" for x in np.mean(rows, axis=0)) + " |",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
