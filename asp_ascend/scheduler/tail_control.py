@@ -49,7 +49,7 @@ from .execution import ExecutionPlan, Feeder
 from .reestimate import GroupEstimator, group_max_factor
 from .room_sizing import RoomSizer
 from .tail import TailGovernor
-from .tail_reactive import ReactiveCaps
+from .tail_reactive import ReactiveCaps, passes_cap
 
 Key = tuple[int, str]
 RESIZE_CHANGE = 0.2    # a running group is re-sized when its remaining estimate moved by this share
@@ -163,8 +163,8 @@ class TailControl:
                 return False
             if gov.cap(r) >= self.S:         # no tail runs there: a free slot is room (no peek)
                 return True
-            if not self.rooms and self.sizer is None:   # no job has a room of its own (reactive): no peek
-                return gov.admits(r, feeder.held(r), 0)
+            if not self.rooms and self.sizer is None:   # no job has a room of its own (reactive)
+                return gov.admits(r, feeder.held(r), 0) or self.passes_cap(r)
             job = self.disp.peek(r, True)
             return job is None or gov.admits(r, feeder.held(r), self._room_of(job))
         return room
@@ -256,6 +256,17 @@ class TailControl:
             r = gov.where[k]
             self._event("tail", t=self.now(), instance=r, epoch=job.epoch, prompt_id=job.prompt_id,
                         iteration=iteration, room=room, cap=gov.cap(r), reason="reactive", remaining=rem)
+
+    def passes_cap(self, r: int) -> bool:
+        """Reactive caps: :func:`~.tail_reactive.passes_cap` for the group ``r`` would take next
+        (its expected longest sample; the capped groups' remaining tokens; else predictions)."""
+        job, protected = self.disp.peek(r, True), self.governor.caps.get(r, ())
+        if job is None:
+            return False
+        if self.estimator is not None:
+            est = self.disp.estimator
+            return passes_cap(self._expected_longest(key_of(job)), [est.remaining(k) for k in protected])
+        return passes_cap(job.predicted_length, [self._jobs[k].predicted_length for k in protected])
 
     def record_steals(self) -> None:
         """One ``steal`` event per job guided dispatch moved since the last call."""

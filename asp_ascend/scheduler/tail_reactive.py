@@ -7,7 +7,10 @@ critical groups are its running groups whose re-estimated remaining tokens are a
 one iteration at once (the largest remaining first); a critical group's instance holds at most
 ``REACTIVE_ROOM`` x max_num_seqs sequences (at least G) while it runs. A decision is re-taken when a
 group of the iteration is admitted or a capped one finishes, else once its unfinished groups fell
-to ``REACTIVE_STEP`` x their number at the last decision. Counts, token ratios and shares only:
+to ``REACTIVE_STEP`` x their number at the last decision. A capped instance full to its cap still
+admits the group it would take next when that group is expected to run at least ``REACTIVE_RATIO`` x
+as long as the longest remaining of the groups the cap protects (:func:`passes_cap`). Counts, token
+ratios and shares only:
 nothing depends on the cost model's scale (chosen on the reasoning-like workload at 64 devices,
 docs/scheduler.md "Reactive tail caps"). :class:`ReactiveCaps` is the bookkeeping;
 :class:`~asp_ascend.scheduler.tail_control.TailControl` applies its decisions to the governor.
@@ -23,6 +26,17 @@ REACTIVE_ROOM = 0.125
 REACTIVE_STEP = 0.75
 
 Key = Hashable
+
+
+def passes_cap(expected: float, protected) -> bool:
+    """Does a group expected to run ``expected`` tokens (its longest sample) pass the cap of an
+    instance whose capped groups have ``protected`` tokens left? Yes when it would be critical
+    beside them (at least ``REACTIVE_RATIO`` x the longest of them): it matters to its own
+    iteration as much as they do to theirs, and waiting for the cap to lift would delay it by
+    their remaining tokens (the 6 s per iteration a critical group waited on bimodal at 64
+    devices, docs/scheduler.md "Reactive tail caps")."""
+    top = max(protected, default=0.0)
+    return top > 0 and expected >= REACTIVE_RATIO * top
 
 
 class ReactiveCaps:

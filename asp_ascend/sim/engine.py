@@ -137,8 +137,8 @@ class Engine:
         gov = self.gov
         if gov is None or gov.cap(r) >= self.mns:
             return True
-        if not self.tc.rooms:      # no planned room (reactive caps): no job is a tail itself, no peek
-            return held < gov.cap(r)
+        if not self.tc.rooms:      # no planned room (reactive caps): no job is a tail itself
+            return held < gov.cap(r) or self.tc.passes_cap(r)
         job = self.dispatcher.peek(r, True)     # tail-aware concurrency: under the cap unless a tail itself
         return job is None or gov.admits(r, held, self.tc.rooms.get((job.epoch, job.prompt_id), 0))
 

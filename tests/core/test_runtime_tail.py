@@ -470,3 +470,17 @@ def test_reactive_caps_the_instance_of_an_iterations_last_group_until_it_finishe
     feeder.finished(0, "t")
     ctl.on_finish((0, "t"), [50, 50])
     assert _fill(feeder, ctl) == [(0, "n")]
+
+
+def test_reactive_cap_passes_a_next_group_as_long_as_the_one_it_protects():
+    # as above, but the next group "h" is predicted 40: at least REACTIVE_RATIO (0.7) x the 50 of
+    # "t", the group the cap protects, so it does not wait for "t" (no estimator: predictions)
+    jobs = [_job(0, 0, "t", 0, 50.0), _job(0, 1, "s", 0, 5.0), _job(1, 2, "h", 0, 40.0)]
+    plan = _plan(jobs, slots_seqs=2 * G, dispatch="static", R=1)
+    ctl, tl = _control(plan, tail_concurrency="reactive")
+    feeder = plan.feeder()
+    assert _fill(feeder, ctl) == [(0, "t"), (0, "s")]
+    feeder.finished(0, "s")
+    ctl.on_finish((0, "s"), [5, 5])
+    assert [ev["prompt_id"] for ev in tl.events["tail"]] == ["t"]
+    assert _fill(feeder, ctl) == [(0, "h")]

@@ -82,6 +82,23 @@ def test_sim_reactive_tail_caps_the_instance_of_an_iterations_last_group():
     assert eng.log.counts == {"tail": 2}
 
 
+def test_sim_reactive_cap_passes_a_group_as_long_as_the_one_it_protects():
+    # one instance of 2 slots (G = 1), a step costs 1 s whatever it holds, k = 1, no estimator
+    # (predictions). p0 (10 tokens) and p1 (2) of iteration 0 start at 0; p1 ends at 2 s, p0 is then
+    # its iteration's critical group and its instance is capped at G = 1, which p0 fills. p2 of
+    # iteration 1 (10 tokens) is next: predicted 10 >= REACTIVE_RATIO x p0's 10, it passes the cap
+    # at 2 s and ends at 12 s; p0 still ends at 10 s, p3 (1 token) runs 10 -> 11 s. Predicted 5, p2
+    # waits for p0 (until 10 s) and ends at 20 s
+    eng, on, _ = _run(_jobs([10, 2, 10, 1], [0, 0, 1, 1], [0] * 4, predicted=[10, 2, 10, 1]), R=1, mns=2,
+                      cost=PER_STEP, mech=SimMechanisms(tail_concurrency="reactive"))
+    assert on.loc[["p0", "p1", "p2", "p3"], "t_admit"].tolist() == [0.0, 0.0, 2.0, 10.0]
+    assert on.loc[["p0", "p1", "p2", "p3"], "t_finish"].tolist() == [10.0, 2.0, 12.0, 11.0]
+    _, light, _ = _run(_jobs([10, 2, 10, 1], [0, 0, 1, 1], [0] * 4, predicted=[10, 2, 5, 1]), R=1, mns=2,
+                       cost=PER_STEP, mech=SimMechanisms(tail_concurrency="reactive"))
+    assert light.loc[["p2", "p3"], "t_admit"].tolist() == [10.0, 10.0]
+    assert light.loc[["p0", "p2", "p3"], "t_finish"].tolist() == [10.0, 20.0, 11.0]
+
+
 def test_sim_guided_dispatch_corrects_a_misprediction():
     # two instances, one sequence at a time, 1 s per step. The plan thinks every group is 1 token;
     # instance 0's three are really 10 tokens, instance 1's really 1. Static: instance 0 ends at
