@@ -9,6 +9,12 @@ def lag_bound_of(cfg: Config) -> int:
     return 0 if cfg.pipeline.mode == "sync" else int(cfg.pipeline.lag_bound)
 
 
+def prefix_block_of(cfg: Config) -> int:
+    """The cost model's ``prefix_block``: ``rollout.kv_block_size`` with ``rollout.prefix_caching``
+    on, else 0 (every sample prefills its own prompt)."""
+    return int(cfg.rollout.kv_block_size) if cfg.rollout.prefix_caching else 0
+
+
 def _on_for(mode: str, policy: str) -> bool:
     """An ``auto | on | off`` key of asp's trainer-side rules: ``auto`` is on for asp's schedules,
     off for the baselines."""

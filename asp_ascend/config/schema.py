@@ -123,6 +123,13 @@ class RolloutConfig:
                         "| sequences (while its unfinished samples, running or queued in vLLM, are fewer than "
                         "max_num_seqs: the simulator's default rule)", choices=("groups", "sequences"))
     kv_cache_tokens: int = _f(0, "per-instance KV capacity in tokens (0 = unlimited)")
+    prefix_caching: bool = _f(True, "vLLM's automatic prefix caching (enable_prefix_caching; on by default in vLLM V1): "
+                              "the samples of one prompt on one instance compute the prompt's KV blocks once and share "
+                              "them while any of them runs there; the runtime passes it to vLLM, the simulator and "
+                              "the planner's cost model charge a group's prompt prefill and KV once per instance")
+    kv_block_size: int = _f(128, "KV cache block, tokens, as vLLM picks it (block_size: 128 on vLLM-CPU and "
+                            "vllm-ascend, 16 on CUDA; the runtime leaves it to vLLM): prefix caching shares a "
+                            "prompt's full blocks only (those before its last token); simulator and planner only")
     devices_per_instance: int = _f(1, "devices (tensor parallel) per instance")
     temperature: float = _f(1.0, "sampling temperature (> 0: the trainer divides logits by it)")
     top_p: float = _f(1.0, "nucleus sampling, in (0, 1]")

@@ -125,6 +125,9 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
     pos("rollout.max_num_seqs", r.max_num_seqs)
     pos("rollout.devices_per_instance", r.devices_per_instance)
     pos("rollout.kv_cache_tokens", r.kv_cache_tokens, 0)
+    if r.kv_block_size < 1:
+        p.append(f"rollout.kv_block_size: {r.kv_block_size!r} must be >= 1 (tokens per KV block, as vLLM's "
+                 "block_size: 128 on vLLM-CPU and vllm-ascend, 16 on CUDA); use e.g. rollout.kv_block_size=128")
     if t.group_size < 2:
         p.append(f"train.group_size: {t.group_size!r} must be >= 2 (GRPO normalises rewards within a group: with one "
                  "sample every advantage is zero and nothing is learned); use e.g. train.group_size=8")

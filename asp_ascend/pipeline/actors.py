@@ -71,7 +71,7 @@ def start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | None
         str(model_dir), max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len, seed=cfg.seed + r,
         kv_cache_gib=cfg.rollout.kv_cache_space_gib, dtype=cfg.model.dtype, cpu_cores=inst_cores[r], instance=r,
         tensor_parallel_size=cfg.rollout.devices_per_instance, platform=plat.name,
-        speculative=speculative_config(cfg))
+        speculative=speculative_config(cfg), engine_args={"enable_prefix_caching": bool(cfg.rollout.prefix_caching)})
         for r in range(R)]
     t = cfg.train
     loss = LossConfig(clip_eps=t.clip_eps, off_policy=t.off_policy, cap=t.tis_cap, kl_coef=t.kl_coef,

@@ -37,6 +37,7 @@ def replanner(cfg, train, k: int, out: Path, first):
     from ..scheduler.cost import CostModel
     from ..scheduler.execution import jobs_from_schedule
     from ..scheduler.planner import plan
+    from ..config import prefix_block_of
     from ..scheduler.run import inputs_from_config
 
     frames = [first]
@@ -47,7 +48,8 @@ def replanner(cfg, train, k: int, out: Path, first):
         df = plan(inp.prompt_ids, inp.predicted, inp.prompt_lengths, policy=cfg.scheduler.policy,
                   group_size=t.group_size, global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
                   num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=k,
-                  cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0)), epoch=epoch,
+                  cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0),
+                                             prefix_block=prefix_block_of(cfg)), epoch=epoch,
                   iteration_offset=offset, seed=cfg.seed)
         frames.append(df)
         write_parquet_atomic(out / "schedule.parquet", pd.concat(frames, ignore_index=True),

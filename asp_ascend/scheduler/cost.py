@@ -16,7 +16,11 @@ alone and one sequence's share of a full instance are this sum with particular `
 
 Defaults (``CostConfig``) are of the order of a 7B-class model on one accelerator with
 vLLM: a = 20 ms fixed per step, b = 2e-8 s per context token, c = 0.1 ms per sequence.
-Prefill costs ``prefill_per_token`` per prompt token. Trainer: ``train_per_token`` per
+Prefill costs ``prefill_per_token`` per prompt token the engine computes. With vLLM's automatic
+prefix caching (``prefix_block`` > 0, its KV block in tokens; ``rollout.prefix_caching``, on by
+default as in vLLM V1) the G samples of one prompt on one instance compute the prompt's full
+blocks (those before its last token) once: a group pays :meth:`CostModel.group_prefill_tokens`.
+Trainer: ``train_per_token`` per
 (padded) token plus ``train_per_step`` per optimizer step; ``logprob_per_token`` per token
 for each extra forward pass (old/reference log-probs). ``sync_s`` per weight sync.
 docs/simulator.md ("Default cost models", "Calibration") gives the defaults per model class and
@@ -52,13 +56,14 @@ class CostModel:
     logprob_per_token: float = 1.5e-6
     logprob_passes: int = 1
     sync_s: float = 0.5
+    prefix_block: int = 0       # prefix caching: KV block, tokens (0 = off: every sample prefills its prompt)
 
     @classmethod
-    def from_config(cls, cost_cfg, logprob_passes: int = 1) -> "CostModel":
+    def from_config(cls, cost_cfg, logprob_passes: int = 1, prefix_block: int = 0) -> "CostModel":
         return cls(decode_a=cost_cfg.decode_a, decode_b=cost_cfg.decode_b, decode_c=cost_cfg.decode_c,
                    prefill_per_token=cost_cfg.prefill_per_token, train_per_token=cost_cfg.train_per_token,
                    train_per_step=cost_cfg.train_per_step, logprob_per_token=cost_cfg.logprob_per_token,
-                   logprob_passes=logprob_passes, sync_s=cost_cfg.sync_s)
+                   logprob_passes=logprob_passes, sync_s=cost_cfg.sync_s, prefix_block=int(prefix_block))
 
     def with_decode(self, a: float, b: float, c: float) -> "CostModel":
         """The same model with other decode coefficients (speculation, a mis-specified plan)."""
@@ -70,6 +75,29 @@ class CostModel:
                        decode_c=self.decode_c * factor, prefill_per_token=self.prefill_per_token * factor)
 
     # rollout ------------------------------------------------------------------
+    def shared_prompt(self, prompt_len):
+        """Prompt tokens a sample finds cached when a sibling already holds the prompt on its
+        instance (prefix caching: the prompt's full blocks before its last token, which vLLM always
+        computes; 0 when off)."""
+        p = np.asarray(prompt_len, dtype=float)
+        B = self.prefix_block
+        if B <= 0:
+            return np.zeros_like(p)
+        return np.maximum(0.0, np.floor((p - 1.0) / B) * B)
+
+    def group_prefill_tokens(self, prompt_len, group_size: int):
+        """Prompt tokens the engine computes for a group of ``group_size`` samples admitted on one
+        instance: the whole prompt once, the uncached rest for each other sample."""
+        p = np.asarray(prompt_len, dtype=float)
+        return group_size * p - (group_size - 1) * self.shared_prompt(p)
+
+    def group_prefill(self, prompt_len, group_size: int):
+        """Seconds of prefill of such a group (``prefill_per_token`` x :meth:`group_prefill_tokens`)."""
+        p = np.asarray(prompt_len, dtype=float)
+        if self.prefix_block <= 0:
+            return self.prefill_per_token * p * group_size
+        return self.prefill_per_token * self.group_prefill_tokens(p, group_size)
+
     def step(self, n_running, context_tokens):
         """Seconds for one decode step with ``n_running`` sequences holding ``context_tokens``."""
         return step_time(self.decode_a, self.decode_b, self.decode_c, n_running, context_tokens)
@@ -103,16 +131,16 @@ class CostModel:
         """Seconds to generate one group (G sequences of ``resp_len`` tokens together) alone on an instance."""
         p = np.asarray(prompt_len, dtype=float)
         G = group_size
-        return self.prefill_per_token * p * G + self.steps(np.asarray(resp_len, dtype=float), G, G * p)
+        return self.group_prefill(p, G) + self.steps(np.asarray(resp_len, dtype=float), G, G * p)
 
     def group_latency_exact(self, prompt_length, resp) -> np.ndarray:
         """Seconds to generate each group (rows of ``resp``: its samples' lengths) alone on an
-        instance: prefill of every sample, then decode steps over the running samples until
-        the longest finishes, the shortest leaving first."""
+        instance: prefill of its samples (:meth:`group_prefill_tokens`), then decode steps over the
+        running samples until the longest finishes, the shortest leaving first."""
         L = np.sort(np.asarray(resp, dtype=float), axis=1)
         J, G = L.shape
         p = np.asarray(prompt_length, dtype=float)
-        t = self.prefill_per_token * p * G
+        t = self.group_prefill(p, G)
         done = np.zeros(J)
         for j in range(G):
             m = np.maximum(L[:, j] - done, 0.0)
@@ -121,12 +149,14 @@ class CostModel:
             done = np.maximum(done, L[:, j])
         return t
 
-    def work(self, prompt_len, resp_len, concurrency):
+    def work(self, prompt_len, resp_len, concurrency, group_size: int = 1):
         """Instance-seconds one sequence costs when sharing steps with ``concurrency`` others:
-        its decode steps with the fixed part ``a`` shared by all, plus prefill."""
+        its decode steps with the fixed part ``a`` shared by all, plus its share of its group's
+        prefill (``group_size`` samples of one prompt on one instance)."""
         p = np.asarray(prompt_len, dtype=float)
         S = np.maximum(1, concurrency)
-        return self.prefill_per_token * p + steps_time(self.decode_a / S, self.decode_b, self.decode_c,
+        pre = self.group_prefill_tokens(p, group_size) / group_size if group_size > 1 and self.prefix_block > 0 else p
+        return self.prefill_per_token * pre + steps_time(self.decode_a / S, self.decode_b, self.decode_c,
                                                        np.asarray(resp_len, dtype=float), 1, p)
 
     def peak_throughput(self, concurrency, mean_context):

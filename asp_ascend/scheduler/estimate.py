@@ -159,7 +159,7 @@ def _rollout(it, inst, rank, L, longest, P, n_iter, *, G, R, S, cost: CostModel,
         cap = np.clip(np.floor(kv_cache_tokens / np.maximum(mean_ctx, 1.0)), 1.0, S)
     # an instance runs its share of the window and of the k windows admissible with it, up to cap
     conc = np.minimum(cap, (k + 1) * seqs / R)
-    w_o = G * cost.work(Po, Lo, np.maximum(conc[w], 1.0))
+    w_o = G * cost.work(Po, Lo, np.maximum(conc[w], 1.0), G)
     work = np.empty(n)
     work[order] = w_o
     win_start = np.searchsorted(w, np.arange(n_iter + 1))
@@ -170,14 +170,17 @@ def _rollout(it, inst, rank, L, longest, P, n_iter, *, G, R, S, cost: CostModel,
     Lg = longest[order]
     b, c = cost.decode_b, cost.decode_c
     # alone: G samples to the mean length, the longest one on to its end
-    solo = (cost.prefill_per_token * Po * G + cost.steps(Lo, G, G * Po) + cost.steps(Lg - Lo, 1, Po + Lo))
-    beside = G * (c * Lo + b * (Po * Lo + Lo * Lo / 2.0) + cost.prefill_per_token * Po)
+    solo = (cost.group_prefill(Po, G) + cost.steps(Lo, G, G * Po) + cost.steps(Lg - Lo, 1, Po + Lo))
+    # prefill: a sample's share of its group's (prefix caching: the prompt's cached blocks once)
+    p_own = cost.group_prefill_tokens(Po, G) / G if cost.prefix_block > 0 else Po
+    beside = G * (c * Lo + b * (Po * Lo + Lo * Lo / 2.0) + cost.prefill_per_token * p_own)
     per_step = np.maximum(0.0, conc - G) * (c + b * mean_ctx)
     # a full instance's prefill beside the group: the co-runners admitted with it (first wave), and
     # each co-runner's slot turning over once per mean length (the replacement's prefill)
     mean_p = np.bincount(w, weights=G * Po, minlength=n_iter) / np.maximum(seqs, 1.0)
     mean_l = np.bincount(w, weights=G * Lo, minlength=n_iter) / np.maximum(seqs, 1.0)
-    pre_wave = np.maximum(0.0, conc - G) * cost.prefill_per_token * mean_p
+    p_seq = cost.group_prefill_tokens(mean_p, G) / G if cost.prefix_block > 0 else mean_p
+    pre_wave = np.maximum(0.0, conc - G) * cost.prefill_per_token * p_seq
     pre_step = pre_wave / np.maximum(mean_l, 1.0)
     cells = np.bincount(w * R + inst[order], weights=w_o, minlength=n_iter * R).reshape(n_iter, R)
     return _Rollout(order, win_start, first_wave, before, solo, Lg, per_step + pre_step, pre_wave, beside,

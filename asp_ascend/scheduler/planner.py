@@ -358,7 +358,7 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
     plen = np.zeros(n) if prompt_lengths is None else np.asarray(prompt_lengths, dtype=np.float64)
     B, m, R, G = global_batch_size, mini_batch_size, num_instances, group_size
     rng = np.random.default_rng([seed, epoch, 104729])
-    work = G * cost.work(plen, pred, max_num_seqs)
+    work = G * cost.work(plen, pred, max_num_seqs, G)
     sizes = iteration_sizes(n, B)
     n_iter = sizes.size
 

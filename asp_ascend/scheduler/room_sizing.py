@@ -82,7 +82,7 @@ class RoomSizer:
             else:
                 pred = self.plan.predicted.get(iteration, 0.0) / n
             plen = sum(self.plen(p) for _, p in keys) / n if keys else 0.0
-            work = self.G * n * float(cm.work(plen, pred, full))
+            work = self.G * n * float(cm.work(plen, pred, full, self.G))
             self._work = {k: v for k, v in self._work.items() if k[1:] == ck[1:]}
             self._work[ck] = (work, plen + pred / 2.0, plen)
         return self._work[ck]

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import regroup_of, stream_groups_of
+from ..config import prefix_block_of, regroup_of, stream_groups_of
 from ..errors import ConfigError, DataError
 from .cost import CostModel
 from .estimate import estimate
@@ -136,7 +136,7 @@ def plan_epoch_columns(cfg, inp: PlanInputs, policy: str | None = None, epochs: 
     """``plan_epochs`` as numpy columns without the prompt ids (what the estimate reads)."""
     policy = policy or cfg.scheduler.policy
     t, r = cfg.train, cfg.rollout
-    cost = CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0))
+    cost = CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0), prefix_block=prefix_block_of(cfg))
     parts, offset = [], 0
     for e in range(epochs or t.epochs):
         cols = plan_columns(inp.predicted, inp.prompt_lengths, policy=policy, group_size=t.group_size,
@@ -159,7 +159,7 @@ def estimate_schedule(cfg, sched, inp: PlanInputs, lengths: np.ndarray, policy: 
     if n_rows % len(inp.prompt_ids):
         raise ValueError(f"schedule of {n_rows} rows is not whole epochs of {len(inp.prompt_ids)} prompts")
     pos = np.arange(n_rows) % len(inp.prompt_ids)
-    cost = CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0))
+    cost = CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0), prefix_block=prefix_block_of(cfg))
     col = {k: np.asarray(sched[k]) for k in ("epoch", "iteration", "instance", "mini_batch", "dispatch_rank")}
     return estimate(col["iteration"], col["instance"], col["mini_batch"], col["epoch"] * (n_rows + 1) + col["dispatch_rank"],
                     np.asarray(lengths)[pos], inp.prompt_lengths[pos], group_size=t.group_size,
@@ -182,7 +182,8 @@ def planned_concurrency(cfg, inp: PlanInputs) -> int:
     return configured_concurrency(cfg, inp.predicted, inp.prompt_lengths, group_size=t.group_size,
                                   num_instances=r.num_instances, max_num_seqs=r.max_num_seqs,
                                   lag_bound=lag_bound_of(cfg),
-                                  cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0)),
+                                  cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0),
+                                                             prefix_block=prefix_block_of(cfg)),
                                   group_max_factor=inp.group_max_factor,
                                   packed=resolve_mode(t.micro_batching) == "packed")
 

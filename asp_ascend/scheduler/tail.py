@@ -72,7 +72,7 @@ class TailModel:
         n = np.asarray(n, dtype=float)
         a, b, c = self._coefficients(n)
         step = a + b * (G * (p + L / 2.0) + np.maximum(n - G, 0.0) * context) + c * n
-        return self.cm.prefill_per_token * p * G + L * step
+        return self.cm.group_prefill(p, G) + L * step
 
     def _coefficients(self, n):
         """Decode coefficients per token at ``n`` running sequences (speculating where it is on)."""

@@ -39,7 +39,10 @@ def lower_bounds(jobs, mb_table: pd.DataFrame, train_per_token: float, train_per
     ctx = np.bincount(it, weights=ctx_sum, minlength=n_it) / np.maximum(np.bincount(it, minlength=n_it) * G, 1)
     conc = np.full(n_it, float(max_num_seqs))
     if kv_capacity:
-        conc = np.maximum(1.0, np.minimum(conc, kv_capacity / np.maximum(ctx, 1.0)))
+        # KV held per sequence: prefix caching holds a group's shared prompt blocks once
+        kv_sum = ctx_sum - (G - 1) * cm.shared_prompt(jobs.prompt_length)
+        kv_seq = np.bincount(it, weights=kv_sum, minlength=n_it) / np.maximum(np.bincount(it, minlength=n_it) * G, 1)
+        conc = np.maximum(1.0, np.minimum(conc, kv_capacity / np.maximum(kv_seq, 1.0)))
     peak = cm.peak_throughput(conc, ctx)
     decode_s = tok / (num_instances * peak)
     tt = trainer_slots(mb_table["tokens"], mb_table["padded_tokens"], micro_batching)

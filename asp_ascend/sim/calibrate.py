@@ -47,7 +47,7 @@ import pandas as pd
 
 from ..errors import DataError
 from ..metrics.timeline import Timeline
-from .decode_fit import fit_decode_requests, fit_decode_steps, fit_total
+from .decode_fit import PREFIX_BLOCK, fit_decode_requests, fit_decode_steps, fit_total
 
 MIN_ADMISSIONS = 8   # admissions stamped in the step fit's rows below which admit_engine_s is not fitted
 
@@ -212,20 +212,24 @@ def run_micro_batching(steps: pd.DataFrame, configured: str = "auto") -> str:
     return "packed" if float(steps["padded_tokens"].sum()) == 0 else "sorted"
 
 
-def fit_timeline(tl: Timeline, micro_batching: str = "auto") -> dict:
+def fit_timeline(tl: Timeline, micro_batching: str = "auto", prefix_block: int = PREFIX_BLOCK) -> dict:
     """Fitted coefficients (floats; None where the timeline has no data) and fit quality.
 
     ``train_per_token`` is in the simulator's slot units (:func:`~asp_ascend.sim.costs.trainer_slots`
     of the run's micro-batching, :func:`run_micro_batching`): a packed step's slots are its tokens x
     ``PACKED_TOKEN_COST``, a padded or sorted one's its tokens + pad slots, so a fit on a packed run
-    predicts a padded one (and back) with the measured ratio between the two."""
+    predicts a padded one (and back) with the measured ratio between the two. ``prefix_block``: the
+    run's prefix caching (its KV block, 0 = off; ``config.prefix_block_of`` of the run's config):
+    the prefill column counts the prompt tokens the engine computed (:mod:`.decode_fit`); the fit's
+    ``prefix_block`` says what it assumed, and a replay charges prefill the same way."""
     from .costs import trainer_slots
 
     req = tl.frame("request")
     if req.empty:
         raise DataError("the timeline has no request events: nothing to calibrate from")
     syncs = tl.frame("sync")
-    fit = fit_decode_steps(req, syncs) or fit_decode_requests(req)
+    fit = fit_decode_steps(req, syncs, prefix_block) or fit_decode_requests(req)
+    fit["prefix_block"] = int(prefix_block)
     steps = tl.frame("step")
     if not steps.empty and len(steps) >= 2:
         dur = (steps["t_end"] - steps["t_start"]).to_numpy(float)
@@ -265,6 +269,8 @@ def calibrate_run(run_dir: str | Path) -> dict:
     if not path.is_file():
         raise DataError(f"{path} does not exist: --calibrate needs the run directory of a finished `asp train` "
                         "run (it writes timeline.jsonl)")
-    fit = fit_timeline(Timeline.read_jsonl(path))
+    from ..config import prefix_block_of, run_config
+
+    fit = fit_timeline(Timeline.read_jsonl(path), prefix_block=prefix_block_of(run_config(run_dir)))
     fit["source"] = str(path)
     return fit

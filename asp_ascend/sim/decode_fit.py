@@ -16,7 +16,11 @@ ones whose first token closes it: they were prefilled in its last step). Each in
                       + c * (sum of running counts over its steps)  +  prefill * (prompt tokens prefilled)
                       + admit * (admissions stamped in it)
 
-fitted by non-negative least squares. ``admit`` (``admit_engine_s``) is what an admission costs
+fitted by non-negative least squares. The prompt tokens prefilled count what the engine computed:
+with vLLM's prefix caching (``prefix_block`` > 0, the run's ``rollout.prefix_caching`` and vLLM's
+KV block; on by default) a sequence starting while a sibling of its group runs on its instance, or
+after one that starts in the same step, prefills only what its prompt's full blocks before the last
+token leave (``CostModel.shared_prompt``), so the fit prices a token as the simulator charges it. ``admit`` (``admit_engine_s``) is what an admission costs
 its instance's engine: the runtime hands a group to vLLM on the instance's own core (its
 ``submit`` call, stamping ``t_admit``), and an interval holding such a stamp takes that much
 longer (2.7-4.1 ms per admission on the CPU default); without the column an async run, which
@@ -103,13 +107,42 @@ def _step_counter(m: int, i1: np.ndarray, i2: np.ndarray, d: np.ndarray) -> tupl
     return off.copy(), comp, bad
 
 
-def step_intervals(req: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+PREFIX_BLOCK = 128     # vLLM-CPU's KV block (the runtime leaves block_size to vLLM)
+
+
+def prefilled_tokens(p: np.ndarray, i1: np.ndarray, i2: np.ndarray, group: np.ndarray, prefix_block: int) -> np.ndarray:
+    """Per sequence, the prompt tokens its engine computed when it started at boundary ``i1``
+    (running until ``i2``): its whole prompt, less the cached full blocks before the last token
+    when a sibling (same ``group`` code) started earlier and still runs at ``i1`` or started at the
+    same boundary before it (prefix caching, ``prefix_block`` > 0; 0 = every sequence its own)."""
+    pay = p.astype(float).copy()
+    if prefix_block <= 0 or p.size == 0:
+        return pay
+    sh = np.maximum(0.0, np.floor((p - 1.0) / prefix_block) * prefix_block)
+    order = np.lexsort((np.arange(p.size), i1, group))
+    g, a, b = group[order], i1[order], i2[order]
+    start = np.r_[True, g[1:] != g[:-1]].tolist()
+    # per sequence, the latest finish among its group's earlier starters (-1 for the first)
+    prev = np.empty(p.size, dtype=np.int64)
+    best = -1
+    for x, (first, fin) in enumerate(zip(start, b.tolist())):
+        if first:
+            best = -1
+        prev[x] = best
+        best = max(best, fin)
+    cached = prev >= a
+    pay[order[cached]] -= sh[order[cached]]
+    return pay
+
+
+def step_intervals(req: pd.DataFrame, prefix_block: int = PREFIX_BLOCK) -> tuple[pd.DataFrame, int]:
     """Per instance, the intervals between consecutive observed step boundaries (module doc).
 
     Columns: instance, t0, t1, y (duration), k (steps, NaN when unknown), N (sum of running
     counts over the steps), C (sum of contexts), P (prompt tokens prefilled), A (admissions, a
     group's first ``t_admit``, stamped in ``(t0, t1]``), n_through (sequences running through the
-    interval). Returns (intervals, contradictory equations).
+    interval; with ``prefix_block`` > 0 the tokens the engine computed, :func:`prefilled_tokens`).
+    Returns (intervals, contradictory equations).
     """
     rows, conflicts = [], 0
     for inst, g in req.groupby("instance", sort=True):
@@ -123,6 +156,7 @@ def step_intervals(req: pd.DataFrame) -> tuple[pd.DataFrame, int]:
             continue
         L = g["response_length"].to_numpy(np.int64)[ok]
         p = g["prompt_length"].to_numpy(float)[ok]
+        has_groups = {"epoch", "prompt_id"} <= set(g.columns)
         b = np.unique(np.concatenate([t1, t2]))
         m = b.size
         if m < 2:
@@ -142,7 +176,10 @@ def step_intervals(req: pd.DataFrame) -> tuple[pd.DataFrame, int]:
         np.add.at(db, i2 + 1, -base)
         n_thr, b_thr = np.cumsum(dn)[:m][j], np.cumsum(db)[:m][j]
         new_n = np.bincount(i1, minlength=m).astype(float)[j]
-        new_p = np.bincount(i1, weights=p, minlength=m)[j]
+        pay = (prefilled_tokens(p, i1, i2, pd.factorize(pd.MultiIndex.from_arrays(
+            [g["epoch"].to_numpy()[ok], g["prompt_id"].astype(str).to_numpy()[ok]]))[0], prefix_block)
+            if has_groups and prefix_block > 0 else p)
+        new_p = np.bincount(i1, weights=pay, minlength=m)[j]
         qsum = (S[j - 1] + 1 + S[j]) * k / 2.0
         kk = np.where(known, k, np.nan)
         adm = (np.searchsorted(ta, b[j], side="right") - np.searchsorted(ta, b[j - 1], side="right")).astype(float)
@@ -195,9 +232,9 @@ def decode_regressors(req: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["y", "C", "n", "w"])
 
 
-def fit_decode_steps(req: pd.DataFrame, syncs: pd.DataFrame) -> dict | None:
+def fit_decode_steps(req: pd.DataFrame, syncs: pd.DataFrame, prefix_block: int = PREFIX_BLOCK) -> dict | None:
     """The step-interval fit (module doc); None with fewer than MIN_INTERVALS usable intervals."""
-    d, conflicts = step_intervals(req)
+    d, conflicts = step_intervals(req, prefix_block)
     if d.empty:
         return None
     use = d["k"].notna() & (d["n_through"] > 0)
@@ -213,7 +250,7 @@ def fit_decode_steps(req: pd.DataFrame, syncs: pd.DataFrame) -> dict | None:
     per_step = y / u["k"].to_numpy(float)
     pred = X @ np.array([a, b, c, pf, adm]) / u["k"].to_numpy(float)
     return {"decode_a": float(a), "decode_b": float(b), "decode_c": float(c), "prefill_per_token": float(pf),
-            "admit_engine_s": float(adm), "decode_admissions": int(u["A"].sum()),
+            "admit_engine_s": float(adm), "decode_admissions": int(u["A"].sum()), "prefix_block": int(prefix_block),
             "decode_r2": r2(per_step, pred), "decode_rows": int(len(u)),
             "decode_method": "steps",
             "step_conflicts": int(conflicts), "step_intervals": int(len(d))}

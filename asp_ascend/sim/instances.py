@@ -6,6 +6,14 @@
   tokens; when the next decode step would overflow, the most recently admitted sequence is
   preempted (its KV freed, re-queued first, recomputed by prefill on re-admission, as vLLM does);
 - admitted sequences cost ``prefill_per_token`` per prompt (+ already generated) token;
+- prefix caching (the cost model's ``prefix_block`` > 0, ``rollout.prefix_caching``; vLLM V1's
+  default): a sequence started while a sibling of its group runs on the instance (or started
+  before it in the same pass) finds the prompt's full blocks before its last token cached and
+  prefills only the rest (and, after a preemption, its generated tokens); the prompt's KV is held
+  once while siblings share it (``saved``: the shared tokens counted once per extra holder; the
+  decode step still reads every sequence's whole context). Cached while any sibling holding it
+  runs there, as vLLM's reference-counted blocks are (a block freed to the cache's LRU pool is
+  not counted on);
 - ``admit_each_s`` (0 = none; calibrated from a real run): an admission reaches the engine this
   long after its hand-over starts, and an instance hands admissions over one at a time (the
   runtime's ``submit`` calls run one after another), so the k-th of a burst decided at ``t`` is
@@ -56,10 +64,15 @@ class Instances:
         if admit_engine_s < 0:
             raise ValueError(f"admit_engine_s must be >= 0, got {admit_engine_s}")
         self.adm_cost = float(admit_engine_s)
+        B = int(getattr(cost, "prefix_block", 0) or 0)
+        self.pc = B > 0                 # prefix caching (module doc)
         self.push, self.on_group_done = push, on_group_done
         N = J * G
         # sequences
         self.plen_j = jobs.prompt_length.astype("int64").tolist()
+        # prefix caching: the prompt tokens a sibling finds cached; running sequences per job
+        self.sh_j = [max(0, (p - 1) // B * B) for p in self.plen_j] if self.pc else None
+        self.hold = [0] * J if self.pc else None
         self.resp = jobs.resp.reshape(-1).astype("int64").tolist()
         self.g0 = [0] * N               # tokens generated before the current admission
         self.s0 = [0] * N               # instance step at the current admission
@@ -81,6 +94,7 @@ class Instances:
         self.T = [0.0] * R              # time of the last boundary
         self.n = [0] * R                # running sequences
         self.K = [0] * R                # sum over running of (prompt + g0 - s0): context = K + n * S
+        self.saved = [0] * R            # prefix caching: KV tokens shared (held = K + n * S - saved)
         self.heaps: list[list] = [[] for _ in range(R)]          # (finish step, seq)
         self.waiting: list[deque] = [deque() for _ in range(R)]
         self.order: list[list] = [[] for _ in range(R)]          # running seqs in admission order (lazy)
@@ -139,6 +153,7 @@ class Instances:
         if not w:
             return
         n, K, g0, s0, plen_j, G, kv = self.n, self.K, self.g0, self.s0, self.plen_j, self.G, self.kv
+        pc, hold, sh_j, saved = self.pc, self.hold, self.sh_j, self.saved
         newtok = 0
         fresh = []
         h, od = self.heaps[r], self.order[r]
@@ -149,10 +164,16 @@ class Instances:
             s = w[0]
             if each and ready[s] > Tr:  # not handed over yet (schedule wakes the instance then)
                 break
-            need = plen_j[s // G] + g0[s]
-            if kv and n[r] > 0 and K[r] + n[r] * Sr + need + n[r] + 1 > kv:
+            j = s // G
+            need = plen_j[j] + g0[s]
+            new = need - sh_j[j] if pc and hold[j] else need     # tokens to prefill and to hold anew
+            if kv and n[r] > 0 and K[r] + n[r] * Sr - saved[r] + new + n[r] + 1 > kv:
                 break
             w.popleft()
+            if pc:
+                if hold[j]:
+                    saved[r] += sh_j[j]
+                hold[j] += 1
             if self.adm_cost and self.unpaid[s // G]:
                 self.unpaid[s // G] = False
                 if n[r] > 0:
@@ -165,7 +186,7 @@ class Instances:
             self.fin_step[s] = fs
             heapq.heappush(h, (fs, s))
             od.append(s)
-            newtok += need
+            newtok += new
             if g0[s] == 0:
                 fresh.append(s)
         if newtok or stall:
@@ -203,13 +224,14 @@ class Instances:
         C0 = self.K[r] + nn * Sr
         m = h[0][0] - Sr
         if kv:
-            while nn > 1 and C0 + nn > kv:      # the next step would overflow: preempt
+            sv = self.saved
+            while nn > 1 and C0 - sv[r] + nn > kv:      # the next step would overflow: preempt
                 self._preempt_one(r)
                 nn = self.n[r]
                 C0 = self.K[r] + nn * Sr
                 self._clean(r)
                 m = h[0][0] - Sr
-            mk = (kv - C0) // nn if nn else m
+            mk = (kv - C0 + sv[r]) // nn if nn else m
             if 1 <= mk < m:
                 m = mk
         spec = self.spec_cm         # cost_at(nn), inlined (hot)
@@ -238,6 +260,8 @@ class Instances:
                     j = s // G                  # sample s finishes (hot: once per sample)
                     n[r] -= 1
                     K[r] -= plen_j[j] + g0[s] - s0[s]
+                    if self.pc:
+                        self._release(r, j)
                     in_run[s] = False
                     t_fin[s] = t
                     ver_fin[s] = version_of(r)
@@ -298,7 +322,16 @@ class Instances:
         gen = self.S[r] - self.s0[s]
         self.n[r] -= 1
         self.K[r] -= self.plen_j[s // self.G] + self.g0[s] - self.s0[s]
+        if self.pc:
+            self._release(r, s // self.G)
         self.g0[s] += gen
         self.in_run[s] = False
         self.waiting[r].appendleft(s)
         self.preemptions[r] += 1
+
+    def _release(self, r: int, j: int) -> None:
+        """A running sequence of job ``j`` left instance ``r`` (prefix caching): its siblings still
+        running there keep the prompt's shared blocks."""
+        self.hold[j] -= 1
+        if self.hold[j]:
+            self.saved[r] -= self.sh_j[j]

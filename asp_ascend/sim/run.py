@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import regroup_heavy_of, regroup_of, stream_groups_of
+from ..config import prefix_block_of, regroup_heavy_of, regroup_of, stream_groups_of
 from ..errors import AspError
 from ..metrics import summarize
 from .bounds import lower_bounds
@@ -146,9 +146,11 @@ def system_for(cfg, name: str, total_devices: int | None = None, rollout_devices
 
 
 def costs_for(cfg, spec: SystemSpec) -> SimCosts:
-    return system_costs(cfg.cost, cfg.sim, tp=spec.tp, train_devices=spec.train_devices,
-                        kv_cache_tokens=cfg.rollout.kv_cache_tokens, colocated=spec.colocated,
-                        logprob_passes=cfg.sim.logprob_passes)
+    """System ``spec``'s costs; its instances prefix-cache (``rollout.prefix_caching``) as vLLM does."""
+    c = system_costs(cfg.cost, cfg.sim, tp=spec.tp, train_devices=spec.train_devices,
+                     kv_cache_tokens=cfg.rollout.kv_cache_tokens, colocated=spec.colocated,
+                     logprob_passes=cfg.sim.logprob_passes)
+    return replace(c, instance=replace(c.instance, prefix_block=prefix_block_of(cfg)))
 
 
 @dataclass(frozen=True)
@@ -303,7 +305,8 @@ def _setup_entry(res: SimResult) -> dict:
     c = res.costs
     return {"spec": asdict(res.spec), "devices": res.spec.devices,
             "instance_cost": {"decode_a": c.instance.decode_a, "decode_b": c.instance.decode_b,
-                              "decode_c": c.instance.decode_c, "prefill_per_token": c.instance.prefill_per_token},
+                              "decode_c": c.instance.decode_c, "prefill_per_token": c.instance.prefill_per_token,
+                              "prefix_block": c.instance.prefix_block},
             "kv_capacity_tokens": c.kv_capacity, "train_per_token": c.train_per_token,
             "train_per_step": c.train_per_step, "sync_s": c.sync_s, "switch_s": c.switch_s,
             "publish_s": c.publish_s, "step_latency_s": c.step_latency_s, "admit_latency_s": c.admit_latency_s,

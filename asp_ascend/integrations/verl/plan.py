@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from ...config import lag_bound_of
+from ...config import lag_bound_of, prefix_block_of
 from ...errors import DataError
 from .lengths import LengthRecorder
 
@@ -102,7 +102,8 @@ class VerlSchedule:
                   group_size=t.group_size, global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
                   num_instances=r.num_instances, max_num_seqs=r.max_num_seqs,
                   lag_bound=lag_bound_of(cfg),
-                  cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0)), epoch=epoch,
+                  cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0),
+                                             prefix_block=prefix_block_of(cfg)), epoch=epoch,
                   iteration_offset=offset, seed=cfg.seed)
         self.frame = pd.concat([self.frame, df], ignore_index=True)
         write_parquet_atomic(self.path, self.frame, {"policy": cfg.scheduler.policy, "adaptive": "true"})
