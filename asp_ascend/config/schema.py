@@ -123,7 +123,8 @@ class RolloutConfig:
                         "| sequences (while its unfinished samples, running or queued in vLLM, are fewer than "
                         "max_num_seqs: the simulator's default rule)", choices=("groups", "sequences"))
     kv_cache_tokens: int = _f(0, "per-instance KV capacity in tokens (0 = unlimited)")
-    prefix_caching: bool = _f(True, "vLLM's automatic prefix caching (enable_prefix_caching; on by default in vLLM V1): "
+    prefix_caching: bool = _f(True, "vLLM's automatic prefix caching (enable_prefix_caching; on by default in "
+                              "vLLM V1): "
                               "the samples of one prompt on one instance compute the prompt's KV blocks once and share "
                               "them while any of them runs there; the runtime passes it to vLLM, the simulator and "
                               "the planner's cost model charge a group's prompt prefill and KV once per instance")

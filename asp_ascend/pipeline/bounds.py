@@ -22,7 +22,8 @@ def run_lower_bounds(timeline, cfg, lag_bound: int) -> np.ndarray:
 
     fit = fit_timeline(timeline, prefix_block=prefix_block_of(cfg))
     cm = CostModel(decode_a=fit["decode_a"], decode_b=fit["decode_b"], decode_c=fit["decode_c"],
-                   prefill_per_token=fit.get("prefill_per_token") or 0.0, prefix_block=int(fit.get("prefix_block") or 0))
+                   prefill_per_token=fit.get("prefill_per_token") or 0.0,
+                   prefix_block=int(fit.get("prefix_block") or 0))
     req = timeline.frame("request")
     steps = timeline.frame("step")
     n_it = int(req["iteration"].max()) + 1

@@ -19,11 +19,12 @@ ones whose first token closes it: they were prefilled in its last step). Each in
 fitted by non-negative least squares. The prompt tokens prefilled count what the engine computed:
 with vLLM's prefix caching (``prefix_block`` > 0, the run's ``rollout.prefix_caching`` and vLLM's
 KV block; on by default) a sequence starting while a sibling of its group runs on its instance, or
-after one that starts in the same step, prefills only what its prompt's full blocks before the last
-token leave (``CostModel.shared_prompt``), so the fit prices a token as the simulator charges it. ``admit`` (``admit_engine_s``) is what an admission costs
-its instance's engine: the runtime hands a group to vLLM on the instance's own core (its
-``submit`` call, stamping ``t_admit``), and an interval holding such a stamp takes that much
-longer (2.7-4.1 ms per admission on the CPU default); without the column an async run, which
+after one that starts in the same step, prefills its prompt less the full blocks before its last
+token, which it finds cached (``CostModel.shared_prompt``; a sibling that finished before it
+started holds nothing), so the fit prices a token as the simulator charges it. ``admit``
+(``admit_engine_s``) is what an admission costs its instance's engine: the runtime hands a group
+to vLLM on the instance's own core (its ``submit`` call, stamping ``t_admit``), and an interval
+holding such a stamp takes that much longer (2.7-4.1 ms per admission on the CPU default); without the column an async run, which
 admits while it decodes, carries that cost in its step coefficients, and a sync run, which
 admits mostly before decoding, does not. Plain least squares on purpose: the simulator needs the
 *mean* step time, and on a shared machine the noise is one-sided (other work only stretches steps),

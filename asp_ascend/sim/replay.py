@@ -154,7 +154,8 @@ def replay(tl: Timeline, fit: dict, *, max_num_seqs: int, lag_bound: int, sync_m
         mech = SimMechanisms(tail_concurrency="auto")
     micro_batching = run_micro_batching(tl.frame("step"), micro_batching)
     cm = CostModel(decode_a=fit["decode_a"], decode_b=fit["decode_b"], decode_c=fit["decode_c"],
-                   prefill_per_token=fit.get("prefill_per_token") or 0.0, prefix_block=int(fit.get("prefix_block") or 0))
+                   prefill_per_token=fit.get("prefill_per_token") or 0.0,
+                   prefix_block=int(fit.get("prefix_block") or 0))
     o = (lambda k: (fit.get(k) or 0.0) if overheads else 0.0)
     tr = TrainerSpec(fit.get("train_per_token") or 0.0, fit.get("train_per_step") or 0.0, fit.get("sync_s") or 0.0,
                      micro_batch_size, micro_batching,
