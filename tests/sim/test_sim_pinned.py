@@ -33,7 +33,7 @@ KEYS = ("throughput", "iteration_time_mean", "iteration_time_p50", "iteration_ti
 POLICIES = ["sync_colocated", "single_instance", "one_step_off", "fully_async_fifo", "async_sorted",
             "async_random", "async_balanced", "asp", "asp_adaptive"]
 # every tail mechanism off, and streaming (asp's default since 2026-12-03), and prefix caching (on
-# by default since 51164a6): the engine as it was before they were wired in (prefix caching off
+# by default since f99eda5): the engine as it was before they were wired in (prefix caching off
 # must give the old numbers exactly)
 OFF = {"scheduler.dispatch": "static", "scheduler.reestimate": "false", "rollout.tail_concurrency": "off",
        "rollout.speculative": "none", "rollout.partial_rollout": "false", "pipeline.regroup": "off",
