@@ -5,7 +5,7 @@
                                                [--set pipeline.regroup=off] [--cells 'a, b, c x10' ...] [--floor]
     python benchmarks/bench_tail.py seed       [--devices 128] [--set pipeline.regroup_heavy=off]
     python benchmarks/bench_tail.py breakdown  [--devices 128] [--per-iteration] [--plan-seeds 0 1 2]
-    python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...]
+    python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...] [--set KEY=VALUE ...]
     python benchmarks/bench_tail.py admission  [--devices 32 64] [--prompts N]
     python benchmarks/bench_tail.py reestimate [--data DIR] [--prompts N] [--devices 32 64]
     python benchmarks/bench_tail.py bound      [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
@@ -750,7 +750,7 @@ def speed(args) -> None:
     from asp_ascend.sim.run import simulate_system
 
     D = args.devices[0]
-    over = {**LOSSLESS, **SPEC, "rollout.max_split": 1}
+    over = {**LOSSLESS, **SPEC, "rollout.max_split": 1, **dict(kv.split("=", 1) for kv in args.set)}
     cfg = _cfg("reasoning", args.data, args.prompts, D, over)
     t = time.perf_counter()
     w = workload_from_config(cfg)
@@ -895,12 +895,12 @@ def main(argv=None) -> int:
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                     help="breakdown, seed: config overrides on top of the seed setup (e.g. lengths.predictor=oracle, "
                          "pipeline.regroup=off); robustness: on top of every row (pipeline.regroup=off: the grids "
-                         "before asp regrouped)")
+                         "before asp regrouped); speed: on top of its setup (rollout.tail_concurrency=reactive)")
     args = ap.parse_args(argv)
     if args.plan_seeds is not None and args.what not in ("ablation", "robustness", "breakdown", "bound", "sweep"):
         ap.error(f"--plan-seeds applies to ablation, robustness, breakdown, bound and sweep only, not to {args.what}")
-    if args.set and args.what not in ("breakdown", "seed", "robustness"):
-        ap.error(f"--set applies to breakdown, seed and robustness only, not to {args.what}")
+    if args.set and args.what not in ("breakdown", "seed", "robustness", "speed"):
+        ap.error(f"--set applies to breakdown, seed, robustness and speed only, not to {args.what}")
     if args.floor and args.what != "robustness":
         ap.error(f"--floor applies to robustness only, not to {args.what}")
     if args.cells and args.what not in ("robustness", "reestimate"):
