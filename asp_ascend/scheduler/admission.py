@@ -18,21 +18,9 @@ updates (``on_*``); nothing here knows about time, threads, Ray or vLLM.
 from __future__ import annotations
 
 import bisect
-import heapq
-from dataclasses import dataclass, field
 from typing import Callable, Iterable, Protocol
 
-
-@dataclass(frozen=True, order=True)
-class Job:
-    """One prompt group to generate. Ordered by (iteration, dispatch_rank, prompt_id)."""
-    iteration: int
-    dispatch_rank: int
-    prompt_id: str = field(compare=True)
-    epoch: int = field(default=0, compare=False)
-    instance: int = field(default=0, compare=False)
-    mini_batch: int = field(default=0, compare=False)
-    predicted_length: float = field(default=0.0, compare=False)
+from .job_queue import Job, RankQueue
 
 
 class LagViolation(RuntimeError):
@@ -70,59 +58,6 @@ class AdmissionController:
             raise LagViolation(f"iteration {iteration} on instance {instance} holding "
                                f"v{self.instance_version[instance]} exceeds lag bound {self.k}")
         return self.instance_version[instance]
-
-
-class _RankQueue:
-    """Jobs bucketed by iteration; each bucket a heap by (epoch, dispatch_rank, prompt_id).
-
-    ``best(limit)`` returns the lowest-ranked job among iterations <= ``limit`` (the
-    admissible ones). Only the few iterations at or below the limit are looked at.
-    """
-
-    def __init__(self):
-        self.buckets: dict[int, list] = {}
-        self.iters: list[int] = []  # sorted iterations with a non-empty bucket
-        self.size = 0
-        self.work = 0.0  # sum of queued jobs' predicted lengths (guided dispatch: remaining work)
-
-    def push(self, job: Job) -> None:
-        b = self.buckets.get(job.iteration)
-        if b is None:
-            b = self.buckets[job.iteration] = []
-            bisect.insort(self.iters, job.iteration)
-        heapq.heappush(b, (job.epoch, job.dispatch_rank, job.prompt_id, job))
-        self.size += 1
-        self.work += job.predicted_length
-
-    def best(self, limit: int) -> Job | None:
-        best = None
-        for it in self.iters:
-            if it > limit:
-                break
-            head = self.buckets[it][0]
-            if best is None or head[:3] < best[:3]:
-                best = head
-        return None if best is None else best[3]
-
-    def pop(self, job: Job) -> None:
-        b = self.buckets[job.iteration]
-        heapq.heappop(b)
-        self.size -= 1
-        self.work -= job.predicted_length
-        if not b:
-            del self.buckets[job.iteration]
-            self.iters.remove(job.iteration)
-
-    def first_iteration(self) -> int | None:
-        return self.iters[0] if self.iters else None
-
-    def drain(self) -> list[Job]:
-        jobs = [entry[3] for b in self.buckets.values() for entry in b]
-        self.buckets, self.iters, self.size, self.work = {}, [], 0, 0.0
-        return jobs
-
-    def __len__(self) -> int:
-        return self.size
 
 
 DISPATCH_MODES = ("static", "guided")
@@ -205,7 +140,7 @@ class Dispatcher:
         self.stolen = 0
         self.steals: list[tuple[Job, int, int]] = []   # (job, from instance, to instance), in order
         self.alive = [True] * num_instances
-        self.queues: list[_RankQueue] = [_RankQueue() for _ in range(1 if shared else num_instances)]
+        self.queues: list[RankQueue] = [RankQueue() for _ in range(1 if shared else num_instances)]
         # the first (lowest) iteration of every non-empty queue, sorted: guided dispatch's steal pass
         # looks at the other queues only when one of them holds an admissible job (first <= limit)
         self._firsts: list[int] = []
@@ -220,6 +155,9 @@ class Dispatcher:
         # with it, per admission limit: the instances with an admissible queued job, most remaining
         # work first (guided dispatch's victims), until any queue, running set or progress moves
         self._victims_memo: dict[int, list[int]] = {}
+        # with it, per instance whose running work was only bounded (``_no_gain``): the largest
+        # lower bound of it seen, until its progress moves
+        self._low_memo: dict[int, float] = {}
         self.finished: set[tuple[int, str]] = set()
         self.total = 0
         self.add(jobs)
@@ -267,7 +205,7 @@ class Dispatcher:
             bisect.insort(self._firsts, after)
 
     # decisions -----------------------------------------------------------------
-    def _queue(self, instance: int) -> _RankQueue:
+    def _queue(self, instance: int) -> RankQueue:
         return self.queues[0 if self.shared else instance]
 
     def _limit(self, instance: int) -> int:
@@ -324,7 +262,21 @@ class Dispatcher:
             reaches = getattr(self.estimator, "remaining_reaches", None)
             if reaches is not None:
                 work = self.queues[instance].work
-                return reaches(self.running_on[instance], lambda run: work + run + predicted >= work_v)
+                low = self._low_memo.get(instance)
+                if low is not None and work + low + predicted >= work_v:
+                    return True     # a lower bound seen since its progress last moved decides it
+                seen: list[float] = []
+
+                def enough(run: float) -> bool:
+                    seen.append(run)
+                    return work + run + predicted >= work_v
+
+                refused = reaches(self.running_on[instance], enough)
+                if refused:         # every value tested is a lower bound of the running work
+                    self._low_memo[instance] = max(seen) if low is None else max(low, *seen)
+                else:               # only the exact sum, tested last, refuses nothing
+                    memo[instance] = seen[-1]
+                return refused
         return self.remaining_work(instance) + predicted >= work_v
 
     def _top_victims(self, limit: int) -> tuple[tuple, tuple]:
@@ -405,11 +357,13 @@ class Dispatcher:
         The answers are the ones asked afresh would give, as long as only those change them."""
         self._run_memo = {} if on else None
         self._victims_memo.clear()
+        self._low_memo.clear()
 
     def forget(self, instance: int) -> None:
         """``instance``'s progress moved: its memoised running remaining work is stale."""
         if self._run_memo is not None:
             self._run_memo.pop(instance, None)
+            self._low_memo.pop(instance, None)
             self._victims_memo.clear()
 
     def blocked_by_lag(self, instance: int) -> bool:
@@ -492,7 +446,7 @@ class Dispatcher:
         synced to the current version first (:meth:`AdmissionController.on_instance_synced`)."""
         if not self.shared:
             while instance >= len(self.queues):
-                self.queues.append(_RankQueue())
+                self.queues.append(RankQueue())
         while instance >= len(self.alive):
             self.alive.append(False)
         while instance >= len(self.adm.instance_version):
