@@ -269,6 +269,11 @@ class SchedulerConfig:
                           "longest groups decode at a lighter load; opt-in: chosen from the cost coefficients, it is only as good "
                           "as they are (calibrate them; docs/scheduler.md) (scheduler/concurrency.py)",
                           choices=("auto", "full"))
+    concentrate_tail: float = _f(0.0, "asp, opt-in: the most an iteration's predicted-length CDF may move (KS) when the "
+                                 "planner gathers the predicted-longest groups into every P-th iteration (m strata of "
+                                 "B: m (P - 1) / B <= this), chosen where it lowers the predicted publish floor "
+                                 "(metrics/floor.publish_floor); 0 (default) = off: one group of each length stratum per "
+                                 "iteration (docs/scheduler.md, \"Gathering the longest groups\")")
 
 
 @dataclass

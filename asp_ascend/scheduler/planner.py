@@ -130,6 +130,98 @@ def _lightest_floor_first(iteration: np.ndarray, latency: np.ndarray, n_iter: in
     return out
 
 
+def _publish_chain(iteration, lat, busy_tokens, n_mb, cost: CostModel, k: int, n_iter: int) -> float:
+    """The last publish ``metrics/floor.publish_floor``'s chain allows on predicted figures: the
+    trainer's busy time per iteration (``train_time`` of its predicted tokens and steps, plus the
+    sync) and each iteration's predicted-longest group alone plus the sync."""
+    busy = cost.train_time(np.bincount(iteration, weights=busy_tokens, minlength=n_iter), n_mb) + cost.sync_s
+    floor = np.zeros(n_iter)
+    np.maximum.at(floor, iteration, lat)
+    V = np.zeros(n_iter + 1)
+    for i in range(n_iter):
+        V[i + 1] = max(V[i] + busy[i], (V[i - k] if i - k > 0 else 0.0) + floor[i] + cost.sync_s)
+    return float(V[-1])
+
+
+def _concentrated(iteration, by_len, m: int, long_iters: np.ndarray, n_full: int, excess: int):
+    """``iteration`` with the m x n_full predicted-longest groups of the full iterations moved into
+    ``long_iters`` (as evenly as they divide), each moved group's place taken by the longest group
+    not among them of the long iteration it went to; every iteration keeps its count. None when a
+    long iteration would have to give up groups it lacks or hold more than ``excess`` of them above
+    its m."""
+    top = by_len[iteration[by_len] < n_full][:m * n_full]
+    is_long = np.zeros(n_full, dtype=bool)
+    is_long[long_iters] = True
+    L = long_iters.size
+    have = np.bincount(iteration[top], minlength=n_full)[long_iters]
+    want = np.full(L, (m * n_full) // L) + (np.arange(L) < (m * n_full) % L)
+    need = want - have
+    if (need < 0).any() or want.max() - m > excess:
+        return None
+    movers = top[~is_long[iteration[top]]]                  # longest first
+    # slots: round-robin over the long iterations (the longest movers spread over them)
+    slot_of = np.repeat(long_iters, need)
+    within = np.concatenate([np.arange(c) for c in need]) if need.sum() else np.zeros(0, np.int64)
+    slots = slot_of[np.lexsort((slot_of, within))]
+    out = iteration.copy()
+    # compensators: each long iteration's `need` longest groups outside the top set
+    in_top = np.zeros(iteration.shape[0], dtype=bool)
+    in_top[top] = True
+    rest = by_len[~in_top[by_len]]
+    comp = []
+    for li, c in zip(long_iters, need):
+        comp.append(rest[iteration[rest] == li][:c])
+    comp = np.concatenate(comp) if comp else np.zeros(0, np.int64)
+    if comp.size != movers.size:
+        return None
+    comp = comp[np.argsort(_rank_of(by_len)[comp], kind="stable")]   # longest first
+    # the iterations the movers leave, round-robin the same way, take the compensators
+    gave = iteration[movers]
+    gcount = np.bincount(gave, minlength=n_full)
+    donors = np.flatnonzero(gcount)
+    d_of = np.repeat(donors, gcount[donors])
+    d_within = np.concatenate([np.arange(gcount[d]) for d in donors]) if donors.size else np.zeros(0, np.int64)
+    back = d_of[np.lexsort((d_of, d_within))]
+    out[movers] = slots
+    out[comp] = back
+    return out
+
+
+MIN_CONCENTRATE_GAIN = 0.01
+
+
+def _concentrate_tail(iteration, by_len, lat, busy_tokens, *, B: int, m_mb: int, k: int, margin: float,
+                      cost: CostModel, n_iter: int, partial_last: bool) -> np.ndarray:
+    """``scheduler.concentrate_tail``: gather the predicted-longest groups into every P-th iteration
+    when that lowers the predicted publish chain (``_publish_chain``). With lag bound k, iteration i's
+    longest group ties V_{i+1} to V_{i-k}; with one top-stratum group in every iteration each chain
+    of k + 1 periods pays a longest group, while with them gathered into every P-th iteration
+    (P > k + 1) the chains through the others pay only the next stratum's. m strata (about m x P
+    groups per long iteration) move a long iteration's predicted-length CDF by its groups above m,
+    / B, kept <= ``margin`` (a short one's by m / B). Tries every (m, P, offset) within the margin, iteration 0 never long, and keeps
+    the lowest predicted chain; today's membership unless that is at least ``MIN_CONCENTRATE_GAIN``
+    lower. ``lat``: each group's predicted longest sample alone (the floor it sets)."""
+    n_full = n_iter - (1 if partial_last else 0)
+    counts = np.bincount(iteration, minlength=n_iter)
+    n_mb = -(-counts // m_mb)
+    today = _publish_chain(iteration, lat, busy_tokens, n_mb, cost, k, n_iter)
+    best, best_v = iteration, today
+    for m in range(1, int(margin * B) + 1):
+        for P in range(2, n_full + 1):
+            if m * (P - 1) > margin * B:
+                break
+            for o in range(1, min(P, n_full)):
+                cand = _concentrated(iteration, by_len, m, np.arange(o, n_full, P), n_full, int(margin * B))
+                if cand is None:
+                    continue
+                v = _publish_chain(cand, lat, busy_tokens, n_mb, cost, k, n_iter)
+                if v < best_v * (1.0 - 1e-9):
+                    best, best_v = cand, v
+    # a predicted gain under MIN_CONCENTRATE_GAIN is noise: where many groups reach the response cap
+    # the predicted floors are flat and the true longest groups are not the predicted ones
+    return best if best_v <= today * (1.0 - MIN_CONCENTRATE_GAIN) else iteration
+
+
 def _place(iteration: np.ndarray, pick_rank: np.ndarray, work: np.ndarray, R: int, n_iter: int,
            carry: bool) -> np.ndarray:
     """Instance of each prompt. Within each iteration, prompts are taken in ``pick_rank``
@@ -223,13 +315,19 @@ def tail_aware_load(work: np.ndarray, solo_latency: np.ndarray) -> np.ndarray:
 
 
 def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_iter, tail, group_max_factor,
-              speculation=None, max_len=None):
+              speculation=None, max_len=None, concentrate=0.0):
     """(iteration, mini_batch, instance, dispatch_order, room) of the ASP schedule."""
     n = pred.shape[0]
     by_len = _desc_order(pred, rng)
     len_rank = _rank_of(by_len)
     lat = cost.group_latency(plen, pred, G)
     iteration = _lightest_floor_first(_stratified_iterations(by_len, work, B, rng), lat, n_iter, n % B != 0)
+    if concentrate > 0 and k >= 0:
+        # the floor is a group's longest sample: its mean x group_max_factor, capped
+        longest = np.minimum(pred * group_max_factor, np.inf if max_len is None else max_len)
+        iteration = _concentrate_tail(iteration, by_len, cost.group_latency(plen, longest, G), G * (plen + pred),
+                                      B=B, m_mb=m, k=k, margin=concentrate,
+                                      cost=cost, n_iter=n_iter, partial_last=n % B != 0)
     counts = np.bincount(iteration, minlength=n_iter)
     n_mb = -(-counts // m)
     mini_batch = _mini_batches(iteration, pred + plen, counts, m, rng)
@@ -308,7 +406,7 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
          global_batch_size: int = 64, mini_batch_size: int = 16, num_instances: int = 2, max_num_seqs: int = 64,
          lag_bound: int = 1, cost: CostModel | None = None, epoch: int = 0, iteration_offset: int = 0,
          seed: int = 0, tail="off", group_max_factor: float = 1.0, speculation=None,
-         max_response_length: float | None = None) -> pd.DataFrame:
+         max_response_length: float | None = None, concentrate_tail: float = 0.0) -> pd.DataFrame:
     """One epoch's schedule (DESIGN 6 columns plus ``room``). Deterministic for ``seed`` and ``epoch``.
 
     ``tail`` (asp; ``rollout.tail_concurrency``): ``off``, ``auto`` or a number of sequences;
@@ -322,7 +420,7 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
                         num_instances=num_instances, max_num_seqs=max_num_seqs, lag_bound=lag_bound, cost=cost,
                         epoch=epoch, iteration_offset=iteration_offset, seed=seed, tail=tail,
                         group_max_factor=group_max_factor, speculation=speculation,
-                        max_response_length=max_response_length)
+                        max_response_length=max_response_length, concentrate_tail=concentrate_tail)
     return schedule_frame(cols, prompt_ids)
 
 
@@ -340,7 +438,8 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
                  global_batch_size: int = 64, mini_batch_size: int = 16, num_instances: int = 2,
                  max_num_seqs: int = 64, lag_bound: int = 1, cost: CostModel | None = None, epoch: int = 0,
                  iteration_offset: int = 0, seed: int = 0, tail="off", group_max_factor: float = 1.0,
-                 speculation=None, max_response_length: float | None = None) -> dict[str, np.ndarray]:
+                 speculation=None, max_response_length: float | None = None,
+                 concentrate_tail: float = 0.0) -> dict[str, np.ndarray]:
     """``plan`` as numpy columns, one row per prompt in input order, without the prompt ids
     (building a string column costs more than planning the baselines of a report)."""
     from ..config import parse_tail_concurrency
@@ -368,7 +467,8 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
     if policy == "asp":
         iteration, mini_batch, instance, dispatch_order, room = _plan_asp(
             pred, plen, work, B=B, m=m, R=R, G=G, S=max_num_seqs, k=lag_bound, cost=cost, rng=rng, n_iter=n_iter,
-            tail=tail, group_max_factor=group_max_factor, speculation=speculation, max_len=max_response_length)
+            tail=tail, group_max_factor=group_max_factor, speculation=speculation, max_len=max_response_length,
+            concentrate=concentrate_tail)
     else:
         order = BASELINE_ORDER[policy](pred, rng)
         position = np.empty(n, dtype=np.int64)

@@ -119,3 +119,10 @@ def test_float_key_ranges(empty_yaml):
     assert "rollout.kv_cache_space_gib: 0.0 must be > 0" in msg
     assert "cost.sync_s: -1.0 must be >= 0" in msg
     assert "train.warmup_sft_lr: 0.0 must be > 0" in msg
+
+
+@pytest.mark.parametrize("value", ["-0.01", "0.5"])
+def test_concentrate_tail_range(empty_yaml, value):
+    with pytest.raises(ConfigError, match=r"scheduler.concentrate_tail: .* must be in \[0, 0.5\)"):
+        load_config(empty_yaml, [f"scheduler.concentrate_tail={value}"])
+    assert load_config(empty_yaml, ["scheduler.concentrate_tail=0.02"]).scheduler.concentrate_tail == 0.02
