@@ -143,13 +143,31 @@ def _publish_chain(iteration, lat, busy_tokens, n_mb, cost: CostModel, k: int, n
     return float(V[-1])
 
 
-def _concentrated(iteration, by_len, m: int, long_iters: np.ndarray, n_full: int, excess: int):
+def _rank_within(keys: np.ndarray) -> np.ndarray:
+    """Each element's rank among the elements of ``keys`` with its key, in the given order."""
+    o = np.argsort(keys, kind="stable")
+    ks = keys[o]
+    r = np.empty(keys.shape[0], dtype=np.int64)
+    r[o] = np.arange(keys.shape[0]) - np.searchsorted(ks, ks, side="left")
+    return r
+
+
+def _round_robin(iters: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``counts[j]`` slots of each ``iters[j]``, ordered round-robin (first slots of all, then the
+    second ones, ...)."""
+    slot_of = np.repeat(iters, counts)
+    within = np.arange(slot_of.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    return slot_of[np.lexsort((slot_of, within))]
+
+
+def _concentrated(iteration, by_len, len_rank, m: int, long_iters: np.ndarray, n_full: int, excess: int):
     """``iteration`` with the m x n_full predicted-longest groups of the full iterations moved into
     ``long_iters`` (as evenly as they divide), each moved group's place taken by the longest group
     not among them of the long iteration it went to; every iteration keeps its count. None when a
     long iteration would have to give up groups it lacks or hold more than ``excess`` of them above
-    its m."""
-    top = by_len[iteration[by_len] < n_full][:m * n_full]
+    its m. ``by_len``: groups longest first; ``len_rank``: its inverse."""
+    full = by_len[iteration[by_len] < n_full]
+    top = full[:m * n_full]
     is_long = np.zeros(n_full, dtype=bool)
     is_long[long_iters] = True
     L = long_iters.size
@@ -159,31 +177,22 @@ def _concentrated(iteration, by_len, m: int, long_iters: np.ndarray, n_full: int
     if (need < 0).any() or want.max() - m > excess:
         return None
     movers = top[~is_long[iteration[top]]]                  # longest first
-    # slots: round-robin over the long iterations (the longest movers spread over them)
-    slot_of = np.repeat(long_iters, need)
-    within = np.concatenate([np.arange(c) for c in need]) if need.sum() else np.zeros(0, np.int64)
-    slots = slot_of[np.lexsort((slot_of, within))]
-    out = iteration.copy()
     # compensators: each long iteration's `need` longest groups outside the top set
-    in_top = np.zeros(iteration.shape[0], dtype=bool)
-    in_top[top] = True
-    rest = by_len[~in_top[by_len]]
-    comp = []
-    for li, c in zip(long_iters, need):
-        comp.append(rest[iteration[rest] == li][:c])
-    comp = np.concatenate(comp) if comp else np.zeros(0, np.int64)
+    need_of = np.zeros(n_full, dtype=np.int64)
+    need_of[long_iters] = need
+    rest = full[m * n_full:]
+    rest = rest[is_long[iteration[rest]]]
+    comp = rest[_rank_within(iteration[rest]) < need_of[iteration[rest]]]
     if comp.size != movers.size:
         return None
-    comp = comp[np.argsort(_rank_of(by_len)[comp], kind="stable")]   # longest first
-    # the iterations the movers leave, round-robin the same way, take the compensators
-    gave = iteration[movers]
-    gcount = np.bincount(gave, minlength=n_full)
+    comp = comp[np.argsort(len_rank[comp], kind="stable")]   # longest first
+    # the movers go round-robin over the long iterations (the longest spread over them); the
+    # iterations they leave, round-robin the same way, take the compensators
+    gcount = np.bincount(iteration[movers], minlength=n_full)
     donors = np.flatnonzero(gcount)
-    d_of = np.repeat(donors, gcount[donors])
-    d_within = np.concatenate([np.arange(gcount[d]) for d in donors]) if donors.size else np.zeros(0, np.int64)
-    back = d_of[np.lexsort((d_of, d_within))]
-    out[movers] = slots
-    out[comp] = back
+    out = iteration.copy()
+    out[movers] = _round_robin(long_iters, need)
+    out[comp] = _round_robin(donors, gcount[donors])
     return out
 
 
@@ -206,12 +215,14 @@ def _concentrate_tail(iteration, by_len, lat, busy_tokens, *, B: int, m_mb: int,
     n_mb = -(-counts // m_mb)
     today = _publish_chain(iteration, lat, busy_tokens, n_mb, cost, k, n_iter)
     best, best_v = iteration, today
+    len_rank = _rank_of(by_len)
     for m in range(1, int(margin * B) + 1):
         for P in range(2, n_full + 1):
             if m * (P - 1) > margin * B:
                 break
             for o in range(1, min(P, n_full)):
-                cand = _concentrated(iteration, by_len, m, np.arange(o, n_full, P), n_full, int(margin * B))
+                cand = _concentrated(iteration, by_len, len_rank, m, np.arange(o, n_full, P), n_full,
+                                     int(margin * B))
                 if cand is None:
                     continue
                 v = _publish_chain(cand, lat, busy_tokens, n_mb, cost, k, n_iter)
