@@ -271,7 +271,7 @@ def test_concentrate_tail_gathers_the_longest_groups_and_keeps_counts():
     iterations (never the first), every iteration keeps B groups, each iteration's predicted-length
     CDF moves by at most the margin, the predicted publish chain is lower, and the plan is the same
     for the same seed; 0 is today's plan exactly."""
-    from asp_ascend.scheduler.planner import _publish_chain
+    from asp_ascend.scheduler.concentrate import publish_chain
 
     n, B, margin = 4096, 256, 0.02
     rng = np.random.default_rng(3)   # heavy_tail's lengths without its cap: no ties among the longest
@@ -298,5 +298,5 @@ def test_concentrate_tail_gathers_the_longest_groups_and_keeps_counts():
         assert max(ks(g["predicted_length"].to_numpy(), pred) for _, g in conc.groupby("iteration")) <= 1.5 / B + margin
         busy_tokens = 8 * (plen + pred)
         n_mb = np.full(n // B, B // 64)
-        assert (_publish_chain(it1, lat, busy_tokens, n_mb, cost, 1, n // B)
-                < _publish_chain(it0, lat, busy_tokens, n_mb, cost, 1, n // B))
+        assert (publish_chain(it1, lat, busy_tokens, n_mb, cost, 1, n // B)
+                < publish_chain(it0, lat, busy_tokens, n_mb, cost, 1, n // B))

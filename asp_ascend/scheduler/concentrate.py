@@ -1,0 +1,113 @@
+"""``scheduler.concentrate_tail`` (opt-in): gather an epoch's predicted-longest groups into every
+P-th iteration where that lowers the predicted publish chain (``metrics/floor.publish_floor``'s,
+on predicted figures); the planner (:mod:`.planner`) calls :func:`concentrate_tail` on its
+stratified membership. docs/scheduler.md, "Gathering the longest groups"."""
+from __future__ import annotations
+
+import numpy as np
+
+from .cost import CostModel
+
+
+def publish_chain(iteration, lat, busy_tokens, n_mb, cost: CostModel, k: int, n_iter: int) -> float:
+    """The last publish ``metrics/floor.publish_floor``'s chain allows on predicted figures: the
+    trainer's busy time per iteration (``train_time`` of its predicted tokens and steps, plus the
+    sync) and each iteration's predicted-longest group alone plus the sync."""
+    busy = cost.train_time(np.bincount(iteration, weights=busy_tokens, minlength=n_iter), n_mb) + cost.sync_s
+    floor = np.zeros(n_iter)
+    np.maximum.at(floor, iteration, lat)
+    V = np.zeros(n_iter + 1)
+    for i in range(n_iter):
+        V[i + 1] = max(V[i] + busy[i], (V[i - k] if i - k > 0 else 0.0) + floor[i] + cost.sync_s)
+    return float(V[-1])
+
+
+def _rank_within(keys: np.ndarray) -> np.ndarray:
+    """Each element's rank among the elements of ``keys`` with its key, in the given order."""
+    o = np.argsort(keys, kind="stable")
+    ks = keys[o]
+    r = np.empty(keys.shape[0], dtype=np.int64)
+    r[o] = np.arange(keys.shape[0]) - np.searchsorted(ks, ks, side="left")
+    return r
+
+
+def _round_robin(iters: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """``counts[j]`` slots of each ``iters[j]``, ordered round-robin (first slots of all, then the
+    second ones, ...)."""
+    slot_of = np.repeat(iters, counts)
+    within = np.arange(slot_of.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    return slot_of[np.lexsort((slot_of, within))]
+
+
+def _concentrated(iteration, by_len, len_rank, m: int, long_iters: np.ndarray, n_full: int, excess: int):
+    """``iteration`` with the m x n_full predicted-longest groups of the full iterations moved into
+    ``long_iters`` (as evenly as they divide), each moved group's place taken by the longest group
+    not among them of the long iteration it went to; every iteration keeps its count. None when a
+    long iteration would have to give up groups it lacks or hold more than ``excess`` of them above
+    its m. ``by_len``: groups longest first; ``len_rank``: its inverse."""
+    full = by_len[iteration[by_len] < n_full]
+    top = full[:m * n_full]
+    is_long = np.zeros(n_full, dtype=bool)
+    is_long[long_iters] = True
+    L = long_iters.size
+    have = np.bincount(iteration[top], minlength=n_full)[long_iters]
+    want = np.full(L, (m * n_full) // L) + (np.arange(L) < (m * n_full) % L)
+    need = want - have
+    if (need < 0).any() or want.max() - m > excess:
+        return None
+    movers = top[~is_long[iteration[top]]]                  # longest first
+    # compensators: each long iteration's `need` longest groups outside the top set
+    need_of = np.zeros(n_full, dtype=np.int64)
+    need_of[long_iters] = need
+    rest = full[m * n_full:]
+    rest = rest[is_long[iteration[rest]]]
+    comp = rest[_rank_within(iteration[rest]) < need_of[iteration[rest]]]
+    if comp.size != movers.size:
+        return None
+    comp = comp[np.argsort(len_rank[comp], kind="stable")]   # longest first
+    # the movers go round-robin over the long iterations (the longest spread over them); the
+    # iterations they leave, round-robin the same way, take the compensators
+    gcount = np.bincount(iteration[movers], minlength=n_full)
+    donors = np.flatnonzero(gcount)
+    out = iteration.copy()
+    out[movers] = _round_robin(long_iters, need)
+    out[comp] = _round_robin(donors, gcount[donors])
+    return out
+
+
+MIN_CONCENTRATE_GAIN = 0.01
+
+
+def concentrate_tail(iteration, by_len, lat, busy_tokens, *, B: int, m_mb: int, k: int, margin: float,
+                      cost: CostModel, n_iter: int, partial_last: bool) -> np.ndarray:
+    """``scheduler.concentrate_tail``: gather the predicted-longest groups into every P-th iteration
+    when that lowers the predicted publish chain (``publish_chain``). With lag bound k, iteration i's
+    longest group ties V_{i+1} to V_{i-k}; with one top-stratum group in every iteration each chain
+    of k + 1 periods pays a longest group, while with them gathered into every P-th iteration
+    (P > k + 1) the chains through the others pay only the next stratum's. m strata (about m x P
+    groups per long iteration) move a long iteration's predicted-length CDF by its groups above m,
+    / B, kept <= ``margin`` (a short one's by m / B). Tries every (m, P, offset) within the margin, iteration 0 never long, and keeps
+    the lowest predicted chain; today's membership unless that is at least ``MIN_CONCENTRATE_GAIN``
+    lower. ``lat``: each group's predicted longest sample alone (the floor it sets)."""
+    n_full = n_iter - (1 if partial_last else 0)
+    counts = np.bincount(iteration, minlength=n_iter)
+    n_mb = -(-counts // m_mb)
+    today = publish_chain(iteration, lat, busy_tokens, n_mb, cost, k, n_iter)
+    best, best_v = iteration, today
+    len_rank = np.empty_like(by_len)
+    len_rank[by_len] = np.arange(by_len.shape[0])
+    for m in range(1, int(margin * B) + 1):
+        for P in range(2, n_full + 1):
+            if m * (P - 1) > margin * B:
+                break
+            for o in range(1, min(P, n_full)):
+                cand = _concentrated(iteration, by_len, len_rank, m, np.arange(o, n_full, P), n_full,
+                                     int(margin * B))
+                if cand is None:
+                    continue
+                v = publish_chain(cand, lat, busy_tokens, n_mb, cost, k, n_iter)
+                if v < best_v * (1.0 - 1e-9):
+                    best, best_v = cand, v
+    # a predicted gain under MIN_CONCENTRATE_GAIN is noise: where many groups reach the response cap
+    # the predicted floors are flat and the true longest groups are not the predicted ones
+    return best if best_v <= today * (1.0 - MIN_CONCENTRATE_GAIN) else iteration
