@@ -451,12 +451,11 @@ def test_a_room_is_priced_at_the_batch_the_instance_runs():
     assert half.sizer.size_room(1, 64.0, 0.0) == 0
 
 
-def test_reactive_caps_the_instance_of_an_iterations_last_group_until_it_finishes():
-    # two group slots; iteration 0 = "t" (predicted 50) and "s" (5), iteration 1 = "n". Once "s"
-    # finishes, "t" is the last unfinished group of iteration 0 (1 of 2: its tail) and its critical
-    # group: its instance holds at most G sequences (REACTIVE_ROOM x 4 = 0.5, at least G = 2), which
-    # "t" fills, so "n" waits for the free slot until "t" finishes
-    jobs = [_job(0, 0, "t", 0, 50.0), _job(0, 1, "s", 0, 5.0), _job(1, 2, "n", 0, 5.0)]
+def _reactive_once_s_finished(next_job):
+    """Two group slots on one instance, reactive caps: iteration 0 = "t" (predicted 50) and "s"
+    (5), then ``next_job`` of iteration 1; both of iteration 0 admitted, nothing capped, then "s"
+    finishes (5 tokens each). Returns (control, timeline, feeder)."""
+    jobs = [_job(0, 0, "t", 0, 50.0), _job(0, 1, "s", 0, 5.0), next_job]
     plan = _plan(jobs, slots_seqs=2 * G, dispatch="static", R=1)
     ctl, tl = _control(plan, tail_concurrency="reactive")
     feeder = plan.feeder()
@@ -464,6 +463,14 @@ def test_reactive_caps_the_instance_of_an_iterations_last_group_until_it_finishe
     assert not tl.events["tail"]
     feeder.finished(0, "s")
     ctl.on_finish((0, "s"), [5, 5])
+    return ctl, tl, feeder
+
+
+def test_reactive_caps_the_instance_of_an_iterations_last_group_until_it_finishes():
+    # once "s" finishes, "t" is the last unfinished group of iteration 0 (1 of 2: its tail) and its
+    # critical group: its instance holds at most G sequences (REACTIVE_ROOM x 4 = 0.5, at least
+    # G = 2), which "t" fills, so "n" waits for the free slot until "t" finishes
+    ctl, tl, feeder = _reactive_once_s_finished(_job(1, 2, "n", 0, 5.0))
     (ev,) = tl.events["tail"]
     assert (ev["prompt_id"], ev["room"], ev["cap"], ev["reason"]) == ("t", G, G, "reactive")
     assert _fill(feeder, ctl) == []
@@ -475,12 +482,6 @@ def test_reactive_caps_the_instance_of_an_iterations_last_group_until_it_finishe
 def test_reactive_cap_passes_a_next_group_as_long_as_the_one_it_protects():
     # as above, but the next group "h" is predicted 40: at least REACTIVE_RATIO (0.7) x the 50 of
     # "t", the group the cap protects, so it does not wait for "t" (no estimator: predictions)
-    jobs = [_job(0, 0, "t", 0, 50.0), _job(0, 1, "s", 0, 5.0), _job(1, 2, "h", 0, 40.0)]
-    plan = _plan(jobs, slots_seqs=2 * G, dispatch="static", R=1)
-    ctl, tl = _control(plan, tail_concurrency="reactive")
-    feeder = plan.feeder()
-    assert _fill(feeder, ctl) == [(0, "t"), (0, "s")]
-    feeder.finished(0, "s")
-    ctl.on_finish((0, "s"), [5, 5])
+    ctl, tl, feeder = _reactive_once_s_finished(_job(1, 2, "h", 0, 40.0))
     assert [ev["prompt_id"] for ev in tl.events["tail"]] == ["t"]
     assert _fill(feeder, ctl) == [(0, "h")]
