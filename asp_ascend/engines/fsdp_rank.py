@@ -100,11 +100,19 @@ class FSDPTrainerRank:
         self._dummies = 0   # empty passes run in the open streamed step (accumulate .. apply_step)
 
     # ------------------------------------------------------------------ setup
-    def endpoint(self) -> tuple[str, int]:
-        """This node's IP and a free TCP port (rank 0: the group's rendezvous)."""
-        import ray
+    def endpoint(self, timeout_s: float = 600.0) -> tuple[str, int]:
+        """Rank 0: start the group's rendezvous store and return this node's IP and its port. The
+        store binds a port the OS picks (port 0), so no other process can take it between picking
+        and listening (a free port picked first and bound later raced: EADDRINUSE)."""
+        import datetime
 
-        return ray.util.get_node_ip_address(), TrainerEngine.free_port()
+        import ray
+        import torch.distributed as dist
+
+        addr = ray.util.get_node_ip_address()
+        self._store = dist.TCPStore(addr, 0, self.world, True, timeout=datetime.timedelta(seconds=timeout_s),
+                                    wait_for_workers=False)
+        return addr, int(self._store.port)
 
     def connect(self, master_addr: str, master_port: int, timeout_s: float = 600.0) -> int:
         import datetime
@@ -118,9 +126,11 @@ class FSDPTrainerRank:
         if plat.ray_resource:  # the actor sees its own device as index 0
             plat.set_device(0)
         if not dist.is_initialized():
-            dist.init_process_group(plat.comm_backend, init_method=f"tcp://{master_addr}:{int(master_port)}",
-                                    rank=self.rank, world_size=self.world,
-                                    timeout=datetime.timedelta(seconds=timeout_s))
+            timeout = datetime.timedelta(seconds=timeout_s)
+            store = getattr(self, "_store", None) or dist.TCPStore(master_addr, int(master_port), self.world,
+                                                                  False, timeout=timeout)
+            dist.init_process_group(plat.comm_backend, store=store, rank=self.rank, world_size=self.world,
+                                    timeout=timeout)
         layout = FSDPLayout(self.rank, self.world, plat.device_type)
         self.core = TrainerEngine(model_dir, layout=layout, **kw)
         return self.rank
