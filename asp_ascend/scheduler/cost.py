@@ -45,6 +45,16 @@ def steps_time(a, b, c, m, n, context0):
     return m * (a + c * n) + b * (m * context0 + n * m * (m + 1) / 2.0)
 
 
+def shared_prompt_tokens(prompt_len, prefix_block: int):
+    """Prompt tokens a sample finds cached when a sibling already holds the prompt on its instance
+    (vLLM's prefix caching, KV blocks of ``prefix_block`` tokens: the prompt's full blocks before
+    its last token, which vLLM always computes; 0 when ``prefix_block`` <= 0, caching off)."""
+    p = np.asarray(prompt_len, dtype=float)
+    if prefix_block <= 0:
+        return np.zeros_like(p)
+    return np.maximum(0.0, np.floor((p - 1.0) / prefix_block) * prefix_block)
+
+
 @dataclass(frozen=True)
 class CostModel:
     decode_a: float = 0.020
@@ -77,19 +87,22 @@ class CostModel:
     # rollout ------------------------------------------------------------------
     def shared_prompt(self, prompt_len):
         """Prompt tokens a sample finds cached when a sibling already holds the prompt on its
-        instance (prefix caching: the prompt's full blocks before its last token, which vLLM always
-        computes; 0 when off)."""
-        p = np.asarray(prompt_len, dtype=float)
-        B = self.prefix_block
-        if B <= 0:
-            return np.zeros_like(p)
-        return np.maximum(0.0, np.floor((p - 1.0) / B) * B)
+        instance (:func:`shared_prompt_tokens` with this model's ``prefix_block``)."""
+        return shared_prompt_tokens(prompt_len, self.prefix_block)
 
     def group_prefill_tokens(self, prompt_len, group_size: int):
         """Prompt tokens the engine computes for a group of ``group_size`` samples admitted on one
         instance: the whole prompt once, the uncached rest for each other sample."""
         p = np.asarray(prompt_len, dtype=float)
         return group_size * p - (group_size - 1) * self.shared_prompt(p)
+
+    def prefill_share(self, prompt_len, group_size: int):
+        """Prompt tokens one sample of a group of ``group_size`` on one instance costs: its share of
+        :meth:`group_prefill_tokens` with prefix caching, its whole prompt without."""
+        p = np.asarray(prompt_len, dtype=float)
+        if group_size <= 1 or self.prefix_block <= 0:
+            return p
+        return self.group_prefill_tokens(p, group_size) / group_size
 
     def group_prefill(self, prompt_len, group_size: int):
         """Seconds of prefill of such a group (``prefill_per_token`` x :meth:`group_prefill_tokens`)."""
@@ -155,8 +168,7 @@ class CostModel:
         prefill (``group_size`` samples of one prompt on one instance)."""
         p = np.asarray(prompt_len, dtype=float)
         S = np.maximum(1, concurrency)
-        pre = self.group_prefill_tokens(p, group_size) / group_size if group_size > 1 and self.prefix_block > 0 else p
-        return self.prefill_per_token * pre + steps_time(self.decode_a / S, self.decode_b, self.decode_c,
+        return self.prefill_per_token * self.prefill_share(p, group_size) + steps_time(self.decode_a / S, self.decode_b, self.decode_c,
                                                        np.asarray(resp_len, dtype=float), 1, p)
 
     def peak_throughput(self, concurrency, mean_context):

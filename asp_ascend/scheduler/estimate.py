@@ -172,15 +172,13 @@ def _rollout(it, inst, rank, L, longest, P, n_iter, *, G, R, S, cost: CostModel,
     # alone: G samples to the mean length, the longest one on to its end
     solo = (cost.group_prefill(Po, G) + cost.steps(Lo, G, G * Po) + cost.steps(Lg - Lo, 1, Po + Lo))
     # prefill: a sample's share of its group's (prefix caching: the prompt's cached blocks once)
-    p_own = cost.group_prefill_tokens(Po, G) / G if cost.prefix_block > 0 else Po
-    beside = G * (c * Lo + b * (Po * Lo + Lo * Lo / 2.0) + cost.prefill_per_token * p_own)
+    beside = G * (c * Lo + b * (Po * Lo + Lo * Lo / 2.0) + cost.prefill_per_token * cost.prefill_share(Po, G))
     per_step = np.maximum(0.0, conc - G) * (c + b * mean_ctx)
     # a full instance's prefill beside the group: the co-runners admitted with it (first wave), and
     # each co-runner's slot turning over once per mean length (the replacement's prefill)
     mean_p = np.bincount(w, weights=G * Po, minlength=n_iter) / np.maximum(seqs, 1.0)
     mean_l = np.bincount(w, weights=G * Lo, minlength=n_iter) / np.maximum(seqs, 1.0)
-    p_seq = cost.group_prefill_tokens(mean_p, G) / G if cost.prefix_block > 0 else mean_p
-    pre_wave = np.maximum(0.0, conc - G) * cost.prefill_per_token * p_seq
+    pre_wave = np.maximum(0.0, conc - G) * cost.prefill_per_token * cost.prefill_share(mean_p, G)
     pre_step = pre_wave / np.maximum(mean_l, 1.0)
     cells = np.bincount(w * R + inst[order], weights=w_o, minlength=n_iter * R).reshape(n_iter, R)
     return _Rollout(order, win_start, first_wave, before, solo, Lg, per_step + pre_step, pre_wave, beside,

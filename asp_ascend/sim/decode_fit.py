@@ -20,7 +20,7 @@ fitted by non-negative least squares. The prompt tokens prefilled count what the
 with vLLM's prefix caching (``prefix_block`` > 0, the run's ``rollout.prefix_caching`` and vLLM's
 KV block; on by default) a sequence starting while a sibling of its group runs on its instance, or
 after one that starts in the same step, prefills its prompt less the full blocks before its last
-token, which it finds cached (``CostModel.shared_prompt``; a sibling that finished before it
+token, which it finds cached (``scheduler/cost.shared_prompt_tokens``; a sibling that finished before it
 started holds nothing), so the fit prices a token as the simulator charges it. ``admit``
 (``admit_engine_s``) is what an admission costs its instance's engine: the runtime hands a group
 to vLLM on the instance's own core (its ``submit`` call, stamping ``t_admit``), and an interval
@@ -43,6 +43,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import DataError
+from ..scheduler.cost import shared_prompt_tokens
 
 MIN_INTERVALS = 8
 
@@ -119,7 +120,7 @@ def prefilled_tokens(p: np.ndarray, i1: np.ndarray, i2: np.ndarray, group: np.nd
     pay = p.astype(float).copy()
     if prefix_block <= 0 or p.size == 0:
         return pay
-    sh = np.maximum(0.0, np.floor((p - 1.0) / prefix_block) * prefix_block)
+    sh = shared_prompt_tokens(p, prefix_block)
     order = np.lexsort((np.arange(p.size), i1, group))
     g, a, b = group[order], i1[order], i2[order]
     start = np.r_[True, g[1:] != g[:-1]].tolist()

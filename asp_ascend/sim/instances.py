@@ -37,7 +37,7 @@ import heapq
 from collections import deque
 from typing import Callable
 
-from ..scheduler.cost import CostModel
+from ..scheduler.cost import CostModel, shared_prompt_tokens
 
 INST = 4        # the event kind of an instance's next boundary (see engine.py)
 
@@ -71,7 +71,7 @@ class Instances:
         # sequences
         self.plen_j = jobs.prompt_length.astype("int64").tolist()
         # prefix caching: the prompt tokens a sibling finds cached; running sequences per job
-        self.sh_j = [max(0, (p - 1) // B * B) for p in self.plen_j] if self.pc else None
+        self.sh_j = shared_prompt_tokens(jobs.prompt_length, B).astype("int64").tolist() if self.pc else None
         self.hold = [0] * J if self.pc else None
         self.resp = jobs.resp.reshape(-1).astype("int64").tolist()
         self.g0 = [0] * N               # tokens generated before the current admission
