@@ -330,9 +330,10 @@ class WeightSyncConfig:
     transport: str = _f("auto", "auto (object_store on CPU, broadcast on cuda/npu) | object_store | broadcast",
                         choices=("auto", "object_store", "broadcast"))
     bucket_mb: int = _f(1024, "broadcast bucket size in MiB (a larger tensor gets a bucket of its own)")
-    master_port: int = _f(0, "TCP port of the weight-sync group's store on the trainer's sending node; 0 = a free "
-                              "port picked on that node for each group (set one where a firewall needs it; the "
-                              "MindSpeed-RL path needs an explicit port)")
+    master_port: int = _f(0, "TCP port of the weight-sync group's store on the trainer's sending node; 0 = the OS "
+                              "picks a free port as the store starts listening, for each group (set one where a "
+                              "firewall needs it: each new group takes the next of 50 from it, and a taken port is "
+                              "an error; the MindSpeed-RL path needs an explicit port)")
     timeout_s: float = _f(120.0, "how long a weight-sync group waits for a member to join or for data before the "
                                  "sync counts as failed (and is retried over the live instances)")
 

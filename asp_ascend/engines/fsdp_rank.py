@@ -242,8 +242,8 @@ class FSDPTrainerRank:
     def node_ip(self) -> str:
         return self.core.node_ip()
 
-    def free_port(self) -> int:
-        return self.core.free_port()
+    def open_group(self, gen: int, world: int, port: int = 0, timeout_s: float = 300.0) -> int:
+        return self.core.open_group(gen, world, port, timeout_s)
 
     def send_weights(self, version: int, group: dict) -> dict:
         return self.core.send_weights(version, group)

@@ -117,7 +117,7 @@ class TrainerGroup:
     load_checkpoint = _on_all_ranks("load_checkpoint")
     shutdown = _on_all_ranks("shutdown")
     node_ip = _on_rank0("node_ip")
-    free_port = _on_rank0("free_port")
+    open_group = _on_rank0("open_group")
     send_weights = _on_rank0("send_weights")
 
     def __init__(self, model_dir: str, world: int, *, actor_options: dict | None = None,

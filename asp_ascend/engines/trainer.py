@@ -367,19 +367,23 @@ class TrainerEngine:
 
         return ray.util.get_node_ip_address()
 
-    @staticmethod
-    def free_port() -> int:
-        """A TCP port free on this actor's node now (for the next weight-sync group's store)."""
-        import socket
+    def open_group(self, gen: int, world: int, port: int = 0, timeout_s: float = 300.0) -> int:
+        """Start weight-sync group ``gen``'s rendezvous (this trainer is its rank 0) and return the
+        port its store listens on; the instances are told that port afterwards, so nothing can take
+        it in between. ``port`` 0: the OS picks one; else that port (a ``ConfigError`` naming
+        ``weight_sync.master_port`` if it is taken). The previous group is dropped first."""
+        from ..platforms.transport import listen_store
 
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            return int(s.getsockname()[1])
+        self._comm = self._store = None
+        store = listen_store(self.node_ip(), int(port), int(world), float(timeout_s))
+        self._store = (int(gen), store)
+        return int(store.port)
 
     def send_weights(self, version: int, group: dict) -> dict:
         """Broadcast the weights ``publish(version, "broadcast")`` kept to the instances of
         ``group`` (``{"gen", "host", "port", "world"}``; this trainer is rank 0). A new ``gen``
-        (the set of instances changed) builds a new communicator on ``port``."""
+        (the set of instances changed) builds a new communicator on the store ``open_group(gen)``
+        started (without one: on ``port``, bound now)."""
         from ..platforms.transport import BroadcastTransport, create_communicator
 
         if getattr(self, "_pending", None) is None or self._pending[0] != version:
@@ -387,10 +391,12 @@ class TrainerEngine:
         t0 = time.time()
         comm = getattr(self, "_comm", None)
         if comm is None or comm[0] != group["gen"]:
-            self._comm = None  # drop the old group before the new store binds
+            self._comm = None  # drop the old group before the new one forms
+            held, self._store = getattr(self, "_store", None), None
+            store = held[1] if held is not None and held[0] == group["gen"] else None
             self._comm = (group["gen"], create_communicator(self.platform.name, group["host"], int(group["port"]),
                                                             0, int(group["world"]), self.device.index or 0,
-                                                            float(group.get("timeout_s", 300.0))))
+                                                            float(group.get("timeout_s", 300.0)), store=store))
         _, named = self._pending
         tx = BroadcastTransport(self._comm[1], self.bucket_bytes, synchronize=self.platform.synchronize)
         try:

@@ -32,6 +32,8 @@ class Trainer(Protocol):
     apply_step: RemoteMethod          # (denom) -> step stats of the accumulated parts
     publish: RemoteMethod             # (version, transport) -> WeightTicket
     send_weights: RemoteMethod        # (version, group) -> broadcast stats
+    node_ip: RemoteMethod             # () -> IP where the weight-sync group's store listens (broadcast)
+    open_group: RemoteMethod          # (gen, world, port, timeout_s) -> the port that store now listens on
     sft: RemoteMethod                 # (examples, steps, batch_size, lr, seed) -> losses
     save_checkpoint: RemoteMethod     # (path, state) -> path
     load_checkpoint: RemoteMethod     # (path) -> version

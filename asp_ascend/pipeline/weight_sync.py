@@ -9,9 +9,11 @@ group)`` (its vLLM workers join the group and wait) and the trainer's ``send_wei
 broadcasts the buckets (NCCL / HCCL / gloo, platforms/transport.py). The group is the trainer
 (rank 0) and every vLLM worker of every member instance (``tp`` ranks per instance). It is
 built once and reused; when the set of member instances changes (a failure, a restart) or a
-broadcast failed, the next sync builds a new one (a new *generation*: with
-``weight_sync.master_port: 0`` on a port the trainer's node reports free, else on the next of
-``PORTS`` ports from the configured one).
+broadcast failed, the next sync builds a new one (a new *generation*). The trainer starts each
+generation's rendezvous store first (``open_group``) and reports the port it listens on; only then
+are the instances told that port, so no other process can take it in between. With
+``weight_sync.master_port: 0`` the OS picks the port; else it is the next of ``PORTS`` ports from
+the configured one, and a taken port stops the run with an error naming that key.
 """
 from __future__ import annotations
 
@@ -94,11 +96,15 @@ class WeightSync:
         if tuple(members) != self.members:
             self.gen += 1
             self.members = tuple(members)
-            # base_port 0: a port free on the trainer's node now (runs sharing a node never collide)
-            self._port = (self.base_port + self.gen % PORTS if self.base_port
-                          else ray.get(self.trainer.free_port.remote()))
-        return {"gen": self.gen, "host": self._host, "port": self._port, "world": 1 + self.tp * len(members),
+            # the trainer's store listens before anyone joins; base_port 0: on a port the OS picks
+            want = self.base_port + self.gen % PORTS if self.base_port else 0
+            self._port = int(ray.get(self.trainer.open_group.remote(self.gen, self._world(members), want,
+                                                                    self.timeout_s)))
+        return {"gen": self.gen, "host": self._host, "port": self._port, "world": self._world(members),
                 "platform": self.platform, "timeout_s": self.timeout_s}
+
+    def _world(self, members) -> int:
+        return 1 + self.tp * len(members)
 
     def regroup(self) -> None:
         """The next push builds a new group even if the members are the same (after a failure)."""

@@ -220,10 +220,38 @@ class BroadcastTransport:
                 yield s.name, flat[s.offset:s.offset + s.numel].view(s.shape)
 
 
-class GlooCommunicator:
-    """A stateless gloo group (no global torch.distributed state): the CPU communicator."""
+PORT_KEY = "weight_sync.master_port"
 
-    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0):
+
+def listen_store(host: str, port: int, world_size: int, timeout_s: float = 300.0, port_key: str = PORT_KEY):
+    """Rank 0's rendezvous store, listening before any other rank is told where it is.
+
+    ``port`` 0: the OS picks a free port while binding, so no other process can take it between
+    picking and listening (a port found free first and bound later raced: EADDRINUSE). Any other
+    port is bound as given; if it is taken, a ``ConfigError`` names ``port_key`` and the port.
+    ``store.port`` is the port it holds: hand that to the joining ranks.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    try:
+        return dist.TCPStore(host, int(port), world_size, True, timeout=datetime.timedelta(seconds=timeout_s),
+                             wait_for_workers=False)
+    except (RuntimeError, OSError) as exc:
+        text = str(exc).lower()
+        if int(port) and ("eaddrinuse" in text or "address already in use" in text):
+            raise ConfigError([f"{port_key}: port {int(port)} is already in use on the trainer's sending node "
+                               f"({host}), where the weight-sync rendezvous listens; set {port_key} to a port "
+                               f"range that is free there, or 0 to let the OS pick a free port"]) from exc
+        raise
+
+
+class GlooCommunicator:
+    """A stateless gloo group (no global torch.distributed state): the CPU communicator.
+    Rank 0 uses ``store`` (from :func:`listen_store`) when given, else starts its own on ``port``."""
+
+    def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float = 300.0, store=None):
         import datetime
 
         import torch
@@ -231,8 +259,10 @@ class GlooCommunicator:
 
         self.rank, self.world_size = rank, world_size
         self.device = torch.device("cpu")
-        store = dist.TCPStore(host, port, world_size, rank == 0,
-                              timeout=datetime.timedelta(seconds=timeout_s))
+        if rank == 0:
+            store = store if store is not None else listen_store(host, port, world_size, timeout_s)
+        else:
+            store = dist.TCPStore(host, port, world_size, False, timeout=datetime.timedelta(seconds=timeout_s))
         self._store = store
         self._pg = dist.ProcessGroupGloo(dist.PrefixStore("asp_weight_sync", store), rank, world_size,
                                          datetime.timedelta(seconds=timeout_s))
@@ -246,14 +276,17 @@ class GlooCommunicator:
 
 
 def create_communicator(platform_name: str, host: str, port: int, rank: int, world_size: int,
-                        device_index: int = 0, timeout_s: float = 300.0) -> Communicator:
+                        device_index: int = 0, timeout_s: float = 300.0, store=None) -> Communicator:
     """A weight-sync communicator for ``platform_name`` (cpu|cuda|npu), world = trainer sender + instances.
 
     cuda: vLLM ``PyNcclCommunicator``; npu: vllm-ascend ``PyHcclCommunicator``; both over
     vLLM's ``StatelessProcessGroup`` so they never touch the trainer's own process groups.
+    Rank 0 hosts the rendezvous: pass the ``store`` it already listens on (:func:`listen_store`,
+    whose port the other ranks were given); without one it binds ``port`` itself (a configured
+    port; a taken one is a ``ConfigError`` naming ``weight_sync.master_port``).
     """
     if platform_name == "cpu":
-        return GlooCommunicator(host, port, rank, world_size, timeout_s)
+        return GlooCommunicator(host, port, rank, world_size, timeout_s, store=store)
     if platform_name not in ("cuda", "npu"):
         raise ConfigError([f"platform: no weight-sync communicator for {platform_name!r}; use cpu, cuda or npu"])
     from . import get_platform
@@ -272,8 +305,12 @@ def create_communicator(platform_name: str, host: str, port: int, rank: int, wor
         except ImportError as exc:
             raise BackendMissingError("vllm_ascend", "install vllm-ascend (docs/ascend.md)",
                                       "the HCCL weight-sync broadcast") from exc
-    group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size,
-                                         store_timeout=int(timeout_s))
+    if rank == 0:   # the store listens first (vLLM's create would bind ``port`` only now)
+        store = store if store is not None else listen_store(host, port, world_size, timeout_s)
+        group = StatelessProcessGroup(rank=0, world_size=world_size, store=store)
+    else:
+        group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size,
+                                             store_timeout=int(timeout_s))
     comm = Comm(group, device=platform.torch_device(device_index))
     if getattr(comm, "disabled", False):
         # Both communicators silently disable themselves when the library is missing or the

@@ -1,10 +1,14 @@
-"""Child process for test_weight_transport: one rank of a bucketed gloo broadcast."""
+"""Child process for test_weight_transport: one rank of a bucketed broadcast (gloo, NCCL or HCCL).
+
+Rank 0 started with port 0 hosts the rendezvous on a port the OS picks and writes it to
+``OUT.port``; the other ranks are started with that port."""
 import json
+import os
 import sys
 
 import torch
 
-from asp_ascend.platforms.transport import BroadcastTransport, create_communicator
+from asp_ascend.platforms.transport import BroadcastTransport, create_communicator, listen_store
 
 
 def model(seed):
@@ -23,7 +27,14 @@ def main():
 
     platform = get_platform(platform_name)
     platform.set_device(rank)
-    comm = create_communicator(platform_name, "127.0.0.1", port, rank, world, device_index=rank)
+    store = None
+    if rank == 0 and port == 0:  # listen first (the OS picks the port), then tell the others where
+        store = listen_store("127.0.0.1", 0, world)
+        port = int(store.port)
+        with open(out + ".port.tmp", "w") as f:
+            f.write(str(port))
+        os.replace(out + ".port.tmp", out + ".port")
+    comm = create_communicator(platform_name, "127.0.0.1", port, rank, world, device_index=rank, store=store)
     tx = BroadcastTransport(comm, bucket_bytes=1024, synchronize=platform.synchronize)
     named = [(k, v.to(platform.torch_device(rank))) for k, v in model(seed=0)]
     ticket = tx.prepare(3, named)  # every rank plans the same buckets from the same metadata

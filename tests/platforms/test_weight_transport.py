@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,20 +101,29 @@ def test_actor_binds_its_ray_npus_to_ascend_visible_devices(ray_session):
     assert len(ids) == 2 and env == ",".join(map(str, ids))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _broadcast(tmp_path, world: int, platform: str = "cpu") -> None:
+    """Rank 0 starts first and listens on a port the OS picks; the other ranks get that port."""
     worker = Path(__file__).with_name("_broadcast_worker.py")
-    port = _free_port()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")]))
-    procs = [subprocess.Popen([sys.executable, str(worker), str(r), str(world), str(port), str(tmp_path / f"{r}.json"),
-                               platform], env=env) for r in range(world)]
-    for p in procs:
-        assert p.wait(timeout=300) == 0
+
+    def start(rank: int, port: int):
+        return subprocess.Popen([sys.executable, str(worker), str(rank), str(world), str(port),
+                                 str(tmp_path / f"{rank}.json"), platform], env=env)
+
+    procs = [start(0, 0)]
+    try:
+        port_file, deadline = tmp_path / "0.json.port", time.monotonic() + 120
+        while not port_file.exists():
+            assert procs[0].poll() is None, "rank 0 exited before listening"
+            assert time.monotonic() < deadline, "rank 0 did not report its port"
+            time.sleep(0.05)
+        procs += [start(r, int(port_file.read_text())) for r in range(1, world)]
+        for p in procs:
+            assert p.wait(timeout=300) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
     sender = json.loads((tmp_path / "0.json").read_text())
     assert sender["buckets"] >= 3  # the 1 KiB cap splits the model into several buckets
     for r in range(1, world):
@@ -126,6 +136,23 @@ def _broadcast(tmp_path, world: int, platform: str = "cpu") -> None:
 def test_bucketed_gloo_broadcast_three_ranks(tmp_path):
     pytest.importorskip("torch")
     _broadcast(tmp_path, 3, "cpu")
+
+
+def test_rendezvous_holds_its_port_and_a_taken_configured_port_names_the_key():
+    pytest.importorskip("torch")
+    from asp_ascend.platforms.transport import create_communicator, listen_store
+
+    store = listen_store("127.0.0.1", 0, 2, timeout_s=10)     # port 0: the OS picks, the store holds it
+    with socket.socket() as s, pytest.raises(OSError):
+        s.bind(("", int(store.port)))
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        for make in (lambda: listen_store("127.0.0.1", port, 2, timeout_s=10),
+                     lambda: create_communicator("cpu", "127.0.0.1", port, 0, 2, timeout_s=10)):
+            with pytest.raises(ConfigError, match=f"weight_sync.master_port: port {port} is already in use"):
+                make()
 
 
 @pytest.mark.gpu

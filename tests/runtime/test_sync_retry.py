@@ -39,8 +39,8 @@ class Trainer:
     def node_ip(self):
         return "127.0.0.1"
 
-    def free_port(self):
-        return 29500
+    def open_group(self, gen, world, port, timeout_s):
+        return 29500 + gen
 
 
 @pytest.fixture(scope="module")

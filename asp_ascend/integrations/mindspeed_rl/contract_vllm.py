@@ -65,6 +65,9 @@ INSTANCE = (
 TRANSPORT = (
     Call(V("vllm/distributed/utils.py", "StatelessProcessGroup.create"),
          site=Site(TX, "create_communicator", "StatelessProcessGroup.create")),
+    Call(V("vllm/distributed/utils.py", "StatelessProcessGroup"),
+         site=Site(TX, "create_communicator", "StatelessProcessGroup"),
+         why="rank 0 wraps the store it already listens on (the port is held before the instances join)"),
     Call(VA(PYHCCL, "PyHcclCommunicator"), ("group",), site=Site(TX, "create_communicator", "Comm"),
          why="the HCCL weight-push communicator"),
     Call(VA(PYHCCL, "PyHcclCommunicator.broadcast"), ("tensor",), kwargs=("src",)),
