@@ -11,8 +11,6 @@ weights, and differ from the previous version's.
 """
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 pytestmark = [pytest.mark.slow]
@@ -28,28 +26,33 @@ TP, PP = 2, 2
 WORDS = "a b c d e f g h i j k l m n o p q r s t"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @ray.remote(num_cpus=0)
 class TrainerRank:
     """One Megatron rank (global rank = pp * TP + tp, as Megatron orders TP fastest)."""
 
-    def __init__(self, rank: int, port: int, hf_config: dict):
+    def __init__(self, rank: int, hf_config: dict):
+        self.rank, self.hf_config, self.store = rank, hf_config, None
+
+    def listen(self) -> int:
+        """Rank 0: the world's rendezvous store, on a port the OS picks (the others join it there)."""
         import torch.distributed as dist
 
-        from asp_ascend.integrations.mindspeed_rl.hf_push import HfPusher, RankRole, SenderEndpoint  # noqa: F401
+        self.store = dist.TCPStore("127.0.0.1", 0, TP * PP, True, wait_for_workers=False)
+        return self.store.port
 
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP * PP)
+    def connect(self, port: int) -> None:
+        import torch.distributed as dist
+
+        from asp_ascend.integrations.mindspeed_rl.hf_push import RankRole, SenderEndpoint
+
+        rank = self.rank
+        store = self.store or dist.TCPStore("127.0.0.1", port, TP * PP, False)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=TP * PP)
         tp_groups = [dist.new_group([p * TP + t for t in range(TP)]) for p in range(PP)]
         pp_groups = [dist.new_group([p * TP + t for p in range(PP)]) for t in range(TP)]
         self.tp_rank, self.pp_rank = rank % TP, rank // TP
         self.role = RankRole(True, self.tp_rank, TP, self.pp_rank, PP, tp_groups[self.pp_rank],
                              pp_groups[self.tp_rank], tuple(p * TP + self.tp_rank for p in range(PP)))
-        self.hf_config = hf_config
         self.endpoint = SenderEndpoint()
         self.pusher = None
 
@@ -75,6 +78,11 @@ class TrainerRank:
         from asp_ascend.integrations.mindspeed_rl.hf_push import manifest_reply
 
         return manifest_reply(self.pusher, bucket_bytes, "127.0.0.1")
+
+    def asp_hf_listen(self, group: dict):
+        from asp_ascend.integrations.mindspeed_rl.hf_push import listen_reply
+
+        return listen_reply(self.pusher, self.endpoint, group)
 
     def asp_hf_push(self, version: int, group: dict):
         from asp_ascend.integrations.mindspeed_rl.hf_push import push_version
@@ -117,11 +125,13 @@ def test_engine_free_push_into_a_vllm_cpu_instance(tmp_path):
     try:
         inst = rollout_actor_class().options(num_cpus=0).remote(str(model_dir), max_num_seqs=4, max_model_len=256,
                                                                 seed=0, kv_cache_gib=1, dtype="float32")
-        port = _free_port()
-        ranks = [TrainerRank.remote(r, port, cfg.to_dict()) for r in range(TP * PP)]
+        ranks = [TrainerRank.remote(r, cfg.to_dict()) for r in range(TP * PP)]
+        port = ray.get(ranks[0].listen.remote())
+        ray.get([r.connect.remote(port) for r in ranks])
         prompt, response = [3, 5, 7, 9, 11], [4, 6, 8, 10, 12, 14]
         ray.get(inst.ready.remote(), timeout=300)
-        publish = hf_push_fn(Group(ranks), [inst], platform="cpu", base_port=_free_port(), tp=1,
+        # base_port 0: the sender's store listens on a port the OS picks before the instance is told it
+        publish = hf_push_fn(Group(ranks), [inst], platform="cpu", base_port=0, tp=1,
                              bucket_bytes=64 << 10, hf_config=cfg.to_dict(), timeout_s=120)
         previous = None
         for version, seed in ((1, 1), (2, 2)):

@@ -150,20 +150,34 @@ class HfPusher:
 
 class SenderEndpoint:
     """The sender's end of the weight-sync communicator (rank 0; it hosts the rendezvous store at
-    ``group["host"]``), created on the first push and kept while the group's generation stays."""
+    ``group["host"]``). :meth:`listen` starts the store before the instances are told its port;
+    the communicator is built on it at the first push and kept while the group's generation stays."""
 
     def __init__(self, device_index: int = 0):
         self.device_index = int(device_index)
-        self._comm, self._gen = None, None
+        self._comm, self._gen, self._store = None, None, None
+
+    def listen(self, group: dict) -> int:
+        """Start ``group``'s store on ``group["port"]`` (0: the OS picks one; a taken port is a
+        ``ConfigError`` naming ``asp.weight_sync.master_port``) and return the port it holds."""
+        from ...platforms.transport import listen_store
+
+        self._comm = None
+        store = listen_store(group["host"], int(group["port"]), int(group["world"]),
+                             float(group.get("timeout_s", 300.0)), port_key="asp.weight_sync.master_port")
+        self._store, self._gen = store, group["gen"]
+        return int(store.port)
 
     def comm(self, group: dict):
         from ...platforms.transport import create_communicator
 
         if self._comm is None or self._gen != group["gen"]:
             self._comm = None
+            store = self._store if self._gen == group["gen"] else None
+            self._store = None
             self._comm = create_communicator(group["platform"], group["host"], int(group["port"]), 0,
                                              int(group["world"]), self.device_index,
-                                             float(group.get("timeout_s", 300.0)))
+                                             float(group.get("timeout_s", 300.0)), store=store)
             self._gen = group["gen"]
         return self._comm
 
@@ -172,6 +186,11 @@ def manifest_reply(pusher: HfPusher, bucket_bytes: int, host: str):
     """A trainer rank's ``asp_hf_manifest``: (bucket plan, sender IP) on the sender, else None."""
     buckets = pusher.manifest(bucket_bytes)
     return None if buckets is None else (buckets, host)
+
+
+def listen_reply(pusher: HfPusher, endpoint: Optional[SenderEndpoint], group: dict) -> Optional[int]:
+    """A trainer rank's ``asp_hf_listen``: the sender starts the group's store and returns its port, else None."""
+    return endpoint.listen(group) if pusher.role.sender else None
 
 
 def push_version(pusher: HfPusher, endpoint: Optional[SenderEndpoint], group: dict) -> int:
@@ -188,7 +207,9 @@ def hf_push_fn(actor_group, instances, *, platform: str, base_port: int, tp: int
     """``publish_weights(version)`` for the async trainer over the engine-free push.
 
     Trainer ranks implement ``asp_hf_manifest(bucket_bytes, hf_config) -> (buckets, IP) | None`` (the sender
-    returns its plan and node IP) and ``asp_hf_push(version, group)``; instance r is the runtime's
+    returns its plan and node IP), ``asp_hf_listen(group) -> port | None`` (the sender starts the group's
+    store on ``base_port``, 0 = a port the OS picks, and returns the port it holds: the instances are
+    told that port only then) and ``asp_hf_push(version, group)``; instance r is the runtime's
     rollout actor (``update_weights(ticket, group)``), its vLLM workers being ranks
     ``1 + r*tp .. r*tp + tp`` of the group (the runtime's layout, engines/rollout.py)."""
     import ray
@@ -203,9 +224,12 @@ def hf_push_fn(actor_group, instances, *, platform: str, base_port: int, tp: int
             if len(plans) != 1:
                 raise RuntimeError(f"{len(plans)} trainer ranks reported themselves as the weight sender; expected 1")
             buckets, host = plans[0]
-            state.update(buckets=tuple(buckets), group={"gen": 0, "host": host, "port": int(base_port),
-                                                        "world": 1 + tp * len(instances), "platform": platform,
-                                                        "timeout_s": float(timeout_s)})
+            group = {"gen": 0, "host": host, "port": int(base_port), "world": 1 + tp * len(instances),
+                     "platform": platform, "timeout_s": float(timeout_s)}
+            ports = [p for p in actor_group.execute_sync_command("asp_hf_listen", group) if p is not None]
+            if len(ports) != 1:
+                raise RuntimeError(f"{len(ports)} trainer ranks started a weight-sync store; expected 1 (the sender)")
+            state.update(buckets=tuple(buckets), group={**group, "port": int(ports[0])})
         ticket, group = WeightTicket(int(version), state["buckets"]), state["group"]
         refs = [inst.update_weights.remote(ticket, {**group, "rank": 1 + r * tp}) for r, inst in enumerate(instances)]
         actor_group.execute_sync_command("asp_hf_push", int(version), group)

@@ -220,10 +220,12 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
                                  instance_actor_class, instance_actor_options, instance_engine_args, instance_env)
     from ...engines.rollout import EXTENSION
 
-    if not cfg.weight_sync.master_port:
-        raise ConfigError(["asp.weight_sync.master_port: 0 (pick a free port) works only for the asp runtime; the "
-                           "MindSpeed-RL push hosts one store per inference-TP rank from the trainer's ranks, so set a "
-                           "port range start that is free on the first trainer node, e.g. 29650"])
+    engine_free = cfg.mindspeed.weight_push == "hf"
+    if not cfg.weight_sync.master_port and not engine_free:
+        raise ConfigError(["asp.weight_sync.master_port: 0 (the OS picks a free port) works for the asp runtime and "
+                           "asp.mindspeed.weight_push: hf; the resharding push hosts one store per inference-TP rank "
+                           "from the trainer's ranks, so set a port range start that is free on the first trainer "
+                           "node, e.g. 29650"])
     from .config_bridge import hf_moe_problem
 
     moe = hf_moe_problem(cfg.model.path)   # where the model is read (translate may have run on a login node)
@@ -233,7 +235,6 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
     r, tp = cfg.rollout.num_instances, cfg.rollout.devices_per_instance
     check_instances_fit_nodes([n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")], platform, tp)
     check_capacity(ray.cluster_resources(), platform, r, tp, trainer_devices)
-    engine_free = cfg.mindspeed.weight_push == "hf"
     if engine_free:   # HF-named full tensors, vLLM's own loaders: the runtime's receiver, no loader patch
         env, receiver = None, EXTENSION
     else:

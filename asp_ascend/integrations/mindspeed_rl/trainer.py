@@ -101,9 +101,10 @@ def make_trainer_worker_class(engine_free: bool = True):
 
     ``engine_free`` (``asp.mindspeed.weight_push: hf``, the default): the worker builds no vLLM engine
     (``_build_rollout`` returns None) and a :class:`.train_only.TrainOnlyShardingManager` takes the
-    sharding manager's place; weights leave through :mod:`.hf_push` (``asp_hf_manifest`` /
-    ``asp_hf_push``). Otherwise (``resharding``) MindSpeed-RL's colocated engine is kept and its
-    resharding manager feeds :mod:`.weight_push` (``asp_weight_manifest`` / ``asp_push_weights``)."""
+    sharding manager's place; weights leave through :mod:`.hf_push` (``asp_hf_manifest``,
+    ``asp_hf_listen``, ``asp_hf_push``). Otherwise (``resharding``) MindSpeed-RL's colocated engine is
+    kept and its resharding manager feeds :mod:`.weight_push` (``asp_weight_manifest`` /
+    ``asp_push_weights``)."""
     key = f"worker_{'hf' if engine_free else 'resharding'}"
     if key in _CACHE:
         return _CACHE[key]
@@ -172,13 +173,20 @@ def make_trainer_worker_class(engine_free: bool = True):
 
             return manifest_reply(self._asp_hf_pusher(hf_config), bucket_bytes, ray.util.get_node_ip_address())
 
-        def asp_hf_push(self, version: int, group: dict):
-            """Every trainer rank: gather, convert and (sender) broadcast this version's HF tensors."""
-            from .hf_push import SenderEndpoint, push_version
+        def asp_hf_listen(self, group: dict):
+            """The sender starts the weight-sync group's store and returns its port; None elsewhere."""
+            from .hf_push import SenderEndpoint, listen_reply
 
             pusher = self._asp_hf
             if pusher.role.sender and self._asp_hf_endpoint is None:
                 self._asp_hf_endpoint = SenderEndpoint(int(ray.get_runtime_context().get_accelerator_ids()["NPU"][0]))
+            return listen_reply(pusher, self._asp_hf_endpoint, group)
+
+        def asp_hf_push(self, version: int, group: dict):
+            """Every trainer rank: gather, convert and (sender) broadcast this version's HF tensors."""
+            from .hf_push import push_version
+
+            pusher = self._asp_hf
             sm = self.sharding_manager
             sm.enter_forward_mode()       # parameters on the device (when offload_train_param moved them)
             try:
