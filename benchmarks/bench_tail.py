@@ -158,6 +158,10 @@ ABLATION = [
      {**OFF, **LOSSLESS, **REGROUP, **HEAVY}),
     ("+ streaming groups into the trainer (pipeline.stream_groups: asp's lossless default)", "asp",
      {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM}),
+    # the planner relieves the first iteration by default (scheduler.relieve_first, a membership rule:
+    # every asp row has it; --set scheduler.relieve_first=0 gives the rows measured before it)
+    ("asp's defaults without relieving the first iteration (scheduler.relieve_first=0)", "asp",
+     {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM, "scheduler.relieve_first": 0}),
     ("+ gathering the longest groups (scheduler.concentrate_tail=0.01, opt-in)", "asp",
      {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM, "scheduler.concentrate_tail": 0.01}),
     ("+ gathering the longest groups (scheduler.concentrate_tail=0.02, opt-in)", "asp",

@@ -39,6 +39,7 @@ import numpy as np
 import pandas as pd
 
 from .concentrate import concentrate_tail
+from . import first_iteration
 from .cost import CostModel
 
 POLICIES = ("asp", "fifo", "random", "sorted", "balanced")
@@ -215,6 +216,9 @@ def _carry(bucket: np.ndarray, loads: np.ndarray, R: int, n_iter: int) -> np.nda
 
 
 TAIL_WEIGHT = 0.5
+# scheduler.relieve_first's default (config/schema.py): the KS iteration 0's predicted lengths may move
+# when it gives its predicted-longest groups to later iterations (scheduler/first_iteration.py)
+RELIEVE_FIRST = 0.02
 
 
 def tail_aware_load(work: np.ndarray, solo_latency: np.ndarray) -> np.ndarray:
@@ -224,19 +228,22 @@ def tail_aware_load(work: np.ndarray, solo_latency: np.ndarray) -> np.ndarray:
 
 
 def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_iter, tail, group_max_factor,
-              speculation=None, max_len=None, concentrate=0.0):
+              speculation=None, max_len=None, concentrate=0.0, relief=0.0):
     """(iteration, mini_batch, instance, dispatch_order, room) of the ASP schedule."""
     n = pred.shape[0]
     by_len = _desc_order(pred, rng)
     len_rank = _rank_of(by_len)
     lat = cost.group_latency(plen, pred, G)
     iteration = _lightest_floor_first(_stratified_iterations(by_len, work, B, rng), lat, n_iter, n % B != 0)
+    # the floor is a group's longest sample: its mean x group_max_factor, capped
+    longest = np.minimum(pred * group_max_factor, np.inf if max_len is None else max_len)
     if concentrate > 0 and k >= 0:
-        # the floor is a group's longest sample: its mean x group_max_factor, capped
-        longest = np.minimum(pred * group_max_factor, np.inf if max_len is None else max_len)
         iteration = concentrate_tail(iteration, by_len, cost.group_latency(plen, longest, G), G * (plen + pred),
                                       B=B, m_mb=m, k=k, margin=concentrate,
                                       cost=cost, n_iter=n_iter, partial_last=n % B != 0)
+    if relief > 0:
+        iteration = first_iteration.relieve_first(iteration, by_len, longest, B=B,
+                                                  margin=relief, n_iter=n_iter, partial_last=n % B != 0)
     counts = np.bincount(iteration, minlength=n_iter)
     n_mb = -(-counts // m)
     mini_batch = _mini_batches(iteration, pred + plen, counts, m, rng)
@@ -315,7 +322,8 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
          global_batch_size: int = 64, mini_batch_size: int = 16, num_instances: int = 2, max_num_seqs: int = 64,
          lag_bound: int = 1, cost: CostModel | None = None, epoch: int = 0, iteration_offset: int = 0,
          seed: int = 0, tail="off", group_max_factor: float = 1.0, speculation=None,
-         max_response_length: float | None = None, concentrate_tail: float = 0.0) -> pd.DataFrame:
+         max_response_length: float | None = None, concentrate_tail: float = 0.0,
+         relieve_first: float = RELIEVE_FIRST) -> pd.DataFrame:
     """One epoch's schedule (DESIGN 6 columns plus ``room``). Deterministic for ``seed`` and ``epoch``.
 
     ``tail`` (asp; ``rollout.tail_concurrency``): ``off``, ``auto`` or a number of sequences;
@@ -329,7 +337,8 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
                         num_instances=num_instances, max_num_seqs=max_num_seqs, lag_bound=lag_bound, cost=cost,
                         epoch=epoch, iteration_offset=iteration_offset, seed=seed, tail=tail,
                         group_max_factor=group_max_factor, speculation=speculation,
-                        max_response_length=max_response_length, concentrate_tail=concentrate_tail)
+                        max_response_length=max_response_length, concentrate_tail=concentrate_tail,
+                        relieve_first=relieve_first)
     return schedule_frame(cols, prompt_ids)
 
 
@@ -348,7 +357,7 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
                  max_num_seqs: int = 64, lag_bound: int = 1, cost: CostModel | None = None, epoch: int = 0,
                  iteration_offset: int = 0, seed: int = 0, tail="off", group_max_factor: float = 1.0,
                  speculation=None, max_response_length: float | None = None,
-                 concentrate_tail: float = 0.0) -> dict[str, np.ndarray]:
+                 concentrate_tail: float = 0.0, relieve_first: float = RELIEVE_FIRST) -> dict[str, np.ndarray]:
     """``plan`` as numpy columns, one row per prompt in input order, without the prompt ids
     (building a string column costs more than planning the baselines of a report)."""
     from ..config import parse_tail_concurrency
@@ -377,7 +386,7 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
         iteration, mini_batch, instance, dispatch_order, room = _plan_asp(
             pred, plen, work, B=B, m=m, R=R, G=G, S=max_num_seqs, k=lag_bound, cost=cost, rng=rng, n_iter=n_iter,
             tail=tail, group_max_factor=group_max_factor, speculation=speculation, max_len=max_response_length,
-            concentrate=concentrate_tail)
+            concentrate=concentrate_tail, relief=relieve_first)
     else:
         order = BASELINE_ORDER[policy](pred, rng)
         position = np.empty(n, dtype=np.int64)
