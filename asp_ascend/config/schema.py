@@ -274,12 +274,13 @@ class SchedulerConfig:
                                  "B: m (P - 1) / B <= this), chosen where it lowers the predicted publish floor "
                                  "(metrics/floor.publish_floor); 0 (default) = off: one group of each length stratum per "
                                  "iteration (docs/scheduler.md, \"Gathering the longest groups\")")
-    relieve_first: float = _f(0.02, "asp: the most iteration 0's predicted-length CDF may move (KS) when it gives its "
-                              "predicted-longest groups to later iterations for groups of the next strata (m of B "
-                              "strata: m / B <= this), m the smallest reaching the lowest predicted floor of iteration "
-                              "0: its longest group is paid in full (no training overlaps the first generation), a "
-                              "later iteration's is hidden by k + 1 trainer periods; 0 = off (docs/scheduler.md, "
-                              "\"The first iteration's floor\")")
+    relieve_first: float = _f(0.02, "asp: the most the run's first iteration's predicted-length CDF may move (KS) when it "
+                              "gives its predicted-longest groups to later iterations for groups of the next strata "
+                              "(m of B strata: m / B <= this), m the smallest reaching the shortest predicted longest "
+                              "sample of that iteration: its longest group is paid in full (no training overlaps the "
+                              "first generation), a later iteration's is hidden by k + 1 trainer periods; later "
+                              "epochs' first iterations are left alone; 0 = off (docs/scheduler.md, \"The first "
+                              "iteration's floor\")")
 
 
 @dataclass

@@ -13,8 +13,8 @@ group, which its k + 1 periods hide. The fewer upper-strata groups iteration 0 h
 chances a misprediction has to set its floor. m / B is what iteration 0's predicted-length CDF moves
 (KS), bounded by ``margin``; m is the smallest that reaches the shortest predicted longest sample of
 iteration 0 within it, so where the upper strata are predicted alike (groups at the response cap)
-nothing moves.
-docs/scheduler.md, "The first iteration's floor".
+nothing moves. The planner relieves the run's first iteration only (a later epoch's first iteration
+follows the previous epoch's last one). docs/scheduler.md, "The first iteration's floor".
 """
 from __future__ import annotations
 

@@ -386,7 +386,10 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
         iteration, mini_batch, instance, dispatch_order, room = _plan_asp(
             pred, plen, work, B=B, m=m, R=R, G=G, S=max_num_seqs, k=lag_bound, cost=cost, rng=rng, n_iter=n_iter,
             tail=tail, group_max_factor=group_max_factor, speculation=speculation, max_len=max_response_length,
-            concentrate=concentrate_tail, relief=relieve_first)
+            concentrate=concentrate_tail,
+            # only the run's first iteration fills the pipeline: a later epoch's first iteration follows
+            # the previous epoch's last one (scheduler/first_iteration.py)
+            relief=relieve_first if iteration_offset == 0 else 0.0)
     else:
         order = BASELINE_ORDER[policy](pred, rng)
         position = np.empty(n, dtype=np.int64)

@@ -96,6 +96,10 @@ def test_plan_relieves_the_first_iteration_within_the_margin():
         ks = np.abs(np.searchsorted(x, grid, side="right") - np.searchsorted(y, grid, side="right")).max() / B
         assert ks <= 0.02 + 1e-12, (seed, ks)
         pd.testing.assert_frame_equal(on, plan(ids, pred, plen, policy="asp", seed=seed, **kw))
+        # a later epoch's first iteration (iteration_offset > 0) follows the previous epoch's last one:
+        # only the run's first iteration is relieved
+        later = plan(ids, pred, plen, policy="asp", seed=seed, iteration_offset=16, **kw)
+        np.testing.assert_array_equal(later["iteration"].to_numpy() - 16, it0)
 
 
 @pytest.mark.parametrize("value", ["-0.01", "0.5"])
