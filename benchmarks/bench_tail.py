@@ -2,7 +2,7 @@
 
     python benchmarks/bench_tail.py ablation   [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
-                                               [--set pipeline.regroup=off] [--cells 'a, b, c x10' ...] [--floor]
+                                               [--set pipeline.regroup=off] [--cells 'a, b, c x10' ...] [--floor | --chain]
     python benchmarks/bench_tail.py seed       [--devices 128] [--set pipeline.regroup_heavy=off]
     python benchmarks/bench_tail.py breakdown  [--devices 128] [--per-iteration] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...] [--set KEY=VALUE ...]
@@ -34,7 +34,11 @@ count the cells where asp is strictly ahead of fifo (below -0.0 % as printed) on
 every seed, and for some seeds only. ``--cells LABEL ...`` (robustness, reestimate): only those rows
 of the grid (labels as printed). ``robustness --floor``: instead of the grid, per cell asp's defaults
 and balanced beside their lag floor, breakdown's terms (below) priced on the cell's true costs, each
-the mean over the planner seeds. ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices
+the mean over the planner seeds. ``robustness --chain``: instead of the grid, per cell and planner
+seed asp's defaults and fifo (run once) beside the publish floor of their own iterations on the
+cell's true costs (``metrics/floor.publish_floor``, as ``bound``), how far above it they run, and
+that floor over random orders of the same iterations (``publish_floor_orders``; p5 / p50 / p95 and
+the share of orders whose floor is below fifo's iteration time). ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices
 (asp as those configs run it: guided dispatch, re-estimation, ``scheduler.concurrency: auto``, and
 regroup with its heaviest-first take, ``pipeline.regroup`` and ``pipeline.regroup_heavy: auto``;
 ``--set KEY=VALUE ...`` adds overrides).
@@ -340,6 +344,7 @@ def _grid_cells(args, D: int):
             def cell(name, over, s=0, run=run, m=Mismatch(**mm)):
                 return run(name, over, s, m)
             cell.mismatch = Mismatch(**mm)
+            cell.run = run
             yield wl, label, cell
 
 
@@ -467,9 +472,54 @@ def robustness_floor(args) -> None:
                       + f" | {r[6]:.0f} |", flush=True)
 
 
+CHAIN_ORDERS = 2000     # random orders of a plan's iterations per run (robustness --chain)
+
+
+def robustness_chain(args) -> None:
+    """Per robustness cell and planner seed: asp's defaults and fifo beside the publish floor of
+    their own iterations on the cell's true costs (``metrics/floor.publish_floor``: no dispatch
+    order or mini-batch choice on those iterations publishes earlier), and that floor over
+    CHAIN_ORDERS random orders of the same iterations (``publish_floor_orders``): what the order
+    of the iterations alone decides, and how often an order of them would leave room to beat
+    fifo's iteration time."""
+    import numpy as np
+
+    from asp_ascend.metrics.floor import publish_floor, publish_floor_orders
+
+    print(f"planner seeds {', '.join(map(str, args.plan_seeds))} (workload built with seed 0); seconds per "
+          f"iteration; floors on the cell's true costs; {CHAIN_ORDERS} random orders of each run's iterations "
+          f"(numpy seed 0)\n")
+    print("| workload | devices | true costs (plan: configured) | system | planner seed | iter. time (s) | vs fifo | "
+          "publish floor of its iterations (s) | above its floor | floor over random orders of its iterations: "
+          "p5 / p50 / p95 (s) | orders whose floor is below fifo's iteration time |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for D in args.devices:
+        for wl, label, it in _grid_cells(args, D):
+            fifo = None
+            for key, name, over in sorted(ROBUST_ROWS, key=lambda r: r[0] != "fifo"):     # fifo first
+                if key == "balanced":
+                    continue
+                for s in (args.plan_seeds[:1] if name in SEED_FREE else args.plan_seeds):
+                    res, cfg = it.run(name, over, s, it.mismatch, result=True)
+                    _, _, busy, floor, shortest = chain_inputs(res, cfg, it.mismatch.cost(res.costs.instance))
+                    n, k = busy.size, cfg.pipeline.lag_bound
+                    t = res.summary["iteration_time_mean"]
+                    fifo = fifo or t
+                    chain = publish_floor(busy, floor, k, shortest)[-1] / n
+                    rng = np.random.default_rng(0)
+                    orders = publish_floor_orders(busy, floor, k, (rng.permutation(n) for _ in range(CHAIN_ORDERS)),
+                                                  shortest) / n
+                    p5, p50, p95 = np.percentile(orders, [5, 50, 95])
+                    print(f"| {wl} | {D} | {label} | {key} | {'-' if name in SEED_FREE else s} | {t:.1f} | "
+                          f"{100 * (t / fifo - 1):+.1f}% | {chain:.1f} | {100 * (t / chain - 1):+.1f}% | "
+                          f"{p5:.1f} / {p50:.1f} / {p95:.1f} | {100 * np.mean(orders < fifo):.0f} % |", flush=True)
+
+
 def robustness(args) -> None:
     if args.floor:
         return robustness_floor(args)
+    if args.chain:
+        return robustness_chain(args)
     if len(args.plan_seeds) > 1:
         return robustness_seeds(args)
     print("| workload | devices | true costs (plan: configured) | asp iter. time (s) | vs fifo (shared queue) | "
@@ -616,6 +666,19 @@ BOUND_ROWS = [r for r in ABLATION if r[0] in (
     "fully_async_fifo + regroup heaviest first + streaming (asp's trainer-side defaults)")]
 
 
+def chain_inputs(res, cfg, cost=None):
+    """(floor_terms's breakdown and terms, then per iteration of the run the trainer's busy time:
+    its optimizer steps plus the weight sync, and its floor: the longest group alone plus that
+    sync, and iteration 0's shortest group alone): what ``metrics.floor.publish_floor`` chains.
+    ``cost``: the instances' true cost model where it differs from the planned one."""
+    b, terms = floor_terms(res, cfg, cost)
+    sy, n = res.timeline.frame("sync"), res.summary["iterations"]
+    sync = (sy["t_end"] - sy["t_start"]).groupby(sy["version"]).sum().reindex(range(1, n + 1)).to_numpy(float)
+    busy = terms["train"].to_numpy()[:n] + sync
+    floor = b.set_index("iteration")["floor_group_solo"].reindex(range(n)).to_numpy(float) + sync
+    return b, terms, busy, floor, float(terms["shortest"].iloc[0])
+
+
 def bound_terms(res, cfg) -> dict:
     """Per iteration of one simulated run (seconds): the iteration time; the trainer's busy time
     (its optimizer steps plus the weight syncs: a trainer that never waited would take this), its
@@ -627,16 +690,13 @@ def bound_terms(res, cfg) -> dict:
     iteration 0 alone before the first step)."""
     from asp_ascend.metrics.floor import publish_floor
 
-    b, terms = floor_terms(res, cfg)
+    b, terms, busy, floor, shortest = chain_inputs(res, cfg)
     tl, sm = res.timeline, res.summary
-    st, sy = tl.frame("step"), tl.frame("sync")
+    st = tl.frame("step")
     n, W = sm["iterations"], sm["run_time_s"]
-    sync = (sy["t_end"] - sy["t_start"]).groupby(sy["version"]).sum().reindex(range(1, n + 1)).to_numpy(float)
-    busy = terms["train"].to_numpy()[:n] + sync
-    floor = b.set_index("iteration")["floor_group_solo"].reindex(range(n)).to_numpy(float) + sync
     first = st["t_first"].fillna(st["t_start"]) if "t_first" in st else st["t_start"]
     fill = float(first.min()) - float(tl.frame("request")["t_admit"].min())
-    chain = publish_floor(busy, floor, cfg.pipeline.lag_bound, float(terms["shortest"].iloc[0]))[-1]
+    chain = publish_floor(busy, floor, cfg.pipeline.lag_bound, shortest)[-1]
     return {"time": sm["iteration_time_mean"], "busy": busy.sum() / n, "fill": fill / n,
             "idle": (W - busy.sum() - fill) / n, "decode": float(terms["decode"].mean()),
             "train": float(terms["train"].mean()), "floor": float(b["floor_group_solo"].mean()) / (cfg.pipeline.lag_bound + 1),
@@ -899,6 +959,10 @@ def main(argv=None) -> int:
     ap.add_argument("--floor", action="store_true",
                     help="robustness: instead of the grid, where asp's and balanced's iterations go beside their lag "
                          "floor in each cell (breakdown's terms on the cell's true costs), mean over --plan-seeds")
+    ap.add_argument("--chain", action="store_true",
+                    help="robustness: instead of the grid, per cell and planner seed asp's defaults and fifo beside "
+                         "the publish floor of their iterations on the cell's true costs, and that floor over random "
+                         "orders of the same iterations")
     ap.add_argument("--per-iteration", action="store_true", help="breakdown: also print every iteration's row")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                     help="breakdown, seed: config overrides on top of the seed setup (e.g. lengths.predictor=oracle, "
@@ -911,6 +975,9 @@ def main(argv=None) -> int:
         ap.error(f"--set applies to breakdown, seed, robustness and speed only, not to {args.what}")
     if args.floor and args.what != "robustness":
         ap.error(f"--floor applies to robustness only, not to {args.what}")
+    if args.chain and (args.what != "robustness" or args.floor):
+        ap.error(f"--chain applies to robustness only, without --floor (got {args.what}"
+                 f"{' --floor' if args.floor else ''})")
     if args.cells and args.what not in ("robustness", "reestimate"):
         ap.error(f"--cells applies to robustness and reestimate only, not to {args.what}")
     bad = [kv for kv in args.set if "=" not in kv]

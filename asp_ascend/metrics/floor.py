@@ -145,6 +145,25 @@ def publish_floor(busy, floor, lag_bound: int, fill: float = 0.0) -> np.ndarray:
     return V[1:]
 
 
+def publish_floor_orders(busy, floor, lag_bound: int, orders, fill: float = 0.0) -> np.ndarray:
+    """The last publish :func:`publish_floor` allows for each order of the same iterations: ``orders``
+    is a sequence of permutations of 0 .. n-1 (order[j] = the iteration placed j-th), each run with
+    the busy times and floors of the iterations it places, ``fill`` unchanged. The iterations keep
+    their membership; only which come together within k + 1 periods changes: floors of iterations
+    at most k apart overlap (they are generated together), floors further apart add up. So the
+    spread over random orders is what the order alone decides, e.g. a plan that draws its order
+    from a seed (docs/scheduler.md, "Where a step costs 10x: the order of the iterations")."""
+    busy = np.asarray(busy, dtype=float)
+    floor = np.asarray(floor, dtype=float)
+    out = []
+    for order in orders:
+        o = np.asarray(order, dtype=np.int64)
+        if o.shape != busy.shape or not np.array_equal(np.sort(o), np.arange(busy.size)):
+            raise ValueError(f"an order must be a permutation of the {busy.size} iterations, got {o.tolist()}")
+        out.append(publish_floor(busy[o], floor[o], lag_bound, fill)[-1] if o.size else fill)
+    return np.asarray(out, dtype=float)
+
+
 CORUN_COLUMNS = ("iteration", "instance", "latency", "on_instance", "previous", "same", "next", "prefill", "even")
 
 

@@ -92,6 +92,27 @@ def test_publish_floor_hand_computed():
         publish_floor([1.0, 2.0], [1.0], 1)
 
 
+def test_publish_floor_orders_hand_computed():
+    """metrics/floor.publish_floor_orders: the same iterations in other orders. Two iterations with
+    floor 10 and two with 0, the trainer 1 s per iteration, k = 1: side by side the two long floors
+    overlap (generated together), one apart they add up."""
+    from asp_ascend.metrics.floor import publish_floor_orders
+
+    busy, floor = [1, 1, 1, 1], [10, 10, 0, 0]
+    # [10, 10, 0, 0]: V_1 = 10, V_2 = max(11, 0 + 10) = 11, V_3 = 12, V_4 = 13
+    # [10, 0, 10, 0]: V_1 = 10, V_2 = 11, V_3 = max(12, V_1 + 10) = 20, V_4 = 21
+    # [0, 10, 0, 10]: V_1 = 1, V_2 = max(2, 0 + 10) = 10, V_3 = 11, V_4 = max(12, V_2 + 10) = 20
+    got = publish_floor_orders(busy, floor, 1, [[0, 1, 2, 3], [0, 2, 1, 3], [2, 0, 3, 1]])
+    assert got.tolist() == [13.0, 21.0, 20.0]
+    # k = 0: every floor is paid after the previous publish, whatever the order: 10, 20, 21, 22 / 10, 11, 21, 22
+    assert publish_floor_orders(busy, floor, 0, [[0, 1, 2, 3], [0, 2, 1, 3]]).tolist() == [22.0, 22.0]
+    # fill delays the trainer's chain only: [0, 0, 10, 10] with fill 5: V_1 = 6, V_2 = 7, V_3 = max(8, 6 + 10) = 16,
+    # V_4 = max(17, 7 + 10) = 17
+    assert publish_floor_orders(busy, floor, 1, [[2, 3, 0, 1]], fill=5.0).tolist() == [17.0]
+    with pytest.raises(ValueError, match="permutation of the 4 iterations"):
+        publish_floor_orders(busy, floor, 1, [[0, 1, 1, 3]])
+
+
 def test_corunning_hand_computed():
     """Critical group A (iteration 0, instance 0, 0..10 s); X (iteration 1) beside it from 5 s; Y
     (iteration 0) on the other instance. With c = 1, b = 0.1 each token of another sequence costs
