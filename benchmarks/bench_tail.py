@@ -1,6 +1,7 @@
 """The tail mechanisms (DESIGN 9) in the simulator: ablation, robustness, the seed comparison.
 
     python benchmarks/bench_tail.py ablation   [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
+                                               [--set scheduler.concentrate_tail=0.02 ...]
     python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
                                                [--set pipeline.regroup=off] [--cells 'a, b, c x10' ...] [--floor | --chain]
     python benchmarks/bench_tail.py seed       [--devices 128] [--set pipeline.regroup_heavy=off]
@@ -8,15 +9,17 @@
     python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...] [--set KEY=VALUE ...]
     python benchmarks/bench_tail.py admission  [--devices 32 64] [--prompts N]
     python benchmarks/bench_tail.py reestimate [--data DIR] [--prompts N] [--devices 32 64]
-    python benchmarks/bench_tail.py bound      [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
+    python benchmarks/bench_tail.py bound      [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2] [--set ...]
     python benchmarks/bench_tail.py sweep      [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
-                                               [--workloads reasoning ...]
+                                               [--workloads reasoning ...] [--set KEY=VALUE ...]
 
 ``ablation``: per heavy-tailed workload (reasoning-like synthetic, bimodal synthetic, Azure
 code trace x8 and conversation trace x6 from ``--data``, the repository's ../shared/data by
 default), 8 rollout instances per 32 devices, G = 8, k = 1, previous-epoch predictions: the
 baselines as they ship, then ASP adding one mechanism at a time, then the baselines with the
-same engine features (speculative decoding). ``--plan-seeds S [S ...]`` (ablation and robustness;
+same engine features (speculative decoding); ``--set KEY=VALUE ...`` adds config overrides on top of
+every row (as robustness's: a key a row names is replaced; the baselines ignore asp's keys), e.g.
+``scheduler.concentrate_tail=0.02`` to measure a candidate default. ``--plan-seeds S [S ...]`` (ablation and robustness;
 default 0): each row simulated with every planner ``seed`` on the same workload (built with seed 0), then
 per row the mean and (min .. max) over the seeds of its iteration time and of its "vs fifo"
 figure; the rows of systems whose plan draws nothing from the seed (``SEED_FREE``: the shared
@@ -85,7 +88,8 @@ cap, the instances' concurrency, the mini-batch count, the predictor, TP; the de
 coefficients x0.1 / x10 known to the planner or not; a 4x slower / faster trainer), asp's defaults
 against fifo and balanced as shipped and fifo with asp's trainer-side rules (``SWEEP_ROWS``), mean
 (min .. max) over the planner seeds, then the cells where asp is more than 1 % behind fifo or
-balanced or the run failed.
+balanced or the run failed; ``--set KEY=VALUE ...`` adds config overrides on top of every row's, each
+cell's own change applied last (it is what the cell varies), e.g. a candidate default for asp.
 Prints markdown tables (docs/scheduler.md holds a copy).
 """
 from __future__ import annotations
@@ -172,6 +176,8 @@ ABLATION = [
      {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM, "scheduler.concentrate_tail": 0.02}),
     ("+ reactive tail caps (rollout.tail_concurrency: reactive, opt-in)", "asp",
      {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM, **TAIL_REACTIVE}),
+    ("+ both: gathering (0.02) and reactive tail caps (opt-in)", "asp",
+     {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM, "scheduler.concentrate_tail": 0.02, **TAIL_REACTIVE}),
     ("fully_async_fifo + regroup heaviest first", "fully_async_fifo", {**OFF, **REGROUP, **HEAVY}),
     ("fully_async_fifo + regroup heaviest first + streaming (asp's trainer-side defaults)", "fully_async_fifo",
      {**OFF, **REGROUP, **HEAVY, "pipeline.stream_groups": "on"}),
@@ -211,6 +217,11 @@ def _run(cfg, w, name, mismatch=None, result=False):
 SEED_FREE = ("fully_async_fifo", "async_sorted")
 
 
+def set_overrides(kvs) -> dict:
+    """``--set KEY=VALUE ...`` as overrides (main refuses an item without ``=``)."""
+    return dict(kv.split("=", 1) for kv in kvs)
+
+
 def plan_seed_cells(a, workloads_outer: bool = False):
     """(devices, workload, run) per device count and workload of ``a`` (device counts outer unless
     ``workloads_outer``): the workload built once (seed 0: the same prompts, lengths and predictions
@@ -220,7 +231,7 @@ def plan_seed_cells(a, workloads_outer: bool = False):
 
     cells = ([(D, wl) for wl in a.workloads for D in a.devices] if workloads_outer
              else [(D, wl) for D in a.devices for wl in a.workloads])
-    extra = dict(kv.split("=", 1) for kv in getattr(a, "set", []))
+    extra = set_overrides(getattr(a, "set", []))
     for D, wl in cells:
         w = workload_from_config(_cfg(wl, a.data, a.prompts, D, {}))
 
@@ -894,10 +905,21 @@ def sweep_cells(wl: str, data: Path, prompts: int, D: int) -> list:
     return out
 
 
-def sweep(args) -> None:
-    """asp's defaults vs fifo, balanced and fifo + rules on every sweep cell (module docstring)."""
+def sweep_run(wl: str, data: Path, prompts: int, D: int, cell: dict, mismatch, extra: dict):
+    """seed_runs's ``run(policy, overrides, seed)`` for one sweep cell: the row's overrides, then
+    ``extra`` (``--set``), then the cell's own change; the workload built once from the cell
+    (``result=True``: the SimResult and its config)."""
     from asp_ascend.lengths.workloads import workload_from_config
 
+    w = workload_from_config(_cfg(wl, data, prompts, D, cell))
+
+    def run(name, o, s, result=False):
+        return _run(_cfg(wl, data, prompts, D, {**o, **extra, **cell, "seed": s}), w, name, mismatch, result=result)
+    return run
+
+
+def sweep(args) -> None:
+    """asp's defaults vs fifo, balanced and fifo + rules on every sweep cell (module docstring)."""
     seeds = args.plan_seeds
     print(f"planner seeds {', '.join(map(str, seeds))} (each cell's workload built with seed 0); mean (min .. max) "
           f"over the seeds; fifo and fifo + rules plan nothing at random: run once\n")
@@ -906,16 +928,12 @@ def sweep(args) -> None:
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     behind = []
+    extra = set_overrides(args.set)
     for D in args.devices:
         for wl in args.workloads:
             for label, over, mm in sweep_cells(wl, args.data, args.prompts, D):
                 try:
-                    w = workload_from_config(_cfg(wl, args.data, args.prompts, D, over))
-
-                    def run(name, o, s, w=w, over=over, mm=mm):
-                        return _run(_cfg(wl, args.data, args.prompts, D, {**o, **over, "seed": s}), w, name, mm)
-
-                    res = seed_runs(run, seeds, SWEEP_ROWS)
+                    res = seed_runs(sweep_run(wl, args.data, args.prompts, D, over, mm, extra), seeds, SWEEP_ROWS)
                 except Exception as e:  # a crash or a refused config is a finding of the sweep
                     print(f"| {wl} | {D} | {label} | error: {type(e).__name__}: {str(e).splitlines()[0]} |||||",
                           flush=True)
@@ -937,6 +955,8 @@ def sweep(args) -> None:
           f"({len(behind)}): {'; '.join(behind) or 'none'}")
 
 
+# the subcommands that take --set KEY=VALUE overrides
+SET_TAKERS = ("ablation", "bound", "breakdown", "robustness", "seed", "speed", "sweep")
 SWEEP_BEHIND = 1.0    # %: a cell where asp's mean iteration time is more than this above fifo's or balanced's
 
 def main(argv=None) -> int:
@@ -966,13 +986,15 @@ def main(argv=None) -> int:
     ap.add_argument("--per-iteration", action="store_true", help="breakdown: also print every iteration's row")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                     help="breakdown, seed: config overrides on top of the seed setup (e.g. lengths.predictor=oracle, "
-                         "pipeline.regroup=off); robustness: on top of every row (pipeline.regroup=off: the grids "
-                         "before asp regrouped); speed: on top of its setup (rollout.tail_concurrency=reactive)")
+                         "pipeline.regroup=off); robustness, ablation, bound: on top of every row (pipeline.regroup=off: "
+                         "the grids before asp regrouped; scheduler.concentrate_tail=0.02: a candidate default); "
+                         "sweep: on top of every row, under each cell's own change; speed: on top of its setup "
+                         "(rollout.tail_concurrency=reactive)")
     args = ap.parse_args(argv)
     if args.plan_seeds is not None and args.what not in ("ablation", "robustness", "breakdown", "bound", "sweep"):
         ap.error(f"--plan-seeds applies to ablation, robustness, breakdown, bound and sweep only, not to {args.what}")
-    if args.set and args.what not in ("breakdown", "seed", "robustness", "speed"):
-        ap.error(f"--set applies to breakdown, seed, robustness and speed only, not to {args.what}")
+    if args.set and args.what not in SET_TAKERS:
+        ap.error(f"--set applies to {', '.join(SET_TAKERS)} only, not to {args.what}")
     if args.floor and args.what != "robustness":
         ap.error(f"--floor applies to robustness only, not to {args.what}")
     if args.chain and (args.what != "robustness" or args.floor):

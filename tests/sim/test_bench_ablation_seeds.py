@@ -84,7 +84,8 @@ def test_one_seed_over_seeds_says_what_the_single_seed_table_says(one_seed):
 @pytest.mark.parametrize("argv, message", [
     (["seed", "--plan-seeds", "1"], "--plan-seeds applies to ablation, robustness, breakdown, bound and sweep only"),
     (["ablation", "--plan-seeds", "0", "0"], "names a seed twice"),
-    (["ablation", "--set", "seed=1"], "--set applies to breakdown, seed, robustness and speed only"),
+    (["admission", "--set", "seed=1"], "--set applies to ablation, bound, breakdown, robustness, seed, speed, sweep "
+                                       "only, not to admission"),
     (["breakdown", "--set", "lengths.predictor"], "is not KEY=VALUE"),
 ])
 def test_bad_plan_seeds_refused(argv, message, capsys):
