@@ -53,4 +53,6 @@ def test_sweep_cell_change_wins_over_set():
     assert cfg.scheduler.concentrate_tail == 0.02          # --set over the row's value
     assert cfg.seed == 1 and res.summary["policy_lag_max"] <= 1
     plain = bench_tail.sweep_run("bimodal", None, 256, 32, {"rollout.max_num_seqs": 32}, None, {})
-    assert plain("asp", bench_tail.ASP_DEFAULTS, 1, result=True)[1].scheduler.concentrate_tail == 0.0
+    shipped = bench_tail._cfg("bimodal", None, 256, 32, {}).scheduler.concentrate_tail
+    assert plain("asp", {**bench_tail.ASP_DEFAULTS, "scheduler.concentrate_tail": 0.03}, 1,
+                 result=True)[1].scheduler.concentrate_tail == 0.03 != shipped   # without --set the row's value
