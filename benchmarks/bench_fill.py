@@ -1,9 +1,10 @@
 """The pipeline fill: where iteration 0's time goes, and what steering the next iteration could gain.
 
     python benchmarks/bench_fill.py probe [--data DIR] [--devices 64] [--workloads azure_conv_x6 azure_code_x8]
-                                          [--plan-seeds 0 1 2 3 4]
+                                          [--plan-seeds 0 1 2 3 4] [--set scheduler.fill_first=false]
     python benchmarks/bench_fill.py steer [--by oracle | predicted] [--top 1] [--workloads azure_conv_x6] ...
     python benchmarks/bench_fill.py cap   [--caps 0.5 0.75] ...
+    python benchmarks/bench_fill.py first [--devices 32] [--workloads reasoning bimodal azure_code_x8 azure_conv_x6] ...
 
 The ablation's setup (``bench_tail.py``: 8 rollout instances per 32 devices, G = 8, k = 1,
 previous-epoch predictions, 4,096 prompts), asp's defaults (``bench_tail.ASP_DEFAULTS``) and
@@ -27,6 +28,9 @@ groups (what the plan knows). Prints the mean iteration time and the ends of ite
 until the first version is published, an instance admits a group of a later iteration than 0 only
 while it holds fewer than ``cap`` x max_num_seqs sequences; asp's defaults, mean over the seeds
 against fifo as shipped.
+
+``first``: asp's defaults with ``scheduler.fill_first`` (the default: no later group ranked into the
+run's first window) and without it, mean (per seed) over the seeds against fifo as shipped.
 """
 from __future__ import annotations
 
@@ -96,7 +100,8 @@ def probe(a) -> None:
         w = workload_from_config(_cfg(wl, a.data, a.prompts, a.devices, {}))
         for label, (name, over) in SYSTEMS.items():
             for s in (a.plan_seeds if name == "asp" else a.plan_seeds[:1]):
-                cfg = _cfg(wl, a.data, a.prompts, a.devices, {**over, "seed": s})
+                extra = dict(x.split("=", 1) for x in a.set) if name == "asp" else {}
+                cfg = _cfg(wl, a.data, a.prompts, a.devices, {**over, **extra, "seed": s})
                 res = simulate_system(cfg, w, name, record_samples=True)
                 for r in probe_rows(res, _predicted(w, cfg)):
                     print(f"| {wl} | {a.devices} | {label} | {s} | {r['iteration']} | {r['published']:.1f} | "
@@ -206,9 +211,28 @@ def cap(a) -> None:
                   f"{' / '.join(f'{t:.1f}' for t in ts)} |", flush=True)
 
 
+def first(a) -> None:
+    from asp_ascend.lengths.workloads import workload_from_config
+    from asp_ascend.sim.run import simulate_system
+
+    print("| workload | devices | scheduler.fill_first | asp's defaults, mean (s) | vs fifo | per seed (s) |")
+    print("|---|---|---|---|---|---|")
+    for wl in a.workloads:
+        w = workload_from_config(_cfg(wl, a.data, a.prompts, a.devices, {}))
+        fifo = simulate_system(_cfg(wl, a.data, a.prompts, a.devices, {**OFF, "seed": 0}), w, "fully_async_fifo",
+                               record_samples=False).summary["iteration_time_mean"]
+        for on in ("true", "false"):
+            ts = [simulate_system(_cfg(wl, a.data, a.prompts, a.devices,
+                                       {**ASP_DEFAULTS, "scheduler.fill_first": on, "seed": s}), w, "asp",
+                                  record_samples=False).summary["iteration_time_mean"] for s in a.plan_seeds]
+            m = float(np.mean(ts))
+            print(f"| {wl} | {a.devices} | {on} | {m:.2f} | {100 * (m / fifo - 1):+.2f} % | "
+                  f"{' / '.join(f'{t:.1f}' for t in ts)} |", flush=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("what", choices=("probe", "steer", "cap"))
+    ap.add_argument("what", choices=("probe", "steer", "cap", "first"))
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     ap.add_argument("--prompts", type=int, default=4096)
     ap.add_argument("--devices", type=int, default=64)
@@ -217,8 +241,9 @@ def main(argv=None) -> int:
     ap.add_argument("--by", choices=("oracle", "predicted"), default="oracle")
     ap.add_argument("--top", type=int, default=1)
     ap.add_argument("--caps", type=float, nargs="+", default=[0.5, 0.75])
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE", help="probe: overrides of asp's defaults")
     a = ap.parse_args(argv)
-    {"probe": probe, "steer": steer, "cap": cap}[a.what](a)
+    {"probe": probe, "steer": steer, "cap": cap, "first": first}[a.what](a)
     return 0
 
 

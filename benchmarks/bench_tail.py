@@ -170,6 +170,10 @@ ABLATION = [
     # every asp row has it; --set scheduler.relieve_first=0 gives the rows measured before it)
     ("asp's defaults without relieving the first iteration (scheduler.relieve_first=0)", "asp",
      {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM, "scheduler.relieve_first": 0}),
+    # and dispatches the run's first iteration ahead of every later one (scheduler.fill_first, a dispatch-rank
+    # rule: every asp row has it; --set scheduler.fill_first=false gives the rows measured before it)
+    ("asp's defaults pulling later groups into the fill (scheduler.fill_first=false)", "asp",
+     {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM, "scheduler.fill_first": "false"}),
     ("+ gathering the longest groups (scheduler.concentrate_tail=0.01, opt-in)", "asp",
      {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM, "scheduler.concentrate_tail": 0.01}),
     ("+ gathering the longest groups (scheduler.concentrate_tail=0.02, opt-in)", "asp",

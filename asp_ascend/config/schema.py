@@ -281,6 +281,11 @@ class SchedulerConfig:
                               "first generation), a later iteration's is hidden by k + 1 trainer periods; later "
                               "epochs' first iterations are left alone; 0 = off (docs/scheduler.md, \"The first "
                               "iteration's floor\")")
+    fill_first: bool = _f(True, "asp: the run's first iteration is dispatched ahead of every later one: no group of a later "
+                          "iteration is pulled forward into the first window (the fill), where no training runs yet and "
+                          "each such group admitted ahead of a group of iteration 0 delays the trainer's first step; "
+                          "later epochs are left alone; false = pull long groups forward there too (docs/scheduler.md, "
+                          "\"The first window is iteration 0's\")")
 
 
 @dataclass

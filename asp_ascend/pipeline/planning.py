@@ -51,7 +51,8 @@ def replanner(cfg, train, k: int, out: Path, first):
                   cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0),
                                              prefix_block=prefix_block_of(cfg)), epoch=epoch,
                   iteration_offset=offset, seed=cfg.seed,
-                  concentrate_tail=cfg.scheduler.concentrate_tail, relieve_first=cfg.scheduler.relieve_first)
+                  concentrate_tail=cfg.scheduler.concentrate_tail, relieve_first=cfg.scheduler.relieve_first,
+                  fill_first=cfg.scheduler.fill_first)
         frames.append(df)
         write_parquet_atomic(out / "schedule.parquet", pd.concat(frames, ignore_index=True),
                              {"policy": cfg.scheduler.policy, "adaptive": "true"})

@@ -25,7 +25,9 @@ ASP, jointly:
    longest first (``dispatch_rank``), iterations in order; a group whose solo latency
    rounds to j >= 1 iterations' worth of an instance's work is ranked min(j, k) iterations
    earlier, so it starts the moment its iteration becomes admissible (lag bound k) instead
-   of behind the previous iteration's short groups.
+   of behind the previous iteration's short groups; never into the run's first window
+   (``fill_first``): there no training runs yet, and a later group admitted ahead of one of
+   iteration 0 delays the trainer's first step.
 
 Baselines: ``fifo`` (dataset order, shared queue), ``random`` (seeded shuffle, shared
 queue), ``sorted`` (ascending predicted length over the epoch, shared queue),
@@ -228,7 +230,7 @@ def tail_aware_load(work: np.ndarray, solo_latency: np.ndarray) -> np.ndarray:
 
 
 def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_iter, tail, group_max_factor,
-              speculation=None, max_len=None, concentrate=0.0, relief=0.0):
+              speculation=None, max_len=None, concentrate=0.0, relief=0.0, fill_first=False):
     """(iteration, mini_batch, instance, dispatch_order, room) of the ASP schedule."""
     n = pred.shape[0]
     by_len = _desc_order(pred, rng)
@@ -267,7 +269,8 @@ def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_ite
     if k > 0 and n_iter > 1:
         shift = np.minimum(k, np.floor(lat / max(period, 1e-12) + 0.5)).astype(np.int64)
         shift[is_tail] = k
-        shift = np.minimum(shift, iteration)
+        # fill_first: the first window is iteration 0's alone (nothing pulled into the pipeline fill)
+        shift = np.minimum(shift, np.maximum(iteration - 1, 0) if fill_first else iteration)
     window = iteration - shift
     return iteration, mini_batch, instance, np.argsort(window * n + len_rank), room
 
@@ -323,7 +326,7 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
          lag_bound: int = 1, cost: CostModel | None = None, epoch: int = 0, iteration_offset: int = 0,
          seed: int = 0, tail="off", group_max_factor: float = 1.0, speculation=None,
          max_response_length: float | None = None, concentrate_tail: float = 0.0,
-         relieve_first: float = RELIEVE_FIRST) -> pd.DataFrame:
+         relieve_first: float = RELIEVE_FIRST, fill_first: bool = True) -> pd.DataFrame:
     """One epoch's schedule (DESIGN 6 columns plus ``room``). Deterministic for ``seed`` and ``epoch``.
 
     ``tail`` (asp; ``rollout.tail_concurrency``): ``off``, ``auto`` or a number of sequences;
@@ -338,7 +341,7 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
                         epoch=epoch, iteration_offset=iteration_offset, seed=seed, tail=tail,
                         group_max_factor=group_max_factor, speculation=speculation,
                         max_response_length=max_response_length, concentrate_tail=concentrate_tail,
-                        relieve_first=relieve_first)
+                        relieve_first=relieve_first, fill_first=fill_first)
     return schedule_frame(cols, prompt_ids)
 
 
@@ -357,7 +360,8 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
                  max_num_seqs: int = 64, lag_bound: int = 1, cost: CostModel | None = None, epoch: int = 0,
                  iteration_offset: int = 0, seed: int = 0, tail="off", group_max_factor: float = 1.0,
                  speculation=None, max_response_length: float | None = None,
-                 concentrate_tail: float = 0.0, relieve_first: float = RELIEVE_FIRST) -> dict[str, np.ndarray]:
+                 concentrate_tail: float = 0.0, relieve_first: float = RELIEVE_FIRST,
+                 fill_first: bool = True) -> dict[str, np.ndarray]:
     """``plan`` as numpy columns, one row per prompt in input order, without the prompt ids
     (building a string column costs more than planning the baselines of a report)."""
     from ..config import parse_tail_concurrency
@@ -389,7 +393,7 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
             concentrate=concentrate_tail,
             # only the run's first iteration fills the pipeline: a later epoch's first iteration follows
             # the previous epoch's last one (scheduler/first_iteration.py)
-            relief=relieve_first if iteration_offset == 0 else 0.0)
+            relief=relieve_first if iteration_offset == 0 else 0.0, fill_first=fill_first and iteration_offset == 0)
     else:
         order = BASELINE_ORDER[policy](pred, rng)
         position = np.empty(n, dtype=np.int64)

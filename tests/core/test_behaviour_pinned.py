@@ -26,12 +26,14 @@ COLUMNS = ["epoch", "prompt_id", "iteration", "mini_batch", "instance", "dispatc
 # default): sha256 of the schedule's columns. asp's changed on purpose after cd67c1e: the iteration
 # whose longest group is the shortest goes first (it fills the pipeline; planner._lightest_floor_first)
 # asp's and balanced's changed on purpose again when planner._desc_order became a stable sort: equal
-# predicted lengths (or works) now keep the seeded shuffle's order on every numpy and CPU
-SCHEDULES = {"asp": "a8c3b6c3039ace66", "fifo": "8a9e5245dc58eac6", "random": "df7217608fbd1938",
+# predicted lengths (or works) now keep the seeded shuffle's order on every numpy and CPU; asp's (and
+# asp+tail_auto's) again when the run's first window became iteration 0's alone (scheduler.fill_first:
+# no later group is ranked ahead of iteration 0's in the pipeline fill)
+SCHEDULES = {"asp": "3f5037a50d1934b6", "fifo": "8a9e5245dc58eac6", "random": "df7217608fbd1938",
              "sorted": "0b8448e53cd0fe18", "balanced": "6859679227fb9895",
              # rollout.tail_concurrency=auto (opt-in): asp places and orders the groups that set their
              # iteration's floor differently (tail rooms, DESIGN 9 c; pinned when that landed, not at cd67c1e)
-             "asp+tail_auto": "9dfc97131e13511c"}
+             "asp+tail_auto": "61e30f3d67019123"}
 
 
 def schedule_digest(name: str) -> str:

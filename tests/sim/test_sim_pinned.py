@@ -34,10 +34,11 @@ POLICIES = ["sync_colocated", "single_instance", "one_step_off", "fully_async_fi
             "async_random", "async_balanced", "asp", "asp_adaptive"]
 # every tail mechanism off, and streaming (asp's default since 2026-12-03), and prefix caching (on
 # by default since f99eda5): the engine as it was before they were wired in (prefix caching off
-# must give the old numbers exactly)
+# must give the old numbers exactly), and the planner's dispatch of the first iteration ahead of later ones
+# (scheduler.fill_first, asp's default since 2026-12-04)
 OFF = {"scheduler.dispatch": "static", "scheduler.reestimate": "false", "rollout.tail_concurrency": "off",
        "rollout.speculative": "none", "rollout.partial_rollout": "false", "pipeline.regroup": "off",
-       "pipeline.stream_groups": "off", "rollout.prefix_caching": "false"}
+       "pipeline.stream_groups": "off", "rollout.prefix_caching": "false", "scheduler.fill_first": "false"}
 
 SETUPS = {
     "small": {"workload.type": "synthetic", "workload.num_prompts": 96, "workload.epochs": 3, "workload.drift": 0.1,

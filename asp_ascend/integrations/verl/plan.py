@@ -105,7 +105,8 @@ class VerlSchedule:
                   cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0),
                                              prefix_block=prefix_block_of(cfg)), epoch=epoch,
                   iteration_offset=offset, seed=cfg.seed,
-                  concentrate_tail=cfg.scheduler.concentrate_tail, relieve_first=cfg.scheduler.relieve_first)
+                  concentrate_tail=cfg.scheduler.concentrate_tail, relieve_first=cfg.scheduler.relieve_first,
+                  fill_first=cfg.scheduler.fill_first)
         self.frame = pd.concat([self.frame, df], ignore_index=True)
         write_parquet_atomic(self.path, self.frame, {"policy": cfg.scheduler.policy, "adaptive": "true"})
         return df
