@@ -58,13 +58,14 @@ def _predicted(w, cfg) -> pd.Series:
     return pd.Series(_Predictions(w, cfg).predict(tuple(hist), sim[0]), index=[str(p) for p in w.prompt_ids])
 
 
-def probe_rows(res, pred: pd.Series, iterations=(0, 1)) -> list[dict]:
+def probe_rows(res, pred: pd.Series, group_size: int, iterations=(0, 1)) -> list[dict]:
     from asp_ascend.metrics.floor import corunning, group_table
 
     tl = res.timeline
     req, st, sy = tl.frame("request"), tl.frame("step"), tl.frame("sync")
     cm = res.costs.instance
-    c = corunning(req, cm.decode_b, cm.decode_c, res.spec.num_instances, cm.prefill_per_token)
+    c = corunning(req, cm.decode_b, cm.decode_c, res.spec.num_instances, cm.prefill_per_token,
+                  cm.prefill_share(req["prompt_length"].to_numpy(float), group_size))
     g = group_table(req)
     g["pred"] = [pred[p] for p in g.index.get_level_values("prompt_id")]
     pub = dict(zip(sy["version"], sy["t_end"]))
@@ -103,7 +104,7 @@ def probe(a) -> None:
                 extra = dict(x.split("=", 1) for x in a.set) if name == "asp" else {}
                 cfg = _cfg(wl, a.data, a.prompts, a.devices, {**over, **extra, "seed": s})
                 res = simulate_system(cfg, w, name, record_samples=True)
-                for r in probe_rows(res, _predicted(w, cfg)):
+                for r in probe_rows(res, _predicted(w, cfg), w.group_size):
                     print(f"| {wl} | {a.devices} | {label} | {s} | {r['iteration']} | {r['published']:.1f} | "
                           f"{r['solo']:.1f} | {r['latency']:.1f} | {r['instance']} | {r['same']:.1f} | {r['next']:.1f} | "
                           f"{r['prefill']:.1f} | {r['even']:.1f} | {r['first step']:.1f} | {r['idle']:.1f} | "

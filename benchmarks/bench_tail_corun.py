@@ -43,8 +43,9 @@ def corun_row(wl: str, D: int, data, prompts: int, seed: int, extra: dict) -> li
     k1 = cfg.pipeline.lag_bound + 1
     b, _ = floor_terms(res, cfg)
     cm = res.costs.instance
-    c = corunning(res.timeline.frame("request"), cm.decode_b, cm.decode_c, res.spec.num_instances,
-                  cm.prefill_per_token)
+    req = res.timeline.frame("request")
+    c = corunning(req, cm.decode_b, cm.decode_c, res.spec.num_instances, cm.prefill_per_token,
+                  cm.prefill_share(req["prompt_length"].to_numpy(float), w.group_size))
     b, c = b[b["iteration"] >= k1], c[c["iteration"] >= k1]
     bt = bound_terms(res, cfg)
     return [bt["time"], bt["chain"], b["critical_solo"].mean() / k1,

@@ -168,7 +168,7 @@ CORUN_COLUMNS = ("iteration", "instance", "latency", "on_instance", "previous", 
 
 
 def corunning(requests: pd.DataFrame, decode_b: float, decode_c: float, num_instances: int,
-              prefill_per_token: float = 0.0) -> pd.DataFrame:
+              prefill_per_token: float = 0.0, prefill_tokens=None) -> pd.DataFrame:
     """What the other sequences cost each iteration's critical (last-finishing) group, in seconds.
 
     A decode step costs ``a + c * n + b * context`` (scheduler/cost.py), and every sequence running
@@ -179,8 +179,10 @@ def corunning(requests: pd.DataFrame, decode_b: float, decode_c: float, num_inst
     that sum plus ``prefill``; the sum split by the other sequence's iteration against the critical
     group's (``previous`` = earlier, ``same``, ``next`` = later); ``prefill``, what the prompts of
     the other sequences that started on its instance in that window cost (``prefill_per_token`` x
-    their prompt tokens: an instance prefills the sequences it starts before their next step,
-    stalling the ones it runs; included in ``on_instance``); ``even``, the same sums over every
+    the prompt tokens each prefills: an instance prefills the sequences it starts before their
+    next step, stalling the ones it runs; included in ``on_instance``; ``prefill_tokens``, one
+    value per request, defaults to each whole prompt; with vLLM's prefix caching a sample of a
+    group prefills only its share, ``CostModel.prefill_share``); ``even``, the same sums over every
     instance in that window divided by ``num_instances``: what the group
     would pay if the window's other tokens were spread evenly over the instances, whichever held
     it. A dispatch that cannot tell the critical group from the others while it runs pays about
@@ -198,6 +200,10 @@ def corunning(requests: pd.DataFrame, decode_b: float, decode_c: float, num_inst
     fin = r["t_finish"].to_numpy(float)
     L = r["response_length"].to_numpy(float)
     p = r["prompt_length"].to_numpy(float)
+    pf = p if prefill_tokens is None else np.asarray(prefill_tokens, dtype=float)
+    if pf.shape != p.shape:
+        raise ValueError(f"prefill_tokens: {pf.shape[0] if pf.ndim else 'a scalar'} values for {p.shape[0]} "
+                         f"requests; give one per request (the request frame's rows)")
     dur = np.maximum(fin - start, 1e-12)
     it = r["iteration"].to_numpy(np.int64)
     inst = r["instance"].to_numpy(np.int64)
@@ -212,7 +218,7 @@ def corunning(requests: pd.DataFrame, decode_b: float, decode_c: float, num_inst
         k1 = np.clip((np.minimum(fin, t1) - start) / dur, 0.0, 1.0) * L
         n = np.clip(k1 - k0, 0.0, None)
         cost = np.where(own, 0.0, n * (decode_c + decode_b * (p + (k0 + k1) / 2.0)))
-        pre = np.where(~own & (start >= t0) & (start < t1), prefill_per_token * p, 0.0)
+        pre = np.where(~own & (start >= t0) & (start < t1), prefill_per_token * pf, 0.0)
         here = inst == int(c["instance"])
         rel = np.sign(it - int(i))
         rows.append((int(i), int(c["instance"]), t1 - t0, float(cost[here].sum() + pre[here].sum()),

@@ -145,5 +145,11 @@ def test_corunning_hand_computed():
     assert p.loc[0, "prefill"] == 0.0 and p.loc[0, "on_instance"] == pytest.approx(5 * 1.25)
     assert p.loc[0, "even"] == pytest.approx((5 * 1.25 + 16 * 2.8 + 0.5 * 10) / 2)
     assert p.loc[1, "even"] == pytest.approx(c.loc[1, "even"])       # Y started before X's window
+    # with prefix caching a request prefills only its share of the prompt: Y 4 of its 10 tokens
+    q = corunning(pd.DataFrame(rows), decode_b=0.1, decode_c=1.0, num_instances=2, prefill_per_token=0.5,
+                  prefill_tokens=[0, 0, 0, 4]).set_index("iteration")
+    assert q.loc[0, "even"] == pytest.approx((5 * 1.25 + 16 * 2.8 + 0.5 * 4) / 2)
+    with pytest.raises(ValueError, match="prefill_tokens: 3 values for 4 requests"):
+        corunning(pd.DataFrame(rows), decode_b=0.1, decode_c=1.0, num_instances=2, prefill_tokens=[0, 0, 0])
     with pytest.raises(ValueError, match="num_instances"):
         corunning(pd.DataFrame(rows), decode_b=0.1, decode_c=1.0, num_instances=0)

@@ -74,7 +74,7 @@ def test_probe_rows_on_a_small_run():
 
     cfg, w = _setup(64)
     res = simulate_system(cfg, w, "asp", record_samples=True)
-    rows = bf.probe_rows(res, bf._predicted(w, cfg))
+    rows = bf.probe_rows(res, bf._predicted(w, cfg), w.group_size)
     assert [r["iteration"] for r in rows] == [0, 1]
     for r in rows:
         assert r["latency"] >= r["solo"] - 1e-6        # beside others a group is never faster than alone
