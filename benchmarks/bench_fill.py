@@ -193,42 +193,34 @@ def fill_cap(cap: float):
         Engine._has_room = plain
 
 
-def cap(a) -> None:
+def _asp_rows(a, column: str, variants) -> None:
+    """One row per workload and variant: asp's defaults (mean over --plan-seeds) against fifo.
+    ``variants``: (label, config overrides, a context manager to run it in)."""
     from asp_ascend.lengths.workloads import workload_from_config
     from asp_ascend.sim.run import simulate_system
 
-    print("| workload | devices | fill cap (x max_num_seqs; 0 = none) | asp's defaults, mean (s) | vs fifo | per seed (s) |")
+    print(f"| workload | devices | {column} | asp's defaults, mean (s) | vs fifo | per seed (s) |")
     print("|---|---|---|---|---|---|")
     for wl in a.workloads:
         w = workload_from_config(_cfg(wl, a.data, a.prompts, a.devices, {}))
         fifo = simulate_system(_cfg(wl, a.data, a.prompts, a.devices, {**OFF, "seed": 0}), w, "fully_async_fifo",
                                record_samples=False).summary["iteration_time_mean"]
-        for c in [0.0, *a.caps]:
-            with fill_cap(c):
-                ts = [simulate_system(_cfg(wl, a.data, a.prompts, a.devices, {**ASP_DEFAULTS, "seed": s}), w, "asp",
-                                      record_samples=False).summary["iteration_time_mean"] for s in a.plan_seeds]
+        for label, over, ctx in variants:
+            with ctx:
+                ts = [simulate_system(_cfg(wl, a.data, a.prompts, a.devices, {**ASP_DEFAULTS, **over, "seed": s}), w,
+                                      "asp", record_samples=False).summary["iteration_time_mean"] for s in a.plan_seeds]
             m = float(np.mean(ts))
-            print(f"| {wl} | {a.devices} | {c:g} | {m:.2f} | {100 * (m / fifo - 1):+.2f} % | "
+            print(f"| {wl} | {a.devices} | {label} | {m:.2f} | {100 * (m / fifo - 1):+.2f} % | "
                   f"{' / '.join(f'{t:.1f}' for t in ts)} |", flush=True)
+
+
+def cap(a) -> None:
+    _asp_rows(a, "fill cap (x max_num_seqs; 0 = none)", [(f"{c:g}", {}, fill_cap(c)) for c in [0.0, *a.caps]])
 
 
 def first(a) -> None:
-    from asp_ascend.lengths.workloads import workload_from_config
-    from asp_ascend.sim.run import simulate_system
-
-    print("| workload | devices | scheduler.fill_first | asp's defaults, mean (s) | vs fifo | per seed (s) |")
-    print("|---|---|---|---|---|---|")
-    for wl in a.workloads:
-        w = workload_from_config(_cfg(wl, a.data, a.prompts, a.devices, {}))
-        fifo = simulate_system(_cfg(wl, a.data, a.prompts, a.devices, {**OFF, "seed": 0}), w, "fully_async_fifo",
-                               record_samples=False).summary["iteration_time_mean"]
-        for on in ("true", "false"):
-            ts = [simulate_system(_cfg(wl, a.data, a.prompts, a.devices,
-                                       {**ASP_DEFAULTS, "scheduler.fill_first": on, "seed": s}), w, "asp",
-                                  record_samples=False).summary["iteration_time_mean"] for s in a.plan_seeds]
-            m = float(np.mean(ts))
-            print(f"| {wl} | {a.devices} | {on} | {m:.2f} | {100 * (m / fifo - 1):+.2f} % | "
-                  f"{' / '.join(f'{t:.1f}' for t in ts)} |", flush=True)
+    _asp_rows(a, "scheduler.fill_first",
+              [(on, {"scheduler.fill_first": on}, contextlib.nullcontext()) for on in ("true", "false")])
 
 
 def main(argv=None) -> int:
