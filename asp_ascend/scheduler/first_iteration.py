@@ -53,6 +53,8 @@ def relieve_first(iteration: np.ndarray, by_len: np.ndarray, longest: np.ndarray
     M = int(margin * B + 1e-9)
     if n_full < 2 or M < 1:
         return iteration
+    # the swaps touch iterations 0..M only: keep their groups (in by_len's order), O(n) once
+    by_len = by_len[iteration[by_len] <= M]
     members = by_len[iteration[by_len] == 0]
     best_m, best = 0, float(longest[members].max())
     for m in range(1, min(M, members.size - 1) + 1):
