@@ -223,12 +223,14 @@ class BroadcastTransport:
 PORT_KEY = "weight_sync.master_port"
 
 
-def listen_store(host: str, port: int, world_size: int, timeout_s: float = 300.0, port_key: str = PORT_KEY):
+def listen_store(host: str, port: int, world_size: int, timeout_s: float = 300.0, port_key: str = PORT_KEY,
+                 fix: str = ""):
     """Rank 0's rendezvous store, listening before any other rank is told where it is.
 
     ``port`` 0: the OS picks a free port while binding, so no other process can take it between
     picking and listening (a port found free first and bound later raced: EADDRINUSE). Any other
-    port is bound as given; if it is taken, a ``ConfigError`` names ``port_key`` and the port.
+    port is bound as given; if it is taken, a ``ConfigError`` names ``port_key``, the port and
+    ``fix`` (default: a free range, or 0).
     ``store.port`` is the port it holds: hand that to the joining ranks.
     """
     import datetime
@@ -241,9 +243,9 @@ def listen_store(host: str, port: int, world_size: int, timeout_s: float = 300.0
     except (RuntimeError, OSError) as exc:
         text = str(exc).lower()
         if int(port) and ("eaddrinuse" in text or "address already in use" in text):
+            fix = fix or f"set {port_key} to a port range that is free there, or 0 to let the OS pick a free port"
             raise ConfigError([f"{port_key}: port {int(port)} is already in use on the trainer's sending node "
-                               f"({host}), where the weight-sync rendezvous listens; set {port_key} to a port "
-                               f"range that is free there, or 0 to let the OS pick a free port"]) from exc
+                               f"({host}), where the weight-sync rendezvous listens; {fix}"]) from exc
         raise
 
 

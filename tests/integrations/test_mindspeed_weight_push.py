@@ -111,3 +111,19 @@ def test_two_versions_reach_every_instance_tp_rank():
                     assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
     finally:
         ray.shutdown()
+
+
+def test_a_taken_resharding_port_names_the_mindspeed_key_and_a_fix_this_push_takes():
+    """The sender binds asp.weight_sync.master_port + j itself; a taken one is a ConfigError in
+    MindSpeed-RL's spelling of the key, without suggesting 0 (refused for this push)."""
+    import socket
+
+    from asp_ascend.errors import ConfigError
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"asp\.weight_sync\.master_port: port {port} is already in use") as e:
+            PushEndpoint("cpu").send(shard(0, 0), 0, "127.0.0.1", port, 2, 1 << 20)
+    assert "or 0 to let the OS pick" not in str(e.value) and "master_port + j" in str(e.value)

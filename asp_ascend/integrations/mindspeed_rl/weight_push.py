@@ -11,6 +11,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Optional
 
+PORT_KEY = "asp.weight_sync.master_port"
+PORT_FIX = (f"set {PORT_KEY} to the first of a range of ports free on every sending node (communicator j "
+            f"listens on {PORT_KEY} + j, one per inference-TP rank), or use the engine-free hf push, "
+            f"which takes 0")
+
 
 class PushEndpoint:
     """This process's end of weight-sync communicator j."""
@@ -21,11 +26,15 @@ class PushEndpoint:
 
     def _transport(self, host: str, port: int, rank: int, world: int, bucket_bytes: int):
         from ...platforms import get_platform
-        from ...platforms.transport import BroadcastTransport, create_communicator
+        from ...platforms.transport import BroadcastTransport, create_communicator, listen_store
 
         platform = get_platform(self.platform_name)
         if self._comm is None:
-            self._comm = create_communicator(self.platform_name, host, port, rank, world, self.device_index)
+            # the sender (rank 0) binds the configured port itself: name the key as MindSpeed-RL's
+            # YAML spells it, and the fix this push takes (0 is refused for it: sample_source)
+            store = None if rank else listen_store(host, port, world, port_key=PORT_KEY, fix=PORT_FIX)
+            self._comm = create_communicator(self.platform_name, host, port, rank, world, self.device_index,
+                                             store=store)
         return BroadcastTransport(self._comm, bucket_bytes, synchronize=platform.synchronize)
 
     def send(self, named: Iterable[tuple[str, Any]], version: int, host: str, port: int, world: int,
