@@ -85,14 +85,24 @@ class Group:
 
 
 def _free_port_block(n: int) -> int:
+    """A base port whose n ports (base .. base + n - 1) were all free at once a moment ago: the
+    resharding push binds a configured range itself, so a test can only pick one that is free now."""
+    import contextlib
     import socket
 
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             base = s.getsockname()[1]
-        if base + n < 65000:
-            return base
+        if base + n >= 65000:
+            continue
+        with contextlib.ExitStack() as held:
+            try:
+                for p in range(base, base + n):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", p))
+            except OSError:
+                continue
+        return base
 
 
 def test_two_versions_reach_every_instance_tp_rank():
