@@ -15,6 +15,13 @@ def prefix_block_of(cfg: Config) -> int:
     return int(cfg.rollout.kv_block_size) if cfg.rollout.prefix_caching else 0
 
 
+def membership_options(cfg: Config) -> dict:
+    """The ``scheduler.*`` keys that shape an asp plan's iteration membership and first window, as
+    ``scheduler.planner.plan``'s keyword arguments (one place for every caller that plans)."""
+    s = cfg.scheduler
+    return {"concentrate_tail": s.concentrate_tail, "relieve_first": s.relieve_first, "fill_first": s.fill_first}
+
+
 def _on_for(mode: str, policy: str) -> bool:
     """An ``auto | on | off`` key of asp's trainer-side rules: ``auto`` is on for asp's schedules,
     off for the baselines."""

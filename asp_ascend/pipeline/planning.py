@@ -37,7 +37,7 @@ def replanner(cfg, train, k: int, out: Path, first):
     from ..scheduler.cost import CostModel
     from ..scheduler.execution import jobs_from_schedule
     from ..scheduler.planner import plan
-    from ..config import prefix_block_of
+    from ..config import membership_options, prefix_block_of
     from ..scheduler.run import inputs_from_config
 
     frames = [first]
@@ -51,8 +51,7 @@ def replanner(cfg, train, k: int, out: Path, first):
                   cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0),
                                              prefix_block=prefix_block_of(cfg)), epoch=epoch,
                   iteration_offset=offset, seed=cfg.seed,
-                  concentrate_tail=cfg.scheduler.concentrate_tail, relieve_first=cfg.scheduler.relieve_first,
-                  fill_first=cfg.scheduler.fill_first)
+                  **membership_options(cfg))
         frames.append(df)
         write_parquet_atomic(out / "schedule.parquet", pd.concat(frames, ignore_index=True),
                              {"policy": cfg.scheduler.policy, "adaptive": "true"})

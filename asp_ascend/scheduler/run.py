@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import prefix_block_of, regroup_of, stream_groups_of
+from ..config import membership_options, prefix_block_of, regroup_of, stream_groups_of
 from ..errors import ConfigError, DataError
 from .cost import CostModel
 from .estimate import estimate
@@ -144,8 +144,7 @@ def plan_epoch_columns(cfg, inp: PlanInputs, policy: str | None = None, epochs: 
                             num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=lag_bound_of(cfg),
                             cost=cost, epoch=e, iteration_offset=offset, seed=cfg.seed, tail=r.tail_concurrency,
                             group_max_factor=inp.group_max_factor, max_response_length=cfg.lengths.max_response_length,
-                            concentrate_tail=cfg.scheduler.concentrate_tail, relieve_first=cfg.scheduler.relieve_first,
-                            fill_first=cfg.scheduler.fill_first)
+                            **membership_options(cfg))
         offset = int(cols["iteration"].max()) + 1
         parts.append(cols)
     return parts[0] if len(parts) == 1 else {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import prefix_block_of, regroup_heavy_of, regroup_of, stream_groups_of
+from ..config import membership_options, prefix_block_of, regroup_heavy_of, regroup_of, stream_groups_of
 from ..errors import AspError
 from ..metrics import summarize
 from .bounds import lower_bounds
@@ -122,8 +122,7 @@ def build_jobs(workload, cfg, spec: SystemSpec, cm, preds: _Predictions | None =
                      iteration_offset=offset, seed=cfg.seed, tail=tail if spec.dispatch == "asp" else "off",
                      group_max_factor=group_max_factor(workload.group_spread, workload.group_size),
                      speculation=speculation, max_response_length=cfg.lengths.max_response_length,
-                     concentrate_tail=cfg.scheduler.concentrate_tail, relieve_first=cfg.scheduler.relieve_first,
-                     fill_first=cfg.scheduler.fill_first)
+                     **membership_options(cfg))
         rows = index.get_indexer(sched["prompt_id"].astype(str))
         if (rows < 0).any():
             raise RuntimeError("planner returned prompt ids outside the workload; this is a bug")

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from ...config import lag_bound_of, prefix_block_of
+from ...config import lag_bound_of, membership_options, prefix_block_of
 from ...errors import DataError
 from .lengths import LengthRecorder
 
@@ -105,8 +105,7 @@ class VerlSchedule:
                   cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0),
                                              prefix_block=prefix_block_of(cfg)), epoch=epoch,
                   iteration_offset=offset, seed=cfg.seed,
-                  concentrate_tail=cfg.scheduler.concentrate_tail, relieve_first=cfg.scheduler.relieve_first,
-                  fill_first=cfg.scheduler.fill_first)
+                  **membership_options(cfg))
         self.frame = pd.concat([self.frame, df], ignore_index=True)
         write_parquet_atomic(self.path, self.frame, {"policy": cfg.scheduler.policy, "adaptive": "true"})
         return df
