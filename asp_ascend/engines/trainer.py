@@ -34,6 +34,7 @@ from pathlib import Path
 from ..algos.grpo import LossConfig, policy_loss, token_logprobs
 from ..io import output_to_actor_log
 from ..platforms.attention import packed_attention
+from ..platforms.transport import SenderEndpoint
 from ..scheduler.microbatch import MODES, plan_micro_batches, step_denominator
 from . import checkpoint_io
 from .layout import ModelLayout, Replicated
@@ -64,6 +65,7 @@ class TrainerEngine:
             torch.set_num_threads(len(cpu_cores))
         self.platform.manual_seed(seed)
         self.device = self.platform.torch_device(0)
+        self._sender = SenderEndpoint(self.device.index or 0)   # rank 0 of the broadcast weight sync
         self.compute_dtype = getattr(torch, dtype)
         if self.compute_dtype == torch.float16:
             raise ValueError("model.dtype: 'float16' is not supported for training (float16 gradients need a loss "
@@ -372,37 +374,26 @@ class TrainerEngine:
         port its store listens on; the instances are told that port afterwards, so nothing can take
         it in between. ``port`` 0: the OS picks one; else that port (a ``ConfigError`` naming
         ``weight_sync.master_port`` if it is taken). The previous group is dropped first."""
-        from ..platforms.transport import listen_store
-
-        self._comm = self._store = None
-        store = listen_store(self.node_ip(), int(port), int(world), float(timeout_s))
-        self._store = (int(gen), store)
-        return int(store.port)
+        return self._sender.listen({"gen": int(gen), "host": self.node_ip(), "port": int(port), "world": int(world),
+                                    "timeout_s": float(timeout_s)})
 
     def send_weights(self, version: int, group: dict) -> dict:
         """Broadcast the weights ``publish(version, "broadcast")`` kept to the instances of
         ``group`` (``{"gen", "host", "port", "world"}``; this trainer is rank 0). A new ``gen``
         (the set of instances changed) builds a new communicator on the store ``open_group(gen)``
         started (without one: on ``port``, bound now)."""
-        from ..platforms.transport import BroadcastTransport, create_communicator
+        from ..platforms.transport import BroadcastTransport
 
         if getattr(self, "_pending", None) is None or self._pending[0] != version:
             raise RuntimeError(f"send_weights({version}): publish({version}, 'broadcast') did not run first")
         t0 = time.time()
-        comm = getattr(self, "_comm", None)
-        if comm is None or comm[0] != group["gen"]:
-            self._comm = None  # drop the old group before the new one forms
-            held, self._store = getattr(self, "_store", None), None
-            store = held[1] if held is not None and held[0] == group["gen"] else None
-            self._comm = (group["gen"], create_communicator(self.platform.name, group["host"], int(group["port"]),
-                                                            0, int(group["world"]), self.device.index or 0,
-                                                            float(group.get("timeout_s", 300.0)), store=store))
+        comm = self._sender.comm({**group, "platform": self.platform.name})
         _, named = self._pending
-        tx = BroadcastTransport(self._comm[1], self.bucket_bytes, synchronize=self.platform.synchronize)
+        tx = BroadcastTransport(comm, self.bucket_bytes, synchronize=self.platform.synchronize)
         try:
             tx.send(tx.prepare(version, named), named)
         except BaseException:
-            self._comm = None  # a broken group is never reused
+            self._sender.drop()  # a broken group is never reused
             raise
         return {"t_start": t0, "t_end": time.time(), "version": version}
 

@@ -249,6 +249,49 @@ def listen_store(host: str, port: int, world_size: int, timeout_s: float = 300.0
         raise
 
 
+class SenderEndpoint:
+    """Rank 0's end of a weight-sync group it hosts (the store at ``group["host"]``).
+
+    ``group``: ``{"gen", "host", "port", "world", "platform"}`` and optionally ``"timeout_s"``.
+    :meth:`listen` starts the group's rendezvous store before the other ranks are told its port and
+    holds that port from then on; :meth:`comm` builds the communicator on that store at the
+    generation's first use and keeps it while ``gen`` stays (a new ``gen`` drops the old group
+    first; without a held store it listens on ``group["port"]`` now). A taken configured port is
+    a ``ConfigError`` naming ``port_key``, with ``fix`` as the remedy (:func:`listen_store`).
+    """
+
+    def __init__(self, device_index: int = 0, port_key: str = PORT_KEY, fix: str = ""):
+        self.device_index, self.port_key, self.fix = int(device_index), port_key, fix
+        self._gen, self._store, self._comm = None, None, None   # a held store belongs to _gen
+
+    def _listen(self, group: dict):
+        return listen_store(group["host"], int(group["port"]), int(group["world"]),
+                            float(group.get("timeout_s", 300.0)), port_key=self.port_key, fix=self.fix)
+
+    def listen(self, group: dict) -> int:
+        """Start ``group``'s store (port 0: the OS picks one) and return the port it holds. The
+        previous group and store are dropped first."""
+        self._comm = self._store = None
+        self._store, self._gen = self._listen(group), group["gen"]
+        return int(self._store.port)
+
+    def comm(self, group: dict) -> Communicator:
+        """The communicator of ``group`` (this process is rank 0), built on first use of its ``gen``."""
+        if self._comm is None or self._gen != group["gen"]:
+            self._comm = None   # drop the old group before the new one forms
+            store, self._store = (self._store if self._gen == group["gen"] else None), None
+            store = store if store is not None else self._listen(group)
+            self._comm = create_communicator(group["platform"], group["host"], int(group["port"]), 0,
+                                             int(group["world"]), self.device_index,
+                                             float(group.get("timeout_s", 300.0)), store=store)
+            self._gen = group["gen"]
+        return self._comm
+
+    def drop(self) -> None:
+        """Forget the communicator (after a failed broadcast: a broken group is never reused)."""
+        self._comm = None
+
+
 class GlooCommunicator:
     """A stateless gloo group (no global torch.distributed state): the CPU communicator.
     Rank 0 uses ``store`` (from :func:`listen_store`) when given, else starts its own on ``port``."""

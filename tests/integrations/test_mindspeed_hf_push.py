@@ -43,7 +43,7 @@ class TrainerRank:
     def connect(self, port: int) -> None:
         import torch.distributed as dist
 
-        from asp_ascend.integrations.mindspeed_rl.hf_push import RankRole, SenderEndpoint
+        from asp_ascend.integrations.mindspeed_rl.hf_push import RankRole, sender_endpoint
 
         rank = self.rank
         store = self.store or dist.TCPStore("127.0.0.1", port, TP * PP, False)
@@ -53,7 +53,7 @@ class TrainerRank:
         self.tp_rank, self.pp_rank = rank % TP, rank // TP
         self.role = RankRole(True, self.tp_rank, TP, self.pp_rank, PP, tp_groups[self.pp_rank],
                              pp_groups[self.tp_rank], tuple(p * TP + self.tp_rank for p in range(PP)))
-        self.endpoint = SenderEndpoint()
+        self.endpoint = sender_endpoint()
         self.pusher = None
 
     def load(self, shards: dict, lmap: dict) -> None:

@@ -155,6 +155,53 @@ def test_rendezvous_holds_its_port_and_a_taken_configured_port_names_the_key():
                 make()
 
 
+def test_sender_endpoint_forms_each_generation_on_the_port_it_holds():
+    """listen holds the port before anyone joins; comm forms the group on that store, keeps it while
+    the generation stays, and a new generation is a new group; a taken port names the caller's key."""
+    torch = pytest.importorskip("torch")
+    import threading
+
+    from asp_ascend.platforms.transport import SenderEndpoint, create_communicator
+
+    ep = SenderEndpoint(port_key="asp.weight_sync.master_port")
+    sent = []
+    for gen in (0, 1):
+        group = {"gen": gen, "host": "127.0.0.1", "port": 0, "world": 2, "platform": "cpu", "timeout_s": 20}
+        group["port"] = ep.listen(group)
+        with socket.socket() as s, pytest.raises(OSError):
+            s.bind(("", group["port"]))
+        got = []
+        peer = threading.Thread(target=lambda: got.extend(
+            _recv_twice(create_communicator("cpu", "127.0.0.1", group["port"], 1, 2, timeout_s=20), torch)))
+        peer.start()
+        time.sleep(1.0)                                     # the peer has joined the held store
+        comm = ep.comm(group)
+        for v in (gen * 10 + 1.0, gen * 10 + 2.0):
+            assert ep.comm(group) is comm                   # kept while the generation stays
+            comm.broadcast(torch.full((3,), v), src=0)
+        peer.join(30)
+        assert got == [gen * 10 + 1.0, gen * 10 + 2.0]
+        sent.append(comm)
+    assert sent[0] is not sent[1]
+    with socket.socket() as s:
+        s.bind(("", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        group = {"gen": 2, "host": "127.0.0.1", "port": port, "world": 2, "platform": "cpu", "timeout_s": 5}
+        for make in (ep.listen, ep.comm):                   # comm without a held store listens itself
+            with pytest.raises(ConfigError, match=rf"asp\.weight_sync\.master_port: port {port} is already in use"):
+                make(group)
+
+
+def _recv_twice(comm, torch) -> list[float]:
+    out = []
+    for _ in range(2):
+        t = torch.zeros(3)
+        comm.broadcast(t, src=0)
+        out.append(float(t[0]))
+    return out
+
+
 @pytest.mark.gpu
 def test_bucketed_nccl_broadcast(tmp_path):
     """vLLM's PyNcclCommunicator over a StatelessProcessGroup; NCCL needs one GPU per rank."""

@@ -27,7 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
+from ...platforms.transport import SenderEndpoint
 from .hf_weights import ModelLayout, global_layer_name, hf_specs, merge_tp, to_hf
+from .weight_push import PORT_KEY
 
 
 @dataclass(frozen=True)
@@ -148,38 +150,12 @@ class HfPusher:
         return sent
 
 
-class SenderEndpoint:
-    """The sender's end of the weight-sync communicator (rank 0; it hosts the rendezvous store at
-    ``group["host"]``). :meth:`listen` starts the store before the instances are told its port;
-    the communicator is built on it at the first push and kept while the group's generation stays."""
-
-    def __init__(self, device_index: int = 0):
-        self.device_index = int(device_index)
-        self._comm, self._gen, self._store = None, None, None
-
-    def listen(self, group: dict) -> int:
-        """Start ``group``'s store on ``group["port"]`` (0: the OS picks one; a taken port is a
-        ``ConfigError`` naming ``asp.weight_sync.master_port``) and return the port it holds."""
-        from ...platforms.transport import listen_store
-
-        self._comm = None
-        store = listen_store(group["host"], int(group["port"]), int(group["world"]),
-                             float(group.get("timeout_s", 300.0)), port_key="asp.weight_sync.master_port")
-        self._store, self._gen = store, group["gen"]
-        return int(store.port)
-
-    def comm(self, group: dict):
-        from ...platforms.transport import create_communicator
-
-        if self._comm is None or self._gen != group["gen"]:
-            self._comm = None
-            store = self._store if self._gen == group["gen"] else None
-            self._store = None
-            self._comm = create_communicator(group["platform"], group["host"], int(group["port"]), 0,
-                                             int(group["world"]), self.device_index,
-                                             float(group.get("timeout_s", 300.0)), store=store)
-            self._gen = group["gen"]
-        return self._comm
+def sender_endpoint(device_index: int = 0) -> SenderEndpoint:
+    """The sender's end of the push's weight-sync communicator (rank 0; it hosts the rendezvous store
+    at ``group["host"]``): ``listen(group)`` starts the store before the instances are told its port,
+    ``comm(group)`` builds the communicator on it at the first push (platforms/transport.py). A taken
+    port is a ``ConfigError`` naming ``asp.weight_sync.master_port`` (its fix, 0, this push takes)."""
+    return SenderEndpoint(device_index, port_key=PORT_KEY)
 
 
 def manifest_reply(pusher: HfPusher, bucket_bytes: int, host: str):

@@ -175,11 +175,11 @@ def make_trainer_worker_class(engine_free: bool = True):
 
         def asp_hf_listen(self, group: dict):
             """The sender starts the weight-sync group's store and returns its port; None elsewhere."""
-            from .hf_push import SenderEndpoint, listen_reply
+            from .hf_push import listen_reply, sender_endpoint
 
             pusher = self._asp_hf
             if pusher.role.sender and self._asp_hf_endpoint is None:
-                self._asp_hf_endpoint = SenderEndpoint(int(ray.get_runtime_context().get_accelerator_ids()["NPU"][0]))
+                self._asp_hf_endpoint = sender_endpoint(int(ray.get_runtime_context().get_accelerator_ids()["NPU"][0]))
             return listen_reply(pusher, self._asp_hf_endpoint, group)
 
         def asp_hf_push(self, version: int, group: dict):
