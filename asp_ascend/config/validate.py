@@ -125,6 +125,12 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
     pos("rollout.max_num_seqs", r.max_num_seqs)
     pos("rollout.devices_per_instance", r.devices_per_instance)
     pos("rollout.kv_cache_tokens", r.kv_cache_tokens, 0)
+    mbt = r.max_num_batched_tokens
+    if mbt is not None and mbt != 0 and not mbt >= max(1, r.max_num_seqs):
+        p.append(f"rollout.max_num_batched_tokens: {mbt!r} must be >= rollout.max_num_seqs={r.max_num_seqs} (vLLM "
+                 "refuses a step budget below max_num_seqs: every running sequence takes one token a step), or 0 / "
+                 "null for vLLM's default and the simulator's stall model; use e.g. "
+                 f"rollout.max_num_batched_tokens={max(8192, r.max_num_seqs)}")
     if r.kv_block_size < 1:
         p.append(f"rollout.kv_block_size: {r.kv_block_size!r} must be >= 1 (tokens per KV block, as vLLM's "
                  "block_size: 128 on vLLM-CPU and vllm-ascend, 16 on CUDA); use e.g. rollout.kv_block_size=128")

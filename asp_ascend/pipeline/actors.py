@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["init_ray", "make_weight_sync", "shutdown_instances", "speculative_config", "start_actors", "warm_start",
+__all__ = ["engine_args", "init_ray", "make_weight_sync", "shutdown_instances", "speculative_config", "start_actors", "warm_start",
            "warm_up", "warm_up_engines"]
 
 
@@ -71,7 +71,7 @@ def start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | None
         str(model_dir), max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len, seed=cfg.seed + r,
         kv_cache_gib=cfg.rollout.kv_cache_space_gib, dtype=cfg.model.dtype, cpu_cores=inst_cores[r], instance=r,
         tensor_parallel_size=cfg.rollout.devices_per_instance, platform=plat.name,
-        speculative=speculative_config(cfg), engine_args={"enable_prefix_caching": bool(cfg.rollout.prefix_caching)})
+        speculative=speculative_config(cfg), engine_args=engine_args(cfg))
         for r in range(R)]
     t = cfg.train
     loss = LossConfig(clip_eps=t.clip_eps, off_policy=t.off_policy, cap=t.tis_cap, kl_coef=t.kl_coef,
@@ -189,6 +189,16 @@ def shutdown_instances(instances) -> None:
             ray.kill(i, no_restart=True)
         except Exception:  # noqa: BLE001
             pass
+
+
+def engine_args(cfg) -> dict:
+    """Further vLLM engine arguments from the config: ``enable_prefix_caching``
+    (``rollout.prefix_caching``) always, ``max_num_batched_tokens`` when
+    ``rollout.max_num_batched_tokens`` is set (> 0; else vLLM picks its own default)."""
+    args = {"enable_prefix_caching": bool(cfg.rollout.prefix_caching)}
+    if cfg.rollout.max_num_batched_tokens:
+        args["max_num_batched_tokens"] = int(cfg.rollout.max_num_batched_tokens)
+    return args
 
 
 def speculative_config(cfg) -> dict | None:

@@ -12,7 +12,9 @@ version at the end of each weight sync (pausing during it when ``sync_pause``), 
 that its new version made admissible ``admit_latency_s`` after its sync (with ``group_slots``,
 also a new group that long after a group frees its slot); each admission then reaches the
 instance's engine ``admit_each_s`` later, one after another, and costs a busy instance's engine
-``admit_engine_s`` (``Instances``).
+``admit_engine_s`` (``Instances``). ``batched_tokens`` > 0 (``rollout.max_num_batched_tokens``): the
+instances prefill in chunks within each step's token budget, as vLLM V1 does (``ChunkedInstances``,
+sim/chunked.py); 0: an admitted sequence's prefill stalls its instance.
 
 Events, in processing order at equal times: a publish (end of a weight sync), the end of a
 trainer step, a version reaching an instance, a freed slot, an instance boundary, a steal pass.
@@ -25,6 +27,7 @@ import heapq
 
 from ..scheduler.cost import CostModel
 from ..scheduler.execution import ExecutionPlan, ExecutionSettings, jobs_from_columns
+from .chunked import ChunkedInstances
 from .instances import INST, Instances
 from .jobs import SimJobs
 from .mechanisms import MechanismLog, SimMechanisms, SimProgress
@@ -43,7 +46,7 @@ class Engine:
                  kv_capacity: int, trainer: TrainerSpec,
                  stream_train: bool = True, barrier: bool = False, sync_pause: bool = True,
                  record_samples: bool = True, group_slots: bool = False, trace: list | None = None,
-                 mechanisms: SimMechanisms | None = None, fast_path: bool = True):
+                 mechanisms: SimMechanisms | None = None, fast_path: bool = True, batched_tokens: int = 0):
         self.jobs = jobs
         self.mech = mechanisms or SimMechanisms()   # the tail mechanisms (DESIGN 9; sim/mechanisms.py)
         self.settings = settings   # instances, concurrency, k, shared queue, guided dispatch
@@ -51,6 +54,7 @@ class Engine:
         self.cm = cost
         self.mns = int(settings.max_num_seqs)
         self.kv = int(kv_capacity)
+        self.batched_tokens = int(batched_tokens or 0)   # chunked prefill's step budget (0: prefill stalls)
         self.tr = trainer
         self.k = int(settings.lag_bound)
         self.stream = stream_train
@@ -92,9 +96,11 @@ class Engine:
         self.dispatcher = self.plan.dispatcher
         self.adm = self.dispatcher.adm
         self.feeder = self.plan.feeder(self.trace)
-        self.inst = Instances(jobs, self.R, self.cm, self.mns, self.kv, self._push, self._group_done,
-                              speculation=self.mech.speculation, version_of=self.adm.instance_version.__getitem__,
-                              admit_each_s=self.tr.admit_each_s, admit_engine_s=self.tr.admit_engine_s)
+        chunked = {"batched_tokens": self.batched_tokens} if self.batched_tokens else {}
+        self.inst = (ChunkedInstances if chunked else Instances)(
+            jobs, self.R, self.cm, self.mns, self.kv, self._push, self._group_done,
+            speculation=self.mech.speculation, version_of=self.adm.instance_version.__getitem__,
+            admit_each_s=self.tr.admit_each_s, admit_engine_s=self.tr.admit_engine_s, **chunked)
         self.dispatcher.held = self.inst.held       # guided dispatch's steal room, in sequences exactly
         # the mechanisms' events, counted; kept (at the engine's event time ``self.t``) only when
         # the timeline is recorded (``record_samples``: it will be written)

@@ -282,7 +282,7 @@ def _simulate(cfg, workload, name: str, *, total_devices, rollout_devices, recor
     eng = Engine(jobs, settings, cost=true_cm, kv_capacity=costs.kv_capacity, trainer=tr,
                  stream_train=spec.stream_train, barrier=spec.barrier,
                  sync_pause=cfg.sim.rollout_sync_pause and not spec.colocated, record_samples=record_samples,
-                 mechanisms=mech, fast_path=fast_path)
+                 mechanisms=mech, fast_path=fast_path, batched_tokens=cfg.rollout.max_num_batched_tokens or 0)
     tl = eng.run()
     mbt = micro_batch_table(jobs, tr.micro_batch_size, tr.micro_batching, tr.max_tokens_per_micro_batch,
                             per_group=tr.stream_groups and spec.stream_train)
