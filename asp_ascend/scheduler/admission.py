@@ -18,9 +18,14 @@ updates (``on_*``); nothing here knows about time, threads, Ray or vLLM.
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from typing import Callable, Iterable, Protocol
 
 from .job_queue import Job, RankQueue
+
+# guided dispatch's record of its latest steals (Dispatcher.steals): far more than one admission
+# pass of any fleet makes, which is how far the timeline writers (steal_events) may fall behind
+STEAL_RECORD = 1 << 16
 
 
 class LagViolation(RuntimeError):
@@ -137,8 +142,8 @@ class Dispatcher:
         self.steal_room = int(steal_room)
         self.group_size = int(group_size)
         self.held = held
-        self.stolen = 0
-        self.steals: list[tuple[Job, int, int]] = []   # (job, from instance, to instance), in order
+        self.stolen = 0    # steals over the run; the latest STEAL_RECORD of them, in order:
+        self.steals: deque[tuple[Job, int, int]] = deque(maxlen=STEAL_RECORD)   # (job, from, to instance)
         self.alive = [True] * num_instances
         self.queues: list[RankQueue] = [RankQueue() for _ in range(1 if shared else num_instances)]
         # the first (lowest) iteration of every non-empty queue, sorted: guided dispatch's steal pass
@@ -380,6 +385,14 @@ class Dispatcher:
     @property
     def done(self) -> bool:
         return len(self.finished) == self.total
+
+    def steals_since(self, seen: int) -> list[tuple[Job, int, int]]:
+        """The steals after the run's first ``seen``, in order (read from the latest STEAL_RECORD)."""
+        new = self.stolen - int(seen)
+        if new > len(self.steals):
+            raise RuntimeError(f"{new} steals since steal {seen}, more than the {len(self.steals)} the dispatcher "
+                               f"keeps: read them after every admission pass")
+        return [self.steals[-i] for i in range(new, 0, -1)]
 
     # state updates ---------------------------------------------------------------
     def next_for(self, instance: int, steal: bool = True) -> tuple[Job, int] | None:

@@ -77,11 +77,11 @@ def steal_events(disp, seen: int, event: Callable[..., None], t: float) -> int:
     """One ``steal`` event at time ``t`` per job that guided dispatch (``disp``, the plan's
     Dispatcher) moved after its first ``seen`` steals; returns how many it has moved (the next
     ``seen``). The runtime's :meth:`TailControl.record_steals` and the simulator's engine write them."""
-    for job, src, dst in disp.steals[seen:]:
+    for job, src, dst in disp.steals_since(seen):
         event("steal", t=t, epoch=job.epoch, prompt_id=job.prompt_id, iteration=job.iteration,
               from_instance=src, to_instance=dst, predicted_length=job.predicted_length,
               victim_work=disp.remaining_work(src))
-    return len(disp.steals)
+    return disp.stolen
 
 
 class TailControl:
@@ -127,7 +127,7 @@ class TailControl:
         # partial rollout: every running group's samples so far (token ids, log-probs, version
         # segments, finished), so a group whose instance fails resumes from its prefix
         self.prefixes: dict[Key, dict[int, dict]] = {}
-        self._steals_seen = len(self.disp.steals)
+        self._steals_seen = self.disp.stolen
         self._lengths: dict[Key, list[int]] = {}    # finished, untrained groups' sample lengths (a swap moves them)
         self._done: dict[int, list[int]] = {}       # iteration -> [sum, count] of its finished members' samples (the budget)
         self._ready: dict[int, int] = {}            # iteration -> its finished, untrained members (swap donors)

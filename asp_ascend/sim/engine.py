@@ -152,7 +152,7 @@ class Engine:
         self.inst.enqueue(r, self.job_of[(job.epoch, job.prompt_id)], ver)
         if self.tc is not None:
             self.tc.on_admit(r, job)
-        if self.log.events is not None and len(self.dispatcher.steals) != self._steals:   # a steal, recorded
+        if self.log.events is not None and self.dispatcher.stolen != self._steals:   # a steal, recorded
             from ..scheduler.tail_control import steal_events
 
             self._steals = steal_events(self.dispatcher, self._steals, self.log, self.t)

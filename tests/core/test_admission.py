@@ -297,3 +297,22 @@ def test_a_new_instance_past_the_last_joins(shared):
     adm.on_publish(1)
     adm.on_instance_synced(2, 1)
     assert d.next_for(2)[0].prompt_id == "c"
+
+
+def test_guided_counts_every_steal_and_keeps_only_the_latest():
+    """``stolen`` counts the run's steals; ``steals`` keeps the latest (STEAL_RECORD, here 4), and
+    ``steals_since`` reads them in order, or refuses once more were made than it kept."""
+    from collections import deque
+
+    jobs = [Job(0, i, f"v{i}", instance=0, predicted_length=10) for i in range(12)]
+    d = Dispatcher(jobs, 2, AdmissionController(0, 2), dispatch="guided")
+    d.steals = deque(maxlen=4)
+    taken = []
+    while (nxt := d.next_for(1)) is not None:          # instance 1 has no jobs of its own: it steals
+        taken.append(nxt[0].prompt_id)
+        d.on_finish(nxt[0].prompt_id)
+    assert d.stolen == len(taken) >= 6 and len(d.steals) == 4
+    assert [j.prompt_id for j, _, _ in d.steals_since(d.stolen - 4)] == taken[-4:]
+    assert [s[1:] for s in d.steals_since(d.stolen - 1)] == [(0, 1)] and d.steals_since(d.stolen) == []
+    with pytest.raises(RuntimeError, match="more than the 4 the dispatcher keeps"):
+        d.steals_since(d.stolen - 5)

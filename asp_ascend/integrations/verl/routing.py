@@ -104,7 +104,8 @@ class GuidedRoutes:
 
     @property
     def steals(self) -> list[tuple[int, int, int]]:
-        """(group, planned instance, instance that ran it) for every group taken by another instance."""
+        """(group, planned instance, instance that ran it) for each group taken by another instance:
+        the dispatcher's latest STEAL_RECORD steals (``dispatcher.stolen`` counts them all)."""
         return [(int(job.prompt_id), src, dst) for job, src, dst in self.dispatcher.steals]
 
     def waiting(self, instance: Optional[int] = None) -> int:
