@@ -40,6 +40,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..config.schema import SchedulerConfig
 from .concentrate import concentrate_tail
 from . import first_iteration
 from .cost import CostModel
@@ -218,9 +219,9 @@ def _carry(bucket: np.ndarray, loads: np.ndarray, R: int, n_iter: int) -> np.nda
 
 
 TAIL_WEIGHT = 0.5
-# scheduler.relieve_first's default (config/schema.py): the KS iteration 0's predicted lengths may move
-# when it gives its predicted-longest groups to later iterations (scheduler/first_iteration.py)
-RELIEVE_FIRST = 0.02
+# scheduler.relieve_first's default, whose one home is config/schema.py: the KS iteration 0's predicted
+# lengths may move when it gives its predicted-longest groups to later iterations (scheduler/first_iteration.py)
+RELIEVE_FIRST = SchedulerConfig.relieve_first
 
 
 def tail_aware_load(work: np.ndarray, solo_latency: np.ndarray) -> np.ndarray:
