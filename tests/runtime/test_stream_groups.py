@@ -1,6 +1,6 @@
 """``pipeline.stream_groups`` in the trainer: ``accumulate`` over parts of a mini-batch, then
 ``apply_step(denom)``, is the update ``train_step`` makes on the whole mini-batch (the loop side,
-on real Ray actors: tests/runtime/test_execution_scenarios.py ``test_stream_groups_*``)."""
+on real Ray actors: tests/runtime/test_execution_streaming.py ``test_stream_groups*``)."""
 import random
 
 import pytest
