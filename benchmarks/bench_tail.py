@@ -326,8 +326,7 @@ def ablation(args) -> None:
     if len(seeds) > 1:
         print(f"planner seeds {', '.join(map(str, seeds))} (workload built with seed 0); mean (min .. max) over "
               f"the seeds; {' and '.join(SEED_FREE)} plan nothing at random: run once\n")
-    print(ABLATION_SEEDS_HEAD if len(seeds) > 1 else ABLATION_HEAD)
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    table_head(ABLATION_SEEDS_HEAD if len(seeds) > 1 else ABLATION_HEAD)
     for D, wl, run in plan_seed_cells(args, workloads_outer=True):
         res = ablation_runs(run, seeds)
         for label, name, over in ABLATION:
@@ -341,6 +340,20 @@ GRID = [("planned costs", {}), ("decode a x0.1", {"decode_a": 0.1}), ("decode a 
         ("a, b, c x0.1", {"decode_a": 0.1, "decode_b": 0.1, "decode_c": 0.1}),
         ("a, b, c x10", {"decode_a": 10.0, "decode_b": 10.0, "decode_c": 10.0}),
         ("half the planned concurrency", {"concurrency": 0.5}), ("twice the planned concurrency", {"concurrency": 2.0})]
+
+
+def table_head(header: str) -> None:
+    """Print a markdown table's header row and its separator, one ``---`` per column of ``header``."""
+    print(header)
+    print("|" + "---|" * len(header.strip().strip("|").split("|")))
+
+
+def _grid(args):
+    """(devices, workload, grid label, run) for every cell of robustness's grid, devices outermost
+    (:func:`_grid_cells` at each of ``args.devices``)."""
+    for D in args.devices:
+        for wl, label, it in _grid_cells(args, D):
+            yield D, wl, label, it
 
 
 def _grid_cells(args, D: int):
@@ -414,10 +427,9 @@ def robustness_seeds(args) -> None:
     seeds = args.plan_seeds
     print(f"planner seeds {', '.join(map(str, seeds))} (workload built with seed 0); mean (min .. max) over the "
           f"seeds; fully_async_fifo plans nothing at random: run once\n")
-    print("| workload | devices | true costs (plan: configured) | asp iter. time (s), mean (min .. max) | "
-          "asp vs fifo (shared queue), mean (min .. max) | asp vs balanced, mean (min .. max) | "
-          "seeds asp ahead of fifo |")
-    print("|---|---|---|---|---|---|---|")
+    table_head("| workload | devices | true costs (plan: configured) | asp iter. time (s), mean (min .. max) | "
+               "asp vs fifo (shared queue), mean (min .. max) | asp vs balanced, mean (min .. max) | "
+               "seeds asp ahead of fifo |")
     lines = []
     for D in args.devices:
         cells = []
@@ -473,18 +485,17 @@ def robustness_floor(args) -> None:
     extra = dict(kv.split("=", 1) for kv in args.set)
     print(f"planner seeds {', '.join(map(str, args.plan_seeds))} (workload built with seed 0); per iteration, "
           f"mean over the seeds and the steady iterations; / (k+1) as in breakdown\n")
-    print("| workload | devices | true costs (plan: configured) | system | " + " | ".join(FLOOR_COLUMNS) + " |")
-    print("|---|---|---|---|" + "---|" * len(FLOOR_COLUMNS))
-    for D in args.devices:
-        for wl, label, it in _grid_cells(args, D):
-            for key, name, over in ROBUST_ROWS:
-                if key == "fifo":
-                    continue
-                rows = [robustness_floor_terms(wl, D, args.data, args.prompts, name, over, s, it.mismatch, extra)
-                        for s in args.plan_seeds]
-                r = np.mean(rows, axis=0)
-                print(f"| {wl} | {D} | {label} | {key} | " + " | ".join(f"{x:.1f}" for x in r[:6])
-                      + f" | {r[6]:.0f} |", flush=True)
+    table_head("| workload | devices | true costs (plan: configured) | system | " + " | ".join(FLOOR_COLUMNS)
+               + " |")
+    for D, wl, label, it in _grid(args):
+        for key, name, over in ROBUST_ROWS:
+            if key == "fifo":
+                continue
+            rows = [robustness_floor_terms(wl, D, args.data, args.prompts, name, over, s, it.mismatch, extra)
+                    for s in args.plan_seeds]
+            r = np.mean(rows, axis=0)
+            print(f"| {wl} | {D} | {label} | {key} | " + " | ".join(f"{x:.1f}" for x in r[:6])
+                  + f" | {r[6]:.0f} |", flush=True)
 
 
 CHAIN_ORDERS = 2000     # random orders of a plan's iterations per run (robustness --chain)
@@ -504,30 +515,28 @@ def robustness_chain(args) -> None:
     print(f"planner seeds {', '.join(map(str, args.plan_seeds))} (workload built with seed 0); seconds per "
           f"iteration; floors on the cell's true costs; {CHAIN_ORDERS} random orders of each run's iterations "
           f"(numpy seed 0)\n")
-    print("| workload | devices | true costs (plan: configured) | system | planner seed | iter. time (s) | vs fifo | "
-          "publish floor of its iterations (s) | above its floor | floor over random orders of its iterations: "
-          "p5 / p50 / p95 (s) | orders whose floor is below fifo's iteration time |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for D in args.devices:
-        for wl, label, it in _grid_cells(args, D):
-            fifo = None
-            for key, name, over in sorted(ROBUST_ROWS, key=lambda r: r[0] != "fifo"):     # fifo first
-                if key == "balanced":
-                    continue
-                for s in (args.plan_seeds[:1] if name in SEED_FREE else args.plan_seeds):
-                    res, cfg = it.run(name, over, s, it.mismatch, result=True)
-                    _, _, busy, floor, shortest = chain_inputs(res, cfg, it.mismatch.cost(res.costs.instance))
-                    n, k = busy.size, cfg.pipeline.lag_bound
-                    t = res.summary["iteration_time_mean"]
-                    fifo = fifo or t
-                    chain = publish_floor(busy, floor, k, shortest)[-1] / n
-                    rng = np.random.default_rng(0)
-                    orders = publish_floor_orders(busy, floor, k, (rng.permutation(n) for _ in range(CHAIN_ORDERS)),
-                                                  shortest) / n
-                    p5, p50, p95 = np.percentile(orders, [5, 50, 95])
-                    print(f"| {wl} | {D} | {label} | {key} | {'-' if name in SEED_FREE else s} | {t:.1f} | "
-                          f"{100 * (t / fifo - 1):+.1f}% | {chain:.1f} | {100 * (t / chain - 1):+.1f}% | "
-                          f"{p5:.1f} / {p50:.1f} / {p95:.1f} | {100 * np.mean(orders < fifo):.0f} % |", flush=True)
+    table_head("| workload | devices | true costs (plan: configured) | system | planner seed | iter. time (s) | "
+               "vs fifo | publish floor of its iterations (s) | above its floor | floor over random orders of its "
+               "iterations: p5 / p50 / p95 (s) | orders whose floor is below fifo's iteration time |")
+    for D, wl, label, it in _grid(args):
+        fifo = None
+        for key, name, over in sorted(ROBUST_ROWS, key=lambda r: r[0] != "fifo"):     # fifo first
+            if key == "balanced":
+                continue
+            for s in (args.plan_seeds[:1] if name in SEED_FREE else args.plan_seeds):
+                res, cfg = it.run(name, over, s, it.mismatch, result=True)
+                _, _, busy, floor, shortest = chain_inputs(res, cfg, it.mismatch.cost(res.costs.instance))
+                n, k = busy.size, cfg.pipeline.lag_bound
+                t = res.summary["iteration_time_mean"]
+                fifo = fifo or t
+                chain = publish_floor(busy, floor, k, shortest)[-1] / n
+                rng = np.random.default_rng(0)
+                orders = publish_floor_orders(busy, floor, k, (rng.permutation(n) for _ in range(CHAIN_ORDERS)),
+                                              shortest) / n
+                p5, p50, p95 = np.percentile(orders, [5, 50, 95])
+                print(f"| {wl} | {D} | {label} | {key} | {'-' if name in SEED_FREE else s} | {t:.1f} | "
+                      f"{100 * (t / fifo - 1):+.1f}% | {chain:.1f} | {100 * (t / chain - 1):+.1f}% | "
+                      f"{p5:.1f} / {p50:.1f} / {p95:.1f} | {100 * np.mean(orders < fifo):.0f} % |", flush=True)
 
 
 def robustness(args) -> None:
@@ -537,27 +546,25 @@ def robustness(args) -> None:
         return robustness_chain(args)
     if len(args.plan_seeds) > 1:
         return robustness_seeds(args)
-    print("| workload | devices | true costs (plan: configured) | asp iter. time (s) | vs fifo (shared queue) | "
-          "vs balanced | asp static plan vs fifo | asp + tail auto vs fifo | asp, concurrency full vs fifo | "
-          "asp, concurrency auto vs fifo | auto vs full | auto admits |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for D in args.devices:
-        for wl, label, it in _grid_cells(args, D):
-            asp = it("asp", ASP_DEFAULTS)        # asp's defaults (scheduler.concurrency as configured)
-            static = it("asp", OFF)
-            fifo = it("fully_async_fifo", OFF)
-            bal = it("async_balanced", OFF)
-            tail = it("asp", {**ASP_DEFAULTS, **TAIL_AUTO})
-            full = it("asp", {**ASP_DEFAULTS, **CONC_FULL})
-            auto = it("asp", {**ASP_DEFAULTS, **CONC_AUTO})
-            a, f = asp["iteration_time_mean"], fifo["iteration_time_mean"]
+    table_head("| workload | devices | true costs (plan: configured) | asp iter. time (s) | vs fifo (shared queue) | "
+               "vs balanced | asp static plan vs fifo | asp + tail auto vs fifo | asp, concurrency full vs fifo | "
+               "asp, concurrency auto vs fifo | auto vs full | auto admits |")
+    for D, wl, label, it in _grid(args):
+        asp = it("asp", ASP_DEFAULTS)        # asp's defaults (scheduler.concurrency as configured)
+        static = it("asp", OFF)
+        fifo = it("fully_async_fifo", OFF)
+        bal = it("async_balanced", OFF)
+        tail = it("asp", {**ASP_DEFAULTS, **TAIL_AUTO})
+        full = it("asp", {**ASP_DEFAULTS, **CONC_FULL})
+        auto = it("asp", {**ASP_DEFAULTS, **CONC_AUTO})
+        a, f = asp["iteration_time_mean"], fifo["iteration_time_mean"]
 
-            def vs(x, ref=f):
-                return f"{100 * (x['iteration_time_mean'] / ref - 1):+.1f}%"
+        def vs(x, ref=f):
+            return f"{100 * (x['iteration_time_mean'] / ref - 1):+.1f}%"
 
-            print(f"| {wl} | {D} | {label} | {a:.1f} | {vs(asp)} | {vs(asp, bal['iteration_time_mean'])} | "
-                  f"{vs(static)} | {vs(tail)} | {vs(full)} | {vs(auto)} | "
-                  f"{vs(auto, full['iteration_time_mean'])} | {auto['admission_concurrency']} |", flush=True)
+        print(f"| {wl} | {D} | {label} | {a:.1f} | {vs(asp)} | {vs(asp, bal['iteration_time_mean'])} | "
+              f"{vs(static)} | {vs(tail)} | {vs(full)} | {vs(auto)} | "
+              f"{vs(auto, full['iteration_time_mean'])} | {auto['admission_concurrency']} |", flush=True)
 
 
 LEVEL = 0.5       # % of iteration time: closer than this is level
@@ -576,9 +583,8 @@ def _beats(d: list, x_fifo: list, y_fifo: list) -> bool:
 def reestimate(args) -> None:
     """asp's defaults vs guided dispatch without re-estimation, on robustness's grid."""
     NOREEST = {**OFF, **LOSSLESS, "scheduler.reestimate": "false"}
-    print("| workload | devices | true costs (plan: configured) | fifo iter. time (s) | asp defaults vs fifo | "
-          "no re-estimation vs fifo | no re-estimation vs defaults | steals (defaults / no re-est.) |")
-    print("|---|---|---|---|---|---|---|---|")
+    table_head("| workload | devices | true costs (plan: configured) | fifo iter. time (s) | asp defaults vs fifo | "
+               "no re-estimation vs fifo | no re-estimation vs defaults | steals (defaults / no re-est.) |")
     summary = []
     for D in args.devices:
         d, rd, on_f, off_f = [], [], [], []
@@ -611,10 +617,9 @@ def seed(args) -> None:
     from asp_ascend.lengths.workloads import workload_from_config
     from asp_ascend.sim.run import sweep_split
 
-    print("| setup | devices | asp vs sync_colocated (throughput) | asp iter. time vs one_step_off | "
-          "asp_partial (S = 1) vs sync_colocated | asp_partial lag max | lower-bound ratio asp | "
-          "asp admits (sequences per instance) |")
-    print("|---|---|---|---|---|---|---|---|")
+    table_head("| setup | devices | asp vs sync_colocated (throughput) | asp iter. time vs one_step_off | "
+               "asp_partial (S = 1) vs sync_colocated | asp_partial lag max | lower-bound ratio asp | "
+               "asp admits (sequences per instance) |")
     for model in ("7b", "32b"):
         for D in args.devices:
             base = load_config(ROOT / "configs" / f"sim_{model}.yaml", [])
@@ -809,9 +814,8 @@ def admission(args) -> None:
     and device count (lossless defaults otherwise)."""
     from asp_ascend.lengths.workloads import workload_from_config
 
-    print("| workload | devices | fully_async_fifo iter. time (s) | asp, full | asp, auto | auto admits | "
-          "KS max (auto) |")
-    print("|---|---|---|---|---|---|---|")
+    table_head("| workload | devices | fully_async_fifo iter. time (s) | asp, full | asp, auto | auto admits | "
+               "KS max (auto) |")
     for D in args.devices:
         for wl in args.workloads:
             cfg = _cfg(wl, args.data, args.prompts, D, LOSSLESS)
@@ -839,8 +843,7 @@ def speed(args) -> None:
     w = workload_from_config(cfg)
     print(f"workload: {args.prompts} prompts x {cfg.train.group_size} on {D // 2 // cfg.sim.infer_tp} instances, "
           f"{time.perf_counter() - t:.1f} s to generate")
-    print("| policy | wall (s) | target (s) | met | iter. time (s) | stolen | capped | deferred |")
-    print("|---|---|---|---|---|---|---|---|")
+    table_head("| policy | wall (s) | target (s) | met | iter. time (s) | stolen | capped | deferred |")
     for name in args.policies:
         t = time.perf_counter()
         s = simulate_system(cfg, w, name, record_samples=False).summary
