@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Optional
 
+from ...platforms.transport import SenderEndpoint
+
 PORT_KEY = "asp.weight_sync.master_port"
 PORT_FIX = (f"set {PORT_KEY} to the first of a range of ports free on every sending node (communicator j "
             f"listens on {PORT_KEY} + j, one per inference-TP rank), or use the engine-free hf push, "
@@ -18,36 +20,38 @@ PORT_FIX = (f"set {PORT_KEY} to the first of a range of ports free on every send
 
 
 class PushEndpoint:
-    """This process's end of weight-sync communicator j."""
+    """This process's end of weight-sync communicator j: the sender's (rank 0) is a
+    :class:`~asp_ascend.platforms.transport.SenderEndpoint` (it binds the configured port, listening
+    before it forms the group, as every sender does), a receiver joins the sender's store."""
 
     def __init__(self, platform_name: str, device_index: int = 0):
         self.platform_name, self.device_index = platform_name, device_index
-        self._comm: Optional[Any] = None
+        # the sender binds the configured port itself: a taken one names the key as MindSpeed-RL's
+        # YAML spells it, and the fix this push takes (0 is refused for it: sample_source)
+        self._sender = SenderEndpoint(device_index, port_key=PORT_KEY, fix=PORT_FIX)
+        self._comm: Optional[Any] = None   # a receiver's communicator, joined on first use
 
-    def _transport(self, host: str, port: int, rank: int, world: int, bucket_bytes: int):
+    def _transport(self, comm, bucket_bytes: int):
         from ...platforms import get_platform
-        from ...platforms.transport import BroadcastTransport, create_communicator, listen_store
+        from ...platforms.transport import BroadcastTransport
 
-        platform = get_platform(self.platform_name)
-        if self._comm is None:
-            # the sender (rank 0) binds the configured port itself: name the key as MindSpeed-RL's
-            # YAML spells it, and the fix this push takes (0 is refused for it: sample_source)
-            store = None if rank else listen_store(host, port, world, port_key=PORT_KEY, fix=PORT_FIX)
-            self._comm = create_communicator(self.platform_name, host, port, rank, world, self.device_index,
-                                             store=store)
-        return BroadcastTransport(self._comm, bucket_bytes, synchronize=platform.synchronize)
+        return BroadcastTransport(comm, bucket_bytes, synchronize=get_platform(self.platform_name).synchronize)
 
     def send(self, named: Iterable[tuple[str, Any]], version: int, host: str, port: int, world: int,
              bucket_bytes: int) -> int:
         named = list(named)
-        tx = self._transport(host, port, 0, world, bucket_bytes)
+        # one group for the push's lifetime (generation 0): formed at the first version, then kept
+        group = {"gen": 0, "host": host, "port": int(port), "world": int(world), "platform": self.platform_name}
+        tx = self._transport(self._sender.comm(group), bucket_bytes)
         tx.send(tx.prepare(version, named), named)
         return len(named)
 
     def recv(self, buckets, version: int, host: str, port: int, rank: int, world: int) -> list[tuple[str, Any]]:
-        from ...platforms.transport import WeightTicket
+        from ...platforms.transport import WeightTicket, create_communicator
 
-        rx = self._transport(host, port, rank, world, 1)
+        if self._comm is None:
+            self._comm = create_communicator(self.platform_name, host, port, rank, world, self.device_index)
+        rx = self._transport(self._comm, 1)
         return list(rx.recv(WeightTicket(version, buckets)))
 
 
