@@ -170,12 +170,20 @@ def listen_reply(pusher: HfPusher, endpoint: Optional[SenderEndpoint], group: di
 
 
 def push_version(pusher: HfPusher, endpoint: Optional[SenderEndpoint], group: dict) -> int:
-    """A trainer rank's ``asp_hf_push``: the sender broadcasts, the rest drive the gathers."""
+    """A trainer rank's ``asp_hf_push``: the sender broadcasts, the rest drive the gathers. A failed
+    push drops the sender's communicator (a broken group is never reused, as the trainer's
+    ``send_weights``): the next push forms it again on ``group["port"]``, where the instances'
+    workers, which drop theirs on a failed receive (engines/vllm_ext.py), join it again."""
     if not pusher.role.sender:
         return pusher.push()
     from ...platforms import get_platform
 
-    return pusher.push(endpoint.comm(group), get_platform(group["platform"], check=False).synchronize)
+    comm = endpoint.comm(group)
+    try:
+        return pusher.push(comm, get_platform(group["platform"], check=False).synchronize)
+    except BaseException:
+        endpoint.drop()
+        raise
 
 
 def hf_push_fn(actor_group, instances, *, platform: str, base_port: int, tp: int, bucket_bytes: int,
