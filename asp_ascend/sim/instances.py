@@ -5,7 +5,9 @@
 - KV cache of ``kv_capacity`` tokens (0 = unlimited): a sequence holds prompt + generated
   tokens; when the next decode step would overflow, the most recently admitted sequence is
   preempted (its KV freed, re-queued first, recomputed by prefill on re-admission, as vLLM does);
-- admitted sequences cost ``prefill_per_token`` per prompt (+ already generated) token;
+- admitted sequences cost ``prefill_per_token`` per prompt (+ already generated) token, a stall of
+  the instance (``rollout.max_num_batched_tokens`` > 0: prefill in chunks within each step's token
+  budget instead, as vLLM V1 does, :class:`~.chunked.ChunkedInstances`);
 - prefix caching (the cost model's ``prefix_block`` > 0, ``rollout.prefix_caching``; vLLM V1's
   default): a sequence started while a sibling of its group runs on the instance (or started
   before it in the same pass) finds the prompt's full blocks before its last token cached and
