@@ -18,7 +18,8 @@ while such a group runs makes it faster, at the price of that instance's through
   the capacity the iteration's tail hosts give up (``latency(n) * (1 - thr(n) / thr(S))``
   each, spread over the k + 1 iterations a tail spans). So a lone tail among many
   instances is isolated almost completely, while many tails on few instances keep most of
-  their room. ``k + 1`` such periods are the iteration's *target* latency;
+  their room. ``k + 1`` such periods are the iteration's *target* latency; the tail hosts it
+  prices are the fewest that leave no more groups missing the target (:func:`paid_tails`);
 - a group is a *tail* if its latency on a full instance misses the target; its room is the
   largest with which it still meets the target (G when none does).
 
@@ -139,7 +140,10 @@ class TailModel:
 def iteration_loads(iteration, prompt_length, length, work, train, *, tail_model: TailModel) -> IterationLoads:
     """Per-iteration loads of a plan: ``work`` = each group's decode work at full
     concurrency (instance-seconds), ``train`` = each iteration's trainer time (indexed by
-    iteration - first), ``length`` = each group's expected longest sample."""
+    iteration - first), ``length`` = each group's expected longest sample.
+
+    ``tails``: the capped groups the iteration's target pays for (:func:`paid_tails`): the target
+    prices the capacity ``tails`` capped groups give up, and at most that many groups miss it."""
     it = np.asarray(iteration, dtype=np.int64)
     first = int(it.min())
     x = it - first
@@ -152,16 +156,41 @@ def iteration_loads(iteration, prompt_length, length, work, train, *, tail_model
     order = np.lexsort((L, x))                    # by iteration, longest last
     top[x[order]] = order
     tm = tail_model
-    lat = tm.latency(L, p, tm.S, ctx[x])
-    per = np.maximum(W / tm.R, np.asarray(train, dtype=float))
-    tails = np.bincount(x, weights=(lat > (tm.k + 1) * per[x]).astype(float), minlength=n_it)
-    loads = IterationLoads(W, np.asarray(train, dtype=float), ctx, tails, first, L[top], p[top])
-    # the tails are the groups that miss the target the longest group allows (counted again)
+    loads = IterationLoads(W, np.asarray(train, dtype=float), ctx, np.ones(n_it), first, L[top], p[top])
     model = TailModel(tm.cm, group_size=tm.G, max_num_seqs=tm.S, lag_bound=tm.k, num_instances=tm.R,
                       loads=loads, speculation=tm.spec)
-    target = np.array([model.target(i + first) for i in range(n_it)])
-    tails = np.bincount(x, weights=(lat > target[x] * (1.0 + 1e-9)).astype(float), minlength=n_it)
+    lat = model.latency(L, p, tm.S, ctx[x])       # each group's latency on a full instance
+    by_it = np.lexsort((lat, x))
+    bounds = np.searchsorted(x[by_it], np.arange(n_it + 1))
+    tails = np.array([paid_tails(model, i + first, lat[by_it[bounds[i]:bounds[i + 1]]]) for i in range(n_it)],
+                     dtype=float)
     return IterationLoads(W, loads.train, ctx, tails, first, loads.longest, loads.longest_prompt)
+
+
+def paid_tails(model: TailModel, i: int, full_latency: np.ndarray) -> int:
+    """The fewest capped groups ``t`` (at least 1) whose target leaves at most ``t`` groups of
+    iteration ``i`` missing it. ``full_latency``: the iteration's groups' latencies on a full
+    instance, ascending. The target is k + 1 times the best period of the iteration's longest
+    group when ``t`` groups are capped like it (:meth:`TailModel.best_period`): it grows with
+    ``t`` (more capacity given up), and the groups missing it (the tails, each capped) shrink. An
+    iteration whose top is a crowd, no one group far longer than the next, has many groups
+    missing the target its longest group alone would allow; a target priced on fewer capped
+    groups than it makes tails understated the capacity its caps give up."""
+    n, x = full_latency.size, i - model.loads.first
+    longest, prompt = float(model.loads.longest[x]), float(model.loads.longest_prompt[x])
+
+    def missing(t: int) -> int:
+        target = (model.k + 1) * model.best_period(i, longest, prompt, float(t))[0]
+        return int(n - np.searchsorted(full_latency, target * (1.0 + 1e-9), side="right"))
+
+    lo, hi = 1, max(1, n)              # missing(n) <= n always; the predicate is monotone in t
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if missing(mid) <= mid:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 class TailGovernor:

@@ -232,8 +232,10 @@ def test_tail_rooms_isolate_the_long_groups_and_start_them_early():
     pred[long] = 8000.0
     plen = np.full(n, 100.0)
     cost = CostModel(train_per_token=1e-7, logprob_per_token=0.0, train_per_step=0.01, sync_s=0.1)
-    # relieve_first=0: one long group per iteration (asp's default would move iteration 0's to iteration 1,
-    # scheduler/first_iteration.py, and iteration 0's floor would then be set by its short groups)
+    # relieve_first=0: one long group per iteration. asp's default moves iteration 0's to iteration 1
+    # (scheduler/first_iteration.py): iteration 0's top is then a crowd of short groups, and those that
+    # miss the target its longest allows are capped too, as intended (the next test; docs/scheduler.md,
+    # "Tail rooms for an iteration whose top is a crowd")
     kw = dict(policy="asp", global_batch_size=B, mini_batch_size=32, num_instances=R, max_num_seqs=256,
               lag_bound=1, cost=cost, seed=0, relieve_first=0.0)
     off = plan(np.arange(n).astype(str), pred, plen, tail="off", **kw)
@@ -257,6 +259,32 @@ def test_tail_rooms_isolate_the_long_groups_and_start_them_early():
     pd.testing.assert_series_equal(off["mini_batch"], auto["mini_batch"])
     fixed = plan(np.arange(n).astype(str), pred, plen, tail=48, **kw)
     assert set(fixed.loc[fixed["room"] > 0, "room"]) == {48}
+
+
+def test_tail_rooms_with_the_first_iteration_relieved():
+    """asp's default relieve_first (one group moved at B = 64) with tail=auto: each iteration holds
+    one 8000-token and one 4000-token group among short ones; iteration 0 gives its 8000 to
+    iteration 1 for iteration 1's 4000. Every long group is capped (iteration 0's two 4000s set its
+    floor now) and no short one: where an iteration's longest group stands far above the rest, its
+    short groups meet the target it allows on a full instance. (In the previous test's plan with
+    the relief, iteration 0 keeps no long group at all: its top is a crowd of 300-600-token groups,
+    and auto caps those of them that miss the target, which pays for every group it caps:
+    scheduler/tail.py, paid_tails.)"""
+    rng = np.random.default_rng(3)
+    n, B, R = 2048, 64, 16
+    pred = rng.lognormal(5.5, 0.4, n)
+    pick = rng.choice(n, 64, replace=False)
+    pred[pick[:32]], pred[pick[32:]] = 8000.0, 4000.0
+    plen = np.full(n, 100.0)
+    cost = CostModel(train_per_token=1e-7, logprob_per_token=0.0, train_per_step=0.01, sync_s=0.1)
+    auto = plan(np.arange(n).astype(str), pred, plen, tail="auto", policy="asp", global_batch_size=B,
+                mini_batch_size=32, num_instances=R, max_num_seqs=256, lag_bound=1, cost=cost, seed=0)
+    it = auto["iteration"].to_numpy()
+    assert sorted(pred[(it == 0) & (pred >= 4000)]) == [4000.0, 4000.0]    # relieved
+    assert sorted(pred[(it == 1) & (pred >= 4000)]) == [8000.0, 8000.0]
+    capped = auto["room"].to_numpy() > 0
+    assert set(np.flatnonzero(capped)) == set(pick)
+    assert (auto.loc[capped, "room"] < 256).all()
 
 
 def test_desc_order_breaks_ties_by_the_seeded_shuffle_alone():

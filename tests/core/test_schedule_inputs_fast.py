@@ -204,6 +204,8 @@ def test_tail_rooms_equal_tail_model_per_group(seed, S, k, tail):
         lost = float(tm.latency(pred[g], plen[g], r, ctx)) * (1 - float(tm.throughput(r, ctx) / tm.throughput(S, ctx)))
         assert eff[g] == work[g] + lost / (k + 1)
     assert (room[~is_tail] == 0).all() and (eff[~is_tail] == work[~is_tail]).all()
+    # each iteration's target pays for every group it makes a tail (tail.paid_tails)
+    assert (np.bincount(it[is_tail], minlength=10) <= tm.loads.tails).all()
 
 
 def test_report_carries_the_simulators_figures_for_small_workloads():

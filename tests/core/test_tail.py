@@ -50,6 +50,36 @@ def test_no_cap_when_capacity_bound_or_when_tails_are_many():
     assert tm.room(0, 100.0, 0.0) == 8
 
 
+def test_the_target_pays_for_the_groups_it_caps():
+    """An iteration whose top is a crowd: one 100-token group and eight 75-token ones (full-instance
+    latencies 180 s and 135 s), seven 10-token ones (18 s), work 4 instance-s, trainer 1 s. Priced
+    on t capped groups, the best period (test_a_tail_that_must_be_isolated's rooms 2/4/6/8, each
+    capped group giving up 37.5/25/12.5/0 instance-s per iteration) is
+    min(max(1 + 9.375 t, 60), max(1 + 6.25 t, 70), max(1 + 3.125 t, 80), 90): 60 s for t <= 6,
+    66.625 s at t = 7, 70 s for t = 8..11. Targets (x 2): 120, 133.25, 140. At 120 or 133.25 nine
+    groups miss it, more than were paid for; at 140 (t = 8) only the longest does. So the target is
+    140 s, the 100-token group gets room 4 (100 x 1.4 = 140 s) and the crowd no cap. Before, the
+    tails were counted against one target (all 16 groups priced: 160 s, 1 tail) and the caps set by
+    another (1 group priced: 120 s), which made all nine tails, priced as one."""
+    from asp_ascend.scheduler.tail import iteration_loads
+
+    length = np.array([100.0] + [75.0] * 8 + [10.0] * 7)
+    base = TailModel(CM, group_size=2, max_num_seqs=8, lag_bound=1, num_instances=4)
+    loads = iteration_loads(np.zeros(16, dtype=np.int64), np.zeros(16), length, np.full(16, 0.25), np.array([1.0]),
+                            tail_model=base)
+    assert loads.tails[0] == 8
+    tm = TailModel(CM, group_size=2, max_num_seqs=8, lag_bound=1, num_instances=4, loads=loads)
+    assert tm.target(0) == pytest.approx(140.0)
+    assert tm.is_tail(0, 100.0, 0.0) and tm.room(0, 100.0, 0.0) == 4
+    assert not tm.is_tail(0, 75.0, 0.0) and tm.room(0, 75.0, 0.0) == 8
+    # no crowd (the 75s at 50 tokens, 90 s): one group paid for, the 120 s target, room 2
+    loads = iteration_loads(np.zeros(16, dtype=np.int64), np.zeros(16), np.where(length == 75.0, 50.0, length),
+                            np.full(16, 0.25), np.array([1.0]), tail_model=base)
+    assert loads.tails[0] == 1
+    tm = TailModel(CM, group_size=2, max_num_seqs=8, lag_bound=1, num_instances=4, loads=loads)
+    assert tm.target(0) == pytest.approx(120.0) and tm.room(0, 100.0, 0.0) == 2
+
+
 def test_speculation_shortens_the_isolated_tail():
     spec = Speculation(0.5, 1, max_batch=2)        # 1.5 tokens per step, on at <= 2 sequences
     tm = model(4.0, 1.0)
