@@ -174,6 +174,10 @@ ABLATION = [
     # rule: every asp row has it; --set scheduler.fill_first=false gives the rows measured before it)
     ("asp's defaults pulling later groups into the fill (scheduler.fill_first=false)", "asp",
      {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM, "scheduler.fill_first": "false"}),
+    # and pulls a group ahead of its iteration only where its latency exceeds k + 1 periods (scheduler.pull_forward:
+    # needed, a dispatch-rank rule: every asp row has it; --set scheduler.pull_forward=rounded gives the rows before it)
+    ("asp's defaults pulling every group of half a period or more forward (scheduler.pull_forward=rounded)", "asp",
+     {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM, "scheduler.pull_forward": "rounded"}),
     ("+ gathering the longest groups (scheduler.concentrate_tail=0.01, opt-in)", "asp",
      {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM, "scheduler.concentrate_tail": 0.01}),
     ("+ gathering the longest groups (scheduler.concentrate_tail=0.02, opt-in)", "asp",

@@ -16,10 +16,12 @@ def prefix_block_of(cfg: Config) -> int:
 
 
 def membership_options(cfg: Config) -> dict:
-    """The ``scheduler.*`` keys that shape an asp plan's iteration membership and first window, as
-    ``scheduler.planner.plan``'s keyword arguments (one place for every caller that plans)."""
+    """The ``scheduler.*`` keys that shape an asp plan's iteration membership, first window and
+    pulled-forward groups, as ``scheduler.planner.plan``'s keyword arguments (one place for every
+    caller that plans)."""
     s = cfg.scheduler
-    return {"concentrate_tail": s.concentrate_tail, "relieve_first": s.relieve_first, "fill_first": s.fill_first}
+    return {"concentrate_tail": s.concentrate_tail, "relieve_first": s.relieve_first, "fill_first": s.fill_first,
+            "pull_forward": s.pull_forward}
 
 
 def _on_for(mode: str, policy: str) -> bool:

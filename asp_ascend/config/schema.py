@@ -293,6 +293,13 @@ class SchedulerConfig:
                           "each such group admitted ahead of a group of iteration 0 delays the trainer's first step; "
                           "later epochs are left alone; false = pull long groups forward there too (docs/scheduler.md, "
                           "\"The first window is iteration 0's\")")
+    pull_forward: str = _f("needed", "asp: which groups are ranked ahead of their iteration's window: needed (default) = "
+                           "a group whose predicted solo latency exceeds the k + 1 periods of predicted work that "
+                           "iteration order gives it, by the periods it lacks (at most k); rounded = every group whose "
+                           "latency rounds to a period or more, by that many (at most k; the rule before 2026-12-04, "
+                           "which delays the earlier iteration's groups and idles slots under the lag bound where "
+                           "rollout is throughput-bound) (docs/scheduler.md, \"Beyond the four workloads\", item 4)",
+                           choices=("needed", "rounded"))
 
 
 @dataclass

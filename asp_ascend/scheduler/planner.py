@@ -23,11 +23,13 @@ ASP, jointly:
    bucket lands on the instance with the least cumulative work, keeping every window of
    the run balanced (skewness bubble). Each instance admits its share of an iteration
    longest first (``dispatch_rank``), iterations in order; a group whose solo latency
-   rounds to j >= 1 iterations' worth of an instance's work is ranked min(j, k) iterations
-   earlier, so it starts the moment its iteration becomes admissible (lag bound k) instead
-   of behind the previous iteration's short groups; never into the run's first window
-   (``fill_first``): there no training runs yet, and a later group admitted ahead of one of
-   iteration 0 delays the trainer's first step.
+   exceeds the k + 1 iterations' worth of an instance's work that this order gives it is
+   ranked up to k iterations earlier (``pull_forward_windows``), so it starts as early as its
+   iteration becomes admissible (lag bound k) instead of behind the previous iteration's
+   groups; every other group keeps its iteration's window, so an earlier iteration's groups
+   are not delayed by later ones (the publish that admits the next window waits for them);
+   never into the run's first window (``fill_first``): there no training runs yet, and a
+   later group admitted ahead of one of iteration 0 delays the trainer's first step.
 
 Baselines: ``fifo`` (dataset order, shared queue), ``random`` (seeded shuffle, shared
 queue), ``sorted`` (ascending predicted length over the epoch, shared queue),
@@ -230,8 +232,38 @@ def tail_aware_load(work: np.ndarray, solo_latency: np.ndarray) -> np.ndarray:
     return np.maximum(work, TAIL_WEIGHT * solo_latency)
 
 
+# scheduler.pull_forward's choices and default, whose one home is config/schema.py (pull_forward_windows)
+PULL_FORWARD_RULES = tuple(SchedulerConfig.__dataclass_fields__["pull_forward"].metadata["choices"])
+PULL_FORWARD = SchedulerConfig.pull_forward
+
+
+def pull_forward_windows(lat: np.ndarray, period: float, k: int, rule: str = PULL_FORWARD) -> np.ndarray:
+    """How many windows (0..k) each group is ranked ahead of its own iteration, from its predicted
+    solo latency ``lat`` and the predicted period ``period`` (an instance's work per iteration).
+
+    ``needed``: a group of iteration i ranked in its own window starts, at the latest, when the
+    instances have admitted iteration i - 1 (strict iteration order, longest first within the
+    window), and iteration i + k + 1 becomes admissible only once i has finished and is trained:
+    between the two lie k + 1 periods of admitted work. A group whose latency fits in them finishes
+    before the instances could run out of admissible work on its account, so pulling it forward only
+    takes slots from iteration i - 1's groups and delays the publish that admits the next window
+    (where rollout is throughput-bound, every window's slots then idle under the lag bound). A group
+    longer than that lacks ceil(lat / period - (k + 1)) periods and is ranked that many windows
+    earlier (at most k: the lag bound admits it no sooner).
+
+    ``rounded`` (before 2026-12-04): a group whose latency rounds to j >= 1 periods is ranked
+    min(j, k) windows earlier, i.e. every group longer than half a period."""
+    p = max(period, 1e-12)
+    if rule == "needed":
+        return np.clip(np.ceil(lat / p - (k + 1) - 1e-9), 0, k).astype(np.int64)
+    if rule == "rounded":
+        return np.minimum(k, np.floor(lat / p + 0.5)).astype(np.int64)
+    raise ValueError(f"unknown scheduler.pull_forward {rule!r}; valid: {', '.join(PULL_FORWARD_RULES)}")
+
+
 def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_iter, tail, group_max_factor,
-              speculation=None, max_len=None, concentrate=0.0, relief=0.0, fill_first=False):
+              speculation=None, max_len=None, concentrate=0.0, relief=0.0, fill_first=False,
+              pull_forward=PULL_FORWARD):
     """(iteration, mini_batch, instance, dispatch_order, room) of the ASP schedule."""
     n = pred.shape[0]
     by_len = _desc_order(pred, rng)
@@ -268,7 +300,7 @@ def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_ite
     shift = np.zeros(n, dtype=np.int64)
     period = work.sum() / (R * n_iter)
     if k > 0 and n_iter > 1:
-        shift = np.minimum(k, np.floor(lat / max(period, 1e-12) + 0.5)).astype(np.int64)
+        shift = pull_forward_windows(lat, period, k, pull_forward)
         shift[is_tail] = k
         # fill_first: the first window is iteration 0's alone (nothing pulled into the pipeline fill)
         shift = np.minimum(shift, np.maximum(iteration - 1, 0) if fill_first else iteration)
@@ -327,7 +359,8 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
          lag_bound: int = 1, cost: CostModel | None = None, epoch: int = 0, iteration_offset: int = 0,
          seed: int = 0, tail="off", group_max_factor: float = 1.0, speculation=None,
          max_response_length: float | None = None, concentrate_tail: float = 0.0,
-         relieve_first: float = RELIEVE_FIRST, fill_first: bool = True) -> pd.DataFrame:
+         relieve_first: float = RELIEVE_FIRST, fill_first: bool = True,
+         pull_forward: str = PULL_FORWARD) -> pd.DataFrame:
     """One epoch's schedule (DESIGN 6 columns plus ``room``). Deterministic for ``seed`` and ``epoch``.
 
     ``tail`` (asp; ``rollout.tail_concurrency``): ``off``, ``auto`` or a number of sequences;
@@ -335,14 +368,16 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
     ``cost`` also times the trainer (``train_time`` + ``sync_s``) for the tail decisions;
     ``group_max_factor`` = expected longest sample of a group / its mean (capped at
     ``max_response_length``); ``speculation`` (a
-    ``speculative.Speculation``) the instances' speculative decoding, if any."""
+    ``speculative.Speculation``) the instances' speculative decoding, if any; ``pull_forward``
+    (``scheduler.pull_forward``) which groups are ranked ahead of their iteration
+    (``pull_forward_windows``)."""
     cols = plan_columns(predicted_length, prompt_lengths, policy=policy, group_size=group_size,
                         global_batch_size=global_batch_size, mini_batch_size=mini_batch_size,
                         num_instances=num_instances, max_num_seqs=max_num_seqs, lag_bound=lag_bound, cost=cost,
                         epoch=epoch, iteration_offset=iteration_offset, seed=seed, tail=tail,
                         group_max_factor=group_max_factor, speculation=speculation,
                         max_response_length=max_response_length, concentrate_tail=concentrate_tail,
-                        relieve_first=relieve_first, fill_first=fill_first)
+                        relieve_first=relieve_first, fill_first=fill_first, pull_forward=pull_forward)
     return schedule_frame(cols, prompt_ids)
 
 
@@ -362,7 +397,7 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
                  iteration_offset: int = 0, seed: int = 0, tail="off", group_max_factor: float = 1.0,
                  speculation=None, max_response_length: float | None = None,
                  concentrate_tail: float = 0.0, relieve_first: float = RELIEVE_FIRST,
-                 fill_first: bool = True) -> dict[str, np.ndarray]:
+                 fill_first: bool = True, pull_forward: str = PULL_FORWARD) -> dict[str, np.ndarray]:
     """``plan`` as numpy columns, one row per prompt in input order, without the prompt ids
     (building a string column costs more than planning the baselines of a report)."""
     from ..config import parse_tail_concurrency
@@ -374,6 +409,8 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
     n = pred.shape[0]
     if n == 0:
         raise ValueError("no prompts to schedule")
+    if pull_forward not in PULL_FORWARD_RULES:
+        raise ValueError(f"unknown scheduler.pull_forward {pull_forward!r}; valid: {', '.join(PULL_FORWARD_RULES)}")
     if global_batch_size % mini_batch_size:
         raise ValueError(f"mini_batch_size {mini_batch_size} does not divide global_batch_size {global_batch_size}")
     cost = cost or CostModel()
@@ -394,7 +431,8 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
             concentrate=concentrate_tail,
             # only the run's first iteration fills the pipeline: a later epoch's first iteration follows
             # the previous epoch's last one (scheduler/first_iteration.py)
-            relief=relieve_first if iteration_offset == 0 else 0.0, fill_first=fill_first and iteration_offset == 0)
+            relief=relieve_first if iteration_offset == 0 else 0.0, fill_first=fill_first and iteration_offset == 0,
+            pull_forward=pull_forward)
     else:
         order = BASELINE_ORDER[policy](pred, rng)
         position = np.empty(n, dtype=np.int64)

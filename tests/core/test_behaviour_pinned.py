@@ -28,12 +28,14 @@ COLUMNS = ["epoch", "prompt_id", "iteration", "mini_batch", "instance", "dispatc
 # asp's and balanced's changed on purpose again when planner._desc_order became a stable sort: equal
 # predicted lengths (or works) now keep the seeded shuffle's order on every numpy and CPU; asp's (and
 # asp+tail_auto's) again when the run's first window became iteration 0's alone (scheduler.fill_first:
-# no later group is ranked ahead of iteration 0's in the pipeline fill)
-SCHEDULES = {"asp": "3f5037a50d1934b6", "fifo": "8a9e5245dc58eac6", "random": "df7217608fbd1938",
+# no later group is ranked ahead of iteration 0's in the pipeline fill); both again when only the groups
+# whose latency exceeds the k + 1 periods of iteration order are pulled forward (scheduler.pull_forward:
+# needed; with rounded, the rule before it, both give their previous digests, 3f5037a50d1934b6 and 61e30f3d67019123)
+SCHEDULES = {"asp": "fdf78cc36cbe4bb4", "fifo": "8a9e5245dc58eac6", "random": "df7217608fbd1938",
              "sorted": "0b8448e53cd0fe18", "balanced": "6859679227fb9895",
              # rollout.tail_concurrency=auto (opt-in): asp places and orders the groups that set their
              # iteration's floor differently (tail rooms, DESIGN 9 c; pinned when that landed, not at cd67c1e)
-             "asp+tail_auto": "61e30f3d67019123"}
+             "asp+tail_auto": "62886c2d529a2aac"}
 
 
 def schedule_digest(name: str) -> str:

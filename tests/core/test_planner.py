@@ -137,20 +137,45 @@ def test_asp_minibatches_homogeneous_and_instances_balanced():
 
 
 def test_asp_starts_long_groups_early_within_the_lag_bound():
-    n, B, R = 4096, 256, 4
+    n, B = 4096, 256
     pred, plen = heavy_tail(n, seed=4)
-    for k in (0, 1, 2):
-        df = plan(np.arange(n).astype(str), pred, plen, policy="asp", global_batch_size=B, mini_batch_size=64,
-                  num_instances=R, lag_bound=k)
-        win = dispatch_windows(df["iteration"].to_numpy(), df["instance"].to_numpy(), df["dispatch_rank"].to_numpy(), R)
-        shift = df["iteration"].to_numpy() - win
-        assert shift.min() >= 0 and shift.max() <= k
-        if k == 0:
-            assert shift.max() == 0
-        else:
-            assert shift.max() >= 1
-            # pulled-forward groups are the long ones
-            assert pred[shift > 0].mean() > 3 * pred[shift == 0].mean()
+    # 4 instances: no group's latency exceeds k + 1 periods of an instance's work, so `needed` pulls
+    # nothing forward there; `rounded` (every group of half a period or more) does. With 32 instances
+    # the period is 8x shorter and the longest groups exceed k + 1 of them
+    for R, rule, pulls in ((4, "rounded", True), (4, "needed", False), (32, "needed", True)):
+        for k in (0, 1, 2):
+            df = plan(np.arange(n).astype(str), pred, plen, policy="asp", global_batch_size=B, mini_batch_size=64,
+                      num_instances=R, lag_bound=k, pull_forward=rule)
+            win = dispatch_windows(df["iteration"].to_numpy(), df["instance"].to_numpy(), df["dispatch_rank"].to_numpy(),
+                                   R)
+            shift = df["iteration"].to_numpy() - win
+            assert shift.min() >= 0 and shift.max() <= k
+            if k == 0 or not pulls:
+                assert shift.max() == 0, (R, rule, k)
+            else:
+                assert shift.max() >= 1, (R, rule, k)
+                # pulled-forward groups are the long ones
+                assert pred[shift > 0].mean() > 3 * pred[shift == 0].mean()
+                if rule == "needed":   # and every one of them is longer than any group left in its window
+                    assert pred[shift > 0].min() >= np.quantile(pred[shift == 0], 0.99)
+
+
+def test_needed_pulls_forward_a_subset_of_rounded_by_no_more_windows():
+    """`needed` ranks a group ahead only where its latency exceeds k + 1 periods; `rounded` every
+    group of half a period or more: the first never pulls a group further than the second."""
+    from asp_ascend.scheduler.planner import pull_forward_windows
+
+    lat = np.linspace(0.0, 6.0, 601)
+    for k in (0, 1, 2, 3):
+        need, rnd = pull_forward_windows(lat, 1.0, k, "needed"), pull_forward_windows(lat, 1.0, k, "rounded")
+        assert (need <= rnd).all() and need.max() <= k and need.min() >= 0
+        # by hand at k = 1: up to 2 periods nothing; (2, 3] one window; beyond, still k = 1
+        if k == 1:
+            assert need[lat <= 2.0].max() == 0 and (need[lat > 2.0] == 1).all()
+            assert rnd[lat < 0.5].max() == 0 and (rnd[lat >= 0.5] == 1).all()
+    with pytest.raises(ValueError, match="scheduler.pull_forward"):
+        plan(["a", "b"], np.array([1.0, 2.0]), policy="asp", global_batch_size=1, mini_batch_size=1,
+             pull_forward="eager")
 
 
 def test_asp_fills_the_pipeline_with_the_lightest_floor():

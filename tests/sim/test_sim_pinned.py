@@ -35,10 +35,12 @@ POLICIES = ["sync_colocated", "single_instance", "one_step_off", "fully_async_fi
 # every tail mechanism off, and streaming (asp's default since 2026-12-03), and prefix caching (on
 # by default since f99eda5): the engine as it was before they were wired in (prefix caching off
 # must give the old numbers exactly), and the planner's dispatch of the first iteration ahead of later ones
-# (scheduler.fill_first, asp's default since 2026-12-04)
+# (scheduler.fill_first, asp's default since 2026-12-04) and its rule for which groups it pulls forward
+# (scheduler.pull_forward: needed, asp's default since 2026-12-04; rounded before)
 OFF = {"scheduler.dispatch": "static", "scheduler.reestimate": "false", "rollout.tail_concurrency": "off",
        "rollout.speculative": "none", "rollout.partial_rollout": "false", "pipeline.regroup": "off",
-       "pipeline.stream_groups": "off", "rollout.prefix_caching": "false", "scheduler.fill_first": "false"}
+       "pipeline.stream_groups": "off", "rollout.prefix_caching": "false", "scheduler.fill_first": "false",
+       "scheduler.pull_forward": "rounded"}
 
 SETUPS = {
     "small": {"workload.type": "synthetic", "workload.num_prompts": 96, "workload.epochs": 3, "workload.drift": 0.1,
