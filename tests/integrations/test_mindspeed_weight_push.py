@@ -137,3 +137,64 @@ def test_a_taken_resharding_port_names_the_mindspeed_key_and_a_fix_this_push_tak
         with pytest.raises(ConfigError, match=rf"asp\.weight_sync\.master_port: port {port} is already in use") as e:
             PushEndpoint("cpu").send(shard(0, 0), 0, "127.0.0.1", port, 2, 1 << 20)
     assert "or 0 to let the OS pick" not in str(e.value) and "master_port + j" in str(e.value)
+
+
+def _receive(ep, buckets, version, port, got):
+    """Receive ``version`` as rank 1 in a thread: got[version] = the tensors, or the error's text."""
+    import threading
+
+    def run():
+        try:
+            got[version] = dict(ep.recv(buckets, version, "127.0.0.1", port, 1, 2))
+        except RuntimeError as exc:
+            got[version] = str(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_failed_version_drops_the_group_and_the_next_version_forms_it_again():
+    """Communicator j on one configured port, over real gloo (threads in place of processes): a
+    receiver that goes away (its endpoint destroyed, as when its process dies) fails the sender's
+    next version; the sender drops its group, and the version after it reaches a receiver that joins
+    again. Then the sender goes away mid-life: the receiver's next version fails, it drops its group
+    and joins a new sender's at the version after. Before: both kept the broken group and failed
+    again."""
+    import gc
+    import threading
+
+    from asp_ascend.platforms.transport import plan_buckets, specs_of
+
+    buckets = plan_buckets(specs_of(shard(0, 0)), 512)
+    port = _free_port_block(1)
+    sender, got = PushEndpoint("cpu"), {}
+    first = PushEndpoint("cpu")
+    t = _receive(first, buckets, 1, port, got)
+    sender.send(shard(0, 1), 1, "127.0.0.1", port, 2, 512)
+    t.join(30)
+    assert torch.equal(got[1]["embed"], dict(shard(0, 1))["embed"])
+    del first
+    gc.collect()
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        sender.send(shard(0, 2), 2, "127.0.0.1", port, 2, 512)
+    receiver = PushEndpoint("cpu")
+    t = _receive(receiver, buckets, 3, port, got)
+    sender.send(shard(0, 3), 3, "127.0.0.1", port, 2, 512)   # a sender that kept the broken group fails here
+    t.join(30)
+    assert not isinstance(got[3], str), got[3]
+    assert torch.equal(got[3]["layers.0.qkv.0"], dict(shard(0, 3))["layers.0.qkv.0"])
+
+    del sender
+    gc.collect()
+    t = _receive(receiver, buckets, 4, port, got)
+    t.join(30)
+    assert "Connection closed by peer" in got[4]     # the sender's end closed: version 4 failed
+    sender = PushEndpoint("cpu")
+    sending = threading.Thread(target=sender.send, args=(shard(0, 5), 5, "127.0.0.1", port, 2, 512), daemon=True)
+    sending.start()
+    t = _receive(receiver, buckets, 5, port, got)
+    t.join(30)
+    assert not isinstance(got[5], str), got[5]       # a receiver that kept the broken group failed here
+    sending.join(30)
+    assert torch.equal(got[5]["embed"], dict(shard(0, 5))["embed"])

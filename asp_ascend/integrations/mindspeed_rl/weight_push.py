@@ -3,9 +3,10 @@
 Communicator j spans the trainer rank holding inference-TP shard j in the first inference
 data-parallel group (rank 0, it hosts the store at its node IP) and TP rank j of every
 instance (rank 1 + r). :class:`PushEndpoint` is one process's end of it, created on first
-use and reused for every version; the platform decides the library (HCCL on NPU, NCCL on
-CUDA, gloo on CPU), so the same code runs in the CPU test. :func:`weight_push_fn` is the
-orchestration: instances start receiving, the trainer group sends, both finish.
+use and reused for every version (formed again after a failed one); the platform decides the
+library (HCCL on NPU, NCCL on CUDA, gloo on CPU), so the same code runs in the CPU test.
+:func:`weight_push_fn` is the orchestration: instances start receiving, the trainer group sends,
+both finish.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ PORT_FIX = (f"set {PORT_KEY} to the first of a range of ports free on every send
 class PushEndpoint:
     """This process's end of weight-sync communicator j: the sender's (rank 0) is a
     :class:`~asp_ascend.platforms.transport.SenderEndpoint` (it binds the configured port, listening
-    before it forms the group, as every sender does), a receiver joins the sender's store."""
+    before it forms the group, as every sender does), a receiver joins the sender's store. A failed
+    version drops this end's communicator (the trainer's and the hf push's rule)."""
 
     def __init__(self, platform_name: str, device_index: int = 0):
         self.platform_name, self.device_index = platform_name, device_index
@@ -40,10 +42,14 @@ class PushEndpoint:
     def send(self, named: Iterable[tuple[str, Any]], version: int, host: str, port: int, world: int,
              bucket_bytes: int) -> int:
         named = list(named)
-        # one group for the push's lifetime (generation 0): formed at the first version, then kept
+        # one group (generation 0): formed at the first version, kept until a version fails
         group = {"gen": 0, "host": host, "port": int(port), "world": int(world), "platform": self.platform_name}
         tx = self._transport(self._sender.comm(group), bucket_bytes)
-        tx.send(tx.prepare(version, named), named)
+        try:
+            tx.send(tx.prepare(version, named), named)
+        except BaseException:
+            self._sender.drop()   # a broken group is never reused: the next version forms it again
+            raise
         return len(named)
 
     def recv(self, buckets, version: int, host: str, port: int, rank: int, world: int) -> list[tuple[str, Any]]:
@@ -52,7 +58,11 @@ class PushEndpoint:
         if self._comm is None:
             self._comm = create_communicator(self.platform_name, host, port, rank, world, self.device_index)
         rx = self._transport(self._comm, 1)
-        return list(rx.recv(WeightTicket(version, buckets)))
+        try:
+            return list(rx.recv(WeightTicket(version, buckets)))
+        except BaseException:
+            self._comm = None     # ... and every receiver joins it again at the next version
+            raise
 
 
 def weight_push_fn(actor_group, instances, base_port: int, bucket_bytes: int) -> Callable[[int], None]:
