@@ -293,10 +293,10 @@ def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_ite
                                          tail=tail, group_max_factor=group_max_factor, speculation=speculation,
                                          max_len=max_len)
     instance = _lpt(iteration, _rank_of(_desc_order(eff, rng)), eff, R, n_iter, carry=True)
-    # dispatch: a group whose generation spans several iterations' worth of an instance's
-    # work (and every tail) is pulled forward by up to k windows (it still waits for its own
-    # admission version): long tails start as early as the lag bound allows. Within a
-    # window, longest first.
+    # dispatch: a group whose generation spans more iterations' worth of an instance's work than
+    # iteration order gives it (``pull_forward``; every tail) is pulled forward by up to k windows
+    # (it still waits for its own admission version): long tails start as early as the lag bound
+    # allows. Within a window, longest first.
     shift = np.zeros(n, dtype=np.int64)
     period = work.sum() / (R * n_iter)
     if k > 0 and n_iter > 1:
