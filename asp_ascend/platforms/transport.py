@@ -23,6 +23,7 @@ torch, ray and vllm are imported inside the methods that need them.
 from __future__ import annotations
 
 import io
+import traceback
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional, Protocol, runtime_checkable
 
@@ -271,25 +272,40 @@ class SenderEndpoint:
     def listen(self, group: dict) -> int:
         """Start ``group``'s store (port 0: the OS picks one) and return the port it holds. The
         previous group and store are dropped first."""
-        self._comm = self._store = None
+        self.drop()
         self._store, self._gen = self._listen(group), group["gen"]
         return int(self._store.port)
 
     def comm(self, group: dict) -> Communicator:
-        """The communicator of ``group`` (this process is rank 0), built on first use of its ``gen``."""
+        """The communicator of ``group`` (this process is rank 0), built on first use of its ``gen``.
+        A formation that fails leaves nothing holding the store: its port is free for the next try."""
         if self._comm is None or self._gen != group["gen"]:
-            self._comm = None   # drop the old group before the new one forms
-            store, self._store = (self._store if self._gen == group["gen"] else None), None
-            store = store if store is not None else self._listen(group)
-            self._comm = create_communicator(group["platform"], group["host"], int(group["port"]), 0,
-                                             int(group["world"]), self.device_index,
-                                             float(group.get("timeout_s", 300.0)), store=store)
+            store = self._store if self._gen == group["gen"] else None
+            self._store = None
+            self.drop()   # the old group goes before the new one forms
+            try:
+                store = store if store is not None else self._listen(group)
+                self._comm = create_communicator(group["platform"], group["host"], int(group["port"]), 0,
+                                                 int(group["world"]), self.device_index,
+                                                 float(group.get("timeout_s", 300.0)), store=store)
+            except BaseException as exc:
+                # the frames of the failed formation (kept by whoever keeps the exception) hold the store
+                store = None
+                traceback.clear_frames(exc.__traceback__)
+                raise
             self._gen = group["gen"]
         return self._comm
 
     def drop(self) -> None:
-        """Forget the communicator (after a failed broadcast: a broken group is never reused)."""
-        self._comm = None
+        """Let go of the group (after a failed broadcast: a broken group is never reused) and close its
+        store now, so this port can be listened on again at once. The communicator is closed
+        (:func:`close_communicator`), not just forgotten: a caller that keeps the failed broadcast's
+        exception keeps its traceback's frames, and they reference the communicator (the transport's
+        ``self.comm``); closed, it no longer holds the store. A caller must not keep the store itself
+        (``comm.group.store``, ``GlooCommunicator._store``) past a drop."""
+        comm, self._comm, self._store = self._comm, None, None
+        if comm is not None:
+            close_communicator(comm)
 
 
 class GlooCommunicator:
@@ -315,9 +331,34 @@ class GlooCommunicator:
     def broadcast(self, tensor, src: int) -> None:
         import torch.distributed as dist
 
+        if self._pg is None:
+            raise RuntimeError("weight sync: broadcast on a closed gloo communicator (a dropped group is never reused)")
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = src, 0
         self._pg.broadcast([tensor], opts).wait()
+
+    def close(self) -> None:
+        """Abort the gloo group (its connections close now) and let go of it and of the store."""
+        pg, self._pg, self._store = self._pg, None, None
+        if pg is not None:
+            pg.abort()
+
+
+def close_communicator(comm) -> None:
+    """Let go of what ``comm`` holds of its group, so that on rank 0 the store (and with it the port
+    it listens on) closes now even while something still references ``comm``. torch's ``TCPStore``
+    has no close: its server stops only when the last reference goes, hence this. Gloo: the group is
+    aborted and released (:meth:`GlooCommunicator.close`). vLLM's ``PyNcclCommunicator`` /
+    vllm-ascend's ``PyHcclCommunicator``: their ``StatelessProcessGroup`` lets go of the store (the
+    device communicator itself goes when the last reference does, as before). ``comm`` is unusable
+    afterwards."""
+    close = getattr(comm, "close", None)
+    if callable(close):
+        close()
+        return
+    group = getattr(comm, "group", None)
+    if group is not None and hasattr(group, "store"):
+        group.store = None
 
 
 def create_communicator(platform_name: str, host: str, port: int, rank: int, world_size: int,
