@@ -385,6 +385,7 @@ class TrainerEngine:
         from ..platforms.transport import BroadcastTransport
 
         if getattr(self, "_pending", None) is None or self._pending[0] != version:
+            self._sender.drop()   # the instances joining this group learn at once that nothing comes
             raise RuntimeError(f"send_weights({version}): publish({version}, 'broadcast') did not run first")
         t0 = time.time()
         comm = self._sender.comm({**group, "platform": self.platform.name})

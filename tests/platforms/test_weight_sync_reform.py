@@ -176,3 +176,19 @@ def test_a_receiver_still_joining_learns_of_a_drop_at_once():
     th.join(15)
     waited, why = got["r"]                            # before: still waiting here (300 s)
     assert waited < 10, (waited, why)
+
+
+def test_send_weights_without_its_publish_frees_the_group_port():
+    """An out-of-order send_weights (no publish of that version) is refused and drops the group it
+    was to use: the port listen held is free again (receivers joining it learn at once)."""
+    from asp_ascend.engines.trainer import TrainerEngine
+
+    port = _free_port()
+    group = {"gen": 0, "host": "127.0.0.1", "port": port, "world": 2, "platform": "cpu", "timeout_s": TIMEOUT_S}
+    trainer = TrainerEngine.__new__(TrainerEngine)   # no model: the refusal comes before any weight is read
+    trainer._sender, trainer._pending = SenderEndpoint(), None
+    assert trainer._sender.listen(group) == port
+    with pytest.raises(RuntimeError, match="did not run first"):
+        trainer.send_weights(3, group)
+    with socket.socket() as s:   # free: nothing holds the store any more
+        s.bind(("127.0.0.1", port))
