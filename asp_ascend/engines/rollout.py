@@ -89,12 +89,24 @@ class RolloutEngine:
             logprobs_mode = "raw_logprobs"
         self.speculative = dict(speculative or {})
         extra.update(engine_args or {})
+        # the device's own needs last (CPU: chunked prefill off, a seeded prompt's prefill is never split)
+        from ..platforms import get_platform
+
+        extra.update(get_platform(platform, check=False).rollout_engine_args(extra, max_model_len))
         self.llm = LLM(model=model_dir, dtype=dtype, max_model_len=max_model_len, enforce_eager=platform == "cpu",
                        max_num_seqs=max_num_seqs, seed=seed, worker_extension_cls=worker_extension_cls,
                        tensor_parallel_size=int(tensor_parallel_size),
                        logprobs_mode=logprobs_mode, disable_log_stats=True,
                        skip_tokenizer_init=True, **extra)  # prompts arrive as token ids; rewards decode
         self.engine = self.llm.llm_engine
+        sched = self.engine.vllm_config.scheduler_config
+        if extra.get("enable_chunked_prefill") is False and (sched.enable_chunked_prefill
+                                                             or sched.long_prefill_token_threshold):
+            self.engine.engine_core.shutdown()
+            raise RuntimeError(f"vLLM turned chunked prefill back on (enable_chunked_prefill="
+                               f"{sched.enable_chunked_prefill}, long_prefill_token_threshold="
+                               f"{sched.long_prefill_token_threshold}) on platform {platform}, where a split "
+                               "prefill of a seeded request kills the engine; this vLLM version is not supported")
         self.version = 0
         self._labels = hasattr(self.engine, "set_weight_version")  # the engine core labels its steps
         if self._labels:

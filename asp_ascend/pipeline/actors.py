@@ -56,6 +56,8 @@ def start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | None
         raise ConfigError([f"rollout.num_instances / train.devices: {R} instance(s) x {cfg.rollout.devices_per_instance} "
                            f"{plat.ray_resource} + {cfg.train.devices} trainer rank(s) need {dev_need} "
                            f"{plat.ray_resource}s; the Ray cluster has {dev_have:g}"])
+    eargs = engine_args(cfg)
+    plat.rollout_engine_args(eargs, max_model_len)  # a budget the device cannot run fails here, before any actor starts
     gib = str(max(1, int(round(cfg.rollout.kv_cache_space_gib))))
     from .logger import actor_runtime_env
 
@@ -71,7 +73,7 @@ def start_actors(cfg, model_dir: Path, cores, tok_ids: dict, ev_ids: dict | None
         str(model_dir), max_num_seqs=cfg.rollout.max_num_seqs, max_model_len=max_model_len, seed=cfg.seed + r,
         kv_cache_gib=cfg.rollout.kv_cache_space_gib, dtype=cfg.model.dtype, cpu_cores=inst_cores[r], instance=r,
         tensor_parallel_size=cfg.rollout.devices_per_instance, platform=plat.name,
-        speculative=speculative_config(cfg), engine_args=engine_args(cfg))
+        speculative=speculative_config(cfg), engine_args=eargs)
         for r in range(R)]
     t = cfg.train
     loss = LossConfig(clip_eps=t.clip_eps, off_policy=t.off_policy, cap=t.tis_cap, kl_coef=t.kl_coef,
@@ -194,7 +196,8 @@ def shutdown_instances(instances) -> None:
 def engine_args(cfg) -> dict:
     """Further vLLM engine arguments from the config: ``enable_prefix_caching``
     (``rollout.prefix_caching``) always, ``max_num_batched_tokens`` when
-    ``rollout.max_num_batched_tokens`` is set (> 0; else vLLM picks its own default)."""
+    ``rollout.max_num_batched_tokens`` is set (> 0; else vLLM picks its own default). The device's own
+    arguments come on top, in the instance (``Platform.rollout_engine_args``: chunked prefill off on CPU)."""
     args = {"enable_prefix_caching": bool(cfg.rollout.prefix_caching)}
     if cfg.rollout.max_num_batched_tokens:
         args["max_num_batched_tokens"] = int(cfg.rollout.max_num_batched_tokens)

