@@ -234,14 +234,18 @@ def plan_seed_cells(a, workloads_outer: bool = False):
     """(devices, workload, run) per device count and workload of ``a`` (device counts outer unless
     ``workloads_outer``): the workload built once (seed 0: the same prompts, lengths and predictions
     for every seed), ``run(policy, overrides, seed)`` its summary simulated with that planner seed
-    (``result=True``: its SimResult and config)."""
+    (``result=True``: its SimResult and config). ``--set`` applies to the workload's build as well as
+    to every run."""
     from asp_ascend.lengths.workloads import workload_from_config
 
     cells = ([(D, wl) for wl in a.workloads for D in a.devices] if workloads_outer
              else [(D, wl) for D in a.devices for wl in a.workloads])
     extra = set_overrides(getattr(a, "set", []))
+    # the workload is built from --set too (workload.*, train.group_size, lengths.* shape it), with
+    # seed 0 whatever --set says of the seed
+    shape = {k: v for k, v in extra.items() if k != "seed"}
     for D, wl in cells:
-        w = workload_from_config(_cfg(wl, a.data, a.prompts, D, {}))
+        w = workload_from_config(_cfg(wl, a.data, a.prompts, D, shape))
 
         def run(name, over, s, mismatch=None, result=False, wl=wl, w=w, D=D):
             cfg = _cfg(wl, a.data, a.prompts, D, {**over, **extra, "seed": s})

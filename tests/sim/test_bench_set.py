@@ -56,3 +56,23 @@ def test_sweep_cell_change_wins_over_set():
     shipped = bench_tail._cfg("bimodal", None, 256, 32, {}).scheduler.concentrate_tail
     assert plain("asp", {**bench_tail.ASP_DEFAULTS, "scheduler.concentrate_tail": 0.03}, 1,
                  result=True)[1].scheduler.concentrate_tail == 0.03 != shipped   # without --set the row's value
+
+
+def test_set_shapes_the_workload_too():
+    """--set workload.* / train.group_size reach the workload plan_seed_cells builds (they were
+    applied to the runs' configs only, so a workload key changed nothing), with seed 0 whatever
+    --set says of the seed."""
+    def samples(kvs):
+        a = argparse.Namespace(workloads=["bimodal"], devices=[32], prompts=64, data=None, set=kvs)
+        ((_, _, run),) = bench_tail.plan_seed_cells(a, workloads_outer=True)
+        res, cfg = run("fully_async_fifo", {}, 0, result=True)
+        return res.summary, cfg
+
+    base, _ = samples([])
+    s, cfg = samples(["train.group_size=4", "workload.tail_fraction=0.02"])
+    assert cfg.train.group_size == 4
+    assert s["samples"] == base["samples"] // 2              # 64 prompts x 4 instead of x 8
+    g4, _ = samples(["train.group_size=4"])
+    assert s["run_time_s"] != g4["run_time_s"]               # the tail fraction (bimodal: 0.3) changed the lengths
+    reseeded, _ = samples(["train.group_size=4", "workload.tail_fraction=0.02", "seed=5"])
+    assert reseeded["run_time_s"] == s["run_time_s"]         # the same workload (seed 0); fifo draws nothing
