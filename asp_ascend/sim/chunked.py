@@ -35,8 +35,6 @@ not counted against the budget.
 """
 from __future__ import annotations
 
-import heapq
-
 from .instances import INST, Instances
 
 
@@ -57,15 +55,9 @@ class ChunkedInstances(Instances):
 
     def _startable(self, r: int, s: int) -> bool:
         """Could waiting sequence ``s`` (not partly prefilled) start on ``r`` now, budget aside?"""
-        n = self.n[r]
-        if n >= self.mns or (self.each and self.ready[s] > self.T[r] + 1e-12):
+        if self.n[r] >= self.mns or (self.each and self.ready[s] > self.T[r] + 1e-12):
             return False
-        if not self.kv or n == 0:
-            return True
-        j = s // self.G
-        need = self.plen_j[j] + self.g0[s]
-        new = need - self.sh_j[j] if self.pc and self.hold[j] else need
-        return self.K[r] + n * self.S[r] - self.saved[r] + new + n + 1 <= self.kv
+        return self._head_tokens(r, s, s // self.G) >= 0
 
     def _pending(self, r: int) -> bool:
         """Prompt tokens wait on the budget alone: the next step boundary must be an event."""
@@ -83,10 +75,7 @@ class ChunkedInstances(Instances):
         w = self.waiting[r]
         if not w:
             return
-        n, K, g0, s0, plen_j, G, kv = self.n, self.K, self.g0, self.s0, self.plen_j, self.G, self.kv
-        pc, hold, sh_j, saved = self.pc, self.hold, self.sh_j, self.saved
-        h, od = self.heaps[r], self.order[r]
-        Sr = self.S[r]
+        n, G, mns, Sr = self.n, self.G, self.mns, self.S[r]
         if self.bud_step[r] != Sr:          # a new step: decode tokens first
             self.bud_step[r] = Sr
             bud = self.budget - n[r]
@@ -99,16 +88,13 @@ class ChunkedInstances(Instances):
             j = s // G
             left = self.pf_left[r]
             if not left:                    # a new sequence: a slot, its hand-over, KV space
-                if n[r] >= self.mns or (each and ready[s] > Tr):
+                if n[r] >= mns or (each and ready[s] > Tr):
                     break
-                need = plen_j[j] + g0[s]
-                left = need - sh_j[j] if pc and hold[j] else need
-                if kv and n[r] > 0 and K[r] + n[r] * Sr - saved[r] + left + n[r] + 1 > kv:
+                left = self._head_tokens(r, s, j)
+                if left < 0:
                     break
                 if self.adm_cost and self.unpaid[j]:
-                    self.unpaid[j] = False
-                    if n[r] > 0:
-                        stall += self.adm_cost
+                    stall += self._engine_stall(r, j)
                 self.pf_kv[r] = left
             if left > bud:                  # the budget runs out inside this prompt
                 chunk += bud
@@ -118,32 +104,14 @@ class ChunkedInstances(Instances):
             chunk += left
             bud -= left
             self.pf_left[r] = self.pf_kv[r] = 0
-            w.popleft()                     # its prompt is done: it runs from this step on
-            need = plen_j[j] + g0[s]
-            if pc:
-                if hold[j]:
-                    saved[r] += sh_j[j]
-                hold[j] += 1
-            n[r] += 1
-            K[r] += need - Sr
-            s0[s] = Sr
-            self.in_run[s] = True
-            fs = Sr + self.resp[s] - g0[s]
-            self.fin_step[s] = fs
-            heapq.heappush(h, (fs, s))
-            od.append(s)
-            if g0[s] == 0:
-                fresh.append(s)
+            self._run_head(r, s, j, fresh)     # its prompt is done: it runs from this step on
         self.bud[r] = bud
         if chunk:
             self.chunk_steps[r] += 1
         if chunk or stall:
             self.T[r] += self.cm.prefill_per_token * chunk + stall
         if fresh:
-            nn = n[r]
-            tf = self.T[r] + self.cost_at(nn).steps(1, nn, K[r] + nn * Sr)
-            for s in fresh:
-                self.t_first[s] = tf
+            self._first_tokens(r, fresh)
 
     def _unstart(self, r: int) -> None:
         """Preempt the partly prefilled sequence: its chunks are lost, it waits at the head."""

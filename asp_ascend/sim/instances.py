@@ -154,50 +154,74 @@ class Instances:
         w = self.waiting[r]
         if not w:
             return
-        n, K, g0, s0, plen_j, G, kv = self.n, self.K, self.g0, self.s0, self.plen_j, self.G, self.kv
-        pc, hold, sh_j, saved = self.pc, self.hold, self.sh_j, self.saved
-        newtok = 0
-        fresh = []
-        h, od = self.heaps[r], self.order[r]
-        Sr = self.S[r]
+        n, G, mns = self.n, self.G, self.mns
         each, ready, Tr = self.each, self.ready, self.T[r] + 1e-12
-        stall = 0.0                     # admit_engine_s of the groups starting beside running ones
-        while w and n[r] < self.mns:
+        newtok, stall, fresh = 0, 0.0, []   # stall: admit_engine_s of groups starting beside running ones
+        while w and n[r] < mns:
             s = w[0]
             if each and ready[s] > Tr:  # not handed over yet (schedule wakes the instance then)
                 break
             j = s // G
-            need = plen_j[j] + g0[s]
-            new = need - sh_j[j] if pc and hold[j] else need     # tokens to prefill and to hold anew
-            if kv and n[r] > 0 and K[r] + n[r] * Sr - saved[r] + new + n[r] + 1 > kv:
+            new = self._head_tokens(r, s, j)
+            if new < 0:
                 break
-            w.popleft()
-            if pc:
-                if hold[j]:
-                    saved[r] += sh_j[j]
-                hold[j] += 1
-            if self.adm_cost and self.unpaid[s // G]:
-                self.unpaid[s // G] = False
-                if n[r] > 0:
-                    stall += self.adm_cost
-            n[r] += 1
-            K[r] += need - Sr
-            s0[s] = Sr
-            self.in_run[s] = True
-            fs = Sr + self.resp[s] - g0[s]
-            self.fin_step[s] = fs
-            heapq.heappush(h, (fs, s))
-            od.append(s)
+            if self.adm_cost and self.unpaid[j]:
+                stall += self._engine_stall(r, j)
+            self._run_head(r, s, j, fresh)
             newtok += new
-            if g0[s] == 0:
-                fresh.append(s)
         if newtok or stall:
             self.T[r] += self.cm.prefill_per_token * newtok + stall
         if fresh:
-            nn = n[r]
-            tf = self.T[r] + self.cost_at(nn).steps(1, nn, K[r] + nn * Sr)
-            for s in fresh:
-                self.t_first[s] = tf
+            self._first_tokens(r, fresh)
+
+    def _head_tokens(self, r: int, s: int, j: int) -> int:
+        """The KV tokens waiting sequence ``s`` (of group ``j``) would prefill and hold anew on
+        ``r`` (prefix caching: less its group's prompt that running siblings hold), or -1 when the
+        KV cache would not hold them beside the running sequences' next tokens."""
+        need = self.plen_j[j] + self.g0[s]
+        new = need - self.sh_j[j] if self.pc and self.hold[j] else need
+        kv, n = self.kv, self.n[r]
+        if kv and n > 0 and self.K[r] + n * self.S[r] - self.saved[r] + new + n + 1 > kv:
+            return -1
+        return new
+
+    def _engine_stall(self, r: int, j: int) -> float:
+        """Group ``j``'s admit_engine_s, charged once (its first sequence to start on ``r``), and
+        only beside running sequences (an idle engine admits it for free)."""
+        self.unpaid[j] = False
+        return self.adm_cost if self.n[r] > 0 else 0.0
+
+    def _run_head(self, r: int, s: int, j: int, fresh: list) -> None:
+        """Waiting sequence ``s`` (the head of ``r``'s queue, of group ``j``), prefilled, runs from
+        boundary S[r]: it leaves the queue, takes a slot and its KV, its finish step goes on the
+        heap; prefix caching: it shares its group's prompt with running siblings. ``s`` joins
+        ``fresh`` (its first token is still to come: _first_tokens) unless it resumes a preempted
+        or partial sequence."""
+        self.waiting[r].popleft()
+        if self.pc:
+            hold = self.hold
+            if hold[j]:
+                self.saved[r] += self.sh_j[j]
+            hold[j] += 1
+        Sr, g = self.S[r], self.g0[s]
+        self.n[r] += 1
+        self.K[r] += self.plen_j[j] + g - Sr
+        self.s0[s] = Sr
+        self.in_run[s] = True
+        self.fin_step[s] = fs = Sr + self.resp[s] - g
+        heapq.heappush(self.heaps[r], (fs, s))
+        self.order[r].append(s)
+        if g == 0:
+            fresh.append(s)
+
+    def _first_tokens(self, r: int, fresh: list) -> None:
+        """The sequences of ``fresh`` started on ``r`` at T[r]: their first token comes at the end
+        of the step starting there (the running set's, them included)."""
+        nn = self.n[r]
+        tf = self.T[r] + self.cost_at(nn).steps(1, nn, self.K[r] + nn * self.S[r])
+        t_first = self.t_first
+        for s in fresh:
+            t_first[s] = tf
 
     # ------------------------------------------------------------------ time
     def _clean(self, r: int) -> None:
