@@ -20,7 +20,6 @@ and the least / most lag-blocked instance's share. Means over the planner seeds 
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
@@ -86,27 +85,13 @@ def rows():
 
 
 def main(argv=None) -> int:
-    from bench_tail import SEED_FREE, WORKLOADS, plan_seed_cells
+    from bench_tail import SEED_FREE, cell_args, plan_seed_cells, table_head
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[1].parent / "shared" / "data",
-                    help="directory of the Azure LLM trace CSVs")
-    ap.add_argument("--prompts", type=int, default=4096)
-    ap.add_argument("--devices", type=int, nargs="+", default=[64])
-    ap.add_argument("--workloads", nargs="+", default=["bimodal"], choices=list(WORKLOADS))
-    ap.add_argument("--plan-seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                    help="config overrides on top of every row (e.g. rollout.max_num_seqs=32)")
-    a = ap.parse_args(argv)
-    bad = [kv for kv in a.set if "=" not in kv]
-    if bad:
-        ap.error(f"--set: {' '.join(bad)} is not KEY=VALUE (e.g. rollout.max_num_seqs=32)")
+    a = cell_args(argv, __doc__.splitlines()[0], "bimodal", "every row", "rollout.max_num_seqs=32")
     print(f"planner seeds {', '.join(map(str, a.plan_seeds))}; per iteration, seconds of all slots, mean (min .. max) "
           f"over the seeds ({' and '.join(SEED_FREE)} run once)\n")
-    head = ("| workload | devices | system | iter. time (s) | slots busy | lag-blocked (of it before the first "
-            "publish) | waiting | sync | drain | lag-blocked, least / most blocked instance |")
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
+    table_head("| workload | devices | system | iter. time (s) | slots busy | lag-blocked (of it before the first "
+               "publish) | waiting | sync | drain | lag-blocked, least / most blocked instance |")
     for D, wl, run in plan_seed_cells(a, workloads_outer=True):
         for label, name, over in rows():
             got = []

@@ -230,6 +230,32 @@ def set_overrides(kvs) -> dict:
     return dict(kv.split("=", 1) for kv in kvs)
 
 
+def check_set(ap, kvs, example: str) -> None:
+    """Refuse ``--set`` items without ``=`` (``ap.error`` names them; ``example``: a KEY=VALUE)."""
+    bad = [kv for kv in kvs if "=" not in kv]
+    if bad:
+        ap.error(f"--set: {' '.join(bad)} is not KEY=VALUE (e.g. {example})")
+
+
+def cell_args(argv, description: str, workloads: str, set_on: str, set_example: str):
+    """The command line of a benchmark over device counts, workloads and planner seeds (the options
+    plan_seed_cells reads): --data, --prompts (4096), --devices (64), --workloads (``workloads``),
+    --plan-seeds (0), --set KEY=VALUE ... (config overrides on top of ``set_on``, e.g.
+    ``set_example``; refused without ``=``: check_set)."""
+    ap = argparse.ArgumentParser(description=description)
+    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data",
+                    help="directory of the Azure LLM trace CSVs")
+    ap.add_argument("--prompts", type=int, default=4096)
+    ap.add_argument("--devices", type=int, nargs="+", default=[64])
+    ap.add_argument("--workloads", nargs="+", default=[workloads], choices=list(WORKLOADS))
+    ap.add_argument("--plan-seeds", type=int, nargs="+", default=[0])
+    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                    help=f"config overrides on top of {set_on} (e.g. {set_example})")
+    a = ap.parse_args(argv)
+    check_set(ap, a.set, set_example)
+    return a
+
+
 def plan_seed_cells(a, workloads_outer: bool = False):
     """(devices, workload, run) per device count and workload of ``a`` (device counts outer unless
     ``workloads_outer``): the workload built once (seed 0: the same prompts, lengths and predictions
@@ -742,12 +768,10 @@ def bound(args) -> None:
     print(f"planner seeds {', '.join(map(str, args.plan_seeds))}: means over them ({' and '.join(SEED_FREE)} run "
           f"once; the publish floor's room also min .. max); seconds per iteration; room left = 1 - bound / fifo's "
           f"iteration time\n")
-    head = ("| workload | devices | system | iter. time (s) | vs fifo | trainer busy: steps + syncs (s) | "
-            "trainer idle: fill / after it (s) | LB_i terms: decode work / trainer / longest alone / (k+1) (s) | "
-            "sum LB_i / iterations (s) | lower_bound_ratio | publish floor / iterations (s) | "
-            "room left vs fifo: trainer busy / sum LB_i / publish floor |")
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
+    table_head("| workload | devices | system | iter. time (s) | vs fifo | trainer busy: steps + syncs (s) | "
+               "trainer idle: fill / after it (s) | LB_i terms: decode work / trainer / longest alone / (k+1) (s) | "
+               "sum LB_i / iterations (s) | lower_bound_ratio | publish floor / iterations (s) | "
+               "room left vs fifo: trainer busy / sum LB_i / publish floor |")
     for D, wl, run in plan_seed_cells(args, workloads_outer=True):
         res = seed_runs(functools.partial(run, result=True), args.plan_seeds, BOUND_ROWS)
         fifo = None
@@ -771,14 +795,12 @@ def breakdown(args) -> None:
     from asp_ascend.metrics.floor import last_steps
     from asp_ascend.sim.run import simulate_system
 
-    head = ("| setup | plan seed | iter. time (s) | bound LB_i (s) | floor: longest alone / (k+1) | decode-work term | "
-            "trainer term | critical group's wait | beside other sequences | critical alone - longest alone | "
-            "trainer after the last group | critical = longest | sequences beside the critical group | "
-            "last step forced (its groups = those not generated when the step before began) | "
-            "trainer after the last group: forced / other iterations | last step (s): forced / other | "
-            "last step's tokens / the iteration's mean step: forced / other | heavy_first moves |")
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
+    table_head("| setup | plan seed | iter. time (s) | bound LB_i (s) | floor: longest alone / (k+1) | decode-work term | "
+               "trainer term | critical group's wait | beside other sequences | critical alone - longest alone | "
+               "trainer after the last group | critical = longest | sequences beside the critical group | "
+               "last step forced (its groups = those not generated when the step before began) | "
+               "trainer after the last group: forced / other iterations | last step (s): forced / other | "
+               "last step's tokens / the iteration's mean step: forced / other | heavy_first moves |")
     for model in ("7b", "32b"):
         for D in args.devices:
             over = dict(kv.split("=", 1) for kv in args.set)
@@ -938,10 +960,8 @@ def sweep(args) -> None:
     seeds = args.plan_seeds
     print(f"planner seeds {', '.join(map(str, seeds))} (each cell's workload built with seed 0); mean (min .. max) "
           f"over the seeds; fifo and fifo + rules plan nothing at random: run once\n")
-    head = ("| workload | devices | cell | asp iter. time (s) | asp vs fifo | asp vs balanced | asp vs fifo + rules | "
-            "asp throughput / fifo's | lag max (asp) |")
-    print(head)
-    print("|" + "---|" * (head.count("|") - 1))
+    table_head("| workload | devices | cell | asp iter. time (s) | asp vs fifo | asp vs balanced | asp vs fifo + rules | "
+               "asp throughput / fifo's | lag max (asp) |")
     behind = []
     extra = set_overrides(args.set)
     for D in args.devices:
@@ -1017,9 +1037,7 @@ def main(argv=None) -> int:
                  f"{' --floor' if args.floor else ''})")
     if args.cells and args.what not in ("robustness", "reestimate"):
         ap.error(f"--cells applies to robustness and reestimate only, not to {args.what}")
-    bad = [kv for kv in args.set if "=" not in kv]
-    if bad:
-        ap.error(f"--set: {' '.join(bad)} is not KEY=VALUE (e.g. lengths.predictor=oracle)")
+    check_set(ap, args.set, "lengths.predictor=oracle")
     args.plan_seeds = args.plan_seeds or [0]
     if len(set(args.plan_seeds)) != len(args.plan_seeds):
         ap.error(f"--plan-seeds: {' '.join(map(str, args.plan_seeds))} names a seed twice; give each seed once")

@@ -18,14 +18,13 @@ apart while it runs pays. Prints markdown.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_tail import ASP_DEFAULTS, ROOT, WORKLOADS, _cfg, bound_terms, floor_terms  # noqa: E402
+from bench_tail import ASP_DEFAULTS, _cfg, bound_terms, cell_args, floor_terms, set_overrides  # noqa: E402
 
 HEAD = ("| workload | devices | seed | iter. time (s) | publish floor (s) | critical alone | beside (latency - alone) "
         "| on its instance | of it: decode, earlier iterations | the same | later | prefill | even spread |")
@@ -54,19 +53,8 @@ def corun_row(wl: str, D: int, data, prompts: int, seed: int, extra: dict) -> li
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
-    ap.add_argument("--prompts", type=int, default=4096)
-    ap.add_argument("--devices", type=int, nargs="+", default=[64])
-    ap.add_argument("--workloads", nargs="+", default=["reasoning"], choices=list(WORKLOADS))
-    ap.add_argument("--plan-seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                    help="config overrides on top of asp's defaults (e.g. rollout.tail_concurrency=reactive)")
-    a = ap.parse_args(argv)
-    bad = [kv for kv in a.set if "=" not in kv]
-    if bad:
-        ap.error(f"--set: {' '.join(bad)} is not KEY=VALUE (e.g. rollout.tail_concurrency=reactive)")
-    extra = dict(kv.split("=", 1) for kv in a.set)
+    a = cell_args(argv, __doc__.splitlines()[0], "reasoning", "asp's defaults", "rollout.tail_concurrency=reactive")
+    extra = set_overrides(a.set)
     print(f"asp's defaults{' + ' + ' '.join(a.set) if a.set else ''}; seconds per iteration (/ (k+1)), steady "
           f"iterations\n")
     print(HEAD)
