@@ -12,3 +12,21 @@ def small_sim_config(seed: int, **over):
     with ``over`` (dotted keys) on top, for property tests over random settings."""
     keys = {"seed": seed, **SMALL_SYNTHETIC, **over}
     return load_config(None, [f"{k}={v}" for k, v in keys.items()])
+
+
+def reference_decode_step(cm, running: list, C: int, gen: list, L, fin, t: float) -> tuple[float, int]:
+    """One decode step of a step-by-step reference instance (the token-by-token checks of the
+    engine's closed-form jumps): every ``running`` sequence (together holding ``C`` KV tokens)
+    computes one token at ``cm``'s decode cost (no sequence: the step costs nothing); those that
+    reach their length ``L`` leave ``running``, finishing (``fin``) at the step's end. Returns the
+    time after the step and how many finished."""
+    n = len(running)
+    if n:
+        t += cm.decode_a + cm.decode_b * (C + n) + cm.decode_c * n
+    for s in running:
+        gen[s] += 1
+    finished = [s for s in running if gen[s] >= L[s]]
+    for s in finished:
+        running.remove(s)
+        fin[s] = t
+    return t, len(finished)

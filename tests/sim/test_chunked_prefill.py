@@ -15,7 +15,7 @@ from asp_ascend.sim.chunked import ChunkedInstances
 from asp_ascend.sim.engine import SimJobs
 from asp_ascend.sim.instances import Instances
 from asp_ascend.sim.run import simulate_system
-from sim_common import small_sim_config
+from sim_common import reference_decode_step, small_sim_config
 
 CM = CostModel(decode_a=1.0, decode_b=0.0, decode_c=0.0, prefill_per_token=0.1)
 
@@ -295,15 +295,8 @@ def reference_chunked(jobs: SimJobs, cm: CostModel, mns: int, kv: int, budget: i
                 waiting.appendleft(s)
             else:
                 break
-        n = len(running)
-        if n:
-            t += cm.decode_a + cm.decode_b * (C + n) + cm.decode_c * n
-        for s in running:
-            gen[s] += 1
-        for s in [s for s in running if gen[s] >= L[s]]:
-            running.remove(s)
-            fin[s] = t
-            done += 1
+        t, k = reference_decode_step(cm, running, C, gen, L, fin, t)
+        done += k
     return fin
 
 

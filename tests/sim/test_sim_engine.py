@@ -13,6 +13,7 @@ from asp_ascend.sim.bounds import lower_bounds
 from asp_ascend.scheduler.execution import ExecutionSettings
 from asp_ascend.sim.engine import Engine, SimJobs, TrainerSpec
 from asp_ascend.sim.trainer import micro_batch_table
+from sim_common import reference_decode_step
 
 
 def _jobs(resp, iteration, instance, mini_batch=None, prompt_length=None, G=None):
@@ -120,14 +121,8 @@ def reference_single_instance(jobs: SimJobs, cm: CostModel, max_num_seqs: int, k
             s = running.pop()
             C -= plen[s] + gen[s]
             waiting.appendleft(s)
-        n = len(running)
-        t += cm.decode_a + cm.decode_b * (C + n) + cm.decode_c * n
-        for s in running:
-            gen[s] += 1
-        for s in [s for s in running if gen[s] >= L[s]]:
-            running.remove(s)
-            fin[s] = t
-            done += 1
+        t, k = reference_decode_step(cm, running, C, gen, L, fin, t)
+        done += k
     return fin
 
 
