@@ -15,6 +15,11 @@ while it ran (``on its instance``; it models ``beside``), their decode split by 
 had the window's other tokens been spread evenly over all instances. ``beside - even`` is what a dispatch that moves other tokens off the critical
 group's instance could still gain; ``even`` is what one that cannot tell the critical group
 apart while it runs pays. Prints markdown.
+
+The steady columns need at least one steady iteration: more than (k + 1) x
+``train.global_batch_size`` prompts (k = 1, 256 prompts an iteration: --prompts 768 or more). A
+smaller run prints its iteration time and publish floor and ``n/a`` in the steady columns, and
+says why under the table.
 """
 from __future__ import annotations
 
@@ -30,8 +35,9 @@ HEAD = ("| workload | devices | seed | iter. time (s) | publish floor (s) | crit
         "| on its instance | of it: decode, earlier iterations | the same | later | prefill | even spread |")
 
 
-def corun_row(wl: str, D: int, data, prompts: int, seed: int, extra: dict) -> list[float]:
-    """The table's figures for one run (module docstring), per iteration."""
+def corun_row(wl: str, D: int, data, prompts: int, seed: int, extra: dict) -> tuple[list[float | None], str]:
+    """(the table's figures for one run (module docstring), per iteration; "" or why its steady
+    columns are None: the run has no iteration from k + 1 on)."""
     from asp_ascend.lengths.workloads import workload_from_config
     from asp_ascend.metrics.floor import corunning
     from asp_ascend.sim.run import simulate_system
@@ -45,11 +51,27 @@ def corun_row(wl: str, D: int, data, prompts: int, seed: int, extra: dict) -> li
     req = res.timeline.frame("request")
     c = corunning(req, cm.decode_b, cm.decode_c, res.spec.num_instances, cm.prefill_per_token,
                   cm.prefill_share(req["prompt_length"].to_numpy(float), w.group_size))
+    n_it = int(res.summary["iterations"])
     b, c = b[b["iteration"] >= k1], c[c["iteration"] >= k1]
     bt = bound_terms(res, cfg)
+    if b.empty or c.empty:      # a mean over no iteration would print nan
+        gbs = cfg.train.global_batch_size
+        why = (f"{wl} at {prompts} prompts runs {n_it} iteration(s) of {gbs} prompts; the steady ones start "
+               f"at k + 1 = {k1}: needs --prompts > {k1 * gbs} (k + 1 = {k1} x train.global_batch_size = {gbs})")
+        return [bt["time"], bt["chain"], *([None] * 8)], why
     return [bt["time"], bt["chain"], b["critical_solo"].mean() / k1,
             (b["critical_latency"] - b["critical_solo"]).mean() / k1,
-            *(c[x].mean() / k1 for x in ("on_instance", "previous", "same", "next", "prefill", "even"))]
+            *(c[x].mean() / k1 for x in ("on_instance", "previous", "same", "next", "prefill", "even"))], ""
+
+
+def _cells(xs) -> str:
+    return " | ".join("n/a" if x is None else f"{x:.1f}" for x in xs)
+
+
+def _mean(rows) -> list[float | None]:
+    """Per column, the mean over the rows that have it (None where none has)."""
+    cols = [[x for x in col if x is not None] for col in zip(*rows)]
+    return [float(np.mean(v)) if v else None for v in cols]
 
 
 def main(argv=None) -> int:
@@ -59,15 +81,20 @@ def main(argv=None) -> int:
           f"iterations\n")
     print(HEAD)
     print("|---|---|---|" + "---|" * 10)
+    notes = []
     for D in a.devices:
         for wl in a.workloads:
             rows = []
             for s in a.plan_seeds:
-                rows.append(corun_row(wl, D, a.data, a.prompts, s, extra))
-                print(f"| {wl} | {D} | {s} | " + " | ".join(f"{x:.1f}" for x in rows[-1]) + " |", flush=True)
+                row, why = corun_row(wl, D, a.data, a.prompts, s, extra)
+                rows.append(row)
+                if why and why not in notes:
+                    notes.append(why)
+                print(f"| {wl} | {D} | {s} | {_cells(row)} |", flush=True)
             if len(rows) > 1:
-                print(f"| {wl} | {D} | mean | " + " | ".join(f"{x:.1f}" for x in np.mean(rows, axis=0)) + " |",
-                      flush=True)
+                print(f"| {wl} | {D} | mean | {_cells(_mean(rows))} |", flush=True)
+    for why in notes:
+        print(f"\nn/a: no steady iteration: {why}")
     return 0
 
 
