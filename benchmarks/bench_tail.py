@@ -58,7 +58,11 @@ groups were not generated when the step before it began: when that is all of the
 chooses among generated groups, cannot lighten it; the share of forced iterations, and for forced
 and other iterations the trainer's time after the last group (per iteration, / (k + 1)), the last
 step's seconds and its tokens against the iteration's mean step; and the moves
-``pipeline.regroup_heavy`` made in the run (``regrouped_heavy_first``).
+``pipeline.regroup_heavy`` made in the run (``regrouped_heavy_first``). ``breakdown`` and
+``robustness --floor`` average over the steady iterations: a run with none (k + 2 iterations needed;
+k = 1, one simulated epoch of 256 prompts an iteration: --prompts 768 or more) prints ``n/a`` there
+and, under the table, its iteration count and the size that has one; so does a column with no
+iteration of its kind (forced / other).
 ``speed``: the issue-14 speed target, seconds of ``simulate_system`` per policy (workload
 generation and planning included) for 100k prompts x G = 8 on 64 rollout instances (TP 2, 128
 rollout of 256 devices) on the reasoning-like workload with every mechanism on (guided dispatch,
@@ -482,10 +486,11 @@ FLOOR_COLUMNS = ("iter. time (s)", "longest alone / (k+1)", "critical group's wa
 
 
 def robustness_floor_terms(wl: str, D: int, data, prompts: int, name: str, over: dict, seed: int, mismatch,
-                           extra: dict | None = None) -> list[float]:
-    """FLOOR_COLUMNS of one robustness run (``name`` planned on the configured costs with planner
+                           extra: dict | None = None) -> tuple[list[float | None], str]:
+    """(FLOOR_COLUMNS of one robustness run (``name`` planned on the configured costs with planner
     ``seed``, executed on ``mismatch``'s): breakdown's terms over the steady iterations (from k + 1
-    on) per iteration (/ (k + 1)), the critical group's solo latency priced on the true costs."""
+    on) per iteration (/ (k + 1)), the critical group's solo latency priced on the true costs; "" or
+    ``no_steady_why``: the run has no steady iteration and its steady terms are None)."""
     from asp_ascend.lengths.workloads import workload_from_config
     from asp_ascend.sim.run import simulate_system
 
@@ -493,43 +498,83 @@ def robustness_floor_terms(wl: str, D: int, data, prompts: int, name: str, over:
     cfg = _cfg(wl, data, prompts, D, {**over, **(extra or {}), "seed": seed})
     res = simulate_system(cfg, w, name, record_samples=True, mismatch=mismatch)
     b, _ = floor_terms(res, cfg, mismatch.cost(res.costs.instance))
-    _, st = steady_floor(b, cfg.pipeline.lag_bound)
+    m, st = steady_floor(b, cfg.pipeline.lag_bound)
+    why = "" if len(m) else no_steady_why(wl, prompts, int(res.summary["iterations"]), cfg)
     return [res.summary["iteration_time_mean"], st["floor"], st["wait"], st["beside"], st["alone"], st["after"],
-            st["seqs"]]
+            st["seqs"]], why
 
 
 def steady_floor(b, lag_bound: int):
     """(the steady iterations' rows, from k + 1 on; their floor terms per iteration, / (k + 1)) of
     ``floor_terms``'s breakdown ``b``: the longest group alone, the critical group's wait, what
     running beside other sequences added, critical alone - longest alone, the trainer after the
-    last group, and the sequences beside the critical group (not divided)."""
+    last group, and the sequences beside the critical group (not divided). Every term is None when
+    there is no steady iteration (a mean over none would be nan)."""
     k1 = lag_bound + 1
     m = b[b["iteration"] >= k1]
+    if m.empty:
+        return m, dict.fromkeys(("floor", "wait", "beside", "alone", "after", "seqs"))
     return m, {"floor": m["floor_group_solo"].mean() / k1, "wait": m["critical_wait"].mean() / k1,
                "beside": (m["critical_latency"] - m["critical_solo"]).mean() / k1,
                "alone": (m["critical_solo"] - m["floor_group_solo"]).mean() / k1, "after": m["after"].mean() / k1,
                "seqs": m["critical_beside"].mean()}
 
 
-def robustness_floor(args) -> None:
-    """Per robustness cell, where asp's and balanced's iterations go beside their lag floor
-    (breakdown's terms on the cell's true costs), each the mean over ``--plan-seeds``."""
+def no_steady_why(wl: str, prompts: int, iterations: int, cfg) -> str:
+    """Why a run of ``wl`` at ``prompts`` prompts (config ``cfg``) has no steady iteration (from
+    k + 1 on) to average over, and the size that has one: k + 2 iterations over ``sim.epochs``
+    epochs of ``train.global_batch_size`` prompts an iteration (printed by ``print_na_notes``)."""
+    k1, gbs, E = cfg.pipeline.lag_bound + 1, cfg.train.global_batch_size, cfg.sim.epochs
+    need = gbs * -(-(k1 + 1) // E)
+    return (f"{wl} at {prompts} prompts runs {iterations} iteration(s) ({E} epoch(s) of {gbs} prompts an "
+            f"iteration); the steady ones start at k + 1 = {k1}: needs --prompts >= {need}")
+
+
+def na(x, fmt: str = ".1f", scale: float = 1) -> str:
+    """A table cell: ``scale * x`` in ``fmt``, ``n/a`` for None (a figure the run has no steady
+    iteration for)."""
+    return "n/a" if x is None else format(scale * x, fmt)
+
+
+def na_cells(xs, fmt: str = ".1f") -> str:
+    """Table cells of ``xs`` (``na``)."""
+    return " | ".join(na(x, fmt) for x in xs)
+
+
+def mean_present(rows) -> list[float | None]:
+    """Per column, the mean over the rows that have it: not None, not nan (None where none has)."""
     import numpy as np
 
+    cols = [[x for x in col if x is not None and x == x] for col in zip(*rows)]
+    return [float(np.mean(v)) if v else None for v in cols]
+
+
+def print_na_notes(notes) -> None:
+    """Under a table: why its ``n/a`` cells have no figure (``no_steady_why``'s lines, each once)."""
+    for why in dict.fromkeys(n for n in notes if n):
+        print(f"\nn/a: no steady iteration: {why}")
+
+
+def robustness_floor(args) -> None:
+    """Per robustness cell, where asp's and balanced's iterations go beside their lag floor
+    (breakdown's terms on the cell's true costs), each the mean over ``--plan-seeds``; ``n/a``, and
+    why under the table, where a run has no steady iteration."""
     extra = dict(kv.split("=", 1) for kv in args.set)
     print(f"planner seeds {', '.join(map(str, args.plan_seeds))} (workload built with seed 0); per iteration, "
           f"mean over the seeds and the steady iterations; / (k+1) as in breakdown\n")
     table_head("| workload | devices | true costs (plan: configured) | system | " + " | ".join(FLOOR_COLUMNS)
                + " |")
+    notes = []
     for D, wl, label, it in _grid(args):
         for key, name, over in ROBUST_ROWS:
             if key == "fifo":
                 continue
-            rows = [robustness_floor_terms(wl, D, args.data, args.prompts, name, over, s, it.mismatch, extra)
+            runs = [robustness_floor_terms(wl, D, args.data, args.prompts, name, over, s, it.mismatch, extra)
                     for s in args.plan_seeds]
-            r = np.mean(rows, axis=0)
-            print(f"| {wl} | {D} | {label} | {key} | " + " | ".join(f"{x:.1f}" for x in r[:6])
-                  + f" | {r[6]:.0f} |", flush=True)
+            notes += [why for _, why in runs]
+            r = mean_present([row for row, _ in runs])
+            print(f"| {wl} | {D} | {label} | {key} | {na_cells(r[:6])} | {na_cells(r[6:], '.0f')} |", flush=True)
+    print_na_notes(notes)
 
 
 CHAIN_ORDERS = 2000     # random orders of a plan's iterations per run (robustness --chain)
@@ -788,9 +833,8 @@ def bound(args) -> None:
 
 
 def breakdown(args) -> None:
-    """asp's iterations beside their lag floor on the seed setups (module docstring)."""
-    import numpy as np
-
+    """asp's iterations beside their lag floor on the seed setups (module docstring); ``n/a``, and why
+    under the table, where a run has no steady iteration or no iteration of a kind."""
     from asp_ascend.lengths.workloads import workload_from_config
     from asp_ascend.metrics.floor import last_steps
     from asp_ascend.sim.run import simulate_system
@@ -801,6 +845,7 @@ def breakdown(args) -> None:
                "last step forced (its groups = those not generated when the step before began) | "
                "trainer after the last group: forced / other iterations | last step (s): forced / other | "
                "last step's tokens / the iteration's mean step: forced / other | heavy_first moves |")
+    notes = []
     for model in ("7b", "32b"):
         for D in args.devices:
             over = dict(kv.split("=", 1) for kv in args.set)
@@ -812,31 +857,45 @@ def breakdown(args) -> None:
                 b, terms = floor_terms(res, cfg)
                 k1 = cfg.pipeline.lag_bound + 1
                 m, st = steady_floor(b, cfg.pipeline.lag_bound)
+                sm = res.summary
+                if m.empty:     # every column but the run's time, bound and moves is over the steady iterations
+                    notes.append(no_steady_why(f"sim_{model}", args.prompts, int(sm["iterations"]), cfg))
+                    rows.append([sm["iteration_time_mean"], sm["iteration_time_mean"] / sm["lower_bound_ratio"],
+                                 *([None] * 16), sm.get("regrouped_heavy_first", 0)])
+                    print(_breakdown_row(f"sim_{model} ({D})", str(s), rows[-1], 0), flush=True)
+                    continue
                 t = terms.iloc[m["iteration"].to_numpy()]
                 ls = last_steps(res.timeline.frame("request"), res.timeline.frame("step"))
                 ls = ls[ls["iteration"] >= k1].merge(m[["iteration", "after"]], on="iteration")
                 f, o = ls[ls["left_at_last_but_one"] >= ls["last_groups"]], ls[ls["left_at_last_but_one"] < ls["last_groups"]]
-                sm = res.summary
                 row = [sm["iteration_time_mean"], sm["iteration_time_mean"] / sm["lower_bound_ratio"],
                        st["floor"], t["decode"].mean(), t["train"].mean(), st["wait"], st["beside"], st["alone"],
                        st["after"], m["critical_is_floor_group"].mean(), st["seqs"],
-                       len(f) / max(len(ls), 1), f["after"].mean() / k1, o["after"].mean() / k1,
-                       f["last_step_s"].mean(), o["last_step_s"].mean(), f["last_tokens_share"].mean(),
-                       o["last_tokens_share"].mean(), sm.get("regrouped_heavy_first", 0)]
+                       len(f) / max(len(ls), 1), *(_mean_or_none(x["after"] / k1) for x in (f, o)),
+                       *(_mean_or_none(x[c]) for c in ("last_step_s", "last_tokens_share") for x in (f, o)),
+                       sm.get("regrouped_heavy_first", 0)]
                 rows.append(row)
                 print(_breakdown_row(f"sim_{model} ({D})", str(s), row, len(m)), flush=True)
                 if args.per_iteration:
                     print(b.assign(**{c: terms[c].to_numpy()[b["iteration"].to_numpy()] for c in terms})
                           .merge(ls.drop(columns="after"), on="iteration", how="left").round(2).to_string(index=False))
             if len(rows) > 1:
-                print(_breakdown_row(f"sim_{model} ({D})", "mean", list(np.nanmean(rows, axis=0)), len(m)), flush=True)
+                print(_breakdown_row(f"sim_{model} ({D})", "mean", mean_present(rows), len(m)), flush=True)
+    print_na_notes(notes)
+
+
+def _mean_or_none(x) -> float | None:
+    """The mean of ``x``, None when it is empty (no iteration of that kind: ``n/a``, not nan)."""
+    return float(x.mean()) if len(x) else None
 
 
 def _breakdown_row(setup: str, seed: str, r: list, n: int) -> str:
-    """One breakdown line from its values (breakdown's order); ``n``: steady iterations per run."""
-    return (f"| {setup} | {seed} | " + " | ".join(f"{x:.1f}" for x in r[:9]) + f" | {100 * r[9]:.0f} % of {n} | "
-            f"{r[10]:.1f} | {100 * r[11]:.0f} % | {r[12]:.1f} / {r[13]:.1f} | {r[14]:.1f} / {r[15]:.1f} | "
-            f"{r[16]:.2f} / {r[17]:.2f} | {r[18]:.0f} |")
+    """One breakdown line from its values (breakdown's order); ``n``: steady iterations per run;
+    ``n/a`` for None."""
+    return (f"| {setup} | {seed} | {na_cells(r[:9])} | {na(r[9], '.0f', 100)}{' %' * (r[9] is not None)} of {n} | "
+            f"{na(r[10])} | {na(r[11], '.0f', 100)}{' %' * (r[11] is not None)} | {na(r[12])} / {na(r[13])} | "
+            f"{na(r[14])} / {na(r[15])} | "
+            f"{na(r[16], '.2f')} / {na(r[17], '.2f')} | {na(r[18], '.0f')} |")
 
 
 def admission(args) -> None:

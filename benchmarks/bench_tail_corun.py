@@ -26,10 +26,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_tail import ASP_DEFAULTS, _cfg, bound_terms, cell_args, floor_terms, set_overrides  # noqa: E402
+from bench_tail import (ASP_DEFAULTS, _cfg, bound_terms, cell_args, floor_terms, mean_present, na_cells,  # noqa: E402
+                        no_steady_why, print_na_notes, set_overrides)
 
 HEAD = ("| workload | devices | seed | iter. time (s) | publish floor (s) | critical alone | beside (latency - alone) "
         "| on its instance | of it: decode, earlier iterations | the same | later | prefill | even spread |")
@@ -55,23 +54,11 @@ def corun_row(wl: str, D: int, data, prompts: int, seed: int, extra: dict) -> tu
     b, c = b[b["iteration"] >= k1], c[c["iteration"] >= k1]
     bt = bound_terms(res, cfg)
     if b.empty or c.empty:      # a mean over no iteration would print nan
-        gbs = cfg.train.global_batch_size
-        why = (f"{wl} at {prompts} prompts runs {n_it} iteration(s) of {gbs} prompts; the steady ones start "
-               f"at k + 1 = {k1}: needs --prompts > {k1 * gbs} (k + 1 = {k1} x train.global_batch_size = {gbs})")
+        why = no_steady_why(wl, prompts, n_it, cfg)
         return [bt["time"], bt["chain"], *([None] * 8)], why
     return [bt["time"], bt["chain"], b["critical_solo"].mean() / k1,
             (b["critical_latency"] - b["critical_solo"]).mean() / k1,
             *(c[x].mean() / k1 for x in ("on_instance", "previous", "same", "next", "prefill", "even"))], ""
-
-
-def _cells(xs) -> str:
-    return " | ".join("n/a" if x is None else f"{x:.1f}" for x in xs)
-
-
-def _mean(rows) -> list[float | None]:
-    """Per column, the mean over the rows that have it (None where none has)."""
-    cols = [[x for x in col if x is not None] for col in zip(*rows)]
-    return [float(np.mean(v)) if v else None for v in cols]
 
 
 def main(argv=None) -> int:
@@ -88,13 +75,11 @@ def main(argv=None) -> int:
             for s in a.plan_seeds:
                 row, why = corun_row(wl, D, a.data, a.prompts, s, extra)
                 rows.append(row)
-                if why and why not in notes:
-                    notes.append(why)
-                print(f"| {wl} | {D} | {s} | {_cells(row)} |", flush=True)
+                notes.append(why)
+                print(f"| {wl} | {D} | {s} | {na_cells(row)} |", flush=True)
             if len(rows) > 1:
-                print(f"| {wl} | {D} | mean | {_cells(_mean(rows))} |", flush=True)
-    for why in notes:
-        print(f"\nn/a: no steady iteration: {why}")
+                print(f"| {wl} | {D} | mean | {na_cells(mean_present(rows))} |", flush=True)
+    print_na_notes(notes)
     return 0
 
 

@@ -137,8 +137,10 @@ def test_floor_prices_the_critical_group_on_the_true_costs():
     from asp_ascend.sim.run import Mismatch
 
     def terms(mm):
-        return bench_tail.robustness_floor_terms("bimodal", 32, None, 1024, "asp", bench_tail.ASP_DEFAULTS, 0,
-                                                 Mismatch(**mm))
+        row, why = bench_tail.robustness_floor_terms("bimodal", 32, None, 1024, "asp", bench_tail.ASP_DEFAULTS, 0,
+                                                     Mismatch(**mm))
+        assert why == ""                # 1024 prompts of 256 an iteration: iterations 2 and 3 are steady
+        return row
     planned = terms({})
     slow = terms({"decode_a": 10.0, "decode_b": 10.0, "decode_c": 10.0})
     assert len(planned) == len(bench_tail.FLOOR_COLUMNS)
@@ -147,3 +149,21 @@ def test_floor_prices_the_critical_group_on_the_true_costs():
     a = argparse.Namespace(workloads=["bimodal"], devices=[32], prompts=1024, data=None, cells=["planned costs"])
     (_, _, it), = bench_tail._grid_cells(a, 32)
     assert planned[0] == it("asp", bench_tail.ASP_DEFAULTS)["iteration_time_mean"]
+
+
+def test_floor_without_a_steady_iteration_prints_na_and_why(capsys):
+    """robustness --floor at 512 prompts (256 an iteration: iterations 0 and 1, the steady ones
+    start at k + 1 = 2): the iteration time prints, the steady terms n/a and why under the table,
+    never nan (a mean over no iteration)."""
+    assert bench_tail.main(["robustness", "--floor", "--prompts", "512", "--devices", "32", "--workloads", "bimodal",
+                            "--cells", "planned costs"]) == 0
+    out = capsys.readouterr().out
+    assert "nan" not in out
+    rows = [[c.strip() for c in x.strip().strip("|").split("|")] for x in out.splitlines()
+            if x.startswith("| bimodal | 32 |")]
+    assert [r[3] for r in rows] == ["asp", "balanced"]
+    for r in rows:
+        assert float(r[4]) > 0
+        assert r[5:] == ["n/a"] * (len(bench_tail.FLOOR_COLUMNS) - 1)
+    assert out.count("n/a: no steady iteration: bimodal at 512 prompts runs 2 iteration(s)") == 1
+    assert "needs --prompts >= 768" in out

@@ -25,7 +25,7 @@ def test_no_steady_iteration_prints_na_and_why(capsys):
     for r in rows:
         assert float(r[3]) > 0 and float(r[4]) > 0      # the run's own figures still print
         assert r[5:] == ["n/a"] * 8
-    assert "runs 2 iteration(s)" in out and "needs --prompts > 512" in out
+    assert "runs 2 iteration(s)" in out and "needs --prompts >= 768" in out
 
 
 def test_steady_iterations_print_finite_figures(capsys):
