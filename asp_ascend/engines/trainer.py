@@ -388,14 +388,13 @@ class TrainerEngine:
             self._sender.drop()   # the instances joining this group learn at once that nothing comes
             raise RuntimeError(f"send_weights({version}): publish({version}, 'broadcast') did not run first")
         t0 = time.time()
-        comm = self._sender.comm({**group, "platform": self.platform.name})
         _, named = self._pending
-        tx = BroadcastTransport(comm, self.bucket_bytes, synchronize=self.platform.synchronize)
-        try:
+
+        def broadcast(comm):
+            tx = BroadcastTransport(comm, self.bucket_bytes, synchronize=self.platform.synchronize)
             tx.send(tx.prepare(version, named), named)
-        except BaseException:
-            self._sender.drop()  # a broken group is never reused
-            raise
+
+        self._sender.send({**group, "platform": self.platform.name}, broadcast)   # a failure drops the group
         return {"t_start": t0, "t_end": time.time(), "version": version}
 
     def sequence_logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:

@@ -33,8 +33,10 @@ class NpuPlatform:
     ray_resource: Optional[str] = "NPU"
 
     def rollout_engine_args(self, engine_args: dict, max_model_len: int) -> dict:
-        """No further vLLM engine arguments: this device's generators take offsets, so vLLM's rewind of a
-        seeded request's generator after a partial prefill works (chunked prefill as vLLM sets it)."""
+        """No further vLLM engine arguments: chunked prefill as vllm-ascend sets it. Not checked on an
+        NPU: whether vllm-ascend's runner rewinds a seeded request's generator after a partial
+        prefill, and whether torch_npu's generator takes the offset (the CPU one does not:
+        :meth:`CpuPlatform.rollout_engine_args`, docs/runtime.md)."""
         return {}
 
     def is_available(self) -> bool:

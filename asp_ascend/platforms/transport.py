@@ -296,6 +296,17 @@ class SenderEndpoint:
             self._gen = group["gen"]
         return self._comm
 
+    def send(self, group: dict, send):
+        """``send(comm)`` on ``group``'s communicator (:meth:`comm`), returning what it returns; if
+        it fails the group is dropped (a broken group is never reused: the next call forms it again
+        on ``group["port"]``, where the receivers join again) and the error raised."""
+        comm = self.comm(group)
+        try:
+            return send(comm)
+        except BaseException:
+            self.drop()
+            raise
+
     def drop(self) -> None:
         """Let go of the group (after a failed broadcast: a broken group is never reused) and close its
         store now, so this port can be listened on again at once. The communicator is closed

@@ -178,12 +178,8 @@ def push_version(pusher: HfPusher, endpoint: Optional[SenderEndpoint], group: di
         return pusher.push()
     from ...platforms import get_platform
 
-    comm = endpoint.comm(group)
-    try:
-        return pusher.push(comm, get_platform(group["platform"], check=False).synchronize)
-    except BaseException:
-        endpoint.drop()
-        raise
+    sync = get_platform(group["platform"], check=False).synchronize
+    return endpoint.send(group, lambda comm: pusher.push(comm, sync))
 
 
 def hf_push_fn(actor_group, instances, *, platform: str, base_port: int, tp: int, bucket_bytes: int,

@@ -44,12 +44,12 @@ class PushEndpoint:
         named = list(named)
         # one group (generation 0): formed at the first version, kept until a version fails
         group = {"gen": 0, "host": host, "port": int(port), "world": int(world), "platform": self.platform_name}
-        tx = self._transport(self._sender.comm(group), bucket_bytes)
-        try:
+
+        def broadcast(comm):
+            tx = self._transport(comm, bucket_bytes)
             tx.send(tx.prepare(version, named), named)
-        except BaseException:
-            self._sender.drop()   # a broken group is never reused: the next version forms it again
-            raise
+
+        self._sender.send(group, broadcast)   # a failed version drops the group: the next forms it again
         return len(named)
 
     def recv(self, buckets, version: int, host: str, port: int, rank: int, world: int) -> list[tuple[str, Any]]:
