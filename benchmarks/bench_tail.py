@@ -11,7 +11,7 @@
     python benchmarks/bench_tail.py reestimate [--data DIR] [--prompts N] [--devices 32 64]
     python benchmarks/bench_tail.py bound      [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2] [--set ...]
     python benchmarks/bench_tail.py sweep      [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
-                                               [--workloads reasoning ...] [--set KEY=VALUE ...]
+                                               [--workloads reasoning ...] [--set KEY=VALUE ...] [--more]
 
 ``ablation``: per heavy-tailed workload (reasoning-like synthetic, bimodal synthetic, Azure
 code trace x8 and conversation trace x6 from ``--data``, the repository's ../shared/data by
@@ -93,7 +93,13 @@ coefficients x0.1 / x10 known to the planner or not; a 4x slower / faster traine
 against fifo and balanced as shipped and fifo with asp's trainer-side rules (``SWEEP_ROWS``), mean
 (min .. max) over the planner seeds, then the cells where asp is more than 1 % behind fifo or
 balanced or the run failed; ``--set KEY=VALUE ...`` adds config overrides on top of every row's, each
-cell's own change applied last (it is what the cell varies), e.g. a candidate default for asp.
+cell's own change applied last (it is what the cell varies), e.g. a candidate default for asp. ``sweep
+--more``: the same rows and table on a second list of cells instead (``sweep_more_cells``: the model class
+and sim_32b.yaml's setup, prompt lengths and their correlation with the response's, a slow weight sync, decoding
+through syncs, TP 4, the rollout / trainer split, 64 / 1024 prompts an iteration, two epochs, the ema and
+quantile predictors, predictions that carry nothing, G = 16 in one mini-batch, a clipped tail, a scarce KV
+cache, prefix caching off, padded micro-batches, every length x0.5 / x2, chunked prefill), so the documented
+sweep's cells and numbers stay as they were.
 Prints markdown tables (docs/scheduler.md holds a copy).
 """
 from __future__ import annotations
@@ -1001,6 +1007,60 @@ def sweep_cells(wl: str, data: Path, prompts: int, D: int) -> list:
     return out
 
 
+# sweep --more: a second list of settings, none in the documented sweep (SWEEP_KEYS and its cost cells), that an
+# independent checker's own configs would plausibly change: the model class and its setup, the prompt lengths and
+# their correlation with the response's, the weight sync's cost, the rollout / trainer split and the instances'
+# count at a fixed device count, the iteration's size and the epoch count, other predictors and predictions that
+# carry no information, G = 16 in one mini-batch, a clipped heavy tail, a scarce KV cache, prefix caching off,
+# padded micro-batches, every length x0.5 / x2, chunked prefill. Kept apart so the documented sweep's numbers stay
+# reproducible; each cell is (label, overrides), the overrides a function of the workload and the device count.
+def sweep_more_cells(wl: str, D: int) -> list:
+    """(label, overrides, None) of ``sweep --more``'s cells on workload ``wl`` at ``D`` devices (the base first)."""
+    w = WORKLOADS[wl]
+    synthetic = w["workload.type"] == "synthetic"
+    out = [("base", {})]
+    out += [("model 32b (TP 2)", {"sim.model_class": "32b"}),
+            ("model 32b, TP 4", {"sim.model_class": "32b", "sim.infer_tp": 4}),
+            ("sim_32b.yaml's setup (32b, TP 4, 128 prompts x 4 mini-batches, 128 seqs)",
+             {"sim.model_class": "32b", "sim.infer_tp": 4, "train.global_batch_size": 128,
+              "train.mini_batch_size": 32, "train.micro_batch_size": 2, "rollout.max_num_seqs": 128})]
+    if synthetic:
+        out += [("workload.prompt_median=2000", {"workload.prompt_median": 2000}),
+                ("workload.prompt_sigma=1.2", {"workload.prompt_sigma": 1.2})]
+        out += [(f"workload.prompt_response_correlation={v:g}", {"workload.prompt_response_correlation": v})
+                for v in (-0.5, 0.0, 0.95)]
+    out += [("weight sync 1 GB/s (15 s)", {"sim.sync_bandwidth_gbps": 1.0}),
+            ("instances decode through weight syncs (sim.rollout_sync_pause=false)", {"sim.rollout_sync_pause": "false"}),
+            ("sim.infer_tp=4", {"sim.infer_tp": 4}),
+            ("rollout 1/4 of the devices", {"sim.rollout_devices": D // 4}),
+            ("rollout 3/4 of the devices", {"sim.rollout_devices": 3 * D // 4}),
+            ("64 prompts an iteration (64 iterations an epoch)",
+             {"train.global_batch_size": 64, "train.mini_batch_size": 16}),
+            ("1024 prompts an iteration (4 iterations an epoch)",
+             {"train.global_batch_size": 1024, "train.mini_batch_size": 256}),
+            ("two simulated epochs", {"sim.epochs": 2, "workload.epochs": 3}),
+            ("lengths.predictor=ema over two epochs of history", {"lengths.predictor": "ema", "workload.epochs": 3}),
+            ("lengths.predictor=quantile 0.9", {"lengths.predictor": "quantile", "lengths.quantile": 0.9}),
+            ("workload.epoch_correlation=0 (predictions carry nothing)", {"workload.epoch_correlation": 0.0}),
+            ("G = 16 in one mini-batch", {"train.group_size": 16, "train.mini_batch_size": 256})]
+    if synthetic:
+        out.append(("heavier tail clipped (tail_alpha 1.1, cap 4096)",
+                    {"workload.tail_alpha": 1.1, "lengths.max_response_length": 4096}))
+    else:
+        out.append(("cap 2048 (the trace's tail clipped)", {"lengths.max_response_length": 2048}))
+    out += [("KV cache 200k tokens an instance", {"rollout.kv_cache_tokens": 200000}),
+            ("rollout.prefix_caching=false", {"rollout.prefix_caching": "false"}),
+            ("padded micro-batches (sim.micro_batching=padded)", {"sim.micro_batching": "padded"})]
+    for f in (0.5, 2.0):
+        if synthetic:
+            o = {"workload.body_median": w["workload.body_median"] * f, "workload.tail_scale": w["workload.tail_scale"] * f}
+        else:
+            o = {"workload.length_scale": w["workload.length_scale"] * f}
+        out.append((f"every length x{f:g}", o))
+    out.append(("chunked prefill (rollout.max_num_batched_tokens=8192)", {"rollout.max_num_batched_tokens": 8192}))
+    return [(label, o, None) for label, o in out]
+
+
 def sweep_run(wl: str, data: Path, prompts: int, D: int, cell: dict, mismatch, extra: dict):
     """seed_runs's ``run(policy, overrides, seed)`` for one sweep cell: the row's overrides, then
     ``extra`` (``--set``), then the cell's own change; the workload built once from the cell
@@ -1025,7 +1085,8 @@ def sweep(args) -> None:
     extra = set_overrides(args.set)
     for D in args.devices:
         for wl in args.workloads:
-            for label, over, mm in sweep_cells(wl, args.data, args.prompts, D):
+            cells = sweep_more_cells(wl, D) if args.more else sweep_cells(wl, args.data, args.prompts, D)
+            for label, over, mm in cells:
                 try:
                     res = seed_runs(sweep_run(wl, args.data, args.prompts, D, over, mm, extra), seeds, SWEEP_ROWS)
                 except Exception as e:  # a crash or a refused config is a finding of the sweep
@@ -1077,6 +1138,9 @@ def main(argv=None) -> int:
                     help="robustness: instead of the grid, per cell and planner seed asp's defaults and fifo beside "
                          "the publish floor of their iterations on the cell's true costs, and that floor over random "
                          "orders of the same iterations")
+    ap.add_argument("--more", action="store_true",
+                    help="sweep: the second list of settings (sweep_more_cells: model class, prompt lengths, weight "
+                         "sync, split, iteration size, ...) instead of SWEEP_KEYS and the cost cells")
     ap.add_argument("--per-iteration", action="store_true", help="breakdown: also print every iteration's row")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                     help="breakdown, seed: config overrides on top of the seed setup (e.g. lengths.predictor=oracle, "
@@ -1094,6 +1158,8 @@ def main(argv=None) -> int:
     if args.chain and (args.what != "robustness" or args.floor):
         ap.error(f"--chain applies to robustness only, without --floor (got {args.what}"
                  f"{' --floor' if args.floor else ''})")
+    if args.more and args.what != "sweep":
+        ap.error(f"--more applies to sweep only, not to {args.what}")
     if args.cells and args.what not in ("robustness", "reestimate"):
         ap.error(f"--cells applies to robustness and reestimate only, not to {args.what}")
     check_set(ap, args.set, "lengths.predictor=oracle")

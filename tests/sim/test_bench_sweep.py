@@ -51,3 +51,35 @@ def test_cells_per_workload():
     assert any(c[0].startswith("workload.tail_alpha") for c in syn)
     assert not any(k in c[1] for c in trace for k in bench_tail.SYNTHETIC_ONLY)
     assert len(syn) - len(trace) == sum(len(v) for k, v in bench_tail.SWEEP_KEYS if k in bench_tail.SYNTHETIC_ONLY)
+
+
+@pytest.mark.parametrize("wl", ["bimodal", "azure_code_x8"])
+@pytest.mark.parametrize("D", [32, 64])
+def test_more_cells_are_valid_configs_that_change_what_they_name(tmp_path, wl, D):
+    (tmp_path / "azure_llm_trace_2023_code.csv").write_text("ContextTokens,GeneratedTokens\n100,200\n300,40\n")
+    cells = bench_tail.sweep_more_cells(wl, D)
+    labels = [c[0] for c in cells]
+    assert len(set(labels)) == len(labels) and labels[0] == "base" and cells[0][1] == {}
+    base = bench_tail._cfg(wl, tmp_path, 512, D, {})
+    for label, over, mm in cells[1:]:
+        assert mm is None and over, label
+        cfg = bench_tail._cfg(wl, tmp_path, 512, D, over)     # loads and validates (ConfigError otherwise)
+        for key, v in over.items():
+            group, name = key.split(".")
+            got, was = getattr(getattr(cfg, group), name), getattr(getattr(base, group), name)
+            want = str(v).lower() == "true" if isinstance(got, bool) else type(got)(v)
+            assert got == want != was, (label, key, got, was)
+    # none is a cell of the documented sweep; the synthetic generator's keys stay off the traces
+    documented = [{k: v} for k, vs in bench_tail.SWEEP_KEYS for v in vs]
+    assert not any(o in documented for _, o, _ in cells)
+    if wl.startswith("azure"):
+        assert not any(k in o for _, o, _ in cells for k in bench_tail.SYNTHETIC_ONLY)
+
+
+def test_more_selects_the_second_list(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(bench_tail, "sweep", seen.append)
+    assert bench_tail.main(["sweep", "--more", "--devices", "64"]) == 0 and seen[0].more
+    with pytest.raises(SystemExit) as e:
+        bench_tail.main(["ablation", "--more"])
+    assert e.value.code == 2 and "--more applies to sweep only" in capsys.readouterr().err
