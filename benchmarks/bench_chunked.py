@@ -6,7 +6,7 @@
 
 The ablation's setup (``bench_tail.py``: 8 rollout instances per 32 devices, G = 8, k = 1,
 previous-epoch predictions), ``fully_async_fifo`` as shipped and asp's defaults
-(``bench_tail.ASP_DEFAULTS``), each with every step budget of ``--budgets`` (0: the stall model,
+(``tail_common.ASP_DEFAULTS``), each with every step budget of ``--budgets`` (0: the stall model,
 an admitted sequence's prefill stalls its instance; N: vLLM V1's chunked prefill with
 ``max_num_batched_tokens`` = N, ``sim/chunked.py``). Per workload, system and budget, means over
 the planner seeds (fifo's plan draws nothing from the seed: run once): the mean iteration time,
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_tail import ASP_DEFAULTS, OFF, ROOT, WORKLOADS, _cfg  # noqa: E402
+from tail_common import ASP_DEFAULTS, OFF, ROOT, WORKLOADS, _cfg  # noqa: E402
 
 SYSTEMS = [("fully_async_fifo", "fully_async_fifo", OFF), ("asp's defaults", "asp", ASP_DEFAULTS)]
 HEAD = ("| workload | devices | system | budget | iter. time (s) | asp vs fifo | first token after admission: "

@@ -7,7 +7,7 @@
     python benchmarks/bench_fill.py first [--devices 32] [--workloads reasoning bimodal azure_code_x8 azure_conv_x6] ...
 
 The ablation's setup (``bench_tail.py``: 8 rollout instances per 32 devices, G = 8, k = 1,
-previous-epoch predictions, 4,096 prompts), asp's defaults (``bench_tail.ASP_DEFAULTS``) and
+previous-epoch predictions, 4,096 prompts), asp's defaults (``tail_common.ASP_DEFAULTS``) and
 fifo with asp's trainer-side rules (regroup, heaviest first, streaming).
 
 ``probe``: per system and planner seed, for iterations 0 and 1: the publish V_{i+1}, the critical
@@ -44,7 +44,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_tail import ASP_DEFAULTS, HEAVY, OFF, REGROUP, ROOT, WORKLOADS, _cfg  # noqa: E402
+from tail_common import ASP_DEFAULTS, HEAVY, OFF, REGROUP, ROOT, WORKLOADS, _cfg  # noqa: E402
 
 SYSTEMS = {"asp": ("asp", ASP_DEFAULTS),
            "fifo + rules": ("fully_async_fifo", {**OFF, **REGROUP, **HEAVY, "pipeline.stream_groups": "on"})}

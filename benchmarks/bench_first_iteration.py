@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_tail import LOSSLESS, ROOT, _cfg  # noqa: E402
+from tail_common import LOSSLESS, ROOT, _cfg  # noqa: E402
 
 
 def membership_floor(iteration, solo, tokens, costs, mini_batch_size: int, lag_bound: int) -> tuple[float, float]:

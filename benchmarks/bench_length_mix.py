@@ -44,7 +44,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_tail import HEAVY, LOSSLESS, OFF, REGROUP, SPEC, WORKLOADS, _cfg, plan_seed_cells  # noqa: E402
+from tail_common import HEAVY, LOSSLESS, OFF, REGROUP, SPEC, WORKLOADS, _cfg, plan_seed_cells  # noqa: E402
 
 KS_TARGET = 0.05
 ASP = {**OFF, **LOSSLESS, **REGROUP, **HEAVY}          # asp's defaults with pipeline.regroup_heavy

@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_tail import LOSSLESS, OFF, WORKLOADS, plan_seed_cells  # noqa: E402
+from tail_common import LOSSLESS, OFF, WORKLOADS, plan_seed_cells  # noqa: E402
 
 SYSTEMS = (("asp, static plan", "asp", OFF), ("asp, lossless defaults", "asp", {**OFF, **LOSSLESS}))
 

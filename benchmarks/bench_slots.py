@@ -76,7 +76,7 @@ def slot_time(req, sync, *, num_instances: int, max_num_seqs: int, lag_bound: in
 
 
 def rows():
-    from bench_tail import ASP_DEFAULTS, HEAVY, OFF, REGROUP
+    from tail_common import ASP_DEFAULTS, HEAVY, OFF, REGROUP
 
     return [("fully_async_fifo (as shipped)", "fully_async_fifo", OFF),
             ("fifo + rules (regroup, heaviest first, streaming)", "fully_async_fifo",
@@ -85,7 +85,7 @@ def rows():
 
 
 def main(argv=None) -> int:
-    from bench_tail import SEED_FREE, cell_args, plan_seed_cells, table_head
+    from tail_common import SEED_FREE, cell_args, plan_seed_cells, table_head
 
     a = cell_args(argv, __doc__.splitlines()[0], "bimodal", "every row", "rollout.max_num_seqs=32")
     print(f"planner seeds {', '.join(map(str, a.plan_seeds))}; per iteration, seconds of all slots, mean (min .. max) "

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_plan_seeds import seed_cells  # noqa: E402
-from bench_tail import LOSSLESS, OFF, WORKLOADS, _run  # noqa: E402
+from tail_common import LOSSLESS, OFF, WORKLOADS, _run  # noqa: E402
 
 
 def _stats(xs) -> str:

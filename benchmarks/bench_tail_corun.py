@@ -4,10 +4,10 @@
                                           [--plan-seeds 0 1 2 3 4] [--set rollout.tail_concurrency=reactive]
 
 The ablation's setup (``bench_tail.py``: 8 rollout instances per 32 devices, G = 8, k = 1,
-previous-epoch predictions), asp's defaults (``bench_tail.ASP_DEFAULTS``) plus ``--set``
+previous-epoch predictions), asp's defaults (``tail_common.ASP_DEFAULTS``) plus ``--set``
 overrides. Per workload, device count and planner seed, over the steady iterations (from k + 1
 on), per iteration (/ (k + 1), as ``bench_tail.py breakdown``): the mean iteration time and the
-publish floor of the run's iterations (``bench_tail.bound_terms``), the critical
+publish floor of the run's iterations (``tail_floor.bound_terms``), the critical
 (last-finishing) group's latency beside other sequences minus alone (``beside``), and
 ``metrics/floor.corunning``'s terms: the cost of the other sequences' tokens on its instance
 while it ran (``on its instance``; it models ``beside``), their decode split by their iteration
@@ -27,8 +27,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_tail import (ASP_DEFAULTS, _cfg, bound_terms, cell_args, floor_terms, mean_present, na_cells,  # noqa: E402
-                        no_steady_why, print_na_notes, set_overrides)
+from tail_common import (ASP_DEFAULTS, _cfg, cell_args, mean_present, na_cells, print_na_notes,  # noqa: E402
+                         set_overrides)
+from tail_floor import bound_terms, floor_terms, no_steady_why  # noqa: E402
 
 HEAD = ("| workload | devices | seed | iter. time (s) | publish floor (s) | critical alone | beside (latency - alone) "
         "| on its instance | of it: decode, earlier iterations | the same | later | prefill | even spread |")

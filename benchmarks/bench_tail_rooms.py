@@ -20,9 +20,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bench_tail as bt  # noqa: E402
+import tail_common as tc  # noqa: E402
 
-DEFAULTS = {**bt.OFF, **bt.LOSSLESS, **bt.REGROUP, **bt.HEAVY, **bt.STREAM}
+DEFAULTS = tc.ASP_DEFAULTS
 AUTO = {"rollout.tail_concurrency": "auto"}
 
 
@@ -40,10 +40,10 @@ def capped_by_iteration(res) -> tuple[int, float]:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=bt.ROOT.parent / "shared" / "data")
+    ap.add_argument("--data", type=Path, default=tc.ROOT.parent / "shared" / "data")
     ap.add_argument("--prompts", type=int, default=4096)
     ap.add_argument("--devices", type=int, nargs="+", default=[32, 64])
-    ap.add_argument("--workloads", nargs="+", default=list(bt.WORKLOADS))
+    ap.add_argument("--workloads", nargs="+", default=list(tc.WORKLOADS))
     ap.add_argument("--plan-seeds", type=int, nargs="+", default=[0])
     a = ap.parse_args(argv)
     from asp_ascend.lengths.workloads import workload_from_config
@@ -54,18 +54,18 @@ def main(argv=None) -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for D in a.devices:
         for wl in a.workloads:
-            w = workload_from_config(bt._cfg(wl, a.data, a.prompts, D, {}))
-            fifo = bt._run(bt._cfg(wl, a.data, a.prompts, D, {**bt.OFF}), w, "fully_async_fifo")
+            w = workload_from_config(tc._cfg(wl, a.data, a.prompts, D, {}))
+            fifo = tc._run(tc._cfg(wl, a.data, a.prompts, D, {**tc.OFF}), w, "fully_async_fifo")
             for s in a.plan_seeds:
                 for relief in ("shipped", 0):
                     rf = {} if relief == "shipped" else {"scheduler.relieve_first": relief}
-                    off = bt._run(bt._cfg(wl, a.data, a.prompts, D, {**DEFAULTS, **rf, "seed": s}), w, "asp")
-                    cfg = bt._cfg(wl, a.data, a.prompts, D, {**DEFAULTS, **AUTO, **rf, "seed": s})
+                    off = tc._run(tc._cfg(wl, a.data, a.prompts, D, {**DEFAULTS, **rf, "seed": s}), w, "asp")
+                    cfg = tc._cfg(wl, a.data, a.prompts, D, {**DEFAULTS, **AUTO, **rf, "seed": s})
                     res = simulate_system(cfg, w, "asp", record_samples=True)
                     first, later = capped_by_iteration(res)
                     t = res.summary["iteration_time_mean"]
                     print(f"| {wl} | {D} | {s} | {relief} | {first} | {later:.1f} | "
-                          f"{res.summary.get('tail_capped_groups', 0)} | {bt._vs_fifo(res.summary, fifo):+.1f}% | "
+                          f"{res.summary.get('tail_capped_groups', 0)} | {tc.pct(res.summary, fifo):+.1f}% | "
                           f"{100 * (t / off['iteration_time_mean'] - 1):+.1f}% |", flush=True)
 
 

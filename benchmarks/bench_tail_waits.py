@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_tail import LOSSLESS, OFF, ROOT, WORKLOADS, _cfg  # noqa: E402
+from tail_common import LOSSLESS, OFF, ROOT, WORKLOADS, _cfg  # noqa: E402
 
 OVERRIDES = {"asp": {**OFF, **LOSSLESS}}
 

@@ -59,7 +59,7 @@ def test_sim_starts_iteration_0_first_where_the_instances_hold_one_iteration():
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    from bench_tail import ASP_DEFAULTS, _cfg
+    from tail_common import ASP_DEFAULTS, _cfg
 
     from asp_ascend.lengths.workloads import workload_from_config
     from asp_ascend.sim.run import simulate_system

@@ -10,7 +10,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_first_iteration  # noqa: E402
-import bench_tail  # noqa: E402
+import tail_common  # noqa: E402
+import tail_floor  # noqa: E402
 
 from asp_ascend.sim.costs import PACKED_TOKEN_COST  # noqa: E402
 
@@ -29,12 +30,12 @@ def test_membership_floor_by_hand():
 
 
 def test_membership_floor_matches_the_simulated_runs_bound():
-    """The floor from the plan alone equals bench_tail.bound_terms' chain of a simulated run of the
+    """The floor from the plan alone equals tail_floor.bound_terms' chain of a simulated run of the
     same asp plan (the trainer's steps and syncs as the simulator timed them), seed-0 workload."""
     a = argparse.Namespace(data=None, prompts=512, devices=32, workload_seeds=[0], plan_seeds=[0], relieve=[0.02])
     got = bench_first_iteration.draws("bimodal", a)[("asp", 0.02)][0][0]
-    cfg = bench_tail._cfg("bimodal", None, 512, 32, {**bench_tail.ASP_DEFAULTS, "seed": 0})
+    cfg = tail_common._cfg("bimodal", None, 512, 32, {**tail_common.ASP_DEFAULTS, "seed": 0})
     from asp_ascend.lengths.workloads import workload_from_config
 
-    res, cfg = bench_tail._run(cfg, workload_from_config(cfg), "asp", result=True)
-    assert got == pytest.approx(bench_tail.bound_terms(res, cfg)["chain"], rel=1e-6)
+    res, cfg = tail_common._run(cfg, workload_from_config(cfg), "asp", result=True)
+    assert got == pytest.approx(tail_floor.bound_terms(res, cfg)["chain"], rel=1e-6)

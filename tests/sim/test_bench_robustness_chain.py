@@ -9,6 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_tail  # noqa: E402
+import tail_robustness  # noqa: E402
 
 
 def _cells(row: str) -> list[str]:
@@ -24,7 +25,7 @@ def rows():
                            cells=["decode a x10"], set=[])
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        bench_tail.robustness_chain(a)
+        tail_robustness.robustness_chain(a)
     return [_cells(line) for line in out.getvalue().splitlines() if line.startswith("| bimodal")]
 
 

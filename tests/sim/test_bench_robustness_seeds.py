@@ -9,6 +9,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_tail  # noqa: E402
+import tail_common  # noqa: E402
+import tail_robustness  # noqa: E402
 
 SEEDS = [0, 1]
 
@@ -16,7 +18,7 @@ SEEDS = [0, 1]
 @pytest.fixture(scope="module")
 def cells():
     a = argparse.Namespace(workloads=["bimodal"], devices=[32], prompts=512, data=None)  # synthetic: no trace
-    cells = bench_tail._grid_cells(a, 32)
+    cells = tail_robustness._grid_cells(a, 32)
     return [next(cells), next(cells)]          # planned costs, decode a x0.1
 
 
@@ -29,7 +31,7 @@ def counted(cells):
         def counting(name, over, s, it=it, calls=calls):
             calls.append((name, s))
             return it(name, over, s)
-        out.append((label, bench_tail.seed_runs(counting, SEEDS, bench_tail.ROBUST_ROWS), calls))
+        out.append((label, tail_common.seed_runs(counting, SEEDS, tail_robustness.ROBUST_ROWS), calls))
     return out
 
 
@@ -50,10 +52,10 @@ def test_fifo_runs_once_asp_and_balanced_per_seed(counted):
 def test_seed_zero_is_the_single_seed_grid(cells, counted):
     """What the robustness table at seed 0 prints: the same asp, fifo and balanced runs."""
     for (wl, label, it), (_, res, _) in zip(cells, counted):
-        for key, name, over in bench_tail.ROBUST_ROWS:
+        for key, name, over in tail_robustness.ROBUST_ROWS:
             assert it(name, over)["iteration_time_mean"] == res[key][0]["iteration_time_mean"], (label, key)
         one = {k: v[:1] for k, v in res.items()}
-        row, f = bench_tail.robustness_seeds_row(wl, 32, label, one)
+        row, f = tail_robustness.robustness_seeds_row(wl, 32, label, one)
         c = _cells(row)
         asp, fifo, bal = (res[k][0]["iteration_time_mean"] for k in ("asp", "fifo", "balanced"))
         assert c[:3] == [wl, "32", label]
@@ -70,7 +72,7 @@ def test_counts_read_the_rounded_figures():
              ("w", "level as printed", [-0.04, -0.04, -0.04]),     # prints -0.0: not strictly ahead
              ("w", "mean behind, one seed ahead", [+1.0, -0.3, +0.2]),
              ("w", "behind always", [+0.5, +0.1, +2.0])]
-    mean, some = bench_tail.robustness_counts(32, [0, 1, 2], cells)
+    mean, some = tail_robustness.robustness_counts(32, [0, 1, 2], cells)
     assert mean == ("32 devices: asp strictly ahead of fifo on the mean over seeds 0 1 2 in 2 of 5 cells, "
                     "for every seed in 1 of 5 (seed 0: 2, seed 1: 2, seed 2: 2)")
     assert some == ("32 devices: ahead for some seeds only (2): w / mean ahead, one seed behind "
@@ -78,7 +80,7 @@ def test_counts_read_the_rounded_figures():
 
 
 def test_one_seed_prints_the_single_seed_table(monkeypatch, capsys):
-    monkeypatch.setattr(bench_tail, "GRID", bench_tail.GRID[:1])
+    monkeypatch.setattr(tail_robustness, "GRID", tail_robustness.GRID[:1])
     argv = ["robustness", "--prompts", "64", "--workloads", "bimodal"]
     bench_tail.main(argv)
     plain = capsys.readouterr().out
@@ -101,8 +103,8 @@ def test_asp_regroups_and_set_reaches_every_row(monkeypatch, capsys):
             assert regroup_heavy_of(cfg, name) == regroup_of(cfg, name), (name, argv)
             seen.append((name, regroup_of(cfg, name)))
             return {"iteration_time_mean": 1.0, "admission_concurrency": 256}
-        monkeypatch.setattr(bench_tail, "_run", run)
-        monkeypatch.setattr(bench_tail, "GRID", bench_tail.GRID[:1])
+        monkeypatch.setattr(tail_common, "_run", run)
+        monkeypatch.setattr(tail_robustness, "GRID", tail_robustness.GRID[:1])
         bench_tail.main(["robustness", "--prompts", "64", "--workloads", "bimodal"] + argv)
         capsys.readouterr()
         return seen
@@ -120,7 +122,7 @@ def test_asp_regroups_and_set_reaches_every_row(monkeypatch, capsys):
 def test_cells_restricts_the_grid_and_is_refused_elsewhere(capsys):
     a = argparse.Namespace(workloads=["bimodal"], devices=[32], prompts=64, data=None,
                            cells=["a, b, c x10", "planned costs"])
-    got = [(wl, label) for wl, label, _ in bench_tail._grid_cells(a, 32)]
+    got = [(wl, label) for wl, label, _ in tail_robustness._grid_cells(a, 32)]
     assert got == [("bimodal", "planned costs"), ("bimodal", "a, b, c x10")]     # the grid's order, not argv's
     for argv in (["ablation", "--cells", "planned costs"], ["robustness", "--cells", "decode a x3"],
                  ["ablation", "--floor"]):
@@ -137,18 +139,18 @@ def test_floor_prices_the_critical_group_on_the_true_costs():
     from asp_ascend.sim.run import Mismatch
 
     def terms(mm):
-        row, why = bench_tail.robustness_floor_terms("bimodal", 32, None, 1024, "asp", bench_tail.ASP_DEFAULTS, 0,
-                                                     Mismatch(**mm))
+        row, why = tail_robustness.robustness_floor_terms("bimodal", 32, None, 1024, "asp", tail_common.ASP_DEFAULTS,
+                                                          0, Mismatch(**mm))
         assert why == ""                # 1024 prompts of 256 an iteration: iterations 2 and 3 are steady
         return row
     planned = terms({})
     slow = terms({"decode_a": 10.0, "decode_b": 10.0, "decode_c": 10.0})
-    assert len(planned) == len(bench_tail.FLOOR_COLUMNS)
+    assert len(planned) == len(tail_robustness.FLOOR_COLUMNS)
     assert 9.0 < slow[1] / planned[1] <= 10.0
     # the iteration time is the robustness grid's own run of that cell
     a = argparse.Namespace(workloads=["bimodal"], devices=[32], prompts=1024, data=None, cells=["planned costs"])
-    (_, _, it), = bench_tail._grid_cells(a, 32)
-    assert planned[0] == it("asp", bench_tail.ASP_DEFAULTS)["iteration_time_mean"]
+    (_, _, it), = tail_robustness._grid_cells(a, 32)
+    assert planned[0] == it("asp", tail_common.ASP_DEFAULTS)["iteration_time_mean"]
 
 
 def test_floor_without_a_steady_iteration_prints_na_and_why(capsys):
@@ -164,6 +166,6 @@ def test_floor_without_a_steady_iteration_prints_na_and_why(capsys):
     assert [r[3] for r in rows] == ["asp", "balanced"]
     for r in rows:
         assert float(r[4]) > 0
-        assert r[5:] == ["n/a"] * (len(bench_tail.FLOOR_COLUMNS) - 1)
+        assert r[5:] == ["n/a"] * (len(tail_robustness.FLOOR_COLUMNS) - 1)
     assert out.count("n/a: no steady iteration: bimodal at 512 prompts runs 2 iteration(s)") == 1
     assert "needs --prompts >= 768" in out

@@ -8,6 +8,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_tail  # noqa: E402
+import tail_common  # noqa: E402
+import tail_sweep  # noqa: E402
 
 
 @pytest.mark.parametrize("what", ["ablation", "sweep", "robustness", "bound"])
@@ -18,8 +20,8 @@ def test_set_reaches_the_subcommands_that_take_it(monkeypatch, what):
                             "rollout.tail_concurrency=reactive"]) == 0
     (args,) = seen
     assert args.set == ["scheduler.concentrate_tail=0.02", "rollout.tail_concurrency=reactive"]
-    assert bench_tail.set_overrides(args.set) == {"scheduler.concentrate_tail": "0.02",
-                                                  "rollout.tail_concurrency": "reactive"}
+    assert tail_common.set_overrides(args.set) == {"scheduler.concentrate_tail": "0.02",
+                                                   "rollout.tail_concurrency": "reactive"}
 
 
 @pytest.mark.parametrize("argv, says", [
@@ -37,8 +39,8 @@ def test_set_refused_where_it_means_nothing(capsys, argv, says):
 def test_ablation_runs_carry_the_overrides_over_each_rows():
     a = argparse.Namespace(workloads=["bimodal"], devices=[32], prompts=256, data=None,
                            set=["scheduler.concentrate_tail=0.02", "rollout.tail_concurrency=reactive"])
-    ((_, _, run),) = bench_tail.plan_seed_cells(a, workloads_outer=True)
-    row = {**bench_tail.ASP_DEFAULTS, "scheduler.concentrate_tail": 0.01}
+    ((_, _, run),) = tail_common.plan_seed_cells(a, workloads_outer=True)
+    row = {**tail_common.ASP_DEFAULTS, "scheduler.concentrate_tail": 0.01}
     _, cfg = run("asp", row, 3, result=True)
     assert cfg.scheduler.concentrate_tail == 0.02          # --set replaces the row's own value
     assert cfg.rollout.tail_concurrency == "reactive"
@@ -46,15 +48,15 @@ def test_ablation_runs_carry_the_overrides_over_each_rows():
 
 
 def test_sweep_cell_change_wins_over_set():
-    extra = bench_tail.set_overrides(["rollout.max_num_seqs=512", "scheduler.concentrate_tail=0.02"])
-    run = bench_tail.sweep_run("bimodal", None, 256, 32, {"rollout.max_num_seqs": 32}, None, extra)
-    res, cfg = run("asp", {**bench_tail.ASP_DEFAULTS, "scheduler.concentrate_tail": 0.0}, 1, result=True)
+    extra = tail_common.set_overrides(["rollout.max_num_seqs=512", "scheduler.concentrate_tail=0.02"])
+    run = tail_sweep.sweep_run("bimodal", None, 256, 32, {"rollout.max_num_seqs": 32}, None, extra)
+    res, cfg = run("asp", {**tail_common.ASP_DEFAULTS, "scheduler.concentrate_tail": 0.0}, 1, result=True)
     assert cfg.rollout.max_num_seqs == 32                  # what the cell varies
     assert cfg.scheduler.concentrate_tail == 0.02          # --set over the row's value
     assert cfg.seed == 1 and res.summary["policy_lag_max"] <= 1
-    plain = bench_tail.sweep_run("bimodal", None, 256, 32, {"rollout.max_num_seqs": 32}, None, {})
-    shipped = bench_tail._cfg("bimodal", None, 256, 32, {}).scheduler.concentrate_tail
-    assert plain("asp", {**bench_tail.ASP_DEFAULTS, "scheduler.concentrate_tail": 0.03}, 1,
+    plain = tail_sweep.sweep_run("bimodal", None, 256, 32, {"rollout.max_num_seqs": 32}, None, {})
+    shipped = tail_common._cfg("bimodal", None, 256, 32, {}).scheduler.concentrate_tail
+    assert plain("asp", {**tail_common.ASP_DEFAULTS, "scheduler.concentrate_tail": 0.03}, 1,
                  result=True)[1].scheduler.concentrate_tail == 0.03 != shipped   # without --set the row's value
 
 
@@ -64,7 +66,7 @@ def test_set_shapes_the_workload_too():
     --set says of the seed."""
     def samples(kvs):
         a = argparse.Namespace(workloads=["bimodal"], devices=[32], prompts=64, data=None, set=kvs)
-        ((_, _, run),) = bench_tail.plan_seed_cells(a, workloads_outer=True)
+        ((_, _, run),) = tail_common.plan_seed_cells(a, workloads_outer=True)
         res, cfg = run("fully_async_fifo", {}, 0, result=True)
         return res.summary, cfg
 

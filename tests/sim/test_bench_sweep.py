@@ -7,6 +7,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import bench_tail  # noqa: E402
+import tail_common  # noqa: E402
+import tail_sweep  # noqa: E402
 
 from asp_ascend.lengths.workloads import workload_from_config  # noqa: E402
 from asp_ascend.sim.run import costs_for, system_for  # noqa: E402
@@ -17,8 +19,8 @@ def _costs(cfg):
 
 
 def test_custom_costs_reproduce_the_model_class():
-    base = bench_tail._cfg("bimodal", None, 512, 32, {})
-    same = bench_tail._cfg("bimodal", None, 512, 32, bench_tail.custom_costs(base))
+    base = tail_common._cfg("bimodal", None, 512, 32, {})
+    same = tail_common._cfg("bimodal", None, 512, 32, tail_sweep.custom_costs(base))
     a, b = _costs(base), _costs(same)
     assert same.sim.model_class == "custom"
     assert b.instance.decode_a == pytest.approx(a.instance.decode_a)
@@ -27,14 +29,14 @@ def test_custom_costs_reproduce_the_model_class():
     assert b.train_per_token == pytest.approx(a.train_per_token)
     assert (b.train_per_step, b.sync_s, b.kv_capacity) == (a.train_per_step, a.sync_s, a.kv_capacity)
     w = workload_from_config(base)
-    t = [bench_tail._run(c, w, "asp")["iteration_time_mean"] for c in (base, same)]
+    t = [tail_common._run(c, w, "asp")["iteration_time_mean"] for c in (base, same)]
     assert t[1] == pytest.approx(t[0])
 
 
 def test_custom_costs_scale_what_they_name():
-    base = bench_tail._cfg("bimodal", None, 512, 32, {})
+    base = tail_common._cfg("bimodal", None, 512, 32, {})
     a = _costs(base)
-    x = _costs(bench_tail._cfg("bimodal", None, 512, 32, bench_tail.custom_costs(base, (10.0, 1.0, 0.1), 4.0)))
+    x = _costs(tail_common._cfg("bimodal", None, 512, 32, tail_sweep.custom_costs(base, (10.0, 1.0, 0.1), 4.0)))
     assert x.instance.decode_a == pytest.approx(10 * a.instance.decode_a)
     assert x.instance.decode_b == pytest.approx(a.instance.decode_b)
     assert x.instance.decode_c == pytest.approx(0.1 * a.instance.decode_c)
@@ -42,38 +44,38 @@ def test_custom_costs_scale_what_they_name():
 
 
 def test_cells_per_workload():
-    syn = bench_tail.sweep_cells("bimodal", None, 512, 32)
-    trace = bench_tail.sweep_cells("azure_code_x8", Path("data"), 512, 32)
+    syn = tail_sweep.sweep_cells("bimodal", None, 512, 32)
+    trace = tail_sweep.sweep_cells("azure_code_x8", Path("data"), 512, 32)
     for cells in (syn, trace):
         labels = [c[0] for c in cells]
         assert len(set(labels)) == len(labels) and labels[0] == "base"
         assert "decode a, b, c x10, unplanned" in labels and "trainer x4 per token" in labels
     assert any(c[0].startswith("workload.tail_alpha") for c in syn)
-    assert not any(k in c[1] for c in trace for k in bench_tail.SYNTHETIC_ONLY)
-    assert len(syn) - len(trace) == sum(len(v) for k, v in bench_tail.SWEEP_KEYS if k in bench_tail.SYNTHETIC_ONLY)
+    assert not any(k in c[1] for c in trace for k in tail_sweep.SYNTHETIC_ONLY)
+    assert len(syn) - len(trace) == sum(len(v) for k, v in tail_sweep.SWEEP_KEYS if k in tail_sweep.SYNTHETIC_ONLY)
 
 
 @pytest.mark.parametrize("wl", ["bimodal", "azure_code_x8"])
 @pytest.mark.parametrize("D", [32, 64])
 def test_more_cells_are_valid_configs_that_change_what_they_name(tmp_path, wl, D):
     (tmp_path / "azure_llm_trace_2023_code.csv").write_text("ContextTokens,GeneratedTokens\n100,200\n300,40\n")
-    cells = bench_tail.sweep_more_cells(wl, D)
+    cells = tail_sweep.sweep_more_cells(wl, D)
     labels = [c[0] for c in cells]
     assert len(set(labels)) == len(labels) and labels[0] == "base" and cells[0][1] == {}
-    base = bench_tail._cfg(wl, tmp_path, 512, D, {})
+    base = tail_common._cfg(wl, tmp_path, 512, D, {})
     for label, over, mm in cells[1:]:
         assert mm is None and over, label
-        cfg = bench_tail._cfg(wl, tmp_path, 512, D, over)     # loads and validates (ConfigError otherwise)
+        cfg = tail_common._cfg(wl, tmp_path, 512, D, over)     # loads and validates (ConfigError otherwise)
         for key, v in over.items():
             group, name = key.split(".")
             got, was = getattr(getattr(cfg, group), name), getattr(getattr(base, group), name)
             want = str(v).lower() == "true" if isinstance(got, bool) else type(got)(v)
             assert got == want != was, (label, key, got, was)
     # none is a cell of the documented sweep; the synthetic generator's keys stay off the traces
-    documented = [{k: v} for k, vs in bench_tail.SWEEP_KEYS for v in vs]
+    documented = [{k: v} for k, vs in tail_sweep.SWEEP_KEYS for v in vs]
     assert not any(o in documented for _, o, _ in cells)
     if wl.startswith("azure"):
-        assert not any(k in o for _, o, _ in cells for k in bench_tail.SYNTHETIC_ONLY)
+        assert not any(k in o for _, o, _ in cells for k in tail_sweep.SYNTHETIC_ONLY)
 
 
 def test_more_selects_the_second_list(monkeypatch, capsys):

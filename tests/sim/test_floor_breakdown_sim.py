@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import bench_tail  # noqa: E402
+import tail_common  # noqa: E402
+import tail_floor  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -18,9 +19,9 @@ def terms():
     from asp_ascend.lengths.workloads import workload_from_config
     from asp_ascend.sim.run import simulate_system
 
-    cfg = bench_tail._cfg("bimodal", None, 2048, 32, bench_tail.LOSSLESS)
+    cfg = tail_common._cfg("bimodal", None, 2048, 32, tail_common.LOSSLESS)
     res = simulate_system(cfg, workload_from_config(cfg), "asp", record_samples=False)
-    return bench_tail.floor_terms(res, cfg), cfg, res
+    return tail_floor.floor_terms(res, cfg), cfg, res
 
 
 def test_window_splits_into_wait_latency_after(terms):
@@ -55,12 +56,12 @@ def test_publish_floor_holds_and_trainer_busy_is_schedule_free(terms):
 
     (b, t), cfg, res = terms
     s = res.summary
-    bt = bench_tail.bound_terms(res, cfg)
+    bt = tail_floor.bound_terms(res, cfg)
     assert bt["busy"] <= bt["chain"] <= s["run_time_s"] / s["iterations"] + 1e-9
     assert bt["time"] == s["iteration_time_mean"] and bt["fill"] > 0 and bt["idle"] >= -1e-9
-    fcfg = bench_tail._cfg("bimodal", None, 2048, 32, bench_tail.OFF)
+    fcfg = tail_common._cfg("bimodal", None, 2048, 32, tail_common.OFF)
     assert str(fcfg.sim.micro_batching) == "auto" and str(fcfg.train.micro_batching) in ("auto", "packed")
     fifo = simulate_system(fcfg, workload_from_config(fcfg), "fully_async_fifo", record_samples=False)
-    fb = bench_tail.bound_terms(fifo, fcfg)
+    fb = tail_floor.bound_terms(fifo, fcfg)
     assert fb["busy"] == pytest.approx(bt["busy"], rel=1e-9)
     assert fb["chain"] <= fb["time"] + 1e-9
