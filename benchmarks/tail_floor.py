@@ -146,8 +146,6 @@ def breakdown(args) -> None:
     """asp's iterations beside their lag floor on the seed setups (bench_tail.py's docstring); ``n/a``, and why
     under the table, where a run has no steady iteration or no iteration of a kind."""
     from asp_ascend.lengths.workloads import workload_from_config
-    from asp_ascend.metrics.floor import last_steps
-    from asp_ascend.sim.run import simulate_system
 
     table_head("| setup | plan seed | iter. time (s) | bound LB_i (s) | floor: longest alone / (k+1) | decode-work term | "
                "trainer term | critical group's wait | beside other sequences | critical alone - longest alone | "
@@ -156,42 +154,60 @@ def breakdown(args) -> None:
                "trainer after the last group: forced / other iterations | last step (s): forced / other | "
                "last step's tokens / the iteration's mean step: forced / other | heavy_first moves |")
     notes = []
+    over = set_overrides(args.set)
     for model in ("7b", "32b"):
         for D in args.devices:
-            over = set_overrides(args.set)
+            setup = f"sim_{model} ({D})"
             w = workload_from_config(seed_cfg(model, D, args.prompts, {**over, "seed": 0}))
-            rows = []
+            runs = []
             for s in args.plan_seeds:
                 cfg = seed_cfg(model, D, args.prompts, {**over, "seed": s})
-                res = simulate_system(cfg, w, "asp", record_samples=False)
-                b, terms = floor_terms(res, cfg)
-                k1 = cfg.pipeline.lag_bound + 1
-                m, st = steady_floor(b, cfg.pipeline.lag_bound)
-                sm = res.summary
-                if m.empty:     # every column but the run's time, bound and moves is over the steady iterations
-                    notes.append(no_steady_why(f"sim_{model}", args.prompts, int(sm["iterations"]), cfg))
-                    rows.append([sm["iteration_time_mean"], sm["iteration_time_mean"] / sm["lower_bound_ratio"],
-                                 *([None] * 16), sm.get("regrouped_heavy_first", 0)])
-                    print(_breakdown_row(f"sim_{model} ({D})", str(s), rows[-1], 0), flush=True)
-                    continue
-                t = terms.iloc[m["iteration"].to_numpy()]
-                ls = last_steps(res.timeline.frame("request"), res.timeline.frame("step"))
-                ls = ls[ls["iteration"] >= k1].merge(m[["iteration", "after"]], on="iteration")
-                f, o = ls[ls["left_at_last_but_one"] >= ls["last_groups"]], ls[ls["left_at_last_but_one"] < ls["last_groups"]]
-                row = [sm["iteration_time_mean"], sm["iteration_time_mean"] / sm["lower_bound_ratio"],
-                       st["floor"], t["decode"].mean(), t["train"].mean(), st["wait"], st["beside"], st["alone"],
-                       st["after"], m["critical_is_floor_group"].mean(), st["seqs"],
-                       len(f) / max(len(ls), 1), *(_mean_or_none(x["after"] / k1) for x in (f, o)),
-                       *(_mean_or_none(x[c]) for c in ("last_step_s", "last_tokens_share") for x in (f, o)),
-                       sm.get("regrouped_heavy_first", 0)]
-                rows.append(row)
-                print(_breakdown_row(f"sim_{model} ({D})", str(s), row, len(m)), flush=True)
-                if args.per_iteration:
-                    print(b.assign(**{c: terms[c].to_numpy()[b["iteration"].to_numpy()] for c in terms})
-                          .merge(ls.drop(columns="after"), on="iteration", how="left").round(2).to_string(index=False))
-            if len(rows) > 1:
-                print(_breakdown_row(f"sim_{model} ({D})", "mean", mean_present(rows), len(m)), flush=True)
+                row, n, why, per_iteration = breakdown_run(cfg, w, f"sim_{model}", args.prompts)
+                notes.append(why)
+                runs.append((row, n))
+                print(_breakdown_row(setup, str(s), row, n), flush=True)
+                if args.per_iteration and per_iteration is not None:
+                    print(per_iteration.round(2).to_string(index=False))
+            if len(runs) > 1:
+                print(_breakdown_row(setup, "mean", *breakdown_mean(runs)), flush=True)
     print_na_notes(notes)
+
+
+def breakdown_run(cfg, w, setup: str, prompts: int):
+    """(breakdown's values of asp simulated on ``w`` with ``cfg``, its steady iterations (from k + 1
+    on), "" or why it has none (every value but its time, bound and moves is then None), and its
+    per-iteration table, None without steady iterations)."""
+    from asp_ascend.metrics.floor import last_steps
+    from asp_ascend.sim.run import simulate_system
+
+    res = simulate_system(cfg, w, "asp", record_samples=False)
+    b, terms = floor_terms(res, cfg)
+    k1 = cfg.pipeline.lag_bound + 1
+    m, st = steady_floor(b, cfg.pipeline.lag_bound)
+    sm = res.summary
+    time, moves = sm["iteration_time_mean"], sm.get("regrouped_heavy_first", 0)
+    bound = time / sm["lower_bound_ratio"]
+    if m.empty:     # every column but the run's time, bound and moves is over the steady iterations
+        return [time, bound, *([None] * 16), moves], 0, no_steady_why(setup, prompts, int(sm["iterations"]), cfg), None
+    t = terms.iloc[m["iteration"].to_numpy()]
+    ls = last_steps(res.timeline.frame("request"), res.timeline.frame("step"))
+    ls = ls[ls["iteration"] >= k1].merge(m[["iteration", "after"]], on="iteration")
+    f, o = ls[ls["left_at_last_but_one"] >= ls["last_groups"]], ls[ls["left_at_last_but_one"] < ls["last_groups"]]
+    row = [time, bound, st["floor"], t["decode"].mean(), t["train"].mean(), st["wait"], st["beside"], st["alone"],
+           st["after"], m["critical_is_floor_group"].mean(), st["seqs"],
+           len(f) / max(len(ls), 1), *(_mean_or_none(x["after"] / k1) for x in (f, o)),
+           *(_mean_or_none(x[c]) for c in ("last_step_s", "last_tokens_share") for x in (f, o)), moves]
+    per_iteration = (b.assign(**{c: terms[c].to_numpy()[b["iteration"].to_numpy()] for c in terms})
+                     .merge(ls.drop(columns="after"), on="iteration", how="left"))
+    return row, len(m), "", per_iteration
+
+
+def breakdown_mean(runs) -> tuple[list, float]:
+    """The mean line of one setup's ``runs`` ((values, steady iterations) per planner seed): per
+    column the mean over the seeds that have it (``mean_present``), and the mean steady-iteration
+    count of the seeds that have steady iterations (those its steady columns average; 0 if none)."""
+    counts = [n for _, n in runs if n]
+    return mean_present([row for row, _ in runs]), sum(counts) / len(counts) if counts else 0
 
 
 def _mean_or_none(x) -> float | None:
@@ -199,10 +215,11 @@ def _mean_or_none(x) -> float | None:
     return float(x.mean()) if len(x) else None
 
 
-def _breakdown_row(setup: str, seed: str, r: list, n: int) -> str:
-    """One breakdown line from its values (breakdown's order); ``n``: steady iterations per run;
-    ``n/a`` for None."""
-    return (f"| {setup} | {seed} | {na_cells(r[:9])} | {na(r[9], '.0f', 100)}{' %' * (r[9] is not None)} of {n} | "
+def _breakdown_row(setup: str, seed: str, r: list, n: float) -> str:
+    """One breakdown line from its values (breakdown's order); ``n``: the run's steady iterations
+    (the mean line: their mean over the seeds, at one decimal where it is not whole); ``n/a`` for None."""
+    return (f"| {setup} | {seed} | {na_cells(r[:9])} | {na(r[9], '.0f', 100)}{' %' * (r[9] is not None)} "
+            f"of {round(n, 1):g} | "
             f"{na(r[10])} | {na(r[11], '.0f', 100)}{' %' * (r[11] is not None)} | {na(r[12])} / {na(r[13])} | "
             f"{na(r[14])} / {na(r[15])} | "
             f"{na(r[16], '.2f')} / {na(r[17], '.2f')} | {na(r[18], '.0f')} |")
