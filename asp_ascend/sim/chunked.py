@@ -158,11 +158,5 @@ class ChunkedInstances(Instances):
             mk = (kv - C0 + self.saved[r] - self.pf_kv[r]) // nn
             if 1 <= mk < m:
                 m = mk
-        cm = self.cost_at(nn)
-        if pending:
-            m = 1
-        elif due is not None:
-            m = min(m, cm.steps_to_reach(due - self.T[r], nn, C0))
-        self.ev_time[r] = t = self.T[r] + cm.steps(m, nn, C0)
-        self.ev_step[r] = Sr + m
-        self.push(t, INST, r, self.ev_tok[r])
+        # one step when prompt tokens wait on the budget (due is then None)
+        self._queue_jump(r, nn, C0, 1 if pending else m, due)

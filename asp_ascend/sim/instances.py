@@ -260,14 +260,20 @@ class Instances:
             mk = (kv - C0 + sv[r]) // nn if nn else m
             if 1 <= mk < m:
                 m = mk
+        self._queue_jump(r, nn, C0, m, due)
+
+    def _queue_jump(self, r: int, nn: int, C0: int, m: int, due: float | None) -> None:
+        """Queue instance ``r``'s next boundary: ``m`` decode steps of its ``nn`` running sequences
+        (holding ``C0`` tokens) from T[r], or the first boundary at or after ``due`` (a hand-over's
+        end) if that comes sooner. The event rule of :meth:`schedule` and the chunked instances'."""
         spec = self.spec_cm         # cost_at(nn), inlined (hot)
         cm = spec if spec is not None and (self.spec_max <= 0 or nn <= self.spec_max) else self.cm
-        if due is not None:             # the first boundary at or after the next hand-over's end
+        if due is not None:
             m = min(m, cm.steps_to_reach(due - self.T[r], nn, C0))
         a, b, c = cm.decode_a, cm.decode_b, cm.decode_c
         dt = m * (a + c * nn) + b * (m * C0 + nn * m * (m + 1) / 2.0)     # cm.steps(m, nn, C0), inlined
         self.ev_time[r] = t = self.T[r] + dt
-        self.ev_step[r] = Sr + m
+        self.ev_step[r] = self.S[r] + m
         self.push(t, INST, r, self.ev_tok[r])
 
     def at_event(self, r: int) -> None:
