@@ -25,6 +25,10 @@ ABLATION = [
      {**OFF, **LOSSLESS, **REGROUP, **HEAVY}),
     ("+ streaming groups into the trainer (pipeline.stream_groups: asp's lossless default)", "asp",
      {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM}),
+    # planned tail rooms on asp's defaults (the "+ tail-aware concurrency auto" row above has none of
+    # regroup, its heaviest-first take or streaming)
+    ("asp's defaults + tail-aware concurrency auto (rollout.tail_concurrency=auto)", "asp",
+     {**OFF, **LOSSLESS, **REGROUP, **HEAVY, **STREAM, **TAIL_AUTO}),
     # the planner relieves the first iteration by default (scheduler.relieve_first, a membership rule:
     # every asp row has it; --set scheduler.relieve_first=0 gives the rows measured before it)
     ("asp's defaults without relieving the first iteration (scheduler.relieve_first=0)", "asp",

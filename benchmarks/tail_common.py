@@ -33,11 +33,11 @@ OFF = {"scheduler.dispatch": "static", "scheduler.reestimate": "false", "rollout
        "pipeline.stream_groups": "off"}
 SPEC = {"rollout.speculative": "ngram"}
 # asp's lossless defaults: guided dispatch and re-estimation; tail-aware concurrency is opt-in
-# (rollout.tail_concurrency defaults to off): over planner seeds 0-4 auto is ahead of off on the
-# mean only on reasoning-like at 32 devices (0.7 points) and the conversation trace at 64 (1.7),
-# each for 4 of 5 seeds, within about half a point elsewhere, and behind by 10.9 points
-# (8.3 .. 14.2) on reasoning-like at 64 for every seed (docs/scheduler.md, "The ablation over
-# planner seeds 0-4")
+# (rollout.tail_concurrency defaults to off): on asp's defaults over planner seeds 0-4 auto is
+# ahead of off on the mean only on reasoning-like at 32 devices (-1.2 %) and the conversation trace
+# at 64 (-0.7 %), level elsewhere, and behind by 5.5 % (+2.4 .. +10.0 %) on reasoning-like at 64
+# for every seed; on the 64-device robustness grid it loses a cell against fifo and three against
+# balanced (docs/scheduler.md, "Should `rollout.tail_concurrency: auto` be asp's default now?")
 LOSSLESS = {"scheduler.dispatch": "guided", "scheduler.reestimate": "true", "rollout.tail_concurrency": "off"}
 TAIL_AUTO = {**LOSSLESS, "rollout.tail_concurrency": "auto"}
 # the run-time mini-batch fill within an iteration (scheduler/regroup.py), lossless; asp's default

@@ -153,7 +153,7 @@ class RolloutConfig:
                               "the newest published weights before it is given work")
     tail_concurrency: str = _f("off", "asp: an instance running a group that will set its iteration's floor caps its "
                                "other admissions so that group decodes faster: off (default: in the simulator's "
-                               "ablation auto is 8-14 points behind off on the reasoning-like workload at 64 "
+                               "ablation auto is 2-10 % behind off on the reasoning-like workload at 64 "
                                "devices for every planner seed, docs/scheduler.md) | auto (the planner sizes the room "
                                "from the cost model) | reactive (at run time, from re-estimated progress: the instances of an "
                                "iteration's last groups admit little while they run; docs/scheduler.md, \"Reactive tail "

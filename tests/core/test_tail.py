@@ -131,9 +131,10 @@ def test_config_key(value, ok, empty_yaml):
 
 
 def test_tail_concurrency_defaults_to_off(empty_yaml):
-    """Tail-aware concurrency is opt-in: in bench_tail.py's ablation over planner seeds 0-4
-    (docs/scheduler.md) auto is ahead of off on the mean in two cells of eight (by 0.7 and 1.7
-    points, 4 of 5 seeds each) but behind by 10.9 points on the reasoning-like workload at 64
-    devices for every seed, and with a wrong decode cost it capped instances into a loss against
-    fifo."""
+    """Tail-aware concurrency is opt-in: on asp's defaults, in bench_tail.py's ablation over
+    planner seeds 0-4 (docs/scheduler.md, "Should `rollout.tail_concurrency: auto` be asp's
+    default now?", after the rooms' pricing fix) auto is ahead of off by 2.8 s on reasoning-like at
+    32 devices and 0.7 s on the conversation trace at 64, level elsewhere, but 5.5 % behind on the
+    reasoning-like workload at 64 devices for every seed (+2.4 .. +10.0 %), and on the 64-device
+    robustness grid it falls behind fifo in one more cell on the mean and balanced in three."""
     assert load_config(empty_yaml, []).rollout.tail_concurrency == "off"
