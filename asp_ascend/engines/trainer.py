@@ -385,7 +385,7 @@ class TrainerEngine:
         from ..platforms.transport import BroadcastTransport
 
         if getattr(self, "_pending", None) is None or self._pending[0] != version:
-            self._sender.drop()   # the instances joining this group learn at once that nothing comes
+            self._sender.fail(version)   # the instances joining or waiting on this group learn at once that nothing comes
             raise RuntimeError(f"send_weights({version}): publish({version}, 'broadcast') did not run first")
         t0 = time.time()
         _, named = self._pending
@@ -394,7 +394,7 @@ class TrainerEngine:
             tx = BroadcastTransport(comm, self.bucket_bytes, synchronize=self.platform.synchronize)
             tx.send(tx.prepare(version, named), named)
 
-        self._sender.send({**group, "platform": self.platform.name}, broadcast)   # a failure drops the group
+        self._sender.send({**group, "platform": self.platform.name}, broadcast, version)   # a failure drops the group
         return {"t_start": t0, "t_end": time.time(), "version": version}
 
     def sequence_logprobs(self, prompt_ids: list[int], response_ids: list[int]) -> list[float]:

@@ -65,6 +65,15 @@ class CpuPlatform:
     def synchronize(self) -> None:
         """CPU ops are synchronous."""
 
+    def current_stream(self, device=None):
+        """No streams on CPU."""
+        return None
+
+    def record_event(self, stream):
+        """No events on CPU: its operations are synchronous (the gloo communicator has its own
+        pending operations, platforms/recv_wait.py)."""
+        return None
+
     def empty_cache(self) -> None:
         """No device cache on CPU."""
 

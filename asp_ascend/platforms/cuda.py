@@ -46,6 +46,15 @@ class CudaPlatform:
     def synchronize(self) -> None:
         import_torch().cuda.synchronize()
 
+    def current_stream(self, device=None):
+        return import_torch().cuda.current_stream(device)
+
+    def record_event(self, stream):
+        """A ``torch.cuda.Event`` recorded on ``stream`` (``query()`` is True once it has run)."""
+        event = import_torch().cuda.Event()
+        event.record(stream)
+        return event
+
     def empty_cache(self) -> None:
         import_torch().cuda.empty_cache()
 

@@ -71,6 +71,16 @@ class NpuPlatform:
     def synchronize(self) -> None:
         _torch_npu().npu.synchronize()
 
+    def current_stream(self, device=None):
+        return _torch_npu().npu.current_stream(device)
+
+    def record_event(self, stream):
+        """A ``torch.npu.Event`` recorded on ``stream`` (``query()`` is True once it has run). Never
+        ran here (no NPU)."""
+        event = _torch_npu().npu.Event()
+        event.record(stream)
+        return event
+
     def empty_cache(self) -> None:
         _torch_npu().npu.empty_cache()
 

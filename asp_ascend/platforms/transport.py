@@ -16,7 +16,10 @@ Implementations:
   sending rank and one rank per instance: vLLM's ``PyNcclCommunicator`` (CUDA) or
   vllm-ascend's ``PyHcclCommunicator`` (NPU) over a ``StatelessProcessGroup`` (Ray's own
   collectives have no HCCL), or a gloo group on CPU. Bucketing cuts the per-tensor launch
-  cost; the receiver allocates one buffer per bucket and yields views into it.
+  cost; the receiver allocates one buffer per bucket and yields views into it. A sender that
+  fails marks the version failed in the group's store before it drops the group, and a receiver
+  waits for each bucket polling that (recv_wait.py), so it fails within about ``recv_wait.POLL_S``
+  on every backend instead of blocking in the device collective.
 
 torch, ray and vllm are imported inside the methods that need them.
 """
@@ -28,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional, Protocol, runtime_checkable
 
 from ..errors import BackendMissingError, ConfigError
+from .recv_wait import WorkPending, mark_failed, release_when_done, start_broadcast, store_of, wait_bucket
 
 DEFAULT_BUCKET_BYTES = 1 << 30
 
@@ -175,6 +179,8 @@ class RayObjectStoreTransport:
 
 @runtime_checkable
 class Communicator(Protocol):
+    """A weight-sync group's end. A receiver's waits go through ``recv_wait.start_broadcast``, which
+    uses ``broadcast_async`` where a communicator has one (gloo), else ``broadcast(..., stream=)``."""
     device: Any
 
     def broadcast(self, tensor, src: int) -> None: ...
@@ -186,6 +192,11 @@ class BroadcastTransport:
     The trainer's sending process is rank 0; each receiving instance process holds its own
     ``BroadcastTransport`` over the same communicator with its own rank. ``synchronize``
     (e.g. ``platform.synchronize``) runs after the last bucket so callers see finished data.
+    A receiver waits for each bucket without blocking in the collective (``recv_wait.wait_bucket``):
+    if the sender marked the version failed, or its store no longer answers, the receive aborts this
+    end of the group and raises ``recv_wait.SenderFailed`` naming the version. ``store_checks``: the
+    store round trips the last :meth:`recv` made (none while every bucket arrives within
+    ``recv_wait.POLL_S``).
     """
 
     def __init__(self, communicator: Communicator, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
@@ -194,6 +205,7 @@ class BroadcastTransport:
         self.bucket_bytes = int(bucket_bytes)
         self.synchronize = synchronize
         self.src = src
+        self.store_checks = 0
 
     def prepare(self, version, named_tensors):
         return WeightTicket(version, plan_buckets(specs_of(list(named_tensors)), self.bucket_bytes))
@@ -212,9 +224,13 @@ class BroadcastTransport:
     def recv(self, ticket):
         import torch
 
-        for b in ticket.buckets:
+        self.store_checks = 0
+        n = len(ticket.buckets)
+        for i, b in enumerate(ticket.buckets):
             flat = torch.empty(b.numel, dtype=getattr(torch, b.dtype), device=self.comm.device)
-            self.comm.broadcast(flat, src=self.src)
+            pending = start_broadcast(self.comm, flat, self.src)
+            self.store_checks += wait_bucket(self.comm, pending, ticket.version, f"bucket {i + 1}/{n}")
+            del pending
             if self.synchronize is not None:
                 self.synchronize()
             for s in b.tensors:
@@ -296,16 +312,28 @@ class SenderEndpoint:
             self._gen = group["gen"]
         return self._comm
 
-    def send(self, group: dict, send):
-        """``send(comm)`` on ``group``'s communicator (:meth:`comm`), returning what it returns; if
-        it fails the group is dropped (a broken group is never reused: the next call forms it again
-        on ``group["port"]``, where the receivers join again) and the error raised."""
+    def send(self, group: dict, send, version: int):
+        """``send(comm)`` of ``version`` on ``group``'s communicator (:meth:`comm`), returning what it
+        returns; if it fails the version is marked failed and the group dropped (:meth:`fail`: a
+        broken group is never reused, the next call forms it again on ``group["port"]``, where the
+        receivers join again) and the error raised."""
         comm = self.comm(group)
         try:
             return send(comm)
         except BaseException:
-            self.drop()
+            self.fail(version)
             raise
+
+    def mark_failed(self, version: int) -> bool:
+        """Set ``version``'s failure key in the store this end hosts (``recv_wait.mark_failed``): the
+        receivers waiting for it stop within ``recv_wait.POLL_S`` on any backend. Returns whether it
+        was set (no store held, or one that fails: the receivers see the store go when it is dropped)."""
+        return mark_failed(self._store if self._store is not None else store_of(self._comm), version)
+
+    def fail(self, version: int) -> None:
+        """``version`` failed on this side: mark it failed (:meth:`mark_failed`), then :meth:`drop`."""
+        self.mark_failed(version)
+        self.drop()
 
     def drop(self) -> None:
         """Let go of the group (after a failed broadcast: a broken group is never reused) and close its
@@ -313,7 +341,8 @@ class SenderEndpoint:
         (:func:`close_communicator`), not just forgotten: a caller that keeps the failed broadcast's
         exception keeps its traceback's frames, and they reference the communicator (the transport's
         ``self.comm``); closed, it no longer holds the store. A caller must not keep the store itself
-        (``comm.group.store``, ``GlooCommunicator._store``) past a drop."""
+        (``comm.group.store``, ``GlooCommunicator.store``) past a drop. Receivers already waiting on
+        the group learn of a failed version from :meth:`fail`, which marks it first."""
         comm, self._comm, self._store = self._comm, None, None
         if comm is not None:
             close_communicator(comm)
@@ -335,24 +364,38 @@ class GlooCommunicator:
             store = store if store is not None else listen_store(host, port, world_size, timeout_s)
         else:
             store = dist.TCPStore(host, port, world_size, False, timeout=datetime.timedelta(seconds=timeout_s))
-        self._store = store
+        self.store = store
         self._pg = dist.ProcessGroupGloo(dist.PrefixStore("asp_weight_sync", store), rank, world_size,
                                          datetime.timedelta(seconds=timeout_s))
 
     def broadcast(self, tensor, src: int) -> None:
+        self.broadcast_async(tensor, src).result()
+
+    def broadcast_async(self, tensor, src: int) -> WorkPending:
+        """Start the broadcast; the returned ``recv_wait.WorkPending`` says when it completed."""
         import torch.distributed as dist
 
         if self._pg is None:
             raise RuntimeError("weight sync: broadcast on a closed gloo communicator (a dropped group is never reused)")
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = src, 0
-        self._pg.broadcast([tensor], opts).wait()
+        return WorkPending(self._pg.broadcast([tensor], opts))
 
     def close(self) -> None:
-        """Abort the gloo group (its connections close now) and let go of it and of the store."""
-        pg, self._pg, self._store = self._pg, None, None
+        """Abort the gloo group and let go of it and of the store: released with nothing pending, the
+        group closes its connections now (a peer's pending receive fails)."""
+        pg, self._pg, self.store = self._pg, None, None
         if pg is not None:
             pg.abort()
+
+    def abort(self, work=None) -> None:
+        """Let go of the group while ``work`` (its pending operation) may still wait on a peer: gloo
+        cannot end it from this side, and releasing the group waits for it, so both go to a thread
+        that releases them once it ends (``recv_wait.release_when_done``). Unusable afterwards."""
+        pg, self._pg, self.store = self._pg, None, None
+        if pg is not None:
+            pg.abort()
+            release_when_done(work, pg)
 
 
 def close_communicator(comm) -> None:
@@ -361,11 +404,11 @@ def close_communicator(comm) -> None:
     has no close: its server stops only when the last reference goes, hence this. Gloo: the group is
     aborted and released (:meth:`GlooCommunicator.close`). vLLM's ``PyNcclCommunicator`` /
     vllm-ascend's ``PyHcclCommunicator``: their ``StatelessProcessGroup`` lets go of the store (the
-    device communicator itself goes when the last reference does, as before). ``comm`` is unusable
-    afterwards."""
-    close = getattr(comm, "close", None)
-    if callable(close):
-        close()
+    device communicator itself goes when the last reference does, as before; newer vllm-ascend's
+    ``PyHcclCommunicator.close`` is not called: it synchronizes the device first, which waits on any
+    broadcast still pending). ``comm`` is unusable afterwards."""
+    if isinstance(comm, GlooCommunicator):
+        comm.close()
         return
     group = getattr(comm, "group", None)
     if group is not None and hasattr(group, "store"):

@@ -87,7 +87,7 @@ class TrainerRank:
     def asp_hf_push(self, version: int, group: dict):
         from asp_ascend.integrations.mindspeed_rl.hf_push import push_version
 
-        return push_version(self.pusher, self.endpoint, group)
+        return push_version(self.pusher, self.endpoint, group, version)
 
 
 class Group:

@@ -71,19 +71,19 @@ def test_a_failed_push_drops_the_communicator_and_the_next_push_forms_it_again()
 
     first = Worker(group["port"])
     t = first.receive(buckets, 1)
-    assert push_version(pusher, endpoint, group) == 2
+    assert push_version(pusher, endpoint, group, 1) == 2
     t.join(TIMEOUT_S)
     assert torch.equal(first.got[1]["model.embed_tokens.weight"], torch.full((12, 8), 1.0))
 
     first.leave()                     # the instance's worker is gone: the group is broken
     load(2)
     with pytest.raises(RuntimeError, match="Connection closed by peer"):
-        push_version(pusher, endpoint, group)
+        push_version(pusher, endpoint, group, 2)
 
     load(3)
     second = Worker(group["port"])    # the restarted worker joins the group's port again
     t = second.receive(buckets, 3)
-    assert push_version(pusher, endpoint, group) == 2   # a sender that kept the broken group fails here
+    assert push_version(pusher, endpoint, group, 3) == 2   # a sender that kept the broken group fails here
     t.join(TIMEOUT_S)
     assert not t.is_alive()
     assert torch.equal(second.got[3]["model.embed_tokens.weight"], torch.full((12, 8), 3.0))

@@ -169,7 +169,7 @@ def listen_reply(pusher: HfPusher, endpoint: Optional[SenderEndpoint], group: di
     return endpoint.listen(group) if pusher.role.sender else None
 
 
-def push_version(pusher: HfPusher, endpoint: Optional[SenderEndpoint], group: dict) -> int:
+def push_version(pusher: HfPusher, endpoint: Optional[SenderEndpoint], group: dict, version: int) -> int:
     """A trainer rank's ``asp_hf_push``: the sender broadcasts, the rest drive the gathers. A failed
     push drops the sender's communicator (a broken group is never reused, as the trainer's
     ``send_weights``): the next push forms it again on ``group["port"]``, where the instances'
@@ -179,7 +179,7 @@ def push_version(pusher: HfPusher, endpoint: Optional[SenderEndpoint], group: di
     from ...platforms import get_platform
 
     sync = get_platform(group["platform"], check=False).synchronize
-    return endpoint.send(group, lambda comm: pusher.push(comm, sync))
+    return endpoint.send(group, lambda comm: pusher.push(comm, sync), version)
 
 
 def hf_push_fn(actor_group, instances, *, platform: str, base_port: int, tp: int, bucket_bytes: int,

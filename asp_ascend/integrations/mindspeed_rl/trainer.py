@@ -190,7 +190,7 @@ def make_trainer_worker_class(engine_free: bool = True):
             sm = self.sharding_manager
             sm.enter_forward_mode()       # parameters on the device (when offload_train_param moved them)
             try:
-                return push_version(pusher, self._asp_hf_endpoint, group)
+                return push_version(pusher, self._asp_hf_endpoint, group, version)
             finally:
                 sm.exit_forward_mode()
 

@@ -49,7 +49,7 @@ class PushEndpoint:
             tx = self._transport(comm, bucket_bytes)
             tx.send(tx.prepare(version, named), named)
 
-        self._sender.send(group, broadcast)   # a failed version drops the group: the next forms it again
+        self._sender.send(group, broadcast, version)   # a failed version drops the group: the next forms it again
         return len(named)
 
     def recv(self, buckets, version: int, host: str, port: int, rank: int, world: int) -> list[tuple[str, Any]]:

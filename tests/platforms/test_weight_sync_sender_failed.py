@@ -1,0 +1,259 @@
+"""A receiver whose weight sender failed fails promptly, whatever the backend (platforms/recv_wait.py).
+
+On NCCL / HCCL nothing a failed sender does to its own end reaches a receiver blocked in the
+device collective; the receiver learns of it from the group's store: the sender's failure key for
+the version, or the store no longer answering. These tests run that logic on real gloo groups with
+a group timeout of 600 s and the sender's gloo connections left OPEN, so that the failure key (or
+the store going away) is the only thing that can end the receive; the bounds below are the test's
+own join timeouts, far below the group's. The same scenario in processes runs on gloo here and on
+two CUDA GPUs (NCCL, vLLM's PyNcclCommunicator) where they exist.
+"""
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from asp_ascend.integrations.mindspeed_rl.weight_push import PushEndpoint  # noqa: E402
+from asp_ascend.platforms.recv_wait import POLL_S, SenderFailed, store_of  # noqa: E402
+from asp_ascend.platforms.transport import (BroadcastTransport, SenderEndpoint, WeightTicket,  # noqa: E402
+                                            close_communicator, create_communicator, listen_store, plan_buckets,
+                                            specs_of)
+
+GROUP_TIMEOUT_S = 600
+BOUND_S = 30           # the test's bound on a receive that must fail: 20x below the group's timeout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _named(version: int) -> list:
+    g = torch.Generator().manual_seed(version)
+    return [("a", torch.randn(4, generator=g)), ("b", torch.randn(4, generator=g).to(torch.bfloat16)),
+            ("c", torch.randn(4, generator=g))]
+
+
+def _release_threads() -> list:
+    return [t for t in threading.enumerate() if t.name == "asp-weight-sync-release"]
+
+
+class Receivers:
+    """Rank 1: a BroadcastTransport over its own communicator (what the vLLM worker extension runs);
+    rank 2: the MindSpeed-RL PushEndpoint. Each receives one version per :meth:`start` in a thread;
+    ``got[version, rank]`` is the tensors, or (seconds waited, the error) if the receive raised."""
+
+    def __init__(self, port: int):
+        self.port, self.comm, self.push, self.got, self.checks = port, None, PushEndpoint("cpu"), {}, {}
+
+    def start(self, buckets, version: int, go: threading.Event = None) -> list:
+        def one(rank):
+            try:
+                if rank == 1 and self.comm is None:
+                    self.comm = create_communicator("cpu", "127.0.0.1", self.port, 1, 3, timeout_s=GROUP_TIMEOUT_S)
+                if go is not None:
+                    go.wait(BOUND_S)
+                t0 = time.monotonic()
+                if rank == 1:
+                    rx = BroadcastTransport(self.comm, 1)
+                    try:
+                        self.got[version, 1] = {n: t.clone() for n, t in rx.recv(WeightTicket(version, buckets))}
+                    except BaseException:
+                        self.comm = None            # what the vLLM worker extension does: join again next time
+                        raise
+                    finally:
+                        self.checks[version] = (rx.store_checks, time.monotonic() - t0)
+                else:
+                    self.got[version, 2] = dict(self.push.recv(buckets, version, "127.0.0.1", self.port, 2, 3))
+            except RuntimeError as exc:
+                self.got[version, rank] = (time.monotonic() - t0, exc)
+        ths = [threading.Thread(target=one, args=(r,), daemon=True) for r in (1, 2)]
+        for th in ths:
+            th.start()
+        return ths
+
+
+def _join(ths: list, timeout: float = BOUND_S) -> None:
+    for th in ths:
+        th.join(timeout)
+    assert not any(th.is_alive() for th in ths), "a receive still waits"
+
+
+def test_a_failure_key_ends_the_receive_while_the_senders_connections_stay_open():
+    port = _free_port()
+    group = {"gen": 0, "host": "127.0.0.1", "port": port, "world": 3, "platform": "cpu", "timeout_s": GROUP_TIMEOUT_S}
+    v1 = _named(1)
+    buckets = plan_buckets(specs_of(v1), 16)
+    assert len(buckets) == 3
+    ep, rx = SenderEndpoint(), Receivers(port)
+    ths = rx.start(buckets, 1)
+    tx = BroadcastTransport(ep.comm(group), 16)
+    with pytest.raises(KeyError):
+        tx.send(WeightTicket(1, buckets), v1[:1])   # bucket 1 goes out, then the sender fails
+    time.sleep(0.5)
+    assert all(th.is_alive() for th in ths)          # nothing failed yet: they wait for bucket 2
+    t_mark = time.monotonic()
+    assert ep.mark_failed(1)                          # only the key: the group and its connections stay
+    _join(ths)
+    took = time.monotonic() - t_mark
+    for r in (1, 2):
+        waited, exc = rx.got[1, r]
+        assert isinstance(exc, SenderFailed), exc
+        assert "receiving version 1 stopped at bucket 2/3" in str(exc) and "marked version 1 failed" in str(exc)
+    assert took < BOUND_S
+    assert _release_threads()                         # the aborted gloo groups wait to be released ...
+    del tx
+    ep.drop()                                         # ... until the sender's drop closes its connections
+    t0 = time.monotonic()
+    while _release_threads() and time.monotonic() - t0 < BOUND_S:
+        time.sleep(0.05)
+    assert not _release_threads()
+    v2 = _named(2)                                    # the next version, on the group formed again
+    ths = rx.start(buckets, 2)
+    tx = BroadcastTransport(ep.comm(group), 16)
+    tx.send(tx.prepare(2, v2), v2)
+    _join(ths)
+    for r in (1, 2):
+        got = rx.got[2, r]
+        assert all(torch.equal(got[n], t) for n, t in v2), r
+    ep.drop()
+
+
+def test_the_success_path_is_bit_exact_and_asks_the_store_only_while_it_waits():
+    """A store check comes only after POLL_S of waiting for a bucket: none when the data is already
+    on its way as the receive starts, about one per POLL_S while the sender is late; and nothing is
+    written to the sender's store."""
+    port = _free_port()
+    group = {"gen": 0, "host": "127.0.0.1", "port": port, "world": 3, "platform": "cpu", "timeout_s": GROUP_TIMEOUT_S}
+    ep, rx = SenderEndpoint(), Receivers(port)
+    buckets = plan_buckets(specs_of(_named(1)), 16)
+    ths = rx.start(buckets, 1)                        # version 1 forms the group
+    comm = ep.comm(group)
+    keys = store_of(comm).num_keys()
+    tx = BroadcastTransport(comm, 16)
+    for version, late in ((1, 0.0), (2, None), (3, 0.5)):
+        named = _named(version)
+        if version > 1:
+            go = threading.Event() if late is None else None
+            ths = rx.start(buckets, version, go)
+        if late:
+            time.sleep(late)                          # 3: the receivers wait 0.5 s for the sender
+        send = threading.Thread(target=tx.send, args=(tx.prepare(version, named), named), daemon=True)
+        send.start()
+        if late is None:
+            time.sleep(0.3)                           # 2: the sender is sending before the receive starts
+            go.set()
+        _join(ths + [send])
+        for r in (1, 2):
+            got = rx.got[version, r]
+            assert all(torch.equal(got[n], t) and got[n].dtype == t.dtype for n, t in named), (version, r)
+        checks, waited = rx.checks[version]
+        assert checks * POLL_S <= waited + 0.01, (version, checks, waited)   # never more than one per POLL_S
+    assert rx.checks[3][0] >= 1                       # ... and it did check while the sender was late
+    assert store_of(comm).num_keys() == keys          # nothing written to the sender's store
+    del comm
+    ep.drop()
+
+
+def test_a_store_that_goes_away_counts_as_a_failed_sender():
+    """The store is hosted apart from the sender's group (rank 0 joins it as a client), so it can go
+    while the sender's gloo connections stay open."""
+    port = _free_port()
+    host_store = listen_store("127.0.0.1", port, 2, GROUP_TIMEOUT_S)
+    got = {}
+
+    def receive():
+        comm = create_communicator("cpu", "127.0.0.1", port, 1, 2, timeout_s=GROUP_TIMEOUT_S)
+        t0 = time.monotonic()
+        try:
+            list(BroadcastTransport(comm, 1).recv(WeightTicket(1, buckets)))
+        except RuntimeError as exc:
+            got["r"] = (time.monotonic() - t0, exc)
+    buckets = plan_buckets(specs_of(_named(1)), 16)
+    th = threading.Thread(target=receive, daemon=True)
+    th.start()
+    client = torch.distributed.TCPStore("127.0.0.1", port, 2, False, timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+    sender = create_communicator("cpu", "127.0.0.1", port, 0, 2, timeout_s=GROUP_TIMEOUT_S, store=client)
+    time.sleep(0.5)
+    assert th.is_alive()                              # waiting for bucket 1, the store answering
+    del host_store
+    gc.collect()                                      # the store's server stops; the gloo group stays
+    _join([th])
+    waited, exc = got["r"]
+    assert isinstance(exc, SenderFailed) and "store no longer answers" in str(exc), exc
+    assert "receiving version 1 stopped at bucket 1/3" in str(exc)
+    close_communicator(sender)                        # the receiver's aborted group is released now
+    t0 = time.monotonic()
+    while _release_threads() and time.monotonic() - t0 < BOUND_S:
+        time.sleep(0.05)
+    assert not _release_threads()
+
+
+def test_a_failed_send_marks_the_version_before_it_drops_the_group():
+    """SenderEndpoint.send: the failure key is set in the store before the drop closes it (read here
+    on a reference to that store the test keeps, so that the drop cannot close it)."""
+    port = _free_port()
+    group = {"gen": 0, "host": "127.0.0.1", "port": port, "world": 2, "platform": "cpu", "timeout_s": GROUP_TIMEOUT_S}
+    ep, seen = SenderEndpoint(), {}
+    buckets = plan_buckets(specs_of(_named(1)), 16)
+
+    def receive():
+        comm = create_communicator("cpu", "127.0.0.1", port, 1, 2, timeout_s=GROUP_TIMEOUT_S)
+        try:
+            list(BroadcastTransport(comm, 1).recv(WeightTicket(7, buckets)))
+        except RuntimeError as exc:
+            seen["exc"] = exc
+    th = threading.Thread(target=receive, daemon=True)
+    th.start()
+    store = store_of(ep.comm(group))
+    assert not store.check(["asp_failed/7"])
+
+    def half(comm):
+        BroadcastTransport(comm, 16).send(WeightTicket(7, buckets), _named(1)[:1])
+    with pytest.raises(KeyError):
+        ep.send(group, half, 7)
+    _join([th])
+    assert isinstance(seen["exc"], RuntimeError)
+    assert store.check(["asp_failed/7"]) and not store.check(["asp_failed/6"])
+
+
+@pytest.mark.parametrize("platform", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_processes_a_receiver_of_a_failed_version_fails_then_receives_the_next(tmp_path, platform):
+    if platform == "cuda":
+        from asp_ascend.platforms import CudaPlatform
+
+        p = CudaPlatform()
+        if not p.is_available() or p.device_count() < 2:
+            pytest.skip("needs 2 CUDA GPUs (NCCL refuses two ranks on one device)")
+        pytest.importorskip("vllm")
+    worker = Path(__file__).with_name("_sync_fail_worker.py")
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    outs = [str(tmp_path / f"rank{r}.json") for r in (0, 1)]
+    procs = [subprocess.Popen([sys.executable, str(worker), str(r), str(port), outs[r], platform], env=env)
+             for r in (0, 1)]
+    try:
+        for p in procs:
+            assert p.wait(timeout=180) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    sender, receiver = (json.loads(Path(o).read_text()) for o in outs)
+    assert sender["marked"]
+    assert receiver["failed"] and "receiving version 1 stopped at bucket 2/2" in receiver["failed"]
+    assert receiver["waited"] < 120                   # the group's timeout is 600 s
+    assert receiver["v2_equal"]
