@@ -85,8 +85,12 @@ class WorkPending:
         return self._done.wait(timeout)
 
     def result(self) -> None:
-        """Raise the collective's own error, if it ended in one."""
-        self.work.wait()
+        """Raise the collective's own error, if it ended in one. The work is let go either way: a
+        caller that keeps the error keeps this frame, which must not keep the group's resources."""
+        try:
+            self.work.wait()
+        finally:
+            self.work = None
 
     def detach(self):
         """Hand the work over (to whoever keeps it until it ends); this object no longer holds it."""

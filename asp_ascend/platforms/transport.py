@@ -369,7 +369,13 @@ class GlooCommunicator:
                                          datetime.timedelta(seconds=timeout_s))
 
     def broadcast(self, tensor, src: int) -> None:
-        self.broadcast_async(tensor, src).result()
+        import torch.distributed as dist
+
+        if self._pg is None:
+            raise RuntimeError("weight sync: broadcast on a closed gloo communicator (a dropped group is never reused)")
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = src, 0
+        self._pg.broadcast([tensor], opts).wait()
 
     def broadcast_async(self, tensor, src: int) -> WorkPending:
         """Start the broadcast; the returned ``recv_wait.WorkPending`` says when it completed."""
