@@ -292,6 +292,8 @@ def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_ite
         is_tail, room, eff = _tail_rooms(iteration, pred, plen, work, n_mb, G=G, S=S, k=k, R=R, cost=cost,
                                          tail=tail, group_max_factor=group_max_factor, speculation=speculation,
                                          max_len=max_len)
+        # a group without a room is placed as with tail=off: where nothing pays for a cap, auto plans as off
+        eff = np.where(is_tail, eff, tail_aware_load(work, lat))
     instance = _lpt(iteration, _rank_of(_desc_order(eff, rng)), eff, R, n_iter, carry=True)
     # dispatch: a group whose generation spans more iterations' worth of an instance's work than
     # iteration order gives it (``pull_forward``; every tail) is pulled forward by up to k windows
@@ -321,13 +323,15 @@ def _tail_rooms(iteration, pred, plen, work, n_mb, *, G, S, k, R, cost: CostMode
                    loads=iteration_loads(iteration, plen, L, work, train, tail_model=tm))
     ctx = tm.loads.context[iteration]
     target = np.array([tm.target(i) for i in range(n_mb.size)])[iteration]
-    is_tail = tm.latency(L, plen, S, ctx) > target * (1.0 + 1e-9)
+    # uncapped, a group runs beside the sequences an instance holds at the target's period (TailModel.batch)
+    batch = np.array([tm.target_batch(i) for i in range(n_mb.size)])[iteration]
+    is_tail = tm.latency(L, plen, batch, ctx) > target * (1.0 + 1e-9)
     room = np.zeros(iteration.shape[0], dtype=np.int64)
     eff = work.copy()
     g = np.flatnonzero(is_tail)
     Lt, pt, ct = L[g], plen[g], ctx[g]
     if tail == "auto":  # TailModel.room for every tail at once: the largest room meeting the target
-        lat = tm.latency(Lt[:, None], pt[:, None], tm.rooms[None, :], ct[:, None])
+        lat = tm.latency(Lt[:, None], pt[:, None], np.minimum(tm.rooms[None, :], batch[g][:, None]), ct[:, None])
         ok = lat <= target[g][:, None] * (1.0 + 1e-9)
         last = tm.rooms.size - 1 - np.argmax(ok[:, ::-1], axis=1)
         n = np.where(ok.any(axis=1), tm.rooms[last], float(G)).astype(np.int64)

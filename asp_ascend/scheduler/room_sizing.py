@@ -106,7 +106,7 @@ class RoomSizer:
         loads = IterationLoads(np.array([work]), np.array([train]), np.array([ctx]), np.array([1.0]), iteration,
                                np.array([float(longest)]), np.array([float(prompt_length)]))
         tm = TailModel(cm, group_size=self.G, max_num_seqs=full, lag_bound=self.k, num_instances=self.R,
-                       loads=loads)
+                       loads=loads, planned_batch=False)      # ``full`` is the measured batch already
         uncapped = max(base, float(tm.latency(longest, prompt_length, full, ctx)) / k1)
         best, _ = tm.best_period(iteration, float(longest), float(prompt_length), 1.0)
         if best > uncapped * (1.0 - TAIL_GAIN_MIN):

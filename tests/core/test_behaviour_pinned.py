@@ -34,8 +34,10 @@ COLUMNS = ["epoch", "prompt_id", "iteration", "mini_batch", "instance", "dispatc
 SCHEDULES = {"asp": "fdf78cc36cbe4bb4", "fifo": "8a9e5245dc58eac6", "random": "df7217608fbd1938",
              "sorted": "0b8448e53cd0fe18", "balanced": "6859679227fb9895",
              # rollout.tail_concurrency=auto (opt-in): asp places and orders the groups that set their
-             # iteration's floor differently (tail rooms, DESIGN 9 c; pinned when that landed, not at cd67c1e)
-             "asp+tail_auto": "62886c2d529a2aac"}
+             # iteration's floor differently (tail rooms, DESIGN 9 c; pinned when that landed, not at cd67c1e,
+             # as 62886c2d529a2aac). Since the rooms are priced at the sequences an instance runs
+             # (TailModel.batch) no cap pays on this config, and auto plans exactly as off: asp's digest
+             "asp+tail_auto": "fdf78cc36cbe4bb4"}
 
 
 def schedule_digest(name: str) -> str:

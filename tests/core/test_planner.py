@@ -247,12 +247,13 @@ def test_estimate_sync_is_serial_and_lag_helps():
 
 
 def test_tail_rooms_isolate_the_long_groups_and_start_them_early():
-    """A few very long groups among short ones, many instances, a light trainer: the long ones
-    would set their iterations' floor on a full instance, so they get a small room, start as
-    early as the lag bound allows, and their hosts get less other work. tail=off: no room."""
+    """A few very long groups among short ones (about 700 tokens: the instances are busy), many
+    instances, a light trainer: the long ones would set their iterations' floor uncapped, so they
+    get a small room, start as early as the lag bound allows, and their hosts get less other work.
+    tail=off: no room."""
     rng = np.random.default_rng(3)
     n, B, R = 2048, 128, 16
-    pred = rng.lognormal(5.5, 0.4, n)
+    pred = rng.lognormal(6.5, 0.4, n)
     long = rng.choice(n, 16, replace=False)
     pred[long] = 8000.0
     plen = np.full(n, 100.0)
@@ -288,16 +289,17 @@ def test_tail_rooms_isolate_the_long_groups_and_start_them_early():
 
 def test_tail_rooms_with_the_first_iteration_relieved():
     """asp's default relieve_first (one group moved at B = 64) with tail=auto: each iteration holds
-    one 8000-token and one 4000-token group among short ones; iteration 0 gives its 8000 to
-    iteration 1 for iteration 1's 4000. Every long group is capped (iteration 0's two 4000s set its
-    floor now) and no short one: where an iteration's longest group stands far above the rest, its
+    one 8000-token and one 4000-token group among short ones (about 900 tokens: the instances are
+    busy, so a long group is slowed by the others); iteration 0 gives its 8000 to iteration 1 for
+    iteration 1's 4000. Every 8000 is capped and iteration 0's two 4000s (they set its floor now),
+    no other 4000 and no short one: where an iteration's longest group stands far above the rest, its
     short groups meet the target it allows on a full instance. (In the previous test's plan with
     the relief, iteration 0 keeps no long group at all: its top is a crowd of 300-600-token groups,
     and auto caps those of them that miss the target, which pays for every group it caps:
     scheduler/tail.py, paid_tails.)"""
     rng = np.random.default_rng(3)
     n, B, R = 2048, 64, 16
-    pred = rng.lognormal(5.5, 0.4, n)
+    pred = rng.lognormal(6.8, 0.4, n)
     pick = rng.choice(n, 64, replace=False)
     pred[pick[:32]], pred[pick[32:]] = 8000.0, 4000.0
     plen = np.full(n, 100.0)
@@ -308,7 +310,9 @@ def test_tail_rooms_with_the_first_iteration_relieved():
     assert sorted(pred[(it == 0) & (pred >= 4000)]) == [4000.0, 4000.0]    # relieved
     assert sorted(pred[(it == 1) & (pred >= 4000)]) == [8000.0, 8000.0]
     capped = auto["room"].to_numpy() > 0
-    assert set(np.flatnonzero(capped)) == set(pick)
+    # every 8000 and iteration 0's two 4000s (its floor now); a 4000 beside an 8000 meets the target
+    # the 8000 allows at the sequences the instances run (TailModel.batch), so no cap
+    assert set(np.flatnonzero(capped)) == set(pick[:32]) | set(np.flatnonzero((it == 0) & (pred >= 4000)))
     assert (auto.loc[capped, "room"] < 256).all()
 
 

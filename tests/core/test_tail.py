@@ -25,59 +25,76 @@ def test_latency_by_hand():
     assert tm.throughput(4, 0.0) == pytest.approx(4 / 1.4)
 
 
-def test_a_tail_that_must_be_isolated():
-    """One 100-token group in an iteration with little other work: on a full instance (8
-    sequences) it takes 100 x 1.8 = 180 s, alone (2) 120 s. Rooms 2/4/6/8 give latencies
-    120/140/160/180 and capacity given up 37.5/25/12.5/0 instance-s per iteration, so the
-    periods max((4 + lost) / 4, 1, latency / 2) are 60/70/80/90 s: isolate it."""
+def test_no_cap_where_the_instances_are_not_full():
+    """One 100-token group in an iteration with little other work (4 instance-s over 4 instances,
+    trainer 1 s). Priced on a full instance (8 sequences: 100 x 1.8 = 180 s) it looked like a tail
+    that isolation (room 2: 120 s) would speed up; that was the old model, and its caps only idled
+    slots. An instance runs the sequences its share of the work keeps busy (TailModel.batch): at a
+    60 s period 1 instance-s of work needs thr(n) >= 1 / 60 x thr(8), i.e. G = 2 sequences, so the
+    group takes 120 s uncapped, as alone: every room gives the period 60 s, and the largest (no cap)
+    is taken. Nothing is a tail."""
     tm = model(4.0, 1.0)
-    assert tm.best_period(0, 100.0, 0.0, 1.0) == (pytest.approx(60.0), 2)
-    assert tm.target(0) == pytest.approx(120.0)
-    assert tm.is_tail(0, 100.0, 0.0) and tm.room(0, 100.0, 0.0) == 2
-    # a 60-token group meets the 120 s target with 8 sequences: 60 x 1.8 = 108 s, no cap
-    assert not tm.is_tail(0, 60.0, 0.0) and tm.room(0, 60.0, 0.0) == 8
-    # an 80-token group: 80 x (1 + 0.1 n) <= 120 up to n = 5, so 4 sequences (multiples of G = 2)
-    assert tm.room(0, 80.0, 0.0) == 4
+    assert tm.best_period(0, 100.0, 0.0, 1.0) == (pytest.approx(60.0), 8)
+    assert tm.target(0) == pytest.approx(120.0) and tm.target_batch(0) == 2
+    assert not tm.is_tail(0, 100.0, 0.0) and tm.room(0, 100.0, 0.0) == 8
+
+
+def test_a_tail_on_busy_instances_gets_the_room_that_pays():
+    """The same group among 280 instance-s of work (70 s per instance). Uncapped: the period P
+    solves P = max(70, latency beside batch(P) / 2); at P = 70 / 0.84375 = 82.96 s the instances run
+    6 sequences (thr(6) = 3.75 = 0.84375 x thr(8)), the group takes 160 s (80 s a period), and below
+    that they run 7 (170 s): 82.96 s. Room 6: 160 s; it gives up 160 x (1 - thr(6) / thr(8)) = 25
+    instance-s (the whole latency's: every iteration brings its own tails, so a period pays for one
+    iteration's tails in full), period max((280 + 25) / 4, 80) = 80 s. Room 4: 140 s, 50 instance-s,
+    82.5 s; room 2: 120 s, 75 instance-s, 88.75 s. So room 6 and the target 160 s, at which the
+    instances run 8 sequences (76.25 of 80 s busy): a 90-token group (162 s) is a tail too, room 6
+    (90 x 1.6 = 144 s; 8 would be 162 s), an 85-token one (153 s) is not."""
+    tm = model(280.0, 1.0)
+    assert tm.best_period(0, 100.0, 0.0, 1.0) == (pytest.approx(80.0), 6)
+    assert tm.target(0) == pytest.approx(160.0) and tm.target_batch(0) == 8
+    assert tm.is_tail(0, 100.0, 0.0) and tm.room(0, 100.0, 0.0) == 6
+    assert tm.is_tail(0, 90.0, 0.0) and tm.room(0, 90.0, 0.0) == 6
+    assert not tm.is_tail(0, 85.0, 0.0) and tm.room(0, 85.0, 0.0) == 8
+    # two such groups capped: 2 x 25 instance-s, (280 + 50) / 4 = 82.5 s with room 4 or 6 (the larger)
+    assert tm.best_period(0, 100.0, 0.0, 2.0) == (pytest.approx(82.5), 6)
 
 
 def test_no_cap_when_capacity_bound_or_when_tails_are_many():
     # plenty of work: the period is the work's (1000 / 4 = 250 s), the tail meets 2 x 250 on a full instance
     tm = model(1000.0, 1.0)
     assert not tm.is_tail(0, 100.0, 0.0) and tm.room(0, 100.0, 0.0) == 8
-    # 40 tails: isolating all would cost 40 x 37.5 instance-s; the full instance wins (period 90 s)
-    tm = model(4.0, 1.0, tails=40.0)
-    assert tm.best_period(0, 100.0, 0.0, 40.0) == (pytest.approx(90.0), 8)
+    # 3 tails among 280 instance-s: 3 x 25 instance-s for room 6 make (280 + 75) / 4 = 88.75 s, room 4
+    # 95 s, room 2 110.25 s: the uncapped 82.96 s wins
+    tm = model(280.0, 1.0, tails=3.0)
+    assert tm.best_period(0, 100.0, 0.0, 3.0) == (pytest.approx(70 / 0.84375), 8)
     assert tm.room(0, 100.0, 0.0) == 8
 
 
 def test_the_target_pays_for_the_groups_it_caps():
-    """An iteration whose top is a crowd: one 100-token group and eight 75-token ones (full-instance
-    latencies 180 s and 135 s), seven 10-token ones (18 s), work 4 instance-s, trainer 1 s. Priced
-    on t capped groups, the best period (test_a_tail_that_must_be_isolated's rooms 2/4/6/8, each
-    capped group giving up 37.5/25/12.5/0 instance-s per iteration) is
-    min(max(1 + 9.375 t, 60), max(1 + 6.25 t, 70), max(1 + 3.125 t, 80), 90): 60 s for t <= 6,
-    66.625 s at t = 7, 70 s for t = 8..11. Targets (x 2): 120, 133.25, 140. At 120 or 133.25 nine
-    groups miss it, more than were paid for; at 140 (t = 8) only the longest does. So the target is
-    140 s, the 100-token group gets room 4 (100 x 1.4 = 140 s) and the crowd no cap. Before, the
-    tails were counted against one target (all 16 groups priced: 160 s, 1 tail) and the caps set by
-    another (1 group priced: 120 s), which made all nine tails, priced as one."""
+    """An iteration whose top is a crowd: one 100-token group and eight 90-token ones, seven
+    10-token ones, 17.5 instance-s each (280 in all), trainer 1 s (test_a_tail_on_busy_instances_...'s
+    figures). Priced on one capped group the target is 160 s, which nine groups miss (the 90s take
+    162 s on a full instance), more than were paid for; priced on two, 165 s (82.5 s a period, the
+    instances full): only the longest misses it. So two are paid for, the 100-token group gets room
+    6 (160 s) and the crowd no cap. A target priced on fewer capped groups than miss it understated
+    the capacity its caps give up."""
     from asp_ascend.scheduler.tail import iteration_loads
 
-    length = np.array([100.0] + [75.0] * 8 + [10.0] * 7)
+    length = np.array([100.0] + [90.0] * 8 + [10.0] * 7)
     base = TailModel(CM, group_size=2, max_num_seqs=8, lag_bound=1, num_instances=4)
-    loads = iteration_loads(np.zeros(16, dtype=np.int64), np.zeros(16), length, np.full(16, 0.25), np.array([1.0]),
+    loads = iteration_loads(np.zeros(16, dtype=np.int64), np.zeros(16), length, np.full(16, 17.5), np.array([1.0]),
                             tail_model=base)
-    assert loads.tails[0] == 8
+    assert loads.tails[0] == 2
     tm = TailModel(CM, group_size=2, max_num_seqs=8, lag_bound=1, num_instances=4, loads=loads)
-    assert tm.target(0) == pytest.approx(140.0)
-    assert tm.is_tail(0, 100.0, 0.0) and tm.room(0, 100.0, 0.0) == 4
-    assert not tm.is_tail(0, 75.0, 0.0) and tm.room(0, 75.0, 0.0) == 8
-    # no crowd (the 75s at 50 tokens, 90 s): one group paid for, the 120 s target, room 2
-    loads = iteration_loads(np.zeros(16, dtype=np.int64), np.zeros(16), np.where(length == 75.0, 50.0, length),
-                            np.full(16, 0.25), np.array([1.0]), tail_model=base)
+    assert tm.target(0) == pytest.approx(165.0)
+    assert tm.is_tail(0, 100.0, 0.0) and tm.room(0, 100.0, 0.0) == 6
+    assert not tm.is_tail(0, 90.0, 0.0) and tm.room(0, 90.0, 0.0) == 8
+    # no crowd (the 90s at 50 tokens, 90 s): one group paid for, the 160 s target, room 6
+    loads = iteration_loads(np.zeros(16, dtype=np.int64), np.zeros(16), np.where(length == 90.0, 50.0, length),
+                            np.full(16, 17.5), np.array([1.0]), tail_model=base)
     assert loads.tails[0] == 1
     tm = TailModel(CM, group_size=2, max_num_seqs=8, lag_bound=1, num_instances=4, loads=loads)
-    assert tm.target(0) == pytest.approx(120.0) and tm.room(0, 100.0, 0.0) == 2
+    assert tm.target(0) == pytest.approx(160.0) and tm.room(0, 100.0, 0.0) == 6
 
 
 def test_speculation_shortens_the_isolated_tail():
