@@ -33,11 +33,11 @@ OFF = {"scheduler.dispatch": "static", "scheduler.reestimate": "false", "rollout
        "pipeline.stream_groups": "off"}
 SPEC = {"rollout.speculative": "ngram"}
 # asp's lossless defaults: guided dispatch and re-estimation; tail-aware concurrency is opt-in
-# (rollout.tail_concurrency defaults to off): on asp's defaults over planner seeds 0-4 auto is
-# ahead of off on the mean only on reasoning-like at 32 devices (-1.2 %) and the conversation trace
-# at 64 (-0.7 %), level elsewhere, and behind by 5.5 % (+2.4 .. +10.0 %) on reasoning-like at 64
-# for every seed; on the 64-device robustness grid it loses a cell against fifo and three against
-# balanced (docs/scheduler.md, "Should `rollout.tail_concurrency: auto` be asp's default now?")
+# (rollout.tail_concurrency defaults to off): on asp's defaults over planner seeds 0-4, with its rooms
+# priced at the sequences an instance runs (0043033), auto caps nothing on three workloads at 32 and 64
+# devices and 1-3 groups a run on the conversation trace at 64: level with off everywhere (before it,
+# 5.5 % behind on reasoning-like at 64 for every seed; docs/scheduler.md, "Why `auto` lost on
+# reasoning-like at 64 devices, and the fix")
 LOSSLESS = {"scheduler.dispatch": "guided", "scheduler.reestimate": "true", "rollout.tail_concurrency": "off"}
 TAIL_AUTO = {**LOSSLESS, "rollout.tail_concurrency": "auto"}
 # the run-time mini-batch fill within an iteration (scheduler/regroup.py), lossless; asp's default

@@ -152,10 +152,10 @@ class RolloutConfig:
     max_restarts: int = _f(0, "Ray restarts of a dead or hung rollout instance; a restarted instance receives "
                               "the newest published weights before it is given work")
     tail_concurrency: str = _f("off", "asp: an instance running a group that will set its iteration's floor caps its "
-                               "other admissions so that group decodes faster: off (default: in the simulator's "
-                               "ablation auto is 2-10 % behind off on the reasoning-like workload at 64 "
-                               "devices for every planner seed, docs/scheduler.md) | auto (the planner sizes the room "
-                               "from the cost model) | reactive (at run time, from re-estimated progress: the instances of an "
+                               "other admissions so that group decodes faster: off (default; in the simulator's "
+                               "ablation auto, priced at the sequences an instance runs, caps almost nothing and is "
+                               "level with off, docs/scheduler.md) | auto (the planner sizes the room from the cost "
+                               "model, and gives none where it does not pay) | reactive (at run time, from re-estimated progress: the instances of an "
                                "iteration's last groups admit little while they run; docs/scheduler.md, \"Reactive tail "
                                "caps\") | N (at most N sequences on such an instance)", yaml_bool=True)
     speculative: str = _f("none", "speculative decoding, vLLM's methods (rejection sampling keeps the sampling "

@@ -149,9 +149,8 @@ def test_config_key(value, ok, empty_yaml):
 
 def test_tail_concurrency_defaults_to_off(empty_yaml):
     """Tail-aware concurrency is opt-in: on asp's defaults, in bench_tail.py's ablation over
-    planner seeds 0-4 (docs/scheduler.md, "Should `rollout.tail_concurrency: auto` be asp's
-    default now?", after the rooms' pricing fix) auto is ahead of off by 2.8 s on reasoning-like at
-    32 devices and 0.7 s on the conversation trace at 64, level elsewhere, but 5.5 % behind on the
-    reasoning-like workload at 64 devices for every seed (+2.4 .. +10.0 %), and on the 64-device
-    robustness grid it falls behind fifo in one more cell on the mean and balanced in three."""
+    planner seeds 0-4 (docs/scheduler.md, "Why `auto` lost on reasoning-like at 64 devices, and the
+    fix"), auto with its rooms priced at the sequences an instance runs caps nothing on three of
+    the four workloads at 32 and 64 devices and is level with off everywhere (before that fix it
+    was 5.5 % behind on reasoning-like at 64 devices for every seed): the lead decides defaults."""
     assert load_config(empty_yaml, []).rollout.tail_concurrency == "off"
