@@ -15,13 +15,17 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from .schema import Config
-from .validate import validate
+from .validate import resolve_cost_model, validate
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
-                *, check_files: bool = True) -> Config:
+                *, check_files: bool = True, saved: bool = False) -> Config:
     """Load YAML (optional), apply dotted ``key=value`` overrides, convert and validate.
 
+    The keys set decide ``asp simulate``'s cost model (:func:`.validate.resolve_cost_model`: cost
+    keys without ``sim.model_class`` imply ``custom``; with 7b/32b they are an error). ``saved``: a
+    config a run wrote (its resolved config.yaml), taken as it is: its cost keys were what the
+    run's planner used whatever its ``sim.model_class``.
     Raises :class:`ConfigError` listing every problem at once.
     """
     from omegaconf import OmegaConf
@@ -57,6 +61,8 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         problems.append(f"{source}: cannot resolve interpolations ({str(exc).splitlines()[0]})")
         raw = OmegaConf.to_container(merged, resolve=False)
     cfg = _build(Config, raw, "", problems)
+    if not saved:
+        resolve_cost_model(cfg, raw if isinstance(raw, dict) else {}, problems)
     # Cross-field checks run even when some keys were bad (those keep defaults), so
     # the user sees every problem in one go.
     problems.extend(validate(cfg, check_files=check_files))
@@ -76,7 +82,7 @@ def run_config(run_dir: str | Path) -> Config:
     """A run directory's resolved ``config.yaml`` read through the schema (so a key the file
     lacks takes the schema's default, as it did in the run); the defaults when there is none."""
     p = Path(run_dir) / "config.yaml"
-    return load_config(p if p.is_file() else None, check_files=False)
+    return load_config(p if p.is_file() else None, check_files=False, saved=True)
 
 
 def _type_name(tp) -> str:

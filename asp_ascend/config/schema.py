@@ -93,7 +93,8 @@ class WorkloadConfig:
 @dataclass
 class CostConfig:
     """Per-instance cost model: decode step time = a + b * sum(context tokens) + c * batch size."""
-    decode_a: float = _f(0.020, "s per decode step, fixed part")
+    decode_a: float = _f(0.020, "s per decode step, fixed part (every cost.* key: the plan's cost of asp schedule "
+                         "and asp train; asp simulate's with sim.model_class custom, which setting one implies)")
     decode_b: float = _f(2.0e-8, "s per decode step per context token in the batch")
     decode_c: float = _f(1.0e-4, "s per decode step per running sequence")
     prefill_per_token: float = _f(5.0e-5, "s of prefill per prompt token")
@@ -122,7 +123,10 @@ class RolloutConfig:
                         "max_num_seqs // G groups in flight, a group holding its slot until its last sample finishes) "
                         "| sequences (while its unfinished samples, running or queued in vLLM, are fewer than "
                         "max_num_seqs: the simulator's default rule)", choices=("groups", "sequences"))
-    kv_cache_tokens: int = _f(0, "per-instance KV capacity in tokens (0 = unlimited)")
+    kv_cache_tokens: int = _f(0, "per-instance KV capacity in tokens, simulator and planner (0 = the engine's: the "
+                              "model class's memory, unlimited with sim.model_class custom); at least one sequence's "
+                              "worst case, the longest prompt + lengths.max_response_length, as vLLM checks its "
+                              "max_model_len when it starts (docs/simulator.md)")
     prefix_caching: bool = _f(True, "vLLM's automatic prefix caching (enable_prefix_caching; on by default in "
                               "vLLM V1): "
                               "the samples of one prompt on one instance compute the prompt's KV blocks once and share "
@@ -315,7 +319,10 @@ class SimConfig:
     tp_efficiency: float = _f(0.85, "throughput efficiency per doubling of tensor parallelism")
     tp_efficiency_internode: float = _f(0.6, "the same for doublings beyond one node")
     devices_per_node: int = _f(8, "devices per node (tensor parallelism beyond a node is slower)")
-    model_class: str = _f("7b", "default cost model", choices=("7b", "32b", "custom"))
+    model_class: str = _f("7b", "asp simulate's cost model: 7b | 32b (the model class's own costs: cost.* keys "
+                          "other than cost.spec_* are then an error) | custom (cost.* as given; the class's sim.* keys "
+                          "are then an error); unset with cost.* keys set: custom (docs/simulator.md)",
+                          choices=("7b", "32b", "custom"))
     sweep_devices: list = _f([], "device counts for the scaling curve (empty = none)")
     sweep_rollout_devices: list = _f([], "rollout device counts to try at sim.total_devices (the split sweep; empty = none)")
     epochs: int = _f(1, "epochs to simulate")

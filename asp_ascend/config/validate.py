@@ -125,6 +125,10 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
     pos("rollout.max_num_seqs", r.max_num_seqs)
     pos("rollout.devices_per_instance", r.devices_per_instance)
     pos("rollout.kv_cache_tokens", r.kv_cache_tokens, 0)
+    seq = cfg.lengths.max_response_length + 1   # the longest response after a prompt of one token
+    if 0 < r.kv_cache_tokens < seq:
+        p.append(kv_capacity_problem(r.kv_cache_tokens, seq, "at least 1 prompt token + lengths.max_response_length="
+                                     f"{cfg.lengths.max_response_length}"))
     mbt = r.max_num_batched_tokens
     if mbt is not None and mbt != 0 and not mbt >= max(1, r.max_num_seqs):
         p.append(f"rollout.max_num_batched_tokens: {mbt!r} must be >= rollout.max_num_seqs={r.max_num_seqs} (vLLM "
@@ -189,6 +193,16 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
                 p.append(f"{key}: {val} does not exist; fix the path or remove the key")
     # A non-finite value is reported once (the range checks below it would repeat it).
     return [m for m in p if m.split(":", 1)[0] not in nonfinite or "must be a finite number" in m]
+
+
+def kv_capacity_problem(kv: int, minimum: int, what: str) -> str:
+    """The problem line of a KV capacity (``rollout.kv_cache_tokens``) below one sequence's worst
+    case ``minimum`` (``what`` says of what): vLLM refuses to start an engine whose KV cache cannot
+    hold one sequence of max_model_len tokens, where the simulator would run it alone past capacity."""
+    return (f"rollout.kv_cache_tokens: {kv} is below one sequence's worst case, {minimum} tokens ({what}): vLLM "
+            f"refuses to start an engine whose KV cache cannot hold one sequence of max_model_len tokens; use "
+            f"rollout.kv_cache_tokens >= {minimum}, lower lengths.max_response_length, or 0 to leave the capacity "
+            f"to the engine (the model class's memory, unlimited with sim.model_class custom)")
 
 
 def _nearest_divisor(n: int, target: int) -> int:
@@ -260,3 +274,58 @@ def _validate_tail_keys(cfg: Config, p: list[str]) -> None:
     if r.partial_rollout and cfg.pipeline.mode == "sync":
         p.append("rollout.partial_rollout: needs pipeline.mode=async (a deferred group keeps generating across "
                  "weight syncs); set it to false or use async")
+
+
+# The cost keys a model class (sim.model_class 7b | 32b) replaces by its own figures in `asp simulate`
+# (sim/costs.system_costs); the speculative-decoding keys (cost.spec_*) apply under every class.
+CLASS_COST_KEYS = ("decode_a", "decode_b", "decode_c", "prefill_per_token", "train_per_token", "train_per_step",
+                   "logprob_per_token", "sync_s", "sync_busy_s", "publish_s", "step_latency_s", "admit_latency_s",
+                   "admit_each_s", "admit_engine_s")
+# The sim keys only a model class reads (sim/costs.py): with sim.model_class custom the instance's
+# coefficients, the sync time and the KV capacity come from cost.* and rollout.kv_cache_tokens.
+CLASS_SIM_KEYS = ("tp_efficiency", "tp_efficiency_internode", "devices_per_node", "sync_bandwidth_gbps",
+                  "sync_latency_s", "host_bandwidth_gbps")
+
+
+def resolve_cost_model(cfg: Config, raw: dict, p: list[str]) -> None:
+    """The cost model of ``asp simulate`` from the keys the user set (``raw``: the YAML merged with the
+    overrides, before defaults), so that no cost key is silently ignored:
+
+    - ``cost.*`` keys a model class replaces, set without ``sim.model_class``: the class is
+      ``custom`` (the costs given are used, as ``asp schedule`` and ``asp train`` use them);
+    - set with ``sim.model_class: 7b | 32b``: an error (the class would ignore them), except at their
+      default value in a config listing every cost key (a run's resolved config.yaml);
+    - ``sim.*`` keys only a model class reads, set with ``sim.model_class: custom``: an error (custom
+      takes cost.sync_s and rollout.kv_cache_tokens instead), with the same resolved-config exception.
+    """
+    if cfg.sim.calibrate:
+        return   # --calibrate simulates custom with the fitted costs; a cost key fills what the fit lacks
+    raw_cost = raw.get("cost") if isinstance(raw.get("cost"), dict) else {}
+    raw_sim = raw.get("sim") if isinstance(raw.get("sim"), dict) else {}
+    given = [k for k in CLASS_COST_KEYS if k in raw_cost]
+    if "model_class" not in raw_sim:
+        if given:
+            cfg.sim.model_class = "custom"
+        return
+    mc = cfg.sim.model_class
+    defaults = type(cfg.cost)()
+    if mc != "custom":
+        # a section listing every cost key is a resolved config.yaml (config/load.save_resolved):
+        # there only values off their default were the user's
+        dump = all(f.name in raw_cost for f in dataclasses.fields(defaults))
+        off = [k for k in given if not dump or getattr(cfg.cost, k) != getattr(defaults, k)]
+        if off:
+            shown = ", ".join(f"cost.{k}={getattr(cfg.cost, k)!r}" for k in off)
+            p.append(f"sim.model_class: {mc} simulates with the {mc} model's own costs and ignores {shown}; set "
+                     f"sim.model_class: custom to simulate with your cost.* values (the others keep their "
+                     f"cost.* defaults, the KV capacity is rollout.kv_cache_tokens), or remove "
+                     f"{'that key' if len(off) == 1 else 'those keys'} to simulate the {mc} model")
+        return
+    sim_defaults = type(cfg.sim)()
+    dump = all(f.name in raw_sim for f in dataclasses.fields(sim_defaults))
+    off = [k for k in CLASS_SIM_KEYS if k in raw_sim and (not dump or getattr(cfg.sim, k) != getattr(sim_defaults, k))]
+    if off:
+        shown = ", ".join(f"sim.{k}={getattr(cfg.sim, k)!r}" for k in off)
+        p.append(f"sim.model_class: custom takes one instance's coefficients, the sync time and the KV capacity from "
+                 f"cost.* and rollout.kv_cache_tokens, and ignores {shown} (read by the 7b/32b model classes only); "
+                 f"remove {'that key' if len(off) == 1 else 'those keys'}, or set sim.model_class: 7b or 32b")

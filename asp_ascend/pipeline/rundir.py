@@ -107,7 +107,7 @@ def _saved_config(path: Path, what: str):
     from ..config import load_config
 
     try:
-        return load_config(path, check_files=False)
+        return load_config(path, check_files=False, saved=True)
     except ConfigError as exc:
         raise ConfigError([f"{what}: the saved config {path} does not load: {p}" for p in exc.problems]) from None
 

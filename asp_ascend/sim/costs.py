@@ -189,3 +189,25 @@ def system_costs(cost_cfg, sim_cfg, *, tp: int, train_devices: int, kv_cache_tok
 def _opt(cfg, key, default):
     v = getattr(cfg, key, default)
     return default if v is None else float(v)
+
+
+def check_kv_capacity(cfg, kv_capacity: int, prompt_lengths) -> None:
+    """Raise ConfigError when an instance's KV capacity (0 = unlimited) cannot hold one sequence of
+    the longest prompt + ``lengths.max_response_length`` tokens: what vLLM checks against its
+    max_model_len as it starts (the config check knows no prompt lengths: it asks for one token)."""
+    from ..config.validate import kv_capacity_problem
+    from ..errors import ConfigError
+
+    if not kv_capacity or len(prompt_lengths) == 0:
+        return
+    longest = int(np.max(prompt_lengths))
+    need = longest + int(cfg.lengths.max_response_length)
+    if kv_capacity >= need:
+        return
+    what = f"the workload's longest prompt, {longest}, + lengths.max_response_length={cfg.lengths.max_response_length}"
+    if cfg.rollout.kv_cache_tokens and int(cfg.rollout.kv_cache_tokens) == int(kv_capacity):
+        raise ConfigError([kv_capacity_problem(int(kv_capacity), need, what)])
+    raise ConfigError([f"sim.model_class: {cfg.sim.model_class} at sim.infer_tp={cfg.sim.infer_tp} leaves "
+                       f"{kv_capacity} KV tokens an instance, below one sequence's worst case, {need} tokens "
+                       f"({what}): vLLM would refuse to start; raise sim.infer_tp or lower "
+                       f"lengths.max_response_length"])

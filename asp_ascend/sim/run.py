@@ -28,7 +28,7 @@ from ..config import membership_options, prefix_block_of, regroup_heavy_of, regr
 from ..errors import AspError
 from ..metrics import summarize
 from .bounds import lower_bounds
-from .costs import SimCosts, system_costs
+from .costs import SimCosts, check_kv_capacity, system_costs
 from .engine import Engine, SimJobs, SimTimeline, TrainerSpec
 from .mechanisms import SimMechanisms, tail_summary
 from .policies import SystemSpec, system_spec
@@ -255,6 +255,7 @@ def _simulate(cfg, workload, name: str, *, total_devices, rollout_devices, recor
     t0 = time.perf_counter()
     spec = system_for(cfg, name, total_devices, rollout_devices)
     costs = costs_for(cfg, spec)
+    check_kv_capacity(cfg, costs.kv_capacity, workload.prompt_length)
     preds = preds or _Predictions(workload, cfg)
     engine_seqs = spec.max_num_seqs            # what the engine could run (the lower bound's peak)
     spec = with_admission_concurrency(cfg, spec, costs, workload, preds)
