@@ -25,19 +25,33 @@ G, R = 2, 2
 COST = CostModel(decode_a=0.01, decode_b=1e-5, decode_c=1e-3, prefill_per_token=1e-4)
 
 
+BATCH = 6                 # groups an iteration trains
+TAIL_PROMPT = 4000        # prompt tokens of every group in a ``busy_tail`` setup
+
+
 def schedule_and_lengths(policy: str, k: int, seed: int = 1, epochs: int = 1, tail: str = "off",
-                         max_num_seqs: int = 4, n: int = 24, mini_batch_size: int = 3):
+                         max_num_seqs: int = 4, n: int = 24, mini_batch_size: int = 3, busy_tail: bool = False):
     """``epochs`` epochs of ``n`` prompts, each planned on its own (as ``scheduler/run.plan_epochs``
     does), with true lengths that the predictions get wrong (so guided dispatch has work to do).
     ``tail`` (rollout.tail_concurrency): the planner sizes rooms for the groups that set their
-    iteration's floor (the ``room`` column). Returns (schedule, true lengths [rows, G])."""
+    iteration's floor (the ``room`` column). ``busy_tail``: a setup with such groups (simulate it
+    with ``prompt_length=TAIL_PROMPT``): long prompts (TAIL_PROMPT tokens, so a decode step's cost
+    grows with the sequences it holds and a room speeds a group up), short responses (10-19 tokens)
+    that keep the instances busy, and one group per iteration ten times longer (100-109 tokens),
+    predicted within 20 %. Returns (schedule, true lengths [rows, G])."""
     rng = np.random.default_rng(seed)
     ids = np.array([f"p{i}" for i in range(n)], dtype=object)
     frames, resps, offset = [], [], 0
     for e in range(epochs):
-        truth = rng.integers(1, 40, (n, G))
-        predicted = truth.mean(axis=1) * rng.uniform(0.3, 3.0, n)
-        sched = plan(ids, predicted, np.full(n, 4.0), policy=policy, group_size=G, global_batch_size=6,
+        if busy_tail:
+            truth = rng.integers(10, 20, (n, G))
+            truth[rng.choice(n, n // BATCH, replace=False)] += 90
+            predicted = truth.mean(axis=1) * rng.uniform(0.8, 1.2, n)
+        else:
+            truth = rng.integers(1, 40, (n, G))
+            predicted = truth.mean(axis=1) * rng.uniform(0.3, 3.0, n)
+        plen = float(TAIL_PROMPT if busy_tail else 4)
+        sched = plan(ids, predicted, np.full(n, plen), policy=policy, group_size=G, global_batch_size=BATCH,
                      mini_batch_size=mini_batch_size, num_instances=R, max_num_seqs=max_num_seqs, lag_bound=k, epoch=e,
                      iteration_offset=offset, seed=seed, **({} if tail == "off" else {"tail": tail, "cost": COST}))
         offset = int(sched["iteration"].max()) + 1
@@ -52,14 +66,15 @@ def rooms_of(sched) -> dict:
     return {(int(e), str(p)): int(n) for e, p, n in zip(capped["epoch"], capped["prompt_id"], capped["room"])}
 
 
-def simulate(sched, resp, settings, tail: str = "off", trace: list | None = None):
+def simulate(sched, resp, settings, tail: str = "off", trace: list | None = None, prompt_length: int = 4):
     """The simulator under the runtime's admission rule (``group_slots``, no pause at weight
-    syncs); returns its timeline. ``trace``: the Feeder's record of admissions and events."""
+    syncs); returns its timeline. ``trace``: the Feeder's record of admissions and events;
+    ``prompt_length``: every group's prompt tokens (as planned)."""
     jobs = SimJobs(epoch=sched["epoch"].to_numpy(np.int64), prompt_id=sched["prompt_id"].to_numpy(object),
                    iteration=sched["iteration"].to_numpy(np.int64), mini_batch=sched["mini_batch"].to_numpy(np.int64),
                    instance=sched["instance"].to_numpy(np.int64),
                    dispatch_rank=sched["dispatch_rank"].to_numpy(np.int64),
-                   prompt_length=np.full(len(sched), 4, np.int64), resp=np.asarray(resp, np.int64),
+                   prompt_length=np.full(len(sched), prompt_length, np.int64), resp=np.asarray(resp, np.int64),
                    predicted_length=sched["predicted_length"].to_numpy(float),
                    room=sched["room"].to_numpy(np.int64) if "room" in sched else None)
     return Engine(jobs, settings, cost=COST, kv_capacity=0, trainer=TrainerSpec(1e-3, 0.05, 0.02, 4, "packed"),

@@ -26,7 +26,8 @@ import time
 
 import pytest
 
-from exec_common import G, R, MindSpeedInstance, group, mindspeed_source, rooms_of, schedule_and_lengths, simulate
+from exec_common import (G, R, TAIL_PROMPT, MindSpeedInstance, group, mindspeed_source, rooms_of, schedule_and_lengths,
+                         simulate)
 pytestmark = pytest.mark.runtime
 
 ray = pytest.importorskip("ray")   # no vLLM or torch needed: the instances are plain Ray actors
@@ -189,13 +190,21 @@ def test_simulator_runtime_and_mindspeed_admit_alike(policy, dispatch, k, mode, 
                                                          ("asp", "static", "auto", 2)])
 def test_tail_rooms_admit_alike(policy, dispatch, tail, epochs, tmp_path, instances):
     """Tail-aware concurrency (rollout.tail_concurrency, DESIGN 9 c): the planner's rooms cap an
-    instance running a floor-setting group, through the same TailControl in all three loops."""
-    sched, resp = schedule_and_lengths(policy, 1, epochs=epochs, tail=tail, max_num_seqs=8)
-    assert rooms_of(sched)
+    instance running a floor-setting group, through the same TailControl in all three loops. The
+    setup has such groups (``busy_tail``: one group per iteration ten times longer than the others on
+    busy instances), so rooms are planned, for ``auto`` and for a fixed N alike, and only for the long
+    groups. Seed 2: its rooms bind in the simulation in all three cases (with seeds 1, 4, 5 and 6
+    auto's rooms of 4 are planned but never stop an admission in the simulated run, so the last
+    assertion could not tell a cap from none)."""
+    sched, resp = schedule_and_lengths(policy, 1, seed=2, epochs=epochs, tail=tail, max_num_seqs=8, busy_tail=True)
+    rooms = rooms_of(sched)
+    long = {(int(e), str(p)) for e, p, n in zip(sched["epoch"], sched["prompt_id"], sched["predicted_length"])
+            if n > 3 * sched["predicted_length"].median()}
+    assert len(rooms) >= epochs * 3 and set(rooms) <= long     # most iterations' long group, nothing else
     settings = ExecutionSettings(policy=policy, lag_bound=1, group_size=G, max_num_seqs=8, num_instances=R,
                                  dispatch=dispatch, epochs=epochs, queue_capacity=10 ** 6)
     trace: list = []
-    simulate(sched, resp, settings, tail, trace=trace)
+    simulate(sched, resp, settings, tail, trace=trace, prompt_length=TAIL_PROMPT)
     blks = blocks(trace)
     versions = {(e[2], e[3]): e[4] for e in trace if e[0] == "admit"}
     want = [admits for _, admits in blks]
@@ -203,6 +212,6 @@ def test_tail_rooms_admit_alike(policy, dispatch, tail, epochs, tmp_path, instan
     assert replay_runtime(sched, settings, blks, versions, tmp_path, instances, tail) == want
     assert replay_mindspeed(sched, settings, blks, versions, tail) == want
     plain: list = []
-    simulate(sched, resp, settings, trace=plain)
+    simulate(sched, resp, settings, trace=plain, prompt_length=TAIL_PROMPT)
     uncapped = [e[1:4] for e in plain if e[0] == "admit"]
     assert uncapped != sum(want, [])       # the rooms changed what was admitted when
