@@ -310,17 +310,43 @@ def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_ite
     return iteration, mini_batch, instance, np.argsort(window * n + len_rank), room
 
 
-def _tail_rooms(iteration, pred, plen, work, n_mb, *, G, S, k, R, cost: CostModel, tail, group_max_factor,
+def plan_tail_model(iteration, predicted_length, prompt_lengths, *, group_size: int, mini_batch_size: int,
+                    num_instances: int, max_num_seqs: int, lag_bound: int, cost: CostModel,
+                    group_max_factor: float = 1.0, speculation=None, max_response_length: float | None = None):
+    """The ``TailModel`` (scheduler/tail.py) asp's planner decides tails and rooms with
+    (``rollout.tail_concurrency``) for one epoch's schedule: ``iteration`` per prompt (the
+    schedule's column, any offset), the predictions and prompt lengths it was planned from, and
+    ``plan``'s arguments of the same names. Whatever ``tail`` the plan ran with, this is the model
+    ``auto`` consults (its periods, batches, latencies)."""
+    it = np.asarray(iteration, dtype=np.int64)
+    pred = np.asarray(predicted_length, dtype=np.float64)
+    plen = np.asarray(prompt_lengths, dtype=np.float64)
+    n_mb = -(-np.bincount(it - it.min()) // mini_batch_size)
+    work = group_size * cost.work(plen, pred, max_num_seqs, group_size)
+    return _tail_model(it, pred, plen, work, n_mb, G=group_size, S=max_num_seqs, k=lag_bound, R=num_instances,
+                       cost=cost, group_max_factor=group_max_factor, speculation=speculation,
+                       max_len=max_response_length)[0]
+
+
+def _tail_model(iteration, pred, plen, work, n_mb, *, G, S, k, R, cost: CostModel, group_max_factor,
                 speculation=None, max_len=None):
-    """(is_tail, room, placement load) per group (scheduler/tail.py decides)."""
+    """(the plan's TailModel, each group's expected longest sample)."""
     from .tail import TailModel, iteration_loads
 
     L = np.minimum(pred * group_max_factor, np.inf if max_len is None else max_len)
-    tokens = np.bincount(iteration, weights=G * (plen + pred), minlength=n_mb.size)
+    tokens = np.bincount(iteration - iteration.min(), weights=G * (plen + pred), minlength=n_mb.size)
     train = cost.train_time(tokens, n_mb) + cost.sync_s
     tm = TailModel(cost, group_size=G, max_num_seqs=S, lag_bound=k, num_instances=R, speculation=speculation)
     tm = TailModel(cost, group_size=G, max_num_seqs=S, lag_bound=k, num_instances=R, speculation=speculation,
                    loads=iteration_loads(iteration, plen, L, work, train, tail_model=tm))
+    return tm, L
+
+
+def _tail_rooms(iteration, pred, plen, work, n_mb, *, G, S, k, R, cost: CostModel, tail, group_max_factor,
+                speculation=None, max_len=None):
+    """(is_tail, room, placement load) per group (scheduler/tail.py decides)."""
+    tm, L = _tail_model(iteration, pred, plen, work, n_mb, G=G, S=S, k=k, R=R, cost=cost,
+                        group_max_factor=group_max_factor, speculation=speculation, max_len=max_len)
     ctx = tm.loads.context[iteration]
     target = np.array([tm.target(i) for i in range(n_mb.size)])[iteration]
     # uncapped, a group runs beside the sequences an instance holds at the target's period (TailModel.batch)

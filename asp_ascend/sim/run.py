@@ -250,18 +250,48 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
             gc.enable()
 
 
-def _simulate(cfg, workload, name: str, *, total_devices, rollout_devices, record_samples, preds, mismatch,
-              fast_path) -> SimResult:
-    t0 = time.perf_counter()
-    spec = system_for(cfg, name, total_devices, rollout_devices)
+def _planned(cfg, workload, spec: SystemSpec, preds: _Predictions):
+    """(spec with asp's admission concurrency, costs, mechanisms, planned jobs) of a run."""
     costs = costs_for(cfg, spec)
     check_kv_capacity(cfg, costs.kv_capacity, workload.prompt_length)
-    preds = preds or _Predictions(workload, cfg)
-    engine_seqs = spec.max_num_seqs            # what the engine could run (the lower bound's peak)
     spec = with_admission_concurrency(cfg, spec, costs, workload, preds)
     mech = mechanisms_for(cfg, spec, costs, workload)
     jobs = build_jobs(workload, cfg, spec, planning_cost(costs), preds, tail=mech.tail_concurrency,
                       speculation=mech.speculation)
+    return spec, costs, mech, jobs
+
+
+def planned_tail_models(cfg, workload, name: str = "asp", *, total_devices: int | None = None,
+                        rollout_devices: int | None = None) -> list:
+    """Per simulated epoch, the ``TailModel`` system ``name``'s planner (asp) sizes tail rooms with
+    (``scheduler.planner.plan_tail_model``), on the schedule, predictions and costs
+    ``simulate_system`` plans that run with: what ``rollout.tail_concurrency: auto`` predicts."""
+    from ..scheduler.planner import plan_tail_model
+    from ..scheduler.reestimate import group_max_factor
+
+    preds = _Predictions(workload, cfg)
+    spec, costs, mech, jobs = _planned(cfg, workload, system_for(cfg, name, total_devices, rollout_devices), preds)
+    hist, sim = epoch_split(workload, cfg.sim.epochs)
+    index, models = pd.Index(workload.prompt_ids), []
+    for k, we in enumerate(sim):
+        on = jobs.epoch == k
+        pred = preds.predict(tuple(hist + (sim[:k] if spec.adaptive else [])), we)
+        rows = index.get_indexer(jobs.prompt_id[on])
+        models.append(plan_tail_model(
+            jobs.iteration[on], pred[rows], workload.prompt_length[rows],
+            group_size=workload.group_size, mini_batch_size=cfg.train.mini_batch_size,
+            num_instances=spec.num_instances, max_num_seqs=spec.max_num_seqs, lag_bound=spec.lag_bound,
+            cost=planning_cost(costs), group_max_factor=group_max_factor(workload.group_spread, workload.group_size),
+            speculation=mech.speculation, max_response_length=cfg.lengths.max_response_length))
+    return models
+
+
+def _simulate(cfg, workload, name: str, *, total_devices, rollout_devices, record_samples, preds, mismatch,
+              fast_path) -> SimResult:
+    t0 = time.perf_counter()
+    spec = system_for(cfg, name, total_devices, rollout_devices)
+    engine_seqs = spec.max_num_seqs            # what the engine could run (the lower bound's peak)
+    spec, costs, mech, jobs = _planned(cfg, workload, spec, preds or _Predictions(workload, cfg))
     if record_samples is None:
         record_samples = jobs.resp.size <= TIMELINE_AUTO_LIMIT
     tr = TrainerSpec(costs.train_per_token, costs.train_per_step, costs.sync_s, cfg.train.micro_batch_size,
