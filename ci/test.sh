@@ -6,6 +6,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source ci/env.sh "${ASP_STACK:-cpu}"
 export PYTHONHASHSEED=0
+# A crash in native code (also while the interpreter exits, after pytest's own handler is off)
+# prints every thread's Python stack into the log.
+export PYTHONFAULTHANDLER=1
 # The rule of the platform layer: no device calls outside asp_ascend/platforms/.
 if grep -rnE "torch\.(cuda|npu)\b|import torch_npu" asp_ascend --include='*.py' | grep -v "asp_ascend/platforms/"; then
   echo "device calls outside asp_ascend/platforms/ (route them through the platform layer)" >&2
