@@ -368,24 +368,22 @@ class GlooCommunicator:
         self._pg = dist.ProcessGroupGloo(dist.PrefixStore("asp_weight_sync", store), rank, world_size,
                                          datetime.timedelta(seconds=timeout_s))
 
-    def broadcast(self, tensor, src: int) -> None:
+    def _start(self, tensor, src: int):
+        """The group's pending broadcast of ``tensor`` from ``src`` (a torch ``Work``)."""
         import torch.distributed as dist
 
         if self._pg is None:
             raise RuntimeError("weight sync: broadcast on a closed gloo communicator (a dropped group is never reused)")
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = src, 0
-        self._pg.broadcast([tensor], opts).wait()
+        return self._pg.broadcast([tensor], opts)
+
+    def broadcast(self, tensor, src: int) -> None:
+        self._start(tensor, src).wait()   # waited inline: a kept error keeps no frame holding the work
 
     def broadcast_async(self, tensor, src: int) -> WorkPending:
         """Start the broadcast; the returned ``recv_wait.WorkPending`` says when it completed."""
-        import torch.distributed as dist
-
-        if self._pg is None:
-            raise RuntimeError("weight sync: broadcast on a closed gloo communicator (a dropped group is never reused)")
-        opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = src, 0
-        return WorkPending(self._pg.broadcast([tensor], opts))
+        return WorkPending(self._start(tensor, src))
 
     def close(self) -> None:
         """Abort the gloo group and let go of it and of the store: released with nothing pending, the
