@@ -12,6 +12,7 @@
     python benchmarks/bench_tail.py bound      [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2] [--set ...]
     python benchmarks/bench_tail.py sweep      [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
                                                [--workloads reasoning ...] [--set KEY=VALUE ...] [--more]
+                                               [--combos N [--combo-seed S] | --combo-only 'CHANGE + CHANGE ...']
 
 ``ablation``: per heavy-tailed workload (reasoning-like synthetic, bimodal synthetic, Azure
 code trace x8 and conversation trace x6 from ``--data``, the repository's ../shared/data by
@@ -99,11 +100,20 @@ and sim_32b.yaml's setup, prompt lengths and their correlation with the response
 through syncs, TP 4, the rollout / trainer split, 64 / 1024 prompts an iteration, two epochs, the ema and
 quantile predictors, predictions that carry nothing, G = 16 in one mini-batch, a clipped tail, a scarce KV
 cache, prefix caching off, padded micro-batches, every length x0.5 / x2, chunked prefill), so the documented
-sweep's cells and numbers stay as they were.
+sweep's cells and numbers stay as they were. ``sweep --combos N``: the same rows and table on N cells per
+workload and device count, each several settings changed at once: 2-4 of the single changes of both lists
+(tail_combos.py's ``combo_pool``), drawn at random with a generator seeded by ``--combo-seed S`` (default 0),
+the workload and the device count (the same cells on every run); a draw that sets a config key twice or holds two
+unplanned-cost (Mismatch) or two known-cost changes is skipped (the counts under the table). A known-cost change is
+the combination's own costs scaled (``custom_costs`` of the config the other changes make: 32b x10 is 32b's
+costs x10). Each cell's label is its changes joined by `` + ``; ``--combo-only 'LABEL'`` runs that one combination
+(on ``--workloads`` and ``--devices``). A config the combination makes that the config check refuses is a row
+(``refused: ConfigError: ...``) and counted with the failed cells. Every sweep ends with the cells where asp is
+ahead of fifo and of balanced (below -0.0 % as printed) on the mean and for every seed.
 Prints markdown tables (docs/scheduler.md holds a copy). This file is the command line; the
 subcommands live beside it: tail_common.py (the setup, runs and table cells they share),
 tail_ablation.py (ablation, admission, seed, speed), tail_robustness.py (robustness, reestimate),
-tail_floor.py (bound, breakdown and the floor terms) and tail_sweep.py (sweep).
+tail_floor.py (bound, breakdown and the floor terms), tail_sweep.py (sweep) and tail_combos.py (sweep --combos).
 """
 from __future__ import annotations
 
@@ -111,6 +121,7 @@ import argparse
 from pathlib import Path
 
 from tail_ablation import ablation, admission, seed, speed
+from tail_combos import combo_sweep
 from tail_common import ROOT, WORKLOADS, check_set
 from tail_floor import bound, breakdown
 from tail_robustness import GRID, reestimate, robustness
@@ -147,6 +158,12 @@ def main(argv=None) -> int:
     ap.add_argument("--more", action="store_true",
                     help="sweep: the second list of settings (sweep_more_cells: model class, prompt lengths, weight "
                          "sync, split, iteration size, ...) instead of SWEEP_KEYS and the cost cells")
+    ap.add_argument("--combos", type=int, default=None, metavar="N",
+                    help="sweep: N cells per workload and device count, each 2-4 changes of both lists at once, drawn "
+                         "at random (reproducibly: --combo-seed)")
+    ap.add_argument("--combo-seed", type=int, default=0, metavar="S", help="sweep --combos: the draws' seed (default 0)")
+    ap.add_argument("--combo-only", default=None, metavar="LABEL",
+                    help="sweep: only this combination (a --combos cell's label as printed, changes joined by ' + ')")
     ap.add_argument("--per-iteration", action="store_true", help="breakdown: also print every iteration's row")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                     help="breakdown, seed: config overrides on top of the seed setup (e.g. lengths.predictor=oracle, "
@@ -168,6 +185,15 @@ def main(argv=None) -> int:
         ap.error(f"--more applies to sweep only, not to {args.what}")
     if args.cells and args.what not in ("robustness", "reestimate"):
         ap.error(f"--cells applies to robustness and reestimate only, not to {args.what}")
+    if (args.combos is not None or args.combo_only) and (args.what != "sweep" or args.more):
+        ap.error(f"--combos / --combo-only apply to sweep only, without --more (got {args.what}"
+                 f"{' --more' if args.more else ''})")
+    if args.combos is not None and args.combos < 1:
+        ap.error(f"--combos {args.combos}: give a count of 1 or more")
+    if args.combos is not None and args.combo_only:
+        ap.error("--combos and --combo-only: give one of them (--combo-only runs one combination)")
+    if args.combo_seed and args.combos is None:
+        ap.error("--combo-seed applies to sweep --combos only")
     check_set(ap, args.set, "lengths.predictor=oracle")
     args.plan_seeds = args.plan_seeds or [0]
     if len(set(args.plan_seeds)) != len(args.plan_seeds):
@@ -176,7 +202,7 @@ def main(argv=None) -> int:
     args.prompts = args.prompts or (100000 if args.what == "speed" else 4096)
     {"ablation": ablation, "robustness": robustness, "seed": seed, "speed": speed,
      "admission": admission, "reestimate": reestimate, "breakdown": breakdown, "bound": bound,
-     "sweep": sweep}[args.what](args)
+     "sweep": combo_sweep if args.combos or args.combo_only else sweep}[args.what](args)
     return 0
 
 

@@ -60,12 +60,22 @@ def sweep_cells(wl: str, data: Path, prompts: int, D: int) -> list:
     # the setup's costs (no workload key moves them; the traces' paths need not be read here)
     split = {**BASE, "sim.total_devices": D, "sim.rollout_devices": D // 2}
     base = load_config(None, [f"{k}={v}" for k, v in split.items()])
+    for label, x, train, planned in cost_changes():
+        out.append((label, custom_costs(base, x, train), None) if planned else (label, {}, Mismatch(*x)))
+    return out
+
+
+def cost_changes() -> list:
+    """(label, decode factors (a, b, c), trainer factor, planned) of sweep's cost cells, in its order:
+    each decode coefficient and all three x0.1 / x10 known to the planner and not, then the trainer
+    4x slower / faster per token (known)."""
+    out = []
     for name, which in SWEEP_DECODE:
         for f in (0.1, 10.0):
             x = tuple(f if w else 1.0 for w in which)
-            out.append((f"decode {name} x{f:g}, planned", custom_costs(base, x), None))
-            out.append((f"decode {name} x{f:g}, unplanned", {}, Mismatch(*x)))
-    out += [(f"trainer x{f:g} per token", custom_costs(base, train=f), None) for f in (4.0, 0.25)]
+            out.append((f"decode {name} x{f:g}, planned", x, 1.0, True))
+            out.append((f"decode {name} x{f:g}, unplanned", x, 1.0, False))
+    out += [(f"trainer x{f:g} per token", (1.0, 1.0, 1.0), f, True) for f in (4.0, 0.25)]
     return out
 
 
@@ -136,31 +146,44 @@ def sweep_run(wl: str, data: Path, prompts: int, D: int, cell: dict, mismatch, e
     return run
 
 
-def sweep(args) -> None:
-    """asp's defaults vs fifo, balanced and fifo + rules on every sweep cell (bench_tail.py's docstring)."""
+def sweep(args, cells_of=None) -> None:
+    """asp's defaults vs fifo, balanced and fifo + rules on every sweep cell (bench_tail.py's docstring);
+    ``cells_of(wl, D)``: the cells instead of sweep_cells / sweep_more_cells (``sweep --combos``), a
+    cell's overrides a dict or a function that returns them (a refused config raises there and is
+    reported as the cell's finding)."""
+    from asp_ascend.errors import ConfigError
+
     seeds = args.plan_seeds
     print(f"planner seeds {', '.join(map(str, seeds))} (each cell's workload built with seed 0); mean (min .. max) "
           f"over the seeds; fifo and fifo + rules plan nothing at random: run once\n")
     table_head("| workload | devices | cell | asp iter. time (s) | asp vs fifo | asp vs balanced | asp vs fifo + rules | "
                "asp throughput / fifo's | lag max (asp) |")
-    behind = []
+    behind, ahead, n = [], {"fifo": [0, 0], "balanced": [0, 0]}, 0
     extra = set_overrides(args.set)
+    if cells_of is None:
+        cells_of = (lambda wl, D: sweep_more_cells(wl, D)) if args.more else \
+            (lambda wl, D: sweep_cells(wl, args.data, args.prompts, D))
     for D in args.devices:
         for wl in args.workloads:
-            cells = sweep_more_cells(wl, D) if args.more else sweep_cells(wl, args.data, args.prompts, D)
-            for label, over, mm in cells:
+            for label, over, mm in cells_of(wl, D):
                 try:
+                    over = over() if callable(over) else over
                     res = seed_runs(sweep_run(wl, args.data, args.prompts, D, over, mm, extra), seeds, SWEEP_ROWS)
                 except Exception as e:  # a crash or a refused config is a finding of the sweep
-                    print(f"| {wl} | {D} | {label} | error: {type(e).__name__}: {str(e).splitlines()[0]} |||||",
-                          flush=True)
-                    behind.append(f"{wl} / {D} / {label}: error")
+                    what = "refused" if isinstance(e, ConfigError) else "error"
+                    why = "; ".join(e.problems) if isinstance(e, ConfigError) else str(e).splitlines()[0]
+                    print(f"| {wl} | {D} | {label} | {what}: {type(e).__name__}: {why} |||||", flush=True)
+                    behind.append(f"{wl} / {D} / {label}: {what}")
                     continue
 
                 def vs(ref):
                     xs = [pct(a, r) for a, r in zip(res["asp"], res[ref])]
+                    if ref in ahead:    # ahead as printed: below -0.0 %
+                        ahead[ref][0] += round(sum(xs) / len(xs), 1) < 0
+                        ahead[ref][1] += all(round(x, 1) < 0 for x in xs)
                     return sum(xs) / len(xs), f"{sum(xs) / len(xs):+.1f} % ({min(xs):+.1f} .. {max(xs):+.1f})"
 
+                n += 1
                 t = sum(s["iteration_time_mean"] for s in res["asp"]) / len(seeds)
                 thr = sum(a["throughput"] / f["throughput"] for a, f in zip(res["asp"], res["fifo"])) / len(seeds)
                 (f, fs), (b, bs), (_, rs) = vs("fifo"), vs("balanced"), vs("fifo + rules")
@@ -168,5 +191,8 @@ def sweep(args) -> None:
                       f"{max(s['policy_lag_max'] for s in res['asp'])} |", flush=True)
                 if max(f, b) > SWEEP_BEHIND:
                     behind.append(f"{wl} / {D} / {label}: {f:+.1f} % vs fifo, {b:+.1f} % vs balanced")
-    print(f"\ncells where asp is more than {SWEEP_BEHIND:g} % behind fifo or balanced on the mean, or failed "
+    print(f"\nasp ahead (below -0.0 % as printed) of fifo in {ahead['fifo'][0]} of {n} cells that ran on the mean, "
+          f"{ahead['fifo'][1]} for every seed; of balanced in {ahead['balanced'][0]} on the mean, "
+          f"{ahead['balanced'][1]} for every seed")
+    print(f"cells where asp is more than {SWEEP_BEHIND:g} % behind fifo or balanced on the mean, or failed "
           f"({len(behind)}): {'; '.join(behind) or 'none'}")

@@ -85,3 +85,81 @@ def test_more_selects_the_second_list(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         bench_tail.main(["ablation", "--more"])
     assert e.value.code == 2 and "--more applies to sweep only" in capsys.readouterr().err
+
+
+def _trace_dir(tmp_path):
+    (tmp_path / "azure_llm_trace_2023_code.csv").write_text("ContextTokens,GeneratedTokens\n100,200\n300,40\n")
+    return tmp_path
+
+
+@pytest.mark.parametrize("wl", ["bimodal", "azure_code_x8"])
+def test_combos_are_reproducible_distinct_and_parse_back(tmp_path, wl):
+    import tail_combos
+
+    pool = tail_combos.combo_pool(wl, _trace_dir(tmp_path), 512, 32)
+    singles = {c[0] for c in tail_sweep.sweep_cells(wl, tmp_path, 512, 32)[1:] + tail_sweep.sweep_more_cells(wl, 32)[1:]}
+    assert {c[0] for c in pool} == singles
+    combos, skipped = tail_combos.draw_combos(pool, 15, 0, wl, 32)
+    again, _ = tail_combos.draw_combos(pool, 15, 0, wl, 32)
+    other, _ = tail_combos.draw_combos(pool, 15, 0, wl, 64)
+    labels = [tail_combos.SEP.join(c[0] for c in cs) for cs in combos]
+    assert len(combos) == 15 and len(set(labels)) == 15
+    assert labels == [tail_combos.SEP.join(c[0] for c in cs) for cs in again]
+    assert labels != [tail_combos.SEP.join(c[0] for c in cs) for cs in other]
+    for label, cs in zip(labels, combos):
+        assert 2 <= len(cs) <= 4 and tail_combos.conflict(cs) is None
+        assert sum(c[4] == "unplanned" for c in cs) <= 1
+        assert tail_combos.parse_combo(label, pool) == cs
+    # conflicts are refused by name, not run
+    with pytest.raises(ValueError, match="set twice"):
+        tail_combos.parse_combo("train.group_size=4 + G = 16 in one mini-batch", pool)
+    with pytest.raises(ValueError, match="two unplanned"):
+        tail_combos.parse_combo("decode a x10, unplanned + decode b x10, unplanned", pool)
+    with pytest.raises(ValueError, match="not a change"):
+        tail_combos.parse_combo("train.group_size=4 + no such change", pool)
+
+
+def test_a_known_cost_change_scales_the_combinations_own_costs():
+    import tail_combos
+
+    pool = tail_combos.combo_pool("bimodal", None, 512, 32)
+    label, over, mm = tail_combos.combo_cell("bimodal", None, 512, 32, tail_combos.parse_combo(
+        "decode a x10, planned + model 32b, TP 4 + KV cache 200k tokens an instance", pool))
+    assert mm is None and label.startswith("decode a x10, planned + model 32b")
+    ref = _costs(tail_common._cfg("bimodal", None, 512, 32, {"sim.model_class": "32b", "sim.infer_tp": 4,
+                                                               "rollout.kv_cache_tokens": 200000}))
+    got = _costs(tail_common._cfg("bimodal", None, 512, 32, over()))
+    assert got.instance.decode_a == pytest.approx(10 * ref.instance.decode_a)
+    assert got.instance.decode_b == pytest.approx(ref.instance.decode_b)
+    assert got.train_per_token == pytest.approx(ref.train_per_token) and got.kv_capacity == ref.kv_capacity
+    assert (got.sync_s, got.train_per_step) == (ref.sync_s, ref.train_per_step)
+    _, _, mm = tail_combos.combo_cell("bimodal", None, 512, 32, tail_combos.parse_combo(
+        "train.group_size=4 + decode c x0.1, unplanned", pool))
+    assert mm.decode_c == 0.1 and mm.decode_a == 1.0
+
+
+def test_combo_only_runs_one_row_and_a_refused_config_is_a_row(capsys):
+    assert bench_tail.main(["sweep", "--combo-only", "train.group_size=4 + rollout.max_num_seqs=32", "--prompts", "512",
+                            "--workloads", "bimodal"]) == 0
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if ln.startswith("| bimodal |")]
+    assert len(rows) == 1 and "train.group_size=4 + rollout.max_num_seqs=32" in rows[0] and "refused" not in rows[0]
+    args = bench_tail.argparse.Namespace(plan_seeds=[0], set=[], devices=[32], workloads=["bimodal"], data=None,
+                                         prompts=512, more=False)
+    tail_sweep.sweep(args, lambda wl, D: [("G = 1", lambda: {"train.group_size": 1}, None)])
+    out = capsys.readouterr().out
+    assert "| bimodal | 32 | G = 1 | refused: ConfigError: train.group_size" in out
+    assert "failed (1): bimodal / 32 / G = 1: refused" in out
+
+
+def test_combos_options_are_checked(capsys):
+    for argv, msg in [(["ablation", "--combos", "3"], "apply to sweep only"),
+                      (["sweep", "--more", "--combos", "3"], "without --more"),
+                      (["sweep", "--combos", "0"], "a count of 1 or more"),
+                      (["sweep", "--combos", "2", "--combo-only", "a + b"], "give one of them"),
+                      (["sweep", "--combo-seed", "3"], "--combos only")]:
+        with pytest.raises(SystemExit) as e:
+            bench_tail.main(argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err, argv
+    with pytest.raises(SystemExit, match="not a change of sweep's lists"):
+        bench_tail.main(["sweep", "--combo-only", "train.group_size=4 + nothing", "--workloads", "bimodal"])
