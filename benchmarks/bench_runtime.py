@@ -277,9 +277,9 @@ def throughput(out: Path, extra: list[str]) -> None:
 
 
 def _lag_bound(d: Path) -> int:
-    from asp_ascend.config import lag_bound_of, load_config
+    from asp_ascend.config import lag_bound_of, run_config
 
-    return lag_bound_of(load_config(d / "config.yaml", check_files=False))
+    return lag_bound_of(run_config(d))
 
 
 def tail_figures(d: Path, k: int) -> dict:
@@ -843,7 +843,7 @@ def convergence(out: Path, seeds: list[int], extra: list[str], systems: list[str
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from asp_ascend.config import load_config
+    from asp_ascend.config import run_config
 
     if not report_only:
         if launcher is not None:
@@ -863,7 +863,7 @@ def convergence(out: Path, seeds: list[int], extra: list[str], systems: list[str
             if not (d / "metrics.jsonl").exists():
                 print(f"{d.name}: no metrics.jsonl, left out")
                 continue
-            cfg = load_config(d / "config.yaml", check_files=False)
+            cfg = run_config(d)
             rows = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
             per_iter = cfg.train.global_batch_size * cfg.train.group_size
             samples = per_iter * np.arange(1, len(rows) + 1)

@@ -15,17 +15,20 @@ from typing import Any, Literal
 
 from ..errors import ConfigError
 from .schema import Config
-from .validate import resolve_cost_model, validate
+from .explicit import check_user_keys
+from .validate import validate
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
                 *, check_files: bool = True, saved: bool = False) -> Config:
     """Load YAML (optional), apply dotted ``key=value`` overrides, convert and validate.
 
-    The keys set decide ``asp simulate``'s cost model (:func:`.validate.resolve_cost_model`: cost
-    keys without ``sim.model_class`` imply ``custom``; with 7b/32b they are an error). ``saved``: a
-    config a run wrote (its resolved config.yaml), taken as it is: its cost keys were what the
-    run's planner used whatever its ``sim.model_class``.
+    The keys set decide ``asp simulate``'s cost model (:func:`.explicit.resolve_cost_model`: cost
+    keys without ``sim.model_class`` imply ``custom``; with 7b/32b they are an error), and a key
+    set that the mode the config selects would ignore is an error (:mod:`.explicit`). ``saved``: a
+    config a run wrote (its resolved config.yaml, or the dict of a loaded config), taken as it
+    is: its cost keys were what the run's planner used whatever its ``sim.model_class``, and it
+    lists every key whatever its mode.
     Raises :class:`ConfigError` listing every problem at once.
     """
     from omegaconf import OmegaConf
@@ -61,11 +64,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         problems.append(f"{source}: cannot resolve interpolations ({str(exc).splitlines()[0]})")
         raw = OmegaConf.to_container(merged, resolve=False)
     cfg = _build(Config, raw, "", problems)
-    if not saved:
-        resolve_cost_model(cfg, raw if isinstance(raw, dict) else {}, problems)
     # Cross-field checks run even when some keys were bad (those keep defaults), so
     # the user sees every problem in one go.
     problems.extend(validate(cfg, check_files=check_files))
+    if not saved:   # a key already refused for its value is not also told it has no effect
+        check_user_keys(cfg, raw if isinstance(raw, dict) else {}, problems,
+                        skip={m.split(":", 1)[0] for m in problems})
     if problems:
         raise ConfigError(problems, source)
     return cfg

@@ -1,12 +1,12 @@
 """Config keys that `asp simulate` would ignore are refused or honoured, never dropped in silence:
 cost.* with a model class (sim.model_class 7b | 32b), the model class's sim.* keys with custom, and
-a KV capacity below one sequence's worst case (config/validate.resolve_cost_model, kv_capacity_problem)."""
+a KV capacity below one sequence's worst case (config/explicit.resolve_cost_model, config/validate.kv_capacity_problem)."""
 from pathlib import Path
 
 import pytest
 
 from asp_ascend.config import load_config, save_resolved
-from asp_ascend.config.validate import CLASS_COST_KEYS
+from asp_ascend.config.explicit import CLASS_COST_KEYS
 from asp_ascend.errors import ConfigError
 from asp_ascend.sim.run import simulate_system
 from asp_ascend.lengths.workloads import workload_from_config
@@ -94,6 +94,38 @@ def test_a_resolved_config_with_costs_off_their_default_under_a_model_class(tmp_
     assert run_config(tmp_path).cost.decode_a == 0.1
     with pytest.raises(ConfigError, match=r"ignores cost.decode_a=0.1"):
         load_config(path)
+
+
+def test_every_cost_key_at_its_default_with_a_model_class_is_refused(tmp_path):
+    """Only a config listing every key of the schema counts as resolved: one listing just every cost
+    key (at its default) with sim.model_class 7b is the user's, whose costs 7b would ignore."""
+    import dataclasses
+
+    from asp_ascend.config import CostConfig
+
+    p = tmp_path / "c.yaml"
+    costs = "".join(f"  {f.name}: {'null' if f.default is None else f.default}\n"
+                    for f in dataclasses.fields(CostConfig))
+    p.write_text("sim:\n  model_class: 7b\ncost:\n" + costs)
+    with pytest.raises(ConfigError, match=r"sim.model_class: 7b simulates with the 7b model's own costs and ignores "
+                                          r"cost.decode_a=0.02, "):
+        load_config(p)
+
+
+def test_a_loaded_configs_dict_reloads_as_saved(tmp_path):
+    """The MindSpeed-RL driver gets the loaded config as a dict (to_dict) and reloads it saved=True:
+    as it was, whatever it holds."""
+    from omegaconf import OmegaConf
+
+    from asp_ascend.config import to_dict
+
+    cfg = load_config(None, ["sim.model_class=7b"])
+    cfg.cost.decode_a = 0.1          # what a run's planner used
+    p = tmp_path / "d.yaml"
+    p.write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(cfg))))
+    assert load_config(p, check_files=False, saved=True) == cfg
+    with pytest.raises(ConfigError, match=r"ignores cost.decode_a=0.1"):
+        load_config(p, check_files=False)
 
 
 def test_kv_capacity_below_one_sequence_is_refused():

@@ -249,7 +249,7 @@ def _cfg_from_dict(d: dict, load_config):
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         f.write(OmegaConf.to_yaml(OmegaConf.create(d)))
     try:
-        return load_config(f.name, check_files=False)
+        return load_config(f.name, check_files=False, saved=True)   # the driver's loaded config, as it was
     finally:
         os.unlink(f.name)
 

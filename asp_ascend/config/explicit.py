@@ -1,0 +1,124 @@
+"""Keys the user set that the mode the config selects would ignore: refused when a config loads.
+
+The user's keys are those of the YAML merged with the dotted ``key=value`` overrides, before the
+schema's defaults fill the rest (:func:`user_keys`). A key whose mode reads it nowhere (a cost.*
+key under ``sim.model_class: 7b``, ...) is a :class:`~asp_ascend.errors.ConfigError` naming the
+key, its value, why nothing reads it and the fix, instead of a run that silently does something
+else than asked. A run's own saved config loads as written (``load_config(saved=True)``: these
+checks do not run); a resolved config given as a config of one's own (it lists every key of the
+schema) counts only its values off the schema's defaults as set. docs/simulator.md, "Keys a cost
+model ignores, and the KV capacity".
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from .schema import Config
+
+
+def _leaves(cls, prefix: str = ""):
+    for f in dataclasses.fields(cls):
+        tp = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if tp is not None and dataclasses.is_dataclass(tp):
+            yield from _leaves(tp, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name
+
+
+SCHEMA_KEYS = frozenset(_leaves(Config))
+
+
+def _given(raw: dict, cls, prefix: str = ""):
+    """The schema's leaf keys present in ``raw`` (unknown keys are the loader's problem)."""
+    for f in dataclasses.fields(cls):
+        if f.name not in raw:
+            continue
+        tp = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if tp is not None and dataclasses.is_dataclass(tp):
+            if isinstance(raw[f.name], dict):
+                yield from _given(raw[f.name], tp, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name
+
+
+def value_of(cfg: Config, key: str):
+    """The value of dotted ``key`` in ``cfg``."""
+    obj = cfg
+    for part in key.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def user_keys(raw: dict, cfg: Config) -> set[str]:
+    """The dotted keys the user set: those in ``raw`` (the YAML merged with the overrides). In a
+    config listing every key of the schema (a resolved config.yaml, as ``save_resolved`` writes
+    it, given as a config of one's own) only those off their schema default: the rest are the
+    defaults a run recorded, not choices."""
+    given = set(_given(raw, Config))
+    if given < SCHEMA_KEYS:
+        return given
+    defaults = Config()
+    return {k for k in given if value_of(cfg, k) != value_of(defaults, k)}
+
+
+def _shown(cfg: Config, keys) -> str:
+    return ", ".join(f"{k}={value_of(cfg, k)!r}" for k in keys)
+
+
+def _them(keys) -> str:
+    return "that key" if len(keys) == 1 else "those keys"
+
+
+# ---------------------------------------------------------------------------------------------
+# asp simulate's cost model: sim.model_class and the cost.* / sim.* keys only one kind of class reads
+
+# The cost keys a model class (sim.model_class 7b | 32b) replaces by its own figures in `asp simulate`
+# (sim/costs.system_costs); the speculative-decoding keys (cost.spec_*) apply under every class.
+CLASS_COST_KEYS = ("decode_a", "decode_b", "decode_c", "prefill_per_token", "train_per_token", "train_per_step",
+                   "logprob_per_token", "sync_s", "sync_busy_s", "publish_s", "step_latency_s", "admit_latency_s",
+                   "admit_each_s", "admit_engine_s")
+# The sim keys only a model class reads (sim/costs.py): with sim.model_class custom the instance's
+# coefficients, the sync time and the KV capacity come from cost.* and rollout.kv_cache_tokens.
+CLASS_SIM_KEYS = ("tp_efficiency", "tp_efficiency_internode", "devices_per_node", "sync_bandwidth_gbps",
+                  "sync_latency_s", "host_bandwidth_gbps")
+
+
+def resolve_cost_model(cfg: Config, raw: dict, given: set[str], p: list[str]) -> None:
+    """The cost model of ``asp simulate`` from the keys the user set (``given``, :func:`user_keys`),
+    so that no cost key is silently ignored:
+
+    - ``cost.*`` keys a model class replaces, set without ``sim.model_class``: the class is
+      ``custom`` (the costs given are used, as ``asp schedule`` and ``asp train`` use them);
+    - set with ``sim.model_class: 7b | 32b``: an error (the class would ignore them);
+    - ``sim.*`` keys only a model class reads, set with ``sim.model_class: custom``: an error (custom
+      takes cost.sync_s and rollout.kv_cache_tokens instead).
+    """
+    if cfg.sim.calibrate:
+        return   # --calibrate simulates custom with the fitted costs; a cost key fills what the fit lacks
+    raw_sim = raw.get("sim") if isinstance(raw.get("sim"), dict) else {}
+    costs = [f"cost.{k}" for k in CLASS_COST_KEYS if f"cost.{k}" in given]
+    if "model_class" not in raw_sim:    # written down, even at its default in a resolved config, it is a choice
+        if costs:
+            cfg.sim.model_class = "custom"
+        return
+    mc = cfg.sim.model_class
+    if mc != "custom":
+        if costs:
+            p.append(f"sim.model_class: {mc} simulates with the {mc} model's own costs and ignores "
+                     f"{_shown(cfg, costs)}; set sim.model_class: custom to simulate with your cost.* values (the "
+                     f"others keep their cost.* defaults, the KV capacity is rollout.kv_cache_tokens), or remove "
+                     f"{_them(costs)} to simulate the {mc} model")
+        return
+    sims = [f"sim.{k}" for k in CLASS_SIM_KEYS if f"sim.{k}" in given]
+    if sims:
+        p.append(f"sim.model_class: custom takes one instance's coefficients, the sync time and the KV capacity from "
+                 f"cost.* and rollout.kv_cache_tokens, and ignores {_shown(cfg, sims)} (read by the 7b/32b model "
+                 f"classes only); remove {_them(sims)}, or set sim.model_class: 7b or 32b")
+
+
+def check_user_keys(cfg: Config, raw: dict, p: list[str], skip=frozenset()) -> None:
+    """Every check of the keys the user set (``raw``: the YAML merged with the overrides, before
+    the defaults), but those in ``skip`` (refused already for their value): asp simulate's cost
+    model (which may set ``sim.model_class`` to ``custom``). Appends to ``p``."""
+    given = user_keys(raw, cfg) - set(skip)
+    resolve_cost_model(cfg, raw, given, p)
