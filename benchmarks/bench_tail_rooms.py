@@ -49,7 +49,8 @@ def main(argv=None) -> None:
     ap.add_argument("--workloads", nargs="+", default=list(tc.WORKLOADS))
     ap.add_argument("--plan-seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
-                    help="config overrides on top of the workload (e.g. workload.tail_fraction=0.01)")
+                    help="config overrides on top of the workload (e.g. workload.tail_fraction=0.01, with "
+                         "--workloads reasoning bimodal: a trace workload refuses the synthetic generator's keys)")
     a = ap.parse_args(argv)
     tc.check_set(ap, a.set, "workload.tail_fraction=0.01")
     over = tc.set_overrides(a.set)

@@ -1,13 +1,13 @@
 """Keys the user set that the mode the config selects would ignore: refused when a config loads.
 
 The user's keys are those of the YAML merged with the dotted ``key=value`` overrides, before the
-schema's defaults fill the rest (:func:`user_keys`). A key whose mode reads it nowhere (a cost.*
-key under ``sim.model_class: 7b``, ...) is a :class:`~asp_ascend.errors.ConfigError` naming the
-key, its value, why nothing reads it and the fix, instead of a run that silently does something
-else than asked. A run's own saved config loads as written (``load_config(saved=True)``: these
-checks do not run); a resolved config given as a config of one's own (it lists every key of the
-schema) counts only its values off the schema's defaults as set. docs/simulator.md, "Keys a cost
-model ignores, and the KV capacity".
+schema's defaults fill the rest (:func:`user_keys`). A key whose mode reads it nowhere (a
+synthetic-workload key with ``workload.type: trace``, a cost.* key under
+``sim.model_class: 7b``, ...) is a :class:`~asp_ascend.errors.ConfigError` naming the key, its
+value, why nothing reads it and the fix, instead of a run that silently does something else than
+asked. A run's own saved config loads as written (``load_config(saved=True)``: these checks do not
+run); a resolved config given as a config of one's own (it lists every key of the schema) counts
+only its values off the schema's defaults as set. docs/simulator.md, "Keys a mode ignores".
 """
 from __future__ import annotations
 
@@ -116,9 +116,44 @@ def resolve_cost_model(cfg: Config, raw: dict, given: set[str], p: list[str]) ->
                  f"classes only); remove {_them(sims)}, or set sim.model_class: 7b or 32b")
 
 
+# ---------------------------------------------------------------------------------------------
+# workload.*: each workload.type reads its own keys (lengths/workloads.py)
+
+_EVOLUTION = ("num_prompts", "epochs", "group_spread", "epoch_correlation", "drift")
+WORKLOAD_KEYS = {
+    "synthetic": _EVOLUTION + ("body_median", "body_sigma", "tail_fraction", "tail_alpha", "tail_scale",
+                               "prompt_median", "prompt_sigma", "prompt_response_correlation"),
+    # prompt_median: the prompt length of every prompt when the table has no trace_prompt_column
+    "trace": _EVOLUTION + ("trace_path", "trace_column", "trace_prompt_column", "length_scale", "prompt_median"),
+    "history": ("group_spread",),      # prompts, epochs and lengths are the history's (lengths.path)
+    "task": ("epochs",),               # the built-in task's prompts (data.synthetic.*) and answer lengths
+}
+_WORKLOAD_WHAT = {"synthetic": "the heavy-tailed generator", "trace": "a length table",
+                  "history": "the length history lengths.path", "task": "the built-in task's known lengths"}
+
+
+def _no_effect(cfg: Config, key: str, why: str, fix: str) -> str:
+    """The problem line of a key set where nothing reads it: the key, its value, why, the fix."""
+    return f"{key}: {value_of(cfg, key)!r} has no effect: {why}; {fix}, or remove {key}"
+
+
+def _workload(cfg: Config, given: set[str], p: list[str]) -> None:
+    wt = cfg.workload.type
+    what = _WORKLOAD_WHAT[wt] if "workload.type" in given else f"the default: {_WORKLOAD_WHAT[wt]}"
+    for f in dataclasses.fields(cfg.workload):
+        key = f"workload.{f.name}"
+        if f.name == "type" or f.name in WORKLOAD_KEYS[wt] or key not in given:
+            continue
+        types = " or ".join(t for t, keys in WORKLOAD_KEYS.items() if f.name in keys)
+        hint = " (the built-in task's prompt count is data.synthetic.num_prompts)" if f.name == "num_prompts" else ""
+        p.append(_no_effect(cfg, key, f"only workload.type {types} reads it, and workload.type is {wt} ({what})",
+                            f"set workload.type: {types}{hint if wt == 'task' else ''}"))
+
+
 def check_user_keys(cfg: Config, raw: dict, p: list[str], skip=frozenset()) -> None:
     """Every check of the keys the user set (``raw``: the YAML merged with the overrides, before
     the defaults), but those in ``skip`` (refused already for their value): asp simulate's cost
-    model (which may set ``sim.model_class`` to ``custom``). Appends to ``p``."""
+    model (which may set ``sim.model_class`` to ``custom``), the workload's keys. Appends to ``p``."""
     given = user_keys(raw, cfg) - set(skip)
     resolve_cost_model(cfg, raw, given, p)
+    _workload(cfg, given, p)

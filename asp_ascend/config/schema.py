@@ -69,25 +69,33 @@ class LengthsConfig:
 class WorkloadConfig:
     """Length workloads for experiments (`asp schedule`/`asp simulate` without a real dataset)."""
     type: str = _f("task", "where lengths come from when data.path is absent: task (the built-in task's known "
-                   "lengths), synthetic (heavy-tailed generator), trace (a length table), history (lengths.path)",
+                   "lengths), synthetic (heavy-tailed generator), trace (a length table), history (lengths.path); each "
+                   "workload.* key names the types that read it, and set with another type it is an error "
+                   "(docs/simulator.md, \"Keys a mode ignores\")",
                    choices=("task", "synthetic", "trace", "history"))
-    num_prompts: int = _f(4096, "prompts per epoch (synthetic/trace)")
-    trace_path: Optional[str] = _f(None, "CSV/parquet/JSONL length table for type=trace")
-    trace_column: str = _f("GeneratedTokens", "response-length column of the trace")
-    trace_prompt_column: Optional[str] = _f("ContextTokens", "prompt-length column of the trace (optional)")
-    length_scale: float = _f(1.0, "multiply trace lengths (e.g. to stretch chat traces to reasoning lengths)")
+    num_prompts: int = _f(4096, "synthetic, trace: prompts per epoch (task: data.synthetic.num_prompts)")
+    trace_path: Optional[str] = _f(None, "trace: the CSV/parquet/JSONL length table")
+    trace_column: str = _f("GeneratedTokens", "trace: the response-length column")
+    trace_prompt_column: Optional[str] = _f("ContextTokens", "trace: the prompt-length column (optional; a table without "
+                                                  "it gives every prompt workload.prompt_median tokens)")
+    length_scale: float = _f(1.0, "trace: multiply the trace's lengths (e.g. to stretch chat traces to reasoning "
+                               "lengths)")
     body_median: float = _f(600.0, "synthetic: median response length of the lognormal body")
     body_sigma: float = _f(0.6, "synthetic: log-std of the lognormal body")
     tail_fraction: float = _f(0.1, "synthetic: share of prompts drawn from the Pareto tail")
     tail_alpha: float = _f(1.5, "synthetic: Pareto shape of the tail (smaller = heavier)")
     tail_scale: float = _f(1500.0, "synthetic: Pareto scale (minimum tail length)")
-    group_spread: float = _f(0.3, "log-std of a sample's length around its prompt's mean (within a group)")
-    epoch_correlation: float = _f(0.8, "correlation of a prompt's log-length between consecutive epochs")
-    drift: float = _f(0.0, "relative growth of lengths per epoch (0.05 = +5 %/epoch)")
-    prompt_median: float = _f(200.0, "synthetic: median prompt length in tokens")
+    group_spread: float = _f(0.3, "synthetic, trace, history: log-std of a sample's length around its prompt's "
+                               "mean (within a group)")
+    epoch_correlation: float = _f(0.8, "synthetic, trace: correlation of a prompt's log-length between consecutive "
+                                    "epochs")
+    drift: float = _f(0.0, "synthetic, trace: relative growth of lengths per epoch (0.05 = +5 %/epoch)")
+    prompt_median: float = _f(200.0, "synthetic: median prompt length in tokens (trace: every prompt's, when the "
+                                "table has no trace_prompt_column)")
     prompt_sigma: float = _f(0.5, "synthetic: log-std of prompt lengths")
     prompt_response_correlation: float = _f(0.3, "synthetic: correlation of log prompt and log response length")
-    epochs: int = _f(2, "epochs of lengths to generate (the first can serve as history)")
+    epochs: int = _f(2, "synthetic, trace, task: epochs of lengths to generate (the first can serve as "
+                       "history; history: the table's epochs)")
 
 
 @dataclass
