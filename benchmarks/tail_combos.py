@@ -90,7 +90,11 @@ def parse_combo(label: str, pool: list) -> list:
 def combo_cell(wl: str, data, prompts: int, D: int, changes: list):
     """(label, overrides as a function, Mismatch or None): sweep's cell of a combination. The overrides
     are the changes' own, then, with a known-cost change, ``custom_costs`` of the config they make
-    (that raises a refused config's ConfigError, which sweep reports as the cell's finding)."""
+    (that raises a refused config's ConfigError, which sweep reports as the cell's finding); the
+    ``sim.*`` keys only a model class reads (``CLASS_SIM_KEYS``, e.g. the weight sync's bandwidth) are
+    then left out: the custom costs already price them, and the config refuses them beside
+    ``sim.model_class: custom``."""
+    from asp_ascend.config.validate import CLASS_SIM_KEYS
     from asp_ascend.sim.run import Mismatch
 
     over = {k: v for c in changes for k, v in c[1].items()}
@@ -100,7 +104,8 @@ def combo_cell(wl: str, data, prompts: int, D: int, changes: list):
     def overrides():
         if known is None:
             return over
-        return {**over, **custom_costs(_cfg(wl, data, prompts, D, over), known[2], known[3])}
+        costs = custom_costs(_cfg(wl, data, prompts, D, over), known[2], known[3])
+        return {**{k: v for k, v in over.items() if not (k.startswith("sim.") and k[4:] in CLASS_SIM_KEYS)}, **costs}
     return SEP.join(c[0] for c in changes), overrides, mm
 
 

@@ -163,3 +163,19 @@ def test_combos_options_are_checked(capsys):
         assert e.value.code == 2 and msg in capsys.readouterr().err, argv
     with pytest.raises(SystemExit, match="not a change of sweep's lists"):
         bench_tail.main(["sweep", "--combo-only", "train.group_size=4 + nothing", "--workloads", "bimodal"])
+
+
+def test_a_known_cost_change_keeps_a_class_only_key_priced_not_set():
+    """weight sync 1 GB/s + costs known: the custom costs carry the 15 s sync, and the combination
+    leaves out sim.sync_bandwidth_gbps, which the config refuses beside sim.model_class: custom."""
+    import tail_combos
+
+    pool = tail_combos.combo_pool("bimodal", None, 512, 32)
+    _, over, _ = tail_combos.combo_cell("bimodal", None, 512, 32, tail_combos.parse_combo(
+        "decode b x0.1, planned + weight sync 1 GB/s (15 s)", pool))
+    o = over()
+    assert "sim.sync_bandwidth_gbps" not in o and o["sim.model_class"] == "custom"
+    slow = _costs(tail_common._cfg("bimodal", None, 512, 32, {"sim.sync_bandwidth_gbps": 1.0}))
+    got = _costs(tail_common._cfg("bimodal", None, 512, 32, o))      # loads: no ConfigError
+    assert got.sync_s == pytest.approx(slow.sync_s) and got.sync_s > 10
+    assert got.instance.decode_b == pytest.approx(0.1 * slow.instance.decode_b)
