@@ -2,8 +2,8 @@
 
 The user's keys are those of the YAML merged with the dotted ``key=value`` overrides, before the
 schema's defaults fill the rest (:func:`user_keys`). A key whose mode reads it nowhere (a
-synthetic-workload key with ``workload.type: trace``, a cost.* key under
-``sim.model_class: 7b``, ...) is a :class:`~asp_ascend.errors.ConfigError` naming the key, its
+synthetic-workload key with ``workload.type: trace``, ``train.tis_cap`` with
+``train.off_policy: none``, ...) is a :class:`~asp_ascend.errors.ConfigError` naming the key, its
 value, why nothing reads it and the fix, instead of a run that silently does something else than
 asked. A run's own saved config loads as written (``load_config(saved=True)``: these checks do not
 run); a resolved config given as a config of one's own (it lists every key of the schema) counts
@@ -150,10 +150,42 @@ def _workload(cfg: Config, given: set[str], p: list[str]) -> None:
                             f"set workload.type: {types}{hint if wt == 'task' else ''}"))
 
 
+# ---------------------------------------------------------------------------------------------
+# keys read only in one mode of another key
+
+SPEC_KEYS = ("rollout.num_speculative_tokens", "rollout.speculative_max_batch", "cost.spec_acceptance",
+             "cost.spec_draft_s", "cost.spec_draft_per_seq")
+
+
+def _modes(cfg: Config, given: set[str], p: list[str]) -> None:
+    r, t, pl, s = cfg.rollout, cfg.train, cfg.pipeline, cfg.sim
+    if r.speculative == "none":
+        p.extend(_no_effect(cfg, k, "rollout.speculative is none, and only speculative decoding reads it (vLLM's "
+                                    "speculative_config in asp train, the simulator's speculating step)",
+                            "set rollout.speculative (e.g. ngram)") for k in SPEC_KEYS if k in given)
+    if "train.tis_cap" in given and t.off_policy == "none":
+        p.append(_no_effect(cfg, "train.tis_cap", "train.off_policy is none (stale samples are trained as if "
+                                                  "on-policy: no importance weight to cap)",
+                            "set train.off_policy: tis (the weight truncated at the cap) or decoupled_ppo (the tokens "
+                            "whose weight exceeds it masked)"))
+    if "pipeline.stream_groups_start" in given and (pl.stream_groups == "off" or pl.mode == "sync"):
+        why = ("pipeline.stream_groups is off" if pl.stream_groups == "off"
+               else "pipeline.mode is sync (where pipeline.stream_groups auto streams nothing)")
+        p.append(_no_effect(cfg, "pipeline.stream_groups_start", f"{why}, so no trainer streams groups",
+                            "set pipeline.stream_groups: auto or on (with pipeline.mode: async)"))
+    if "sim.stream_groups_start" in given and not s.stream_groups:
+        p.append(_no_effect(cfg, "sim.stream_groups_start", "sim.stream_groups is false, so the simulated trainers "
+                                                            "stream as pipeline.stream_groups says, with "
+                                                            "pipeline.stream_groups_start",
+                            "set sim.stream_groups: true, or use pipeline.stream_groups_start"))
+
+
 def check_user_keys(cfg: Config, raw: dict, p: list[str], skip=frozenset()) -> None:
     """Every check of the keys the user set (``raw``: the YAML merged with the overrides, before
     the defaults), but those in ``skip`` (refused already for their value): asp simulate's cost
-    model (which may set ``sim.model_class`` to ``custom``), the workload's keys. Appends to ``p``."""
+    model (which may set ``sim.model_class`` to ``custom``), the workload's keys, the keys read
+    only in one mode of another. Appends to ``p``."""
     given = user_keys(raw, cfg) - set(skip)
     resolve_cost_model(cfg, raw, given, p)
     _workload(cfg, given, p)
+    _modes(cfg, given, p)

@@ -118,7 +118,8 @@ class CostConfig:
                              "hand-over starts, one hand-over at a time per instance, s (--calibrate fits it)")
     admit_engine_s: float = _f(0.0, "engine time an admission costs its instance when its sequences start beside "
                                "running ones (the hand-over runs on the instance's core), s (--calibrate fits it)")
-    spec_acceptance: float = _f(0.5, "speculative decoding: probability that a draft token is accepted")
+    spec_acceptance: float = _f(0.5, "speculative decoding: probability that a draft token is accepted (every cost.spec_* "
+                                 "key: read under every sim.model_class; with rollout.speculative none: an error)")
     spec_draft_s: float = _f(5.0e-4, "speculative decoding: s per decode step to propose the drafts, fixed part")
     spec_draft_per_seq: float = _f(1.0e-5, "speculative decoding: s per decode step per sequence to propose its drafts")
 
@@ -173,10 +174,13 @@ class RolloutConfig:
     speculative: str = _f("none", "speculative decoding, vLLM's methods (rejection sampling keeps the sampling "
                           "distribution exact)", choices=("none", "ngram", "eagle", "eagle3", "medusa", "mlp_speculator",
                                                           "draft_model", "mtp"))
-    num_speculative_tokens: int = _f(4, "draft tokens proposed per decode step (speculative decoding)")
+    num_speculative_tokens: int = _f(4, "draft tokens proposed per decode step (speculative decoding; set "
+                                  "with rollout.speculative none, it and speculative_max_batch and cost.spec_* are "
+                                  "an error)")
     speculative_max_batch: str = _f("auto", "speculative decoding runs while an instance holds at most this many "
                                     "sequences (vLLM's disable_by_batch_size): auto (the break-even batch of the cost "
-                                    "model: it pays at small batch, costs compute at large batch) | always | N")
+                                    "model: it pays at small batch, costs compute at large batch) | always | N; with "
+                                    "rollout.speculative none: an error")
     partial_rollout: bool = _f(False, "bounded off-policy carry-over (DESIGN 9 e): an iteration waiting only on groups "
                                "predicted to finish past its budget defers them to a later iteration and trains the "
                                "same number of finished groups of the next one instead")
@@ -203,7 +207,9 @@ class TrainConfig:
     clip_eps: float = _f(0.2, "PPO clip range")
     kl_coef: float = _f(0.0, "KL-to-reference coefficient (0 disables the reference model)")
     off_policy: str = _f("decoupled_ppo", "correction for stale samples", choices=("decoupled_ppo", "tis", "none"))
-    tis_cap: float = _f(2.0, "truncation of the importance weight (off_policy=tis)")
+    tis_cap: float = _f(2.0, "cap of the importance weight pi_prox / pi_behav: off_policy tis truncates the "
+                        "weight there, decoupled_ppo masks the tokens whose weight exceeds it (asp train's trainer; "
+                        "MindSpeed-RL's async trainer reads it with tis only); set with off_policy none: an error")
     loss_agg: str = _f("token-mean-iteration", "how per-token losses add up: token-mean-iteration = every optimizer "
                        "step divides by (the iteration's response tokens / its mini-batches), so every token of the "
                        "iteration weighs the same whatever mini-batch it lands in; token-mean-step = each step divides "
@@ -249,7 +255,8 @@ class PipelineConfig:
                                                     "half_generated (one at least half generated, the fewest groups "
                                                     "still to generate first), fewest_left (any with a generated "
                                                     "group, the same order), lowest_index (only the lowest-indexed "
-                                                    "untrained one)",
+                                                    "untrained one); set where nothing streams (pipeline.stream_groups "
+                                                    "off, or pipeline.mode sync): an error",
                                   choices=("half_generated", "fewest_left", "lowest_index"))
     regroup: str = _f("auto", "async: when the trainer is ready for an iteration and none of its untrained "
                               "mini-batches is fully generated, complete the one with the most generated groups "
@@ -362,7 +369,7 @@ class SimConfig:
                                                     "half_generated (one at least half generated, the fewest groups "
                                                     "still to generate first), fewest_left (any with a generated "
                                                     "group, the same order), lowest_index (only the lowest-indexed "
-                                                    "untrained one)",
+                                                    "untrained one); set without sim.stream_groups: an error",
                                   choices=("half_generated", "fewest_left", "lowest_index"))
     write_timeline: str = _f("auto", "write timeline_<policy>.jsonl: auto (<= 50k samples) | always | never",
                              choices=("auto", "always", "never"))

@@ -60,7 +60,8 @@ def test_implied_custom_simulates_with_the_costs_given():
 
 
 def test_speculative_cost_keys_apply_under_every_model_class():
-    cfg = load_config(None, ["sim.model_class=7b", "cost.spec_acceptance=0.3", "cost.spec_draft_s=0.001"])
+    cfg = load_config(None, ["sim.model_class=7b", "rollout.speculative=ngram", "cost.spec_acceptance=0.3",
+                             "cost.spec_draft_s=0.001"])
     assert cfg.sim.model_class == "7b" and cfg.cost.spec_acceptance == 0.3
 
 

@@ -1,6 +1,7 @@
 """Keys the mode of a config ignores are refused when it loads, naming the key, its value, why and
-the fix (config/explicit.py): workload.* of another workload.type. The modes that read them still
-load, and so do saved configs."""
+the fix (config/explicit.py): workload.* of another workload.type, train.tis_cap without an
+off-policy correction, the speculative-decoding keys with rollout.speculative none, a streaming
+start rule where nothing streams. The modes that read them still load, and so do saved configs."""
 import copy
 import dataclasses
 from pathlib import Path
@@ -10,7 +11,7 @@ import pandas as pd
 import pytest
 
 from asp_ascend.config import load_config, run_config, save_resolved
-from asp_ascend.config.explicit import WORKLOAD_KEYS
+from asp_ascend.config.explicit import SPEC_KEYS, WORKLOAD_KEYS
 from asp_ascend.errors import ConfigError
 from asp_ascend.lengths.workloads import workload_from_config
 
@@ -123,6 +124,43 @@ def test_the_table_is_what_each_workload_type_reads(tmp_path, wtype):
                      f"workload.type is {wtype}")
 
 
+# ------------------------------------------------------------------ train.tis_cap
+
+def test_tis_cap_without_an_off_policy_correction_is_refused():
+    _refused(["train.off_policy=none", "train.tis_cap=3"],
+             "train.tis_cap: 3.0 has no effect: train.off_policy is none", "set train.off_policy: tis",
+             "or decoupled_ppo (the tokens whose weight exceeds it masked), or remove train.tis_cap")
+    for mode in ("tis", "decoupled_ppo"):       # both read it (algos/grpo.policy_loss)
+        assert load_config(None, [f"train.off_policy={mode}", "train.tis_cap=3"]).train.tis_cap == 3.0
+    assert load_config(None, ["train.off_policy=none"]).train.off_policy == "none"
+
+
+# ------------------------------------------------------------------ speculative decoding
+
+@pytest.mark.parametrize("key", SPEC_KEYS)
+def test_speculative_keys_without_speculative_decoding_are_refused(key):
+    value = {"rollout.speculative_max_batch": "8", "cost.spec_acceptance": "0.3"}.get(key, "2")
+    _refused([f"{key}={value}"], f"{key}: ", "has no effect: rollout.speculative is none, and only speculative "
+             f"decoding reads it", f"set rollout.speculative (e.g. ngram), or remove {key}")
+    _refused(["rollout.speculative=none", f"{key}={value}"], f"{key}: ")
+    assert load_config(None, ["rollout.speculative=ngram", f"{key}={value}"]).rollout.speculative == "ngram"
+
+
+# ------------------------------------------------------------------ streaming start rules
+
+def test_stream_start_rules_where_nothing_streams_are_refused():
+    _refused(["pipeline.stream_groups=off", "pipeline.stream_groups_start=lowest_index"],
+             "pipeline.stream_groups_start: 'lowest_index' has no effect: pipeline.stream_groups is off")
+    _refused(["pipeline.mode=sync", "pipeline.stream_groups_start=fewest_left"],
+             "pipeline.stream_groups_start: 'fewest_left' has no effect: pipeline.mode is sync")
+    _refused(["sim.stream_groups_start=lowest_index"],
+             "sim.stream_groups_start: 'lowest_index' has no effect: sim.stream_groups is false",
+             "set sim.stream_groups: true")
+    for over in (["pipeline.stream_groups=on"], ["pipeline.stream_groups=auto"], []):
+        load_config(None, over + ["pipeline.stream_groups_start=lowest_index"])
+    load_config(None, ["sim.stream_groups=true", "sim.stream_groups_start=lowest_index"])
+
+
 # ------------------------------------------------------------------ saved and resolved configs
 
 IGNORED = ["workload.type=trace", "workload.trace_path=t.csv", "train.off_policy=none", "rollout.speculative=none",
@@ -140,11 +178,12 @@ def test_a_resolved_config_loads_back_whatever_its_modes(tmp_path):
 
 def test_a_resolved_config_with_an_ignored_value_loads_only_as_a_run_record(tmp_path):
     cfg = load_config(None, IGNORED + [f"output_dir={tmp_path}"], check_files=False)
-    cfg.workload.tail_alpha = 1.1
+    cfg.workload.tail_alpha, cfg.train.tis_cap, cfg.rollout.num_speculative_tokens = 1.1, 3.0, 2
     path = save_resolved(cfg)
     assert run_config(tmp_path) == cfg          # a run's record: as written
-    msg = _refused([], "workload.tail_alpha: 1.1 has no effect: only workload.type synthetic", path=path)
-    assert "body_median" not in msg          # at its default: the run's record
+    msg = _refused([], "workload.tail_alpha: 1.1 has no effect: only workload.type synthetic",
+                   "train.tis_cap: 3.0 has no effect", "rollout.num_speculative_tokens: 2 has no effect", path=path)
+    assert "body_median" not in msg and "spec_acceptance" not in msg     # at their defaults: the run's record
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)

@@ -296,3 +296,21 @@ def test_regroup_is_refused_with_the_key_and_the_fix():
     opts = tail_options(cfg, Path("none.parquet"), bridge=True)
     assert not opts.regroup and not opts.regroup_heavy
     assert tail_options(cfg, Path("none.parquet")).regroup_heavy     # asp train's loop: on
+
+
+def test_tis_cap_the_async_trainer_would_ignore_is_refused():
+    """MindSpeed-RL's async trainer (async_loop.behaviour_weights) caps the weight with tis only."""
+    raw = raw7b()
+    raw["asp"]["train"] = {"off_policy": "decoupled_ppo", "tis_cap": 3.0}
+    with pytest.raises(ConfigError, match=r"asp.train.tis_cap: 3.0 has no effect: MindSpeed-RL's async trainer "
+                                          r"applies the cap with train.off_policy tis only.*set asp.train.off_policy: "
+                                          r"tis, or remove asp.train.tis_cap"):
+        translate(raw)
+    with pytest.raises(ConfigError, match="asp.train.tis_cap: 3.0 has no effect"):
+        translate(raw7b(), ["train.tis_cap=3"])
+    raw["asp"]["train"] = {"off_policy": "tis", "tis_cap": 3.0}
+    assert translate(raw)[0].train.tis_cap == 3.0
+    assert translate(raw7b(), ["train.off_policy=tis", "train.tis_cap=3"])[0].train.tis_cap == 3.0
+    raw["asp"]["train"] = {"off_policy": "none", "tis_cap": 3.0}      # the config's own rule, named under asp.
+    with pytest.raises(ConfigError, match=r"asp.train.tis_cap: 3.0 has no effect: train.off_policy is none"):
+        translate(raw)

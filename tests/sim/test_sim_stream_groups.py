@@ -178,7 +178,7 @@ def test_pipeline_stream_groups_is_what_asp_simulate_models_too():
         t[name] = simulate_system(cfg, w, "asp").summary["iteration_time_mean"]
     assert t["sim"] == t["pipeline"] != t["off"]
     for policy in ("asp", "fifo"):      # the sim key and its start rule win, for every streaming policy
-        assert stream_settings(_cfg(0, **{"pipeline.stream_groups": "off", "pipeline.stream_groups_start": "fewest_left"}),
+        assert stream_settings(_cfg(0, **{"pipeline.stream_groups": "on", "pipeline.stream_groups_start": "fewest_left"}),
                                policy) == {"stream_groups": True, "stream_start": "half_generated"}
     for value in ("true", "on"):
         with pytest.raises(ConfigError, match="pipeline.stream_groups: on needs pipeline.mode=async.*set it to auto"):
@@ -203,8 +203,13 @@ def test_pipeline_stream_groups_auto_is_on_for_asp_off_for_the_baselines(tmp_pat
         assert (stream_groups_of(cfg, "asp"), stream_groups_of(cfg, "fifo")) == want, value
         assert [stream_settings(cfg, p)["stream_groups"] for p in ("asp", "fifo")] == list(want), value
         for policy, on in zip(("asp", "fifo"), want):
-            cfg = load_config(None, [f"pipeline.stream_groups={value}", f"scheduler.policy={policy}",
-                                     "pipeline.stream_groups_start=lowest_index"])
+            over = [f"pipeline.stream_groups={value}", f"scheduler.policy={policy}"]
+            if value in ("off", "false"):   # nothing streams: a start rule has no effect and is refused
+                with pytest.raises(ConfigError, match="pipeline.stream_groups_start: 'lowest_index' has no effect"):
+                    load_config(None, over + ["pipeline.stream_groups_start=lowest_index"])
+                cfg = load_config(None, over)
+            else:
+                cfg = load_config(None, over + ["pipeline.stream_groups_start=lowest_index"])
             assert _stream_start(cfg) == ("lowest_index" if on else None), (value, policy)
             run = tmp_path / f"{value}_{policy}"
             run.mkdir()

@@ -270,6 +270,12 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
     finally:
         os.unlink(tmp)
     problems = train_only_problems(cfg, "MindSpeed-RL")
+    if (cfg.mindspeed.trainer == "async" and cfg.train.off_policy == "decoupled_ppo"
+            and _ours_with_overrides(ours, overrides, "train.tis_cap") is not None):
+        problems.append(f"asp.train.tis_cap: {cfg.train.tis_cap!r} has no effect: MindSpeed-RL's async trainer applies "
+                        "the cap with train.off_policy tis only (with decoupled_ppo it weights every token by "
+                        "pi_old / pi_behaviour uncapped; asp train's trainer masks the tokens above the cap); set "
+                        "asp.train.off_policy: tis, or remove asp.train.tis_cap")
     if problems:
         raise ConfigError(problems, source)
     msrl = {k: v for k, v in raw.items() if k != "asp"}
