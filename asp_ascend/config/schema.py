@@ -385,8 +385,12 @@ class WeightSyncConfig:
                               "picks a free port as the store starts listening, for each group (set one where a "
                               "firewall needs it: each new group takes the next of 50 from it, and a taken port is "
                               "an error; the MindSpeed-RL path needs an explicit port)")
-    timeout_s: float = _f(120.0, "how long a weight-sync group waits for a member to join or for data before the "
-                                 "sync counts as failed (and is retried over the live instances)")
+    timeout_s: float = _f(120.0, "how long a weight-sync group waits for a member to join (and, on gloo, for data) "
+                                 "before the sync counts as failed (and is retried over the live instances)")
+    stall_timeout_s: float = _f(300.0, "a broadcast receiver (rollout instance) that sees no progress for this many "
+                                       "seconds (no bucket arrives, the sender makes no step) stops waiting, aborts its "
+                                       "end and the sync counts as failed; it must cover one bucket's transfer and the "
+                                       "sender's preparation before the first bucket (>= 1)")
 
 
 @dataclass

@@ -57,6 +57,7 @@ class WeightReloadExtension:
 
     def _asp_recv_broadcast(self, layout: list, version: int, group: dict) -> int:
         from ..platforms import get_platform
+        from ..platforms.recv_wait import STALL_KEY, STALL_S
         from ..platforms.transport import BroadcastTransport, WeightTicket, create_communicator
 
         platform = get_platform(group["platform"], check=False)
@@ -69,7 +70,9 @@ class WeightReloadExtension:
             self._asp_comm = (group["gen"], create_communicator(group["platform"], group["host"], int(group["port"]),
                                                                 rank, int(group["world"]), index,
                                                                 float(group.get("timeout_s", 300.0))))
-        rx = BroadcastTransport(self._asp_comm[1], 1, synchronize=platform.synchronize)
+        rx = BroadcastTransport(self._asp_comm[1], 1, synchronize=platform.synchronize,
+                                stall_s=float(group.get("stall_timeout_s", STALL_S)),
+                                stall_key=group.get("stall_key", STALL_KEY))
         # receive every bucket before loading: the broadcast must complete on every rank even
         # if the loader stops early
         named = list(rx.recv(WeightTicket.from_layout(version, layout)))

@@ -104,7 +104,8 @@ def make_weight_sync(cfg, trainer, instances):
     if kind == "auto":
         kind = "object_store" if plat == "cpu" else "broadcast"
     return WeightSync(trainer, instances, kind, plat, tp=cfg.rollout.devices_per_instance,
-                      base_port=cfg.weight_sync.master_port, timeout_s=cfg.weight_sync.timeout_s)
+                      base_port=cfg.weight_sync.master_port, timeout_s=cfg.weight_sync.timeout_s,
+                      stall_timeout_s=cfg.weight_sync.stall_timeout_s)
 
 
 def warm_up(cfg, trainer, instances, train, tok, tok_ids: dict, resume, logger):

@@ -34,7 +34,7 @@ RESUME_SAFE = ("logging.", "sim.", "mindspeed.", "verl.", "resume", "overwrite",
                "train.max_iterations", "train.checkpoint_every", "train.eval_every", "train.num_cpus",
                "train.cpu_cores", "rollout.num_cpus", "rollout.cpu_cores", "rollout.kv_cache_space_gib",
                "rollout.request_timeout_s", "rollout.max_restarts", "weight_sync.timeout_s",
-               "weight_sync.master_port", "weight_sync.transport", "weight_sync.bucket_mb")
+               "weight_sync.stall_timeout_s", "weight_sync.master_port", "weight_sync.transport", "weight_sync.bucket_mb")
 
 
 def is_safe(key: str) -> bool:

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..platforms.recv_wait import STALL_S
+
 PORTS = 50  # generations cycle through base_port .. base_port + PORTS - 1
 
 
@@ -73,12 +75,12 @@ class PendingSync:
 
 class WeightSync:
     def __init__(self, trainer, instances: list, transport: str, platform: str, tp: int = 1,
-                 base_port: int = 0, timeout_s: float = 120.0):
+                 base_port: int = 0, timeout_s: float = 120.0, stall_timeout_s: float = STALL_S):
         if transport not in ("object_store", "broadcast"):
             raise ValueError(f"weight_sync.transport: {transport!r} is not object_store or broadcast")
         self.trainer, self.instances = trainer, instances
         self.transport, self.platform, self.tp, self.base_port = transport, platform, int(tp), int(base_port)
-        self.timeout_s = float(timeout_s)
+        self.timeout_s, self.stall_timeout_s = float(timeout_s), float(stall_timeout_s)
         self._port = 0
         self.gen = -1
         self.members: tuple[int, ...] | None = None
@@ -101,7 +103,7 @@ class WeightSync:
             self._port = int(ray.get(self.trainer.open_group.remote(self.gen, self._world(members), want,
                                                                     self.timeout_s)))
         return {"gen": self.gen, "host": self._host, "port": self._port, "world": self._world(members),
-                "platform": self.platform, "timeout_s": self.timeout_s}
+                "platform": self.platform, "timeout_s": self.timeout_s, "stall_timeout_s": self.stall_timeout_s}
 
     def _world(self, members) -> int:
         return 1 + self.tp * len(members)

@@ -1,20 +1,30 @@
-"""A weight-sync receiver's wait for one bucket, which ends when the sender failed, on every backend.
+"""A weight-sync receiver's wait for one bucket, which ends when the sender failed or stopped making
+progress, on every backend.
 
-A receiver's collective alone cannot tell that its sender failed mid-version: on NCCL / HCCL the
-broadcast kernel waits for rank 0's data with no timeout of its own, and a gloo receive waits until
-the sender's connections close. So the sender says so, in the group's rendezvous store (the one it
-hosts): before it drops a failed group it sets :func:`failed_key` for that version
-(:func:`mark_failed`; ``SenderEndpoint.fail``). A receiver issues each bucket's collective so that
-its completion can be polled (:func:`start_broadcast`: a torch ``Work`` on gloo, a device event
-recorded after the broadcast on CUDA / NPU) and, while the bucket has not arrived, asks the store
-every :data:`POLL_S` seconds whether the key is set (:func:`wait_bucket`). A store that no longer
-answers counts as a failed sender (its process died, or it dropped the group and closed it). On
-either signal the receiver aborts its end (:func:`abort_communicator`) and raises
-:class:`SenderFailed`, naming the version; its callers drop their end and join again at the next
-version (``engines/vllm_ext.py``, ``integrations/mindspeed_rl/weight_push.PushEndpoint.recv``).
+A receiver's collective alone cannot tell that its sender failed or hung mid-version: on NCCL / HCCL
+the broadcast kernel waits for rank 0's data with no timeout of its own, and a gloo receive waits
+until the sender's connections close (at the latest the group's timeout). So the sender reports, in
+the group's rendezvous store (the one it hosts), one counter per version, :func:`sync_key`: it
+counts the sender's steps on that version (:class:`SendProgress`: the start, each tensor gathered,
+each bucket issued; at most one write per :data:`POLL_S`), and a sender that fails adds
+:data:`FAILED` to it before it drops the group (:func:`mark_failed`; ``SenderEndpoint.fail``).
+
+A receiver issues each bucket's collective so that its completion can be polled
+(:func:`start_broadcast`: a torch ``Work`` on gloo, a device event recorded after the broadcast on
+CUDA / NPU) and, while the bucket has not arrived, reads the counter every :data:`POLL_S` seconds
+(:class:`SenderWatch`, one store round trip per read). It stops when the counter says the version
+failed, when the store no longer answers (the sender's process died, or it dropped the group and
+closed it), or when nothing progressed for ``stall_s`` seconds (``weight_sync.stall_timeout_s``):
+no bucket arrived here and the sender's counter did not move. A sender that is slow but healthy
+keeps moving it (or its buckets keep arriving), so only a stalled one is stopped. On any of these
+the receiver aborts its end (:func:`abort_communicator`) and raises :class:`SenderFailed`
+(:class:`SenderStalled` for a stall), naming the version and the bucket; its callers drop their end
+and join again at the next version (``engines/vllm_ext.py``,
+``integrations/mindspeed_rl/weight_push.PushEndpoint.recv``).
 
 Cost: nothing on the store while buckets arrive within :data:`POLL_S` of being issued; one store
-round trip per receiver per :data:`POLL_S` while one is awaited. torch is never imported here.
+round trip per receiver per :data:`POLL_S` while one is awaited; the sender writes its counter at
+most once per :data:`POLL_S`. torch is never imported here.
 """
 from __future__ import annotations
 
@@ -23,15 +33,25 @@ import time
 from typing import Any, Optional
 
 POLL_S = 0.05
-"""Seconds between two store checks while a bucket is awaited: how long after its sender marked a
-version failed (or its store went away) a receiver at most keeps waiting, less the check itself."""
+"""Seconds between two store reads while a bucket is awaited: how long after its sender marked a
+version failed (or its store went away) a receiver at most keeps waiting, less the read itself."""
+
+STALL_S = 300.0
+"""Default of ``weight_sync.stall_timeout_s``: the seconds a receiver waits with no bucket arriving
+and no step of its sender before it gives up. It covers one bucket's transfer (``bucket_mb``) and
+the sender's preparation before the first bucket (e.g. MindSpeed-RL's resharding)."""
+
+STALL_KEY = "weight_sync.stall_timeout_s"
+
+FAILED = 1 << 48
+"""Added to a version's counter when its sender fails: a count at or above it means failed."""
 
 _EVENT_SLEEP_MAX_S = 0.005   # a device event is queried at most this far apart (it has no callback)
 
 
-def failed_key(version: int) -> str:
-    """The store key a sender sets when ``version`` failed on its side."""
-    return f"asp_failed/{int(version)}"
+def sync_key(version: int) -> str:
+    """The store key of ``version``'s counter: the sender's steps, plus :data:`FAILED` once it failed."""
+    return f"asp_sync/{int(version)}"
 
 
 def store_of(comm) -> Optional[Any]:
@@ -43,33 +63,103 @@ def store_of(comm) -> Optional[Any]:
     return store
 
 
+def read_sync(store, version: int) -> int:
+    """``version``'s counter in ``store`` (one round trip; ``add`` of 0, which does not block on a key
+    not yet set, as ``get`` would: an unset counter reads 0). Raises what the store raises."""
+    return int(store.add(sync_key(version), 0))
+
+
 def mark_failed(store, version: int) -> bool:
-    """Set :func:`failed_key` for ``version`` in ``store`` (the sender's, before it drops the group).
-    Returns whether it was set: a store that fails here is going away, which receivers read the same
-    way, and the sender's own error is the one to raise."""
+    """Add :data:`FAILED` to ``version``'s counter in ``store`` (the sender's, before it drops the
+    group). Returns whether it was written: a store that fails here is going away, which receivers
+    read the same way, and the sender's own error is the one to raise."""
     if store is None:
         return False
     try:
-        store.set(failed_key(version), b"1")
+        store.add(sync_key(version), FAILED)
         return True
     except Exception:  # noqa: BLE001 - best effort; see the docstring
         return False
 
 
+class SendProgress:
+    """The sender's steps on ``version``, counted in the store of its communicator ``comm``
+    (:func:`sync_key`). Call :meth:`step` where the send advances (never from a thread beside it: a
+    beat must prove that the send itself moves). At most one write per ``min_interval_s``; nothing
+    once the group let go of its store, or after a write failed (the receivers see a failing store
+    themselves). The store is looked up at each step, never kept: a failed send's frames, kept with
+    its exception, must not keep the store (and its port) alive past the group's drop."""
+
+    def __init__(self, comm, version: int, min_interval_s: float = POLL_S):
+        self.comm, self.key, self.min_interval_s = comm, sync_key(version), float(min_interval_s)
+        self._last = -float("inf")
+
+    def step(self) -> None:
+        now = time.monotonic()
+        if self.comm is None or now - self._last < self.min_interval_s:
+            return
+        self._last = now
+        try:
+            store_of(self.comm).add(self.key, 1)
+        except Exception:  # noqa: BLE001 - see the class docstring (a let-go store is None here)
+            self.comm = None
+
+
 class SenderFailed(RuntimeError):
-    """A weight-sync receive ended because its sender failed (its failure key, or its store gone)."""
+    """A weight-sync receive ended because its sender failed (it marked the version failed, its store
+    went away) or stalled (:class:`SenderStalled`)."""
 
 
-def sender_failure(store, version: int) -> Optional[str]:
-    """Why the sender of ``version`` counts as failed, or None while it does not (one store round trip)."""
-    if store is None:
-        return "the group's store was let go"
-    try:
-        if store.check([failed_key(version)]):
-            return f"the sender marked version {version} failed"
-    except Exception as exc:  # noqa: BLE001 - any store error: it no longer answers
-        return f"the sender's store no longer answers ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
-    return None
+class SenderStalled(SenderFailed):
+    """A weight-sync receive ended because nothing progressed for ``weight_sync.stall_timeout_s``."""
+
+
+class SenderWatch:
+    """What one receive of ``version`` knows of its sender. :meth:`arrived` after each bucket;
+    :meth:`check` while one is awaited (one store round trip; ``checks`` counts them). Progress is a
+    bucket arriving here or the sender's counter moving; ``stall_key`` is the config key the stall
+    error names (its spelling in the caller's config)."""
+
+    def __init__(self, comm, version: int, stall_s: float = STALL_S, stall_key: str = STALL_KEY,
+                 poll_s: float = POLL_S):
+        self.comm, self.version = comm, int(version)   # its store is looked up at each check, never kept
+        self.stall_s, self.stall_key, self.poll_s = float(stall_s), stall_key, float(poll_s)
+        self.checks, self._seen, self._since = 0, 0, time.monotonic()
+
+    def arrived(self) -> None:
+        self._since = time.monotonic()
+
+    def check(self, what: str) -> Optional[SenderFailed]:
+        """The error to stop with while awaiting ``what`` (e.g. ``bucket 2/3``), or None to go on."""
+        self.checks += 1
+        stop = self._why()
+        if stop is None:
+            return None
+        cls, why = stop
+        return cls(f"weight sync: receiving version {self.version} stopped at {what}: {why}; "
+                   f"this end of the group is aborted (join again for the next version)")
+
+    def _why(self) -> Optional[tuple[type, str]]:
+        store = store_of(self.comm)
+        if store is None:
+            return SenderFailed, "the group's store was let go"
+        try:
+            count = read_sync(store, self.version)
+        except Exception as exc:  # noqa: BLE001 - any store error: it no longer answers
+            return SenderFailed, (f"the sender's store no longer answers "
+                                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+        if count >= FAILED:
+            return SenderFailed, f"the sender marked version {self.version} failed"
+        now = time.monotonic()
+        if count != self._seen:                      # the sender made a step
+            self._seen, self._since = count, now
+        elif now - self._since >= self.stall_s:
+            return SenderStalled, (f"no progress for {now - self._since:.1f} s (no bucket arrived and the sender, "
+                                   f"whose store still answers, made no step and did not mark the version failed: "
+                                   f"it hangs); if it is slow but healthy (a large bucket on a slow link, a long "
+                                   f"preparation before the first bucket), raise {self.stall_key} "
+                                   f"(now {self.stall_s:g} s)")
+        return None
 
 
 class WorkPending:
@@ -139,21 +229,17 @@ def start_broadcast(comm, tensor, src: int):
     return EventPending(platform.record_event(stream))
 
 
-def wait_bucket(comm, pending, version: int, what: str, poll_s: float = POLL_S) -> int:
-    """Wait until ``pending`` (:func:`start_broadcast`) completes, checking every ``poll_s`` seconds
-    whether the sender of ``version`` failed; if it did, abort ``comm`` (:func:`abort_communicator`)
-    and raise :class:`SenderFailed` naming the version and ``what`` (e.g. ``bucket 2/3``). Returns the
-    number of store checks it made."""
-    store, checks = store_of(comm), 0
-    while not pending.wait(poll_s):
-        checks += 1
-        why = sender_failure(store, version)
-        if why is not None:
+def wait_bucket(comm, pending, watch: SenderWatch, what: str) -> None:
+    """Wait until ``pending`` (:func:`start_broadcast`) completes, asking ``watch`` every
+    ``watch.poll_s`` seconds whether to stop; if so, abort ``comm`` (:func:`abort_communicator`) and
+    raise its :class:`SenderFailed`, which names the version and ``what`` (e.g. ``bucket 2/3``)."""
+    while not pending.wait(watch.poll_s):
+        err = watch.check(what)
+        if err is not None:
             abort_communicator(comm, pending)
-            raise SenderFailed(f"weight sync: receiving version {version} stopped at {what}: {why}; "
-                               f"this end of the group is aborted (join again for the next version)")
+            raise err
     pending.result()
-    return checks
+    watch.arrived()
 
 
 def abort_communicator(comm, pending=None) -> None:

@@ -16,10 +16,11 @@ Implementations:
   sending rank and one rank per instance: vLLM's ``PyNcclCommunicator`` (CUDA) or
   vllm-ascend's ``PyHcclCommunicator`` (NPU) over a ``StatelessProcessGroup`` (Ray's own
   collectives have no HCCL), or a gloo group on CPU. Bucketing cuts the per-tensor launch
-  cost; the receiver allocates one buffer per bucket and yields views into it. A sender that
-  fails marks the version failed in the group's store before it drops the group, and a receiver
-  waits for each bucket polling that (recv_wait.py), so it fails within about ``recv_wait.POLL_S``
-  on every backend instead of blocking in the device collective.
+  cost; the receiver allocates one buffer per bucket and yields views into it. A sender counts
+  its steps in the group's store and marks a failed version there before it drops the group; a
+  receiver waits for each bucket polling that (recv_wait.py), so on every backend it fails within
+  about ``recv_wait.POLL_S`` of a failure, or after ``weight_sync.stall_timeout_s`` without
+  progress, instead of blocking in the device collective.
 
 torch, ray and vllm are imported inside the methods that need them.
 """
@@ -31,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional, Protocol, runtime_checkable
 
 from ..errors import BackendMissingError, ConfigError
-from .recv_wait import WorkPending, mark_failed, release_when_done, start_broadcast, store_of, wait_bucket
+from .recv_wait import (STALL_KEY, STALL_S, SendProgress, SenderWatch, WorkPending, mark_failed, release_when_done,
+                        start_broadcast, store_of, wait_bucket)
 
 DEFAULT_BUCKET_BYTES = 1 << 30
 
@@ -192,19 +194,22 @@ class BroadcastTransport:
     The trainer's sending process is rank 0; each receiving instance process holds its own
     ``BroadcastTransport`` over the same communicator with its own rank. ``synchronize``
     (e.g. ``platform.synchronize``) runs after the last bucket so callers see finished data.
-    A receiver waits for each bucket without blocking in the collective (``recv_wait.wait_bucket``):
-    if the sender marked the version failed, or its store no longer answers, the receive aborts this
-    end of the group and raises ``recv_wait.SenderFailed`` naming the version. ``store_checks``: the
-    store round trips the last :meth:`recv` made (none while every bucket arrives within
-    ``recv_wait.POLL_S``).
+    The sender counts its steps in the group's store (``recv_wait.SendProgress``); a receiver waits
+    for each bucket without blocking in the collective (``recv_wait.wait_bucket``): if the sender
+    marked the version failed, its store no longer answers, or nothing progressed for ``stall_s``
+    seconds (``stall_key``, ``weight_sync.stall_timeout_s``), the receive aborts this end of the
+    group and raises ``recv_wait.SenderFailed`` naming the version and the bucket. ``store_checks``:
+    the store round trips the last :meth:`recv` made, failed or not (none while every bucket
+    arrives within ``recv_wait.POLL_S``).
     """
 
     def __init__(self, communicator: Communicator, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 synchronize=None, src: int = 0):
+                 synchronize=None, src: int = 0, stall_s: float = STALL_S, stall_key: str = STALL_KEY):
         self.comm = communicator
         self.bucket_bytes = int(bucket_bytes)
         self.synchronize = synchronize
         self.src = src
+        self.stall_s, self.stall_key = float(stall_s), stall_key
         self.store_checks = 0
 
     def prepare(self, version, named_tensors):
@@ -215,9 +220,12 @@ class BroadcastTransport:
 
         by_name = dict(named_tensors)
         device = self.comm.device
+        progress = SendProgress(self.comm, ticket.version)
+        progress.step()
         for b in ticket.buckets:
             flat = torch.cat([by_name[s.name].detach().reshape(-1).to(device) for s in b.tensors])
             self.comm.broadcast(flat, src=self.src)
+            progress.step()
         if self.synchronize is not None:
             self.synchronize()
 
@@ -225,11 +233,14 @@ class BroadcastTransport:
         import torch
 
         self.store_checks = 0
-        n = len(ticket.buckets)
+        watch, n = SenderWatch(self.comm, ticket.version, self.stall_s, self.stall_key), len(ticket.buckets)
         for i, b in enumerate(ticket.buckets):
             flat = torch.empty(b.numel, dtype=getattr(torch, b.dtype), device=self.comm.device)
             pending = start_broadcast(self.comm, flat, self.src)
-            self.store_checks += wait_bucket(self.comm, pending, ticket.version, f"bucket {i + 1}/{n}")
+            try:
+                wait_bucket(self.comm, pending, watch, f"bucket {i + 1}/{n}")
+            finally:
+                self.store_checks = watch.checks
             del pending
             if self.synchronize is not None:
                 self.synchronize()
@@ -325,7 +336,7 @@ class SenderEndpoint:
             raise
 
     def mark_failed(self, version: int) -> bool:
-        """Set ``version``'s failure key in the store this end hosts (``recv_wait.mark_failed``): the
+        """Mark ``version`` failed in the store this end hosts (``recv_wait.mark_failed``): the
         receivers waiting for it stop within ``recv_wait.POLL_S`` on any backend. Returns whether it
         was set (no store held, or one that fails: the receivers see the store go when it is dropped)."""
         return mark_failed(self._store if self._store is not None else store_of(self._comm), version)

@@ -74,12 +74,14 @@ def test_describe_lists_every_key():
 def test_weight_sync_keys_checked(empty_yaml):
     with pytest.raises(ConfigError) as ei:
         load_config(empty_yaml, ["weight_sync.master_port=70000", "weight_sync.timeout_s=0",
-                                 "weight_sync.bucket_mb=0", "weight_sync.transport=nccl"])
+                                 "weight_sync.bucket_mb=0", "weight_sync.transport=nccl",
+                                 "weight_sync.stall_timeout_s=0.5"])
     msg = str(ei.value)
-    assert len(ei.value.problems) == 4, msg
+    assert len(ei.value.problems) == 5, msg
     assert "weight_sync.master_port: 70000 must be a TCP port" in msg
     assert "weight_sync.timeout_s: 0.0 must be > 0" in msg
     assert "weight_sync.bucket_mb: 0 must be >= 1" in msg
+    assert "weight_sync.stall_timeout_s: 0.5 must be >= 1" in msg and "stall_timeout_s=300 (the default)" in msg
     assert "weight_sync.transport" in msg
     assert load_config(empty_yaml, []).weight_sync.master_port == 0  # a free port per group by default
 

@@ -52,9 +52,10 @@ class InstanceWorker:
     def __init__(self, j):
         self.j, self.ep, self.weights = j, PushEndpoint("cpu"), {}
 
-    def recv(self, manifests, version, base_port, rank, world):
+    def recv(self, manifests, version, base_port, rank, world, stall_s):
         buckets, host = manifests[self.j]
-        self.weights = {k: v.clone() for k, v in self.ep.recv(buckets, version, host, base_port + self.j, rank, world)}
+        self.weights = {k: v.clone() for k, v in self.ep.recv(buckets, version, host, base_port + self.j, rank, world,
+                                                              stall_s)}
         return version
 
     def get(self):
@@ -70,8 +71,9 @@ class Instance:
     def __init__(self):
         self.workers = [InstanceWorker.remote(j) for j in range(TP)]
 
-    def receive_weights(self, manifests, version, base_port, rank, world):
-        return _all_done.remote(*[w.recv.remote(manifests, version, base_port, rank, world) for w in self.workers])
+    def receive_weights(self, manifests, version, base_port, rank, world, stall_timeout_s):
+        return _all_done.remote(*[w.recv.remote(manifests, version, base_port, rank, world, stall_timeout_s)
+                                  for w in self.workers])
 
 
 class Group:
@@ -110,7 +112,8 @@ def test_two_versions_reach_every_instance_tp_rank():
     try:
         trainer = Group([TrainerRank.remote(0), TrainerRank.remote(1), TrainerRank.remote(None)])
         instances = [Instance() for _ in range(INSTANCES)]
-        publish = weight_push_fn(trainer, instances, base_port=_free_port_block(TP), bucket_bytes=512)
+        publish = weight_push_fn(trainer, instances, base_port=_free_port_block(TP), bucket_bytes=512,
+                                 stall_timeout_s=60.0)
         for version in (1, 2):
             publish(version)
             for inst in instances:

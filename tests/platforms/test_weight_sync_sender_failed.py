@@ -1,12 +1,13 @@
-"""A receiver whose weight sender failed fails promptly, whatever the backend (platforms/recv_wait.py).
+"""A receiver whose weight sender failed or hangs stops promptly, whatever the backend (platforms/recv_wait.py).
 
 On NCCL / HCCL nothing a failed sender does to its own end reaches a receiver blocked in the
-device collective; the receiver learns of it from the group's store: the sender's failure key for
-the version, or the store no longer answering. These tests run that logic on real gloo groups with
-a group timeout of 600 s and the sender's gloo connections left OPEN, so that the failure key (or
-the store going away) is the only thing that can end the receive; the bounds below are the test's
-own join timeouts, far below the group's. The same scenario in processes runs on gloo here and on
-two CUDA GPUs (NCCL, vLLM's PyNcclCommunicator) where they exist.
+device collective; the receiver learns of it from the group's store: the version's counter marked
+failed, the store no longer answering, or (a hung sender) neither a bucket arriving nor the
+sender's counter moving for the stall timeout. These tests run that logic on real gloo groups with
+a group timeout of 600 s and the sender's gloo connections left OPEN, so that the store is the only
+thing that can end the receive; the bounds below are the test's own join timeouts, far below the
+group's. The same failure scenario in processes runs on gloo here and on two CUDA GPUs (NCCL,
+vLLM's PyNcclCommunicator) where they exist.
 """
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from asp_ascend.integrations.mindspeed_rl.weight_push import PushEndpoint  # noqa: E402
-from asp_ascend.platforms.recv_wait import POLL_S, SenderFailed, store_of  # noqa: E402
+from asp_ascend.platforms.recv_wait import (FAILED, POLL_S, STALL_S, SenderFailed, SenderStalled,  # noqa: E402
+                                            SendProgress, read_sync, store_of)
 from asp_ascend.platforms.transport import (BroadcastTransport, SenderEndpoint, WeightTicket,  # noqa: E402
                                             close_communicator, create_communicator, listen_store, plan_buckets,
                                             specs_of)
@@ -56,11 +58,13 @@ class Receivers:
     rank 2: the MindSpeed-RL PushEndpoint. Each receives one version per :meth:`start` in a thread;
     ``got[version, rank]`` is the tensors, or (seconds waited, the error) if the receive raised."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, stall_s: float = STALL_S):
         self.port, self.comm, self.push, self.got, self.checks = port, None, PushEndpoint("cpu"), {}, {}
+        self.stall_s = stall_s
 
     def start(self, buckets, version: int, go: threading.Event = None) -> list:
         def one(rank):
+            t0 = time.monotonic()
             try:
                 if rank == 1 and self.comm is None:
                     self.comm = create_communicator("cpu", "127.0.0.1", self.port, 1, 3, timeout_s=GROUP_TIMEOUT_S)
@@ -68,7 +72,7 @@ class Receivers:
                     go.wait(BOUND_S)
                 t0 = time.monotonic()
                 if rank == 1:
-                    rx = BroadcastTransport(self.comm, 1)
+                    rx = BroadcastTransport(self.comm, 1, stall_s=self.stall_s)
                     try:
                         self.got[version, 1] = {n: t.clone() for n, t in rx.recv(WeightTicket(version, buckets))}
                     except BaseException:
@@ -77,7 +81,8 @@ class Receivers:
                     finally:
                         self.checks[version] = (rx.store_checks, time.monotonic() - t0)
                 else:
-                    self.got[version, 2] = dict(self.push.recv(buckets, version, "127.0.0.1", self.port, 2, 3))
+                    self.got[version, 2] = dict(self.push.recv(buckets, version, "127.0.0.1", self.port, 2, 3,
+                                                               stall_s=self.stall_s))
             except RuntimeError as exc:
                 self.got[version, rank] = (time.monotonic() - t0, exc)
         ths = [threading.Thread(target=one, args=(r,), daemon=True) for r in (1, 2)]
@@ -134,15 +139,16 @@ def test_a_failure_key_ends_the_receive_while_the_senders_connections_stay_open(
 
 def test_the_success_path_is_bit_exact_and_asks_the_store_only_while_it_waits():
     """A store check comes only after POLL_S of waiting for a bucket: none when the data is already
-    on its way as the receive starts, about one per POLL_S while the sender is late; and nothing is
-    written to the sender's store."""
+    on its way as the receive starts, about one per POLL_S while the sender is late; the store gets
+    one key per version (its counter), never marked failed."""
     port = _free_port()
     group = {"gen": 0, "host": "127.0.0.1", "port": port, "world": 3, "platform": "cpu", "timeout_s": GROUP_TIMEOUT_S}
     ep, rx = SenderEndpoint(), Receivers(port)
     buckets = plan_buckets(specs_of(_named(1)), 16)
     ths = rx.start(buckets, 1)                        # version 1 forms the group
     comm = ep.comm(group)
-    keys = store_of(comm).num_keys()
+    store = store_of(comm)        # its keys besides the counters (a receiver may read one into being already)
+    keys = store.num_keys() - sum(store.check([f"asp_sync/{v}"]) for v in (1, 2, 3))
     tx = BroadcastTransport(comm, 16)
     for version, late in ((1, 0.0), (2, None), (3, 0.5)):
         named = _named(version)
@@ -163,8 +169,129 @@ def test_the_success_path_is_bit_exact_and_asks_the_store_only_while_it_waits():
         checks, waited = rx.checks[version]
         assert checks * POLL_S <= waited + 0.01, (version, checks, waited)   # never more than one per POLL_S
     assert rx.checks[3][0] >= 1                       # ... and it did check while the sender was late
-    assert store_of(comm).num_keys() == keys          # nothing written to the sender's store
+    assert store.num_keys() == keys + 3               # one counter per version ...
+    assert all(0 < read_sync(store, v) < FAILED for v in (1, 2, 3))   # ... that counted steps, none failed
+    del store
     del comm
+    ep.drop()
+
+
+STALL_TEST_S = 2.0     # the stall timeout these tests run with (the default is STALL_S)
+
+
+class Slow:
+    """A tensor whose gather (``detach``, where the sender reads it) takes ``delay`` seconds, or hangs
+    until ``gate`` is set (``hanging`` is set once it hangs): a slow or a hung sender."""
+
+    def __init__(self, t, delay: float = 0.0, gate: threading.Event = None):
+        self.t, self.delay, self.gate, self.hanging = t, delay, gate, threading.Event()
+
+    def detach(self):
+        if self.gate is not None:
+            self.hanging.set()
+            self.gate.wait()
+        time.sleep(self.delay)
+        return self.t.detach()
+
+
+def test_a_sender_that_hangs_mid_sync_is_given_up_after_the_stall_timeout():
+    """The sender sends bucket 1, then hangs in its gather of bucket 2: its process, its store and its
+    gloo connections stay, it sets no failure mark. Both receivers stop within the stall timeout
+    plus a poll of it (plus the test machine's slack), naming the version, the bucket, the seconds
+    and the key to raise; their store checks (counted on a failed receive too) stay within one per
+    POLL_S. Without the stall check they would wait for the group's 600 s."""
+    port = _free_port()
+    group = {"gen": 0, "host": "127.0.0.1", "port": port, "world": 3, "platform": "cpu", "timeout_s": GROUP_TIMEOUT_S}
+    v1 = _named(1)
+    buckets = plan_buckets(specs_of(v1), 16)
+    ep, rx = SenderEndpoint(), Receivers(port, stall_s=STALL_TEST_S)
+    ths = rx.start(buckets, 1)
+    tx = BroadcastTransport(ep.comm(group), 16)
+    gate, errors = threading.Event(), []
+    hung = [v1[0], (v1[1][0], Slow(v1[1][1], gate=gate)), v1[2]]
+
+    def send():
+        try:
+            tx.send(WeightTicket(1, buckets), hung)
+        except RuntimeError as exc:               # released after the drop: the group is closed
+            errors.append(exc)
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    assert hung[1][1].hanging.wait(BOUND_S)
+    t_hang = time.monotonic()
+    _join(ths)
+    took = time.monotonic() - t_hang
+    for r, key in ((1, "weight_sync.stall_timeout_s"), (2, "asp.weight_sync.stall_timeout_s")):
+        waited, exc = rx.got[1, r]
+        assert isinstance(exc, SenderStalled), exc
+        text = str(exc)
+        assert "receiving version 1 stopped at bucket 2/3: no progress for" in text, text
+        assert f"raise {key} (now 2 s)" in text, text
+        said = float(text.split("no progress for ")[1].split(" s")[0])
+        assert STALL_TEST_S <= said <= STALL_TEST_S + 2 * POLL_S + 1.0, text
+    assert STALL_TEST_S - 0.3 <= took <= STALL_TEST_S + 3.0, took
+    checks, waited = rx.checks[1]
+    assert 1 <= checks and checks * POLL_S <= waited + 0.01, (checks, waited)
+    assert read_sync(store_of(tx.comm), 1) < FAILED   # nothing marked: the stall alone ended it
+    assert _release_threads()                         # the aborted gloo receives still hold their threads ...
+    ep.drop()                                         # ... until the sender's group goes
+    gate.set()
+    sender.join(BOUND_S)
+    assert not sender.is_alive() and errors
+    t0 = time.monotonic()
+    while _release_threads() and time.monotonic() - t0 < BOUND_S:
+        time.sleep(0.05)
+    assert not _release_threads()
+    del tx
+    v2 = _named(2)                                    # the next version, on the group formed again
+    ths = rx.start(buckets, 2)
+    tx = BroadcastTransport(ep.comm(group), 16)
+    tx.send(tx.prepare(2, v2), v2)
+    _join(ths)
+    for r in (1, 2):
+        assert all(torch.equal(rx.got[2, r][n], t) for n, t in v2), r
+    del tx
+    ep.drop()
+
+
+def test_a_slow_sender_that_keeps_progressing_is_not_cut():
+    """Version 1: every bucket's gather takes 0.8 s (longer than a poll, shorter than the 2 s stall
+    timeout; 2.4 s in all, longer than the timeout): buckets arriving reset the clock. Version 2: the
+    sender spends 3.2 s (longer than the timeout) before bucket 2, but steps its counter every 0.4 s
+    while it does (SendProgress, as HfPusher.push steps per tensor gathered): the steps reset it.
+    Both arrive bit-exact on both receivers, within one store check per POLL_S."""
+    port = _free_port()
+    group = {"gen": 0, "host": "127.0.0.1", "port": port, "world": 3, "platform": "cpu", "timeout_s": GROUP_TIMEOUT_S}
+    ep, rx = SenderEndpoint(), Receivers(port, stall_s=STALL_TEST_S)
+    buckets = plan_buckets(specs_of(_named(1)), 16)
+    v1 = _named(1)
+    ths = rx.start(buckets, 1)
+    tx = BroadcastTransport(ep.comm(group), 16)
+    t0 = time.monotonic()
+    tx.send(WeightTicket(1, buckets), [(n, Slow(t, delay=0.8)) for n, t in v1])
+    _join(ths)
+    assert time.monotonic() - t0 > STALL_TEST_S
+    v2 = _named(2)
+    ths = rx.start(buckets, 2)
+    comm = tx.comm
+    progress = SendProgress(comm, 2)
+    progress.step()
+    for i, b in enumerate(buckets):
+        if i == 1:
+            for _ in range(8):                        # a long gather (3.2 s), stepping as it goes
+                time.sleep(0.4)
+                progress.step()
+        comm.broadcast(torch.cat([dict(v2)[s.name].reshape(-1) for s in b.tensors]), src=0)
+        progress.step()
+    _join(ths)
+    for version, named in ((1, v1), (2, v2)):
+        for r in (1, 2):
+            got = rx.got[version, r]
+            assert isinstance(got, dict), got
+            assert all(torch.equal(got[n], t) and got[n].dtype == t.dtype for n, t in named), (version, r)
+        checks, waited = rx.checks[version]
+        assert checks * POLL_S <= waited + 0.01, (version, checks, waited)
+    del tx, comm
     ep.drop()
 
 
@@ -203,7 +330,7 @@ def test_a_store_that_goes_away_counts_as_a_failed_sender():
 
 
 def test_a_failed_send_marks_the_version_before_it_drops_the_group():
-    """SenderEndpoint.send: the failure key is set in the store before the drop closes it (read here
+    """SenderEndpoint.send: the version is marked failed in the store before the drop closes it (read here
     on a reference to that store the test keeps, so that the drop cannot close it)."""
     port = _free_port()
     group = {"gen": 0, "host": "127.0.0.1", "port": port, "world": 2, "platform": "cpu", "timeout_s": GROUP_TIMEOUT_S}
@@ -219,7 +346,7 @@ def test_a_failed_send_marks_the_version_before_it_drops_the_group():
     th = threading.Thread(target=receive, daemon=True)
     th.start()
     store = store_of(ep.comm(group))
-    assert not store.check(["asp_failed/7"])
+    assert read_sync(store, 7) == 0
 
     def half(comm):
         BroadcastTransport(comm, 16).send(WeightTicket(7, buckets), _named(1)[:1])
@@ -227,7 +354,7 @@ def test_a_failed_send_marks_the_version_before_it_drops_the_group():
         ep.send(group, half, 7)
     _join([th])
     assert isinstance(seen["exc"], RuntimeError)
-    assert store.check(["asp_failed/7"]) and not store.check(["asp_failed/6"])
+    assert read_sync(store, 7) >= FAILED and read_sync(store, 6) == 0
 
 
 @pytest.mark.parametrize("platform", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

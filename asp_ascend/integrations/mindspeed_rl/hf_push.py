@@ -27,9 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
+from ...platforms.recv_wait import STALL_S
 from ...platforms.transport import SenderEndpoint
 from .hf_weights import ModelLayout, global_layer_name, hf_specs, merge_tp, to_hf
-from .weight_push import PORT_KEY
+from .weight_push import PORT_KEY, STALL_KEY
 
 
 @dataclass(frozen=True)
@@ -122,16 +123,22 @@ class HfPusher:
                         dist.recv(buf, src=r.pp_ranks[s])
                         yield hf, buf
 
-    def push(self, comm=None, synchronize=None) -> int:
+    def push(self, comm=None, synchronize=None, version: int = 0) -> int:
         """Broadcast the HF tensors over ``comm`` (sender: rank 0), bucket by bucket; every rank of the
-        first replica calls it. Returns the number of tensors the sender broadcast."""
+        first replica calls it. Returns the number of tensors the sender broadcast. The sender counts its
+        steps on ``version`` (each tensor gathered, each bucket issued) in the group's store, so its
+        receivers tell a long gather from a hung sender (platforms/recv_wait.py)."""
         import torch
+
+        from ...platforms.recv_wait import SendProgress
 
         stream = self.stream(getattr(comm, "device", None) if self.role.sender else None)
         if not self.role.sender:
             for _ in stream:
                 pass
             return 0
+        progress = SendProgress(comm, version)
+        progress.step()
         sent = 0
         for b in self.buckets:
             flat = torch.empty(b.numel, dtype=getattr(torch, b.dtype), device=comm.device)
@@ -142,7 +149,9 @@ class HfPusher:
                                        f"{spec.name} {tuple(spec.shape)}")
                 flat[spec.offset:spec.offset + spec.numel].copy_(t.reshape(-1))
                 sent += 1
+                progress.step()
             comm.broadcast(flat, src=0)
+            progress.step()
         for extra in stream:
             raise RuntimeError(f"weight push: {extra[0]} is not in the bucket plan")
         if synchronize is not None:
@@ -179,11 +188,11 @@ def push_version(pusher: HfPusher, endpoint: Optional[SenderEndpoint], group: di
     from ...platforms import get_platform
 
     sync = get_platform(group["platform"], check=False).synchronize
-    return endpoint.send(group, lambda comm: pusher.push(comm, sync), version)
+    return endpoint.send(group, lambda comm: pusher.push(comm, sync, version), version)
 
 
 def hf_push_fn(actor_group, instances, *, platform: str, base_port: int, tp: int, bucket_bytes: int,
-               hf_config: dict, timeout_s: float = 600.0):
+               hf_config: dict, timeout_s: float = 600.0, stall_timeout_s: float = STALL_S):
     """``publish_weights(version)`` for the async trainer over the engine-free push.
 
     Trainer ranks implement ``asp_hf_manifest(bucket_bytes, hf_config) -> (buckets, IP) | None`` (the sender
@@ -191,7 +200,8 @@ def hf_push_fn(actor_group, instances, *, platform: str, base_port: int, tp: int
     store on ``base_port``, 0 = a port the OS picks, and returns the port it holds: the instances are
     told that port only then) and ``asp_hf_push(version, group)``; instance r is the runtime's
     rollout actor (``update_weights(ticket, group)``), its vLLM workers being ranks
-    ``1 + r*tp .. r*tp + tp`` of the group (the runtime's layout, engines/rollout.py)."""
+    ``1 + r*tp .. r*tp + tp`` of the group (the runtime's layout, engines/rollout.py). A receiver
+    gives up after ``stall_timeout_s`` seconds without progress (``asp.weight_sync.stall_timeout_s``)."""
     import ray
 
     from ...platforms.transport import WeightTicket
@@ -205,7 +215,8 @@ def hf_push_fn(actor_group, instances, *, platform: str, base_port: int, tp: int
                 raise RuntimeError(f"{len(plans)} trainer ranks reported themselves as the weight sender; expected 1")
             buckets, host = plans[0]
             group = {"gen": 0, "host": host, "port": int(base_port), "world": 1 + tp * len(instances),
-                     "platform": platform, "timeout_s": float(timeout_s)}
+                     "platform": platform, "timeout_s": float(timeout_s),
+                     "stall_timeout_s": float(stall_timeout_s), "stall_key": STALL_KEY}
             ports = [p for p in actor_group.execute_sync_command("asp_hf_listen", group) if p is not None]
             if len(ports) != 1:
                 raise RuntimeError(f"{len(ports)} trainer ranks started a weight-sync store; expected 1 (the sender)")

@@ -266,9 +266,9 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
         def __init__(self, a, idx):
             self.a, self.idx = a, idx
 
-        def receive_weights(self, manifests, version, base_port, rank, world):
+        def receive_weights(self, manifests, version, base_port, rank, world, stall_timeout_s):
             return self.a.collective_rpc.remote("asp_recv_megatron_weights",
-                                                (manifests, version, base_port, self.idx, world, tp))
+                                                (manifests, version, base_port, self.idx, world, tp, stall_timeout_s))
 
     if engine_free:
         import json
@@ -278,12 +278,14 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
         hf_config = json.loads((Path(cfg.model.path) / "config.json").read_text())
         push = hf_push_fn(actor_group, actors, platform="npu", base_port=cfg.weight_sync.master_port, tp=tp,
                           bucket_bytes=cfg.weight_sync.bucket_mb << 20, hf_config=hf_config,
-                          timeout_s=max(600.0, cfg.weight_sync.timeout_s))
+                          timeout_s=max(600.0, cfg.weight_sync.timeout_s),
+                          stall_timeout_s=cfg.weight_sync.stall_timeout_s)
     else:
         from .weight_push import weight_push_fn
 
         push = weight_push_fn(actor_group, [_Instance(a, i) for i, a in enumerate(actors)],
-                              cfg.weight_sync.master_port, cfg.weight_sync.bucket_mb << 20)
+                              cfg.weight_sync.master_port, cfg.weight_sync.bucket_mb << 20,
+                              stall_timeout_s=cfg.weight_sync.stall_timeout_s)
     source, publish = wire_source(
         plan, [_RayHandle(a) for a in actors], prompt_of,
         sampling={"max_tokens": cfg.lengths.max_response_length, "temperature": cfg.rollout.temperature,

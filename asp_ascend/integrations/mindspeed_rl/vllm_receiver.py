@@ -33,6 +33,8 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
+from ...platforms.recv_wait import STALL_S
+
 LOADERS_ENV = "ASP_MEGATRON_LOADERS"
 LOADERS_REL = "mindspeed_rl/models/rollout/vllm_adapter/megatron_weight_loaders.py"
 _MODULE_NAME = "asp_mindspeed_megatron_weight_loaders"
@@ -101,8 +103,10 @@ class MindSpeedWeightReceiver:
     """Methods run inside each vLLM worker process (``self.model_runner``, ``self.rank`` available)."""
 
     def asp_recv_megatron_weights(self, manifests: dict[int, Any], version: int, base_port: int,
-                                  instance_index: int, world_size: int, infer_tp: int) -> int:
-        """Receive version ``version``: ``manifests[j] = (buckets, sender IP)`` per inference-TP rank j."""
+                                  instance_index: int, world_size: int, infer_tp: int,
+                                  stall_timeout_s: float = STALL_S) -> int:
+        """Receive version ``version``: ``manifests[j] = (buckets, sender IP)`` per inference-TP rank j;
+        a sender with no progress for ``stall_timeout_s`` seconds ends it (``PushEndpoint.recv``)."""
         from .weight_push import PushEndpoint
 
         loaders = installed_loaders()
@@ -122,7 +126,8 @@ class MindSpeedWeightReceiver:
             self._asp_endpoint = PushEndpoint("npu", device)
         hf_config = self.model_runner.model_config.hf_config
         check_dense(hf_config)
-        params = dict(self._asp_endpoint.recv(buckets, version, host, base_port + j, 1 + instance_index, world_size))
+        params = dict(self._asp_endpoint.recv(buckets, version, host, base_port + j, 1 + instance_index, world_size,
+                                              stall_timeout_s))
         # dense models only (config_bridge refuses MoE): expert parallel 1, no local experts
         cfg = loaders.InferParallelConfig(infer_tp, 1, infer_tp, 0)
         load(params, model, cfg, hf_config)

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Optional
 
+from ...platforms.recv_wait import STALL_S
 from ...platforms.transport import SenderEndpoint
 
 PORT_KEY = "asp.weight_sync.master_port"
+STALL_KEY = "asp.weight_sync.stall_timeout_s"   # a receiver's stall timeout, as MindSpeed-RL's YAML spells it
 PORT_FIX = (f"set {PORT_KEY} to the first of a range of ports free on every sending node (communicator j "
             f"listens on {PORT_KEY} + j, one per inference-TP rank), or use the engine-free hf push, "
             f"which takes 0")
@@ -33,11 +35,12 @@ class PushEndpoint:
         self._sender = SenderEndpoint(device_index, port_key=PORT_KEY, fix=PORT_FIX)
         self._comm: Optional[Any] = None   # a receiver's communicator, joined on first use
 
-    def _transport(self, comm, bucket_bytes: int):
+    def _transport(self, comm, bucket_bytes: int, stall_s: float = STALL_S):
         from ...platforms import get_platform
         from ...platforms.transport import BroadcastTransport
 
-        return BroadcastTransport(comm, bucket_bytes, synchronize=get_platform(self.platform_name).synchronize)
+        return BroadcastTransport(comm, bucket_bytes, synchronize=get_platform(self.platform_name).synchronize,
+                                  stall_s=stall_s, stall_key=STALL_KEY)
 
     def send(self, named: Iterable[tuple[str, Any]], version: int, host: str, port: int, world: int,
              bucket_bytes: int) -> int:
@@ -52,12 +55,15 @@ class PushEndpoint:
         self._sender.send(group, broadcast, version)   # a failed version drops the group: the next forms it again
         return len(named)
 
-    def recv(self, buckets, version: int, host: str, port: int, rank: int, world: int) -> list[tuple[str, Any]]:
+    def recv(self, buckets, version: int, host: str, port: int, rank: int, world: int,
+             stall_s: float = STALL_S) -> list[tuple[str, Any]]:
+        """Version ``version``'s tensors; a sender that fails, or makes no progress for ``stall_s``
+        seconds (``asp.weight_sync.stall_timeout_s``), ends it with ``recv_wait.SenderFailed``."""
         from ...platforms.transport import WeightTicket, create_communicator
 
         if self._comm is None:
             self._comm = create_communicator(self.platform_name, host, port, rank, world, self.device_index)
-        rx = self._transport(self._comm, 1)
+        rx = self._transport(self._comm, 1, stall_s)
         try:
             return list(rx.recv(WeightTicket(version, buckets)))
         except BaseException:
@@ -65,15 +71,17 @@ class PushEndpoint:
             raise
 
 
-def weight_push_fn(actor_group, instances, base_port: int, bucket_bytes: int) -> Callable[[int], None]:
+def weight_push_fn(actor_group, instances, base_port: int, bucket_bytes: int,
+                   stall_timeout_s: float = STALL_S) -> Callable[[int], None]:
     """``publish_weights(version)`` for the async trainer.
 
     ``actor_group.execute_sync_command(name, *args)`` runs a method on every trainer rank and
     returns their results (MindSpeed-RL's ``RayActorGroup``). Trainer ranks implement
     ``asp_weight_manifest(bucket_bytes) -> (j, buckets, ip) | None`` and
     ``asp_push_weights(version, base_port, num_instances, bucket_bytes)``; instance ``r`` implements
-    ``receive_weights(manifests, version, base_port, rank=1 + r, world) -> ObjectRef`` with
-    ``manifests[j] = (buckets, sender IP)``. The manifest is asked once (names and shapes never change).
+    ``receive_weights(manifests, version, base_port, rank=1 + r, world, stall_timeout_s) -> ObjectRef``
+    with ``manifests[j] = (buckets, sender IP)`` (``stall_timeout_s``: ``PushEndpoint.recv``'s
+    ``stall_s``). The manifest is asked once (names and shapes never change).
     """
     import ray
 
@@ -88,7 +96,7 @@ def weight_push_fn(actor_group, instances, base_port: int, bucket_bytes: int) ->
             if not manifests:
                 raise RuntimeError("no trainer rank reported itself as a weight sender (first inference DP group)")
         world = 1 + len(instances)
-        refs = [inst.receive_weights(dict(manifests), version, base_port, 1 + r, world)
+        refs = [inst.receive_weights(dict(manifests), version, base_port, 1 + r, world, stall_timeout_s)
                 for r, inst in enumerate(instances)]
         actor_group.execute_sync_command("asp_push_weights", version, base_port, len(instances), bucket_bytes)
         ray.get(refs)
