@@ -229,6 +229,7 @@ def test_a_sender_that_hangs_mid_sync_is_given_up_after_the_stall_timeout():
         assert f"raise {key} (now 2 s)" in text, text
         said = float(text.split("no progress for ")[1].split(" s")[0])
         assert STALL_TEST_S <= said <= STALL_TEST_S + 2 * POLL_S + 1.0, text
+    print(f"hang -> both receivers stopped: {took:.2f} s (stall timeout {STALL_TEST_S:g} s)")   # shown with -s
     assert STALL_TEST_S - 0.3 <= took <= STALL_TEST_S + 3.0, took
     checks, waited = rx.checks[1]
     assert 1 <= checks and checks * POLL_S <= waited + 0.01, (checks, waited)
