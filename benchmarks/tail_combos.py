@@ -94,7 +94,7 @@ def combo_cell(wl: str, data, prompts: int, D: int, changes: list):
     ``sim.*`` keys only a model class reads (``CLASS_SIM_KEYS``, e.g. the weight sync's bandwidth) are
     then left out: the custom costs already price them, and the config refuses them beside
     ``sim.model_class: custom``."""
-    from asp_ascend.config.validate import CLASS_SIM_KEYS
+    from asp_ascend.config.explicit import CLASS_SIM_KEYS
     from asp_ascend.sim.run import Mismatch
 
     over = {k: v for c in changes for k, v in c[1].items()}
