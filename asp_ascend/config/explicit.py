@@ -6,8 +6,8 @@ synthetic-workload key with ``workload.type: trace``, ``train.tis_cap`` with
 ``train.off_policy: none``, ...) is a :class:`~asp_ascend.errors.ConfigError` naming the key, its
 value, why nothing reads it and the fix, instead of a run that silently does something else than
 asked. A run's own saved config loads as written (``load_config(saved=True)``: these checks do not
-run); a resolved config given as a config of one's own (it lists every key of the schema) counts
-only its values off the schema's defaults as set. docs/simulator.md, "Keys a mode ignores".
+run); a resolved config given as a config of one's own (it lists every key of the schema, or nearly
+every one when an earlier version wrote it) counts only its values off the schema's defaults as set. docs/simulator.md, "Keys a mode ignores".
 """
 from __future__ import annotations
 
@@ -49,13 +49,18 @@ def value_of(cfg: Config, key: str):
     return obj
 
 
+# A config listing at least this share of the schema's keys is a resolved config.yaml (``save_resolved``
+# writes every key); an older version's lacks the keys added since, and no hand-written config comes close
+RESOLVED_SHARE = 0.9
+
+
 def user_keys(raw: dict, cfg: Config) -> set[str]:
     """The dotted keys the user set: those in ``raw`` (the YAML merged with the overrides). In a
-    config listing every key of the schema (a resolved config.yaml, as ``save_resolved`` writes
-    it, given as a config of one's own) only those off their schema default: the rest are the
-    defaults a run recorded, not choices."""
+    resolved config.yaml given as a config of one's own (it lists every key of the schema, or at
+    least RESOLVED_SHARE of them when an earlier version wrote it) only those off their schema
+    default: the rest are the defaults a run recorded, not choices."""
     given = set(_given(raw, Config))
-    if given < SCHEMA_KEYS:
+    if len(given) < RESOLVED_SHARE * len(SCHEMA_KEYS):
         return given
     defaults = Config()
     return {k for k in given if value_of(cfg, k) != value_of(defaults, k)}

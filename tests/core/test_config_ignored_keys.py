@@ -190,3 +190,17 @@ def test_a_resolved_config_with_an_ignored_value_loads_only_as_a_run_record(tmp_
 def test_shipped_configs_and_their_resolved_form_load(tmp_path, path):
     cfg = load_config(path, [f"output_dir={tmp_path}"], check_files=False)
     assert load_config(save_resolved(cfg), check_files=False) == cfg
+
+
+def test_an_earlier_versions_resolved_config_loads_back(tmp_path):
+    """A config.yaml an earlier version resolved lacks the keys added since (here: a few of today's
+    keys removed); it is still a resolved config, not a user's config setting every key it lists."""
+    import yaml
+
+    cfg = load_config(None, IGNORED + [f"output_dir={tmp_path}"], check_files=False)
+    raw = yaml.safe_load(save_resolved(cfg).read_text())
+    for section, key in (("weight_sync", "stall_timeout_s"), ("workload", "prompt_median"), ("sim", "epochs")):
+        del raw[section][key]
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(raw))
+    assert load_config(old, check_files=False) == cfg
