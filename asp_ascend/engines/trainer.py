@@ -34,7 +34,7 @@ from pathlib import Path
 from ..algos.grpo import LossConfig, policy_loss, token_logprobs
 from ..io import output_to_actor_log
 from ..platforms.attention import packed_attention
-from ..platforms.transport import SenderEndpoint
+from ..platforms.communicators import SenderEndpoint
 from ..scheduler.microbatch import MODES, plan_micro_batches, step_denominator
 from . import checkpoint_io
 from .layout import ModelLayout, Replicated

@@ -58,7 +58,8 @@ class WeightReloadExtension:
     def _asp_recv_broadcast(self, layout: list, version: int, group: dict) -> int:
         from ..platforms import get_platform
         from ..platforms.recv_wait import STALL_KEY, STALL_S
-        from ..platforms.transport import BroadcastTransport, WeightTicket, create_communicator
+        from ..platforms.transport import BroadcastTransport, WeightTicket
+        from ..platforms.communicators import create_communicator
 
         platform = get_platform(group["platform"], check=False)
         comm = getattr(self, "_asp_comm", None)

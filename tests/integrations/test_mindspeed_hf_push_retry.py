@@ -19,7 +19,8 @@ torch = pytest.importorskip("torch")
 from asp_ascend.integrations.mindspeed_rl.hf_push import (  # noqa: E402
     HfPusher, RankRole, listen_reply, push_version, sender_endpoint)
 from asp_ascend.integrations.mindspeed_rl.hf_weights import ModelLayout  # noqa: E402
-from asp_ascend.platforms.transport import BroadcastTransport, WeightTicket, create_communicator  # noqa: E402
+from asp_ascend.platforms.transport import BroadcastTransport, WeightTicket  # noqa: E402
+from asp_ascend.platforms.communicators import create_communicator  # noqa: E402
 
 HF_CONFIG = {"architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 1, "hidden_size": 8,
              "num_attention_heads": 2, "num_key_value_heads": 1, "intermediate_size": 16, "vocab_size": 12,

@@ -8,7 +8,8 @@ import sys
 
 import torch
 
-from asp_ascend.platforms.transport import BroadcastTransport, create_communicator, listen_store
+from asp_ascend.platforms.transport import BroadcastTransport
+from asp_ascend.platforms.communicators import create_communicator, listen_store
 
 
 def model(seed):

@@ -16,8 +16,8 @@ import time
 import torch
 
 from asp_ascend.platforms.recv_wait import SenderFailed
-from asp_ascend.platforms.transport import (BroadcastTransport, SenderEndpoint, WeightTicket, create_communicator,
-                                            plan_buckets, specs_of)
+from asp_ascend.platforms.transport import BroadcastTransport, WeightTicket, plan_buckets, specs_of
+from asp_ascend.platforms.communicators import SenderEndpoint, create_communicator
 
 GROUP_TIMEOUT_S = 600     # far above what the test waits: the group's timeout cannot be what ends the receive
 

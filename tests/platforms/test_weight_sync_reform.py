@@ -15,7 +15,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from asp_ascend.platforms.transport import BroadcastTransport, SenderEndpoint, create_communicator  # noqa: E402
+from asp_ascend.platforms.transport import BroadcastTransport  # noqa: E402
+from asp_ascend.platforms.communicators import SenderEndpoint, create_communicator  # noqa: E402
 
 TIMEOUT_S = 20
 

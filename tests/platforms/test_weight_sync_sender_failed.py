@@ -29,9 +29,9 @@ torch = pytest.importorskip("torch")
 from asp_ascend.integrations.mindspeed_rl.weight_push import PushEndpoint  # noqa: E402
 from asp_ascend.platforms.recv_wait import (FAILED, POLL_S, STALL_S, SenderFailed, SenderStalled,  # noqa: E402
                                             SendProgress, read_sync, store_of)
-from asp_ascend.platforms.transport import (BroadcastTransport, SenderEndpoint, WeightTicket,  # noqa: E402
-                                            close_communicator, create_communicator, listen_store, plan_buckets,
-                                            specs_of)
+from asp_ascend.platforms.transport import BroadcastTransport, WeightTicket, plan_buckets, specs_of  # noqa: E402
+from asp_ascend.platforms.communicators import (SenderEndpoint, close_communicator, create_communicator,  # noqa: E402
+                                                listen_store)
 
 GROUP_TIMEOUT_S = 600
 BOUND_S = 30           # the test's bound on a receive that must fail: 20x below the group's timeout

@@ -140,7 +140,7 @@ def test_bucketed_gloo_broadcast_three_ranks(tmp_path):
 
 def test_rendezvous_holds_its_port_and_a_taken_configured_port_names_the_key():
     pytest.importorskip("torch")
-    from asp_ascend.platforms.transport import create_communicator, listen_store
+    from asp_ascend.platforms.communicators import create_communicator, listen_store
 
     store = listen_store("127.0.0.1", 0, 2, timeout_s=10)     # port 0: the OS picks, the store holds it
     with socket.socket() as s, pytest.raises(OSError):
@@ -161,7 +161,7 @@ def test_sender_endpoint_forms_each_generation_on_the_port_it_holds():
     torch = pytest.importorskip("torch")
     import threading
 
-    from asp_ascend.platforms.transport import SenderEndpoint, create_communicator
+    from asp_ascend.platforms.communicators import SenderEndpoint, create_communicator
 
     ep = SenderEndpoint(port_key="asp.weight_sync.master_port")
     sent = []
@@ -228,7 +228,7 @@ def test_bucketed_hccl_broadcast(tmp_path):
 def test_device_communicators_fail_clearly_without_the_device():
     pytest.importorskip("torch")
     from asp_ascend.platforms import CudaPlatform, NpuPlatform
-    from asp_ascend.platforms.transport import create_communicator
+    from asp_ascend.platforms.communicators import create_communicator
 
     if not NpuPlatform().is_available():
         with pytest.raises((BackendMissingError, ConfigError), match="torch_npu|platform: 'npu'"):

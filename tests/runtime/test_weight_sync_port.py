@@ -38,7 +38,8 @@ class Receiver:
         self.comm, self.weights = None, {}
 
     def update_weights(self, ticket, group):
-        from asp_ascend.platforms.transport import BroadcastTransport, create_communicator
+        from asp_ascend.platforms.transport import BroadcastTransport
+        from asp_ascend.platforms.communicators import create_communicator
 
         if self.comm is None or self.comm[0] != group["gen"]:
             self.comm = None

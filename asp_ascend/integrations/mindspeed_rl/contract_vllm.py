@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..apicheck import Call, Exists, Order, Pattern, Ref, Site
 
 RO = "asp_ascend/engines/rollout.py"
-TX = "asp_ascend/platforms/transport.py"
+TX = "asp_ascend/platforms/communicators.py"
 RG = "asp_ascend/integrations/mindspeed_rl/rollout_groups.py"
 VR = "asp_ascend/integrations/mindspeed_rl/vllm_receiver.py"
 SS = "asp_ascend/integrations/mindspeed_rl/sample_source.py"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
 from ...platforms.recv_wait import STALL_S
-from ...platforms.transport import SenderEndpoint
+from ...platforms.communicators import SenderEndpoint
 from .hf_weights import ModelLayout, global_layer_name, hf_specs, merge_tp, to_hf
 from .weight_push import PORT_KEY, STALL_KEY
 
@@ -162,7 +162,7 @@ class HfPusher:
 def sender_endpoint(device_index: int = 0) -> SenderEndpoint:
     """The sender's end of the push's weight-sync communicator (rank 0; it hosts the rendezvous store
     at ``group["host"]``): ``listen(group)`` starts the store before the instances are told its port,
-    ``comm(group)`` builds the communicator on it at the first push (platforms/transport.py). A taken
+    ``comm(group)`` builds the communicator on it at the first push (platforms/communicators.py). A taken
     port is a ``ConfigError`` naming ``asp.weight_sync.master_port`` (its fix, 0, this push takes)."""
     return SenderEndpoint(device_index, port_key=PORT_KEY)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Optional
 
 from ...platforms.recv_wait import STALL_S
-from ...platforms.transport import SenderEndpoint
+from ...platforms.communicators import SenderEndpoint
 
 PORT_KEY = "asp.weight_sync.master_port"
 STALL_KEY = "asp.weight_sync.stall_timeout_s"   # a receiver's stall timeout, as MindSpeed-RL's YAML spells it
@@ -24,7 +24,7 @@ PORT_FIX = (f"set {PORT_KEY} to the first of a range of ports free on every send
 
 class PushEndpoint:
     """This process's end of weight-sync communicator j: the sender's (rank 0) is a
-    :class:`~asp_ascend.platforms.transport.SenderEndpoint` (it binds the configured port, listening
+    :class:`~asp_ascend.platforms.communicators.SenderEndpoint` (it binds the configured port, listening
     before it forms the group, as every sender does), a receiver joins the sender's store. A failed
     version drops this end's communicator (the trainer's and the hf push's rule)."""
 
@@ -59,7 +59,8 @@ class PushEndpoint:
              stall_s: float = STALL_S) -> list[tuple[str, Any]]:
         """Version ``version``'s tensors; a sender that fails, or makes no progress for ``stall_s``
         seconds (``asp.weight_sync.stall_timeout_s``), ends it with ``recv_wait.SenderFailed``."""
-        from ...platforms.transport import WeightTicket, create_communicator
+        from ...platforms.transport import WeightTicket
+        from ...platforms.communicators import create_communicator
 
         if self._comm is None:
             self._comm = create_communicator(self.platform_name, host, port, rank, world, self.device_index)
