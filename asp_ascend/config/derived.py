@@ -20,7 +20,7 @@ def membership_options(cfg: Config) -> dict:
     pulled-forward groups, as ``scheduler.planner.plan``'s keyword arguments (one place for every
     caller that plans)."""
     s = cfg.scheduler
-    return {"concentrate_tail": s.concentrate_tail, "relieve_first": s.relieve_first, "fill_first": s.fill_first,
+    return {"membership": s.membership, "concentrate_tail": s.concentrate_tail, "relieve_first": s.relieve_first, "fill_first": s.fill_first,
             "pull_forward": s.pull_forward}
 
 

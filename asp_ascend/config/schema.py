@@ -298,6 +298,14 @@ class SchedulerConfig:
                           "longest groups decode at a lighter load; opt-in: chosen from the cost coefficients, it is only as good "
                           "as they are (calibrate them; docs/scheduler.md) (scheduler/concurrency.py)",
                           choices=("auto", "full"))
+    membership: str = _f("stratified", "asp: its iterations' membership: stratified (default) = one group of each "
+                         "predicted-length stratum per iteration; auto (opt-in) = stratified unless the dataset "
+                         "order's iterations (consecutive prompts: what fifo and balanced train) have a predicted "
+                         "publish chain at least 1 % lower (metrics/floor.publish_floor's chain on predicted figures: "
+                         "where the longest groups, not the trainer, bound the run and the predictions rank them, "
+                         "stratifying puts one in every iteration); not the default: on predicted floors it also "
+                         "re-plans cells where it loses (docs/scheduler.md, \"Settings changed several at a time\")",
+                         choices=("stratified", "auto"))
     concentrate_tail: float = _f(0.0, "asp, opt-in: the most an iteration's predicted-length CDF may move (KS) when the "
                                  "planner gathers the predicted-longest groups into every P-th iteration (m strata of "
                                  "B: m (P - 1) / B <= this), chosen where it lowers the predicted publish floor "

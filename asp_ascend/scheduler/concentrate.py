@@ -111,3 +111,18 @@ def concentrate_tail(iteration, by_len, lat, busy_tokens, *, B: int, m_mb: int, 
     # a predicted gain under MIN_CONCENTRATE_GAIN is noise: where many groups reach the response cap
     # the predicted floors are flat and the true longest groups are not the predicted ones
     return best if best_v <= today * (1.0 - MIN_CONCENTRATE_GAIN) else iteration
+
+
+def lower_chain(today, other, lat, busy_tokens, *, m_mb: int, k: int, cost: CostModel, n_iter: int) -> np.ndarray:
+    """``other`` (a membership of the same groups, e.g. the dataset order's) where its predicted publish
+    chain (``publish_chain``) is at least ``MIN_CONCENTRATE_GAIN`` below ``today``'s, else ``today``
+    (``scheduler.membership: auto``, opt-in). A stratified membership puts one group of the top predicted-length
+    stratum in every iteration: where those groups, not the trainer, bound the chain (a step cost far
+    above the trainer's per iteration, many small iterations) and the predictions rank them well, that
+    is the highest sum of iteration floors any membership has, and consecutive prompts, whose
+    iterations gather long groups by chance, publish earlier. ``lat``: each group's predicted longest
+    sample alone."""
+    n_mb = -(-np.bincount(today, minlength=n_iter) // m_mb)
+    a = publish_chain(today, lat, busy_tokens, n_mb, cost, k, n_iter)
+    b = publish_chain(other, lat, busy_tokens, -(-np.bincount(other, minlength=n_iter) // m_mb), cost, k, n_iter)
+    return other if b <= a * (1.0 - MIN_CONCENTRATE_GAIN) else today

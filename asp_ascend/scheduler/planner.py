@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from ..config.schema import SchedulerConfig
-from .concentrate import concentrate_tail
+from .concentrate import concentrate_tail, lower_chain
 from . import first_iteration
 from .cost import CostModel
 
@@ -263,7 +263,7 @@ def pull_forward_windows(lat: np.ndarray, period: float, k: int, rule: str = PUL
 
 def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_iter, tail, group_max_factor,
               speculation=None, max_len=None, concentrate=0.0, relief=0.0, fill_first=False,
-              pull_forward=PULL_FORWARD):
+              pull_forward=PULL_FORWARD, membership="stratified"):
     """(iteration, mini_batch, instance, dispatch_order, room) of the ASP schedule."""
     n = pred.shape[0]
     by_len = _desc_order(pred, rng)
@@ -272,6 +272,10 @@ def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_ite
     iteration = _lightest_floor_first(_stratified_iterations(by_len, work, B, rng), lat, n_iter, n % B != 0)
     # the floor is a group's longest sample: its mean x group_max_factor, capped
     longest = np.minimum(pred * group_max_factor, np.inf if max_len is None else max_len)
+    if membership == "auto":    # opt-in: never a predicted chain 1 % above the dataset order's (fifo's iterations)
+        dataset = _lightest_floor_first(np.arange(n) // B, lat, n_iter, n % B != 0)
+        iteration = lower_chain(iteration, dataset, cost.group_latency(plen, longest, G), G * (plen + pred), m_mb=m,
+                                k=k, cost=cost, n_iter=n_iter)
     if concentrate > 0 and k >= 0:
         iteration = concentrate_tail(iteration, by_len, cost.group_latency(plen, longest, G), G * (plen + pred),
                                       B=B, m_mb=m, k=k, margin=concentrate,
@@ -390,7 +394,7 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
          seed: int = 0, tail="off", group_max_factor: float = 1.0, speculation=None,
          max_response_length: float | None = None, concentrate_tail: float = 0.0,
          relieve_first: float = RELIEVE_FIRST, fill_first: bool = True,
-         pull_forward: str = PULL_FORWARD) -> pd.DataFrame:
+         pull_forward: str = PULL_FORWARD, membership: str = "stratified") -> pd.DataFrame:
     """One epoch's schedule (DESIGN 6 columns plus ``room``). Deterministic for ``seed`` and ``epoch``.
 
     ``tail`` (asp; ``rollout.tail_concurrency``): ``off``, ``auto`` or a number of sequences;
@@ -400,14 +404,16 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
     ``max_response_length``); ``speculation`` (a
     ``speculative.Speculation``) the instances' speculative decoding, if any; ``pull_forward``
     (``scheduler.pull_forward``) which groups are ranked ahead of their iteration
-    (``pull_forward_windows``)."""
+    (``pull_forward_windows``); ``membership`` (``scheduler.membership``) asp's iterations: stratified,
+    or (``auto``) stratified unless the dataset order's have a lower predicted publish chain (``lower_chain``)."""
     cols = plan_columns(predicted_length, prompt_lengths, policy=policy, group_size=group_size,
                         global_batch_size=global_batch_size, mini_batch_size=mini_batch_size,
                         num_instances=num_instances, max_num_seqs=max_num_seqs, lag_bound=lag_bound, cost=cost,
                         epoch=epoch, iteration_offset=iteration_offset, seed=seed, tail=tail,
                         group_max_factor=group_max_factor, speculation=speculation,
                         max_response_length=max_response_length, concentrate_tail=concentrate_tail,
-                        relieve_first=relieve_first, fill_first=fill_first, pull_forward=pull_forward)
+                        relieve_first=relieve_first, fill_first=fill_first, pull_forward=pull_forward,
+                        membership=membership)
     return schedule_frame(cols, prompt_ids)
 
 
@@ -427,7 +433,8 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
                  iteration_offset: int = 0, seed: int = 0, tail="off", group_max_factor: float = 1.0,
                  speculation=None, max_response_length: float | None = None,
                  concentrate_tail: float = 0.0, relieve_first: float = RELIEVE_FIRST,
-                 fill_first: bool = True, pull_forward: str = PULL_FORWARD) -> dict[str, np.ndarray]:
+                 fill_first: bool = True, pull_forward: str = PULL_FORWARD,
+                 membership: str = "stratified") -> dict[str, np.ndarray]:
     """``plan`` as numpy columns, one row per prompt in input order, without the prompt ids
     (building a string column costs more than planning the baselines of a report)."""
     from ..config import parse_tail_concurrency
@@ -441,6 +448,8 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
         raise ValueError("no prompts to schedule")
     if pull_forward not in PULL_FORWARD_RULES:
         raise ValueError(f"unknown scheduler.pull_forward {pull_forward!r}; valid: {', '.join(PULL_FORWARD_RULES)}")
+    if membership not in ("auto", "stratified"):
+        raise ValueError(f"unknown scheduler.membership {membership!r}; valid: auto, stratified")
     if global_batch_size % mini_batch_size:
         raise ValueError(f"mini_batch_size {mini_batch_size} does not divide global_batch_size {global_batch_size}")
     cost = cost or CostModel()
@@ -462,7 +471,7 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
             # only the run's first iteration fills the pipeline: a later epoch's first iteration follows
             # the previous epoch's last one (scheduler/first_iteration.py)
             relief=relieve_first if iteration_offset == 0 else 0.0, fill_first=fill_first and iteration_offset == 0,
-            pull_forward=pull_forward)
+            pull_forward=pull_forward, membership=membership)
     else:
         order = BASELINE_ORDER[policy](pred, rng)
         position = np.empty(n, dtype=np.int64)

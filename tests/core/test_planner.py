@@ -368,3 +368,37 @@ def test_concentrate_tail_gathers_the_longest_groups_and_keeps_counts():
         n_mb = np.full(n // B, B // 64)
         assert (publish_chain(it1, lat, busy_tokens, n_mb, cost, 1, n // B)
                 < publish_chain(it0, lat, busy_tokens, n_mb, cost, 1, n // B))
+
+def test_membership_auto_takes_the_dataset_order_where_its_predicted_chain_is_lower():
+    """scheduler.membership (opt-in auto): the stratified membership gives each of 8 iterations one of the 8 long
+    groups; where a decode step costs far more than the trainer's work (the longest groups bound the
+    publish chain) the dataset order, which holds all 8 in one iteration, publishes much earlier on
+    predicted figures, and auto takes it; where the trainer binds, the chains are level and auto keeps
+    the stratified plan (stratified: always)."""
+    from asp_ascend.scheduler.concentrate import publish_chain
+
+    n, B = 64, 8
+    pred = np.full(n, 100.0)
+    pred[8:16] = 4000.0                       # the dataset order's iteration 1: every long group
+    plen = np.full(n, 50.0)
+    ids = np.arange(n).astype(str)
+    kw = dict(global_batch_size=B, mini_batch_size=4, num_instances=2, max_num_seqs=64, lag_bound=1,
+              relieve_first=0.0)
+    step_bound = CostModel(decode_a=0.2)
+    auto = plan(ids, pred, plen, policy="asp", cost=step_bound, membership="auto", **kw)
+    strat = plan(ids, pred, plen, policy="asp", cost=step_bound, **kw)       # the default: stratified
+    long_auto = auto["iteration"].to_numpy()[8:16]
+    assert np.unique(strat["iteration"].to_numpy()[8:16]).size == 8
+    assert np.unique(long_auto).size == 1 and long_auto[0] != 0
+    # the same iterations as fifo's (consecutive prompts), the lightest-floor one first
+    assert sorted(auto.groupby("iteration")["prompt_id"].apply(lambda s: min(map(int, s)) // B)) == list(range(8))
+    lat = step_bound.group_latency(plen, pred, 8)
+    n_mb = np.full(8, 2)
+    chain = [publish_chain(p["iteration"].to_numpy(), lat, 8 * (plen + pred), n_mb, step_bound, 1, 8) for p in (auto, strat)]
+    assert chain[0] < 0.5 * chain[1]
+    # trainer-bound: the chains are level within 1 %, the plan stays stratified
+    trainer_bound = CostModel(decode_a=0.2, train_per_token=0.1)
+    pd.testing.assert_frame_equal(plan(ids, pred, plen, policy="asp", cost=trainer_bound, membership="auto", **kw),
+                                  plan(ids, pred, plen, policy="asp", cost=trainer_bound, **kw))
+    with pytest.raises(ValueError, match="scheduler.membership"):
+        plan(ids, pred, plen, policy="asp", membership="random", **kw)
