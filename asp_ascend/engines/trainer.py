@@ -382,6 +382,7 @@ class TrainerEngine:
         ``group`` (``{"gen", "host", "port", "world"}``; this trainer is rank 0). A new ``gen``
         (the set of instances changed) builds a new communicator on the store ``open_group(gen)``
         started (without one: on ``port``, bound now)."""
+        from ..platforms.recv_wait import STALL_S
         from ..platforms.transport import BroadcastTransport
 
         if getattr(self, "_pending", None) is None or self._pending[0] != version:
@@ -390,8 +391,9 @@ class TrainerEngine:
         t0 = time.time()
         _, named = self._pending
 
-        def broadcast(comm):
-            tx = BroadcastTransport(comm, self.bucket_bytes, synchronize=self.platform.synchronize)
+        def broadcast(comm):   # a receiver with no progress for the stall timeout ends the send (recv_wait)
+            tx = BroadcastTransport(comm, self.bucket_bytes, synchronize=self.platform.synchronize,
+                                    stall_s=float(group.get("stall_timeout_s", STALL_S)))
             tx.send(tx.prepare(version, named), named)
 
         self._sender.send({**group, "platform": self.platform.name}, broadcast, version)   # a failure drops the group

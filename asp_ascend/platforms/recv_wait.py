@@ -1,29 +1,36 @@
-"""A weight-sync receiver's wait for one bucket, which ends when the sender failed or stopped making
-progress, on every backend.
+"""A weight-sync bucket's wait, on every backend, on both ends: a receiver's ends when its sender
+failed or stopped making progress, the sender's when a receiver failed or stopped making progress.
 
 A receiver's collective alone cannot tell that its sender failed or hung mid-version: on NCCL / HCCL
 the broadcast kernel waits for rank 0's data with no timeout of its own, and a gloo receive waits
-until the sender's connections close (at the latest the group's timeout). So the sender reports, in
-the group's rendezvous store (the one it hosts), one counter per version, :func:`sync_key`: it
-counts the sender's steps on that version (:class:`SendProgress`: the start, each tensor gathered,
-each bucket issued; at most one write per :data:`POLL_S`), and a sender that fails adds
-:data:`FAILED` to it before it drops the group (:func:`mark_failed`; ``SenderEndpoint.fail``).
+until the sender's connections close (at the latest the group's timeout). The sender's broadcast,
+likewise, waits for every receiver (a gloo root's send completes only once each receiver posted its
+receive; NCCL's root kernel, and the sender's final synchronize, wait for the ring). So each side
+reports its progress in the group's rendezvous store (the one the sender hosts), one counter per
+version and side: :func:`sync_key` counts the sender's steps on that version (:class:`SendProgress`:
+the start, each tensor gathered, each bucket issued), :func:`recv_key` the receivers' (:class:`RecvProgress`:
+each receiver's start and each bucket it received); at most one write per :data:`POLL_S` and
+writer. A side that fails or gives up adds :data:`FAILED` to its counter (:func:`mark_failed`;
+``SenderEndpoint.fail``) before it lets go of the group.
 
-A receiver issues each bucket's collective so that its completion can be polled
+Each side issues each bucket's collective so that its completion can be polled
 (:func:`start_broadcast`: a torch ``Work`` on gloo, a device event recorded after the broadcast on
-CUDA / NPU) and, while the bucket has not arrived, reads the counter every :data:`POLL_S` seconds
-(:class:`SenderWatch`, one store round trip per read). It stops when the counter says the version
-failed, when the store no longer answers (the sender's process died, or it dropped the group and
-closed it), or when nothing progressed for ``stall_s`` seconds (``weight_sync.stall_timeout_s``):
-no bucket arrived here and the sender's counter did not move. A sender that is slow but healthy
-keeps moving it (or its buckets keep arriving), so only a stalled one is stopped. On any of these
-the receiver aborts its end (:func:`abort_communicator`) and raises :class:`SenderFailed`
-(:class:`SenderStalled` for a stall), naming the version and the bucket; its callers drop their end
-and join again at the next version (``engines/vllm_ext.py``,
-``integrations/mindspeed_rl/weight_push.PushEndpoint.recv``).
+CUDA / NPU) and, while the bucket has not completed, reads the other side's counter every
+:data:`POLL_S` seconds (:class:`SenderWatch` on a receiver, :class:`ReceiverWatch` on the sender; one
+store round trip per read). It stops when the counter says the other side failed, when the store no
+longer answers (a receiver: the sender's process died, or it dropped the group and closed it), or
+when nothing progressed for ``stall_s`` seconds (``weight_sync.stall_timeout_s``): no bucket
+completed here and the other side's counter did not move. A side that is slow but healthy keeps
+moving it (or its buckets keep completing), so only a stalled one is stopped. On any of these it
+marks its own counter failed, aborts its end (:func:`abort_communicator`) and raises
+:class:`SenderFailed` (:class:`SenderStalled` for a stall) on a receiver, :class:`ReceiverFailed`
+(:class:`ReceiverStalled`) on the sender, naming the version and the bucket; a receiver's callers
+drop their end and join again at the next version (``engines/vllm_ext.py``,
+``integrations/mindspeed_rl/weight_push.PushEndpoint.recv``), the sender's (``SenderEndpoint.send``)
+mark the version failed, so that every other receiver stops within a poll, and drop the group.
 
-Cost: nothing on the store while buckets arrive within :data:`POLL_S` of being issued; one store
-round trip per receiver per :data:`POLL_S` while one is awaited; the sender writes its counter at
+Cost: nothing on the store while buckets complete within :data:`POLL_S` of being issued; one store
+round trip per waiting end per :data:`POLL_S` while one is awaited; each end writes its counter at
 most once per :data:`POLL_S`. torch is never imported here.
 """
 from __future__ import annotations
@@ -44,14 +51,20 @@ the sender's preparation before the first bucket (e.g. MindSpeed-RL's resharding
 STALL_KEY = "weight_sync.stall_timeout_s"
 
 FAILED = 1 << 48
-"""Added to a version's counter when its sender fails: a count at or above it means failed."""
+"""Added to a version's counter when its side fails: a count at or above it means failed."""
 
 _EVENT_SLEEP_MAX_S = 0.005   # a device event is queried at most this far apart (it has no callback)
 
 
 def sync_key(version: int) -> str:
-    """The store key of ``version``'s counter: the sender's steps, plus :data:`FAILED` once it failed."""
+    """The store key of ``version``'s sender counter: its steps, plus :data:`FAILED` once it failed."""
     return f"asp_sync/{int(version)}"
+
+
+def recv_key(version: int) -> str:
+    """The store key of ``version``'s receiver counter: the steps of all its receivers together,
+    plus :data:`FAILED` once one gave up."""
+    return f"asp_recv/{int(version)}"
 
 
 def store_of(comm) -> Optional[Any]:
@@ -63,20 +76,22 @@ def store_of(comm) -> Optional[Any]:
     return store
 
 
-def read_sync(store, version: int) -> int:
-    """``version``'s counter in ``store`` (one round trip; ``add`` of 0, which does not block on a key
-    not yet set, as ``get`` would: an unset counter reads 0). Raises what the store raises."""
-    return int(store.add(sync_key(version), 0))
+def read_sync(store, version: int, key=sync_key) -> int:
+    """``version``'s counter in ``store`` (``key``: :func:`sync_key`, the sender's, or :func:`recv_key`;
+    one round trip; ``add`` of 0, which does not block on a key not yet set, as ``get`` would: an
+    unset counter reads 0). Raises what the store raises."""
+    return int(store.add(key(version), 0))
 
 
-def mark_failed(store, version: int) -> bool:
-    """Add :data:`FAILED` to ``version``'s counter in ``store`` (the sender's, before it drops the
-    group). Returns whether it was written: a store that fails here is going away, which receivers
-    read the same way, and the sender's own error is the one to raise."""
+def mark_failed(store, version: int, key=sync_key) -> bool:
+    """Add :data:`FAILED` to ``version``'s counter ``key`` in ``store`` (the sender's, :func:`sync_key`,
+    before it drops the group; a receiver's, :func:`recv_key`, before it aborts its end). Returns
+    whether it was written: a store that fails here is going away, which the other side reads the
+    same way, and this side's own error is the one to raise."""
     if store is None:
         return False
     try:
-        store.add(sync_key(version), FAILED)
+        store.add(key(version), FAILED)
         return True
     except Exception:  # noqa: BLE001 - best effort; see the docstring
         return False
@@ -84,14 +99,17 @@ def mark_failed(store, version: int) -> bool:
 
 class SendProgress:
     """The sender's steps on ``version``, counted in the store of its communicator ``comm``
-    (:func:`sync_key`). Call :meth:`step` where the send advances (never from a thread beside it: a
-    beat must prove that the send itself moves). At most one write per ``min_interval_s``; nothing
-    once the group let go of its store, or after a write failed (the receivers see a failing store
-    themselves). The store is looked up at each step, never kept: a failed send's frames, kept with
-    its exception, must not keep the store (and its port) alive past the group's drop."""
+    (:func:`sync_key`; :class:`RecvProgress`: a receiver's, :func:`recv_key`). Call :meth:`step`
+    where the transfer advances (never from a thread beside it: a beat must prove that the transfer
+    itself moves). At most one write per ``min_interval_s``; nothing once the group let go of its
+    store, or after a write failed (the other side sees a failing store itself). The store is looked
+    up at each step, never kept: a failed transfer's frames, kept with its exception, must not keep
+    the store (and its port) alive past the group's drop."""
+
+    key_of = staticmethod(sync_key)
 
     def __init__(self, comm, version: int, min_interval_s: float = POLL_S):
-        self.comm, self.key, self.min_interval_s = comm, sync_key(version), float(min_interval_s)
+        self.comm, self.key, self.min_interval_s = comm, self.key_of(version), float(min_interval_s)
         self._last = -float("inf")
 
     def step(self) -> None:
@@ -105,6 +123,13 @@ class SendProgress:
             self.comm = None
 
 
+class RecvProgress(SendProgress):
+    """A receiver's steps on ``version`` (:func:`recv_key`, one counter all receivers add to): its
+    start and each bucket it received, so the sender tells a slow receiver from a hung one."""
+
+    key_of = staticmethod(recv_key)
+
+
 class SenderFailed(RuntimeError):
     """A weight-sync receive ended because its sender failed (it marked the version failed, its store
     went away) or stalled (:class:`SenderStalled`)."""
@@ -114,11 +139,23 @@ class SenderStalled(SenderFailed):
     """A weight-sync receive ended because nothing progressed for ``weight_sync.stall_timeout_s``."""
 
 
+class ReceiverFailed(RuntimeError):
+    """A weight-sync send ended because a receiver gave up (it marked the version's receiver counter
+    failed) or stalled (:class:`ReceiverStalled`)."""
+
+
+class ReceiverStalled(ReceiverFailed):
+    """A weight-sync send ended because no receiver progressed for ``weight_sync.stall_timeout_s``."""
+
+
 class SenderWatch:
     """What one receive of ``version`` knows of its sender. :meth:`arrived` after each bucket;
     :meth:`check` while one is awaited (one store round trip; ``checks`` counts them). Progress is a
     bucket arriving here or the sender's counter moving; ``stall_key`` is the config key the stall
-    error names (its spelling in the caller's config)."""
+    error names (its spelling in the caller's config). :meth:`give_up` marks this side failed."""
+
+    doing, own_key = "receiving", staticmethod(recv_key)
+    then = "join again for the next version"
 
     def __init__(self, comm, version: int, stall_s: float = STALL_S, stall_key: str = STALL_KEY,
                  poll_s: float = POLL_S):
@@ -136,8 +173,13 @@ class SenderWatch:
         if stop is None:
             return None
         cls, why = stop
-        return cls(f"weight sync: receiving version {self.version} stopped at {what}: {why}; "
-                   f"this end of the group is aborted (join again for the next version)")
+        return cls(f"weight sync: {self.doing} version {self.version} stopped at {what}: {why}; "
+                   f"this end of the group is aborted ({self.then})")
+
+    def give_up(self) -> None:
+        """Mark this side's counter of the version failed (best effort), before this end is aborted:
+        the other side stops within a poll instead of waiting out its own stall timeout."""
+        mark_failed(store_of(self.comm), self.version, self.own_key)
 
     def _why(self) -> Optional[tuple[type, str]]:
         store = store_of(self.comm)
@@ -159,6 +201,37 @@ class SenderWatch:
                                    f"it hangs); if it is slow but healthy (a large bucket on a slow link, a long "
                                    f"preparation before the first bucket), raise {self.stall_key} "
                                    f"(now {self.stall_s:g} s)")
+        return None
+
+
+class ReceiverWatch(SenderWatch):
+    """What the sender of ``version`` knows of its receivers while a bucket of its is pending (a gloo
+    root's broadcast completes once every receiver posted its receive; NCCL's root kernel once the
+    ring took the data). Progress is a bucket completing here or the receivers' counter
+    (:func:`recv_key`) moving; a receiver that gave up marked it failed. A sender's own store does
+    not go away under it, but one let go (or failing) ends the wait as well."""
+
+    doing, own_key = "sending", staticmethod(sync_key)
+    then = "the version is marked failed; the next send forms the group again"
+
+    def _why(self) -> Optional[tuple[type, str]]:
+        store = store_of(self.comm)
+        if store is None:
+            return ReceiverFailed, "the group's store was let go"
+        try:
+            count = read_sync(store, self.version, recv_key)
+        except Exception as exc:  # noqa: BLE001 - any store error
+            return ReceiverFailed, f"the store fails ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        if count >= FAILED:
+            return ReceiverFailed, f"a receiver gave up on version {self.version}"
+        now = time.monotonic()
+        if count != self._seen:                      # a receiver made a step
+            self._seen, self._since = count, now
+        elif now - self._since >= self.stall_s:
+            return ReceiverStalled, (f"no progress for {now - self._since:.1f} s (this bucket did not complete and no "
+                                     f"receiver made a step ({count} so far) or gave up: one hangs, or died with "
+                                     f"its process left); if one is slow but healthy (a large bucket on a slow "
+                                     f"link), raise {self.stall_key} (now {self.stall_s:g} s)")
         return None
 
 
@@ -230,12 +303,15 @@ def start_broadcast(comm, tensor, src: int):
 
 
 def wait_bucket(comm, pending, watch: SenderWatch, what: str) -> None:
-    """Wait until ``pending`` (:func:`start_broadcast`) completes, asking ``watch`` every
-    ``watch.poll_s`` seconds whether to stop; if so, abort ``comm`` (:func:`abort_communicator`) and
-    raise its :class:`SenderFailed`, which names the version and ``what`` (e.g. ``bucket 2/3``)."""
+    """Wait until ``pending`` (:func:`start_broadcast`) completes, asking ``watch`` (a receiver's
+    :class:`SenderWatch`, the sender's :class:`ReceiverWatch`) every ``watch.poll_s`` seconds whether
+    to stop; if so, mark this side failed (``watch.give_up``), abort ``comm``
+    (:func:`abort_communicator`) and raise the watch's error, which names the version and ``what``
+    (e.g. ``bucket 2/3``)."""
     while not pending.wait(watch.poll_s):
         err = watch.check(what)
         if err is not None:
+            watch.give_up()
             abort_communicator(comm, pending)
             raise err
     pending.result()
@@ -243,12 +319,12 @@ def wait_bucket(comm, pending, watch: SenderWatch, what: str) -> None:
 
 
 def abort_communicator(comm, pending=None) -> None:
-    """Abort this receiver's end of the group while ``pending`` may still be in flight.
+    """Abort this end of the group while ``pending`` may still be in flight.
 
-    gloo (a communicator with ``abort``): the group cannot end its own pending receive, and
-    releasing it waits for that receive to end, so it is handed with the pending work to a thread
-    that releases both once the receive ends (the sender's drop closes its connections; at the
-    latest the group's timeout). vLLM's ``PyNcclCommunicator``: ``destroy()``, ``ncclCommAbort``
+    gloo (a communicator with ``abort``): the group cannot end its own pending operation, and
+    releasing it waits for that operation to end, so it is handed with the pending work to a thread
+    that releases both once it ends (a receive: the sender's drop closes its connections; a send:
+    the hung receiver's end closes; at the latest the group's timeout). vLLM's ``PyNcclCommunicator``: ``destroy()``, ``ncclCommAbort``
     (vLLM runs it in a thread it waits on for 5 s), which ends the pending kernel. vllm-ascend's
     ``PyHcclCommunicator`` offers no abort (its ``close`` synchronizes the device first, which would
     wait on the pending broadcast; HCCL's ``HcclCommDestroy`` is all its wrapper binds), so the

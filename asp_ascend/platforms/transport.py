@@ -33,7 +33,8 @@ from typing import Any, Iterable, Iterator, Optional, Protocol, runtime_checkabl
 
 from ..errors import BackendMissingError, ConfigError
 from .communicators import Communicator
-from .recv_wait import STALL_KEY, STALL_S, SendProgress, SenderWatch, start_broadcast, wait_bucket
+from .recv_wait import (STALL_KEY, STALL_S, ReceiverWatch, RecvProgress, SendProgress, SenderWatch, start_broadcast,
+                        wait_bucket)
 
 DEFAULT_BUCKET_BYTES = 1 << 30
 
@@ -213,10 +214,13 @@ class BroadcastTransport:
         device = self.comm.device
         progress = SendProgress(self.comm, ticket.version)
         progress.step()
-        for b in ticket.buckets:
+        watch, n = ReceiverWatch(self.comm, ticket.version, self.stall_s, self.stall_key), len(ticket.buckets)
+        for i, b in enumerate(ticket.buckets):
             flat = torch.cat([by_name[s.name].detach().reshape(-1).to(device) for s in b.tensors])
-            self.comm.broadcast(flat, src=self.src)
+            pending = start_broadcast(self.comm, flat, self.src)
             progress.step()
+            wait_bucket(self.comm, pending, watch, f"bucket {i + 1}/{n}")
+            del pending
         if self.synchronize is not None:
             self.synchronize()
 
@@ -225,6 +229,8 @@ class BroadcastTransport:
 
         self.store_checks = 0
         watch, n = SenderWatch(self.comm, ticket.version, self.stall_s, self.stall_key), len(ticket.buckets)
+        progress = RecvProgress(self.comm, ticket.version)
+        progress.step()
         for i, b in enumerate(ticket.buckets):
             flat = torch.empty(b.numel, dtype=getattr(torch, b.dtype), device=self.comm.device)
             pending = start_broadcast(self.comm, flat, self.src)
@@ -233,6 +239,7 @@ class BroadcastTransport:
             finally:
                 self.store_checks = watch.checks
             del pending
+            progress.step()
             if self.synchronize is not None:
                 self.synchronize()
             for s in b.tensors:

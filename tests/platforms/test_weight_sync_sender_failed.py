@@ -27,8 +27,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from asp_ascend.integrations.mindspeed_rl.weight_push import PushEndpoint  # noqa: E402
-from asp_ascend.platforms.recv_wait import (FAILED, POLL_S, STALL_S, SenderFailed, SenderStalled,  # noqa: E402
-                                            SendProgress, read_sync, store_of)
+from asp_ascend.platforms.recv_wait import (FAILED, POLL_S, STALL_S, ReceiverFailed, ReceiverStalled,  # noqa: E402
+                                            SenderFailed, SenderStalled, SenderWatch, SendProgress, read_sync, recv_key,
+                                            store_of, sync_key)
 from asp_ascend.platforms.transport import BroadcastTransport, WeightTicket, plan_buckets, specs_of  # noqa: E402
 from asp_ascend.platforms.communicators import (SenderEndpoint, close_communicator, create_communicator,  # noqa: E402
                                                 listen_store)
@@ -140,15 +141,17 @@ def test_a_failure_key_ends_the_receive_while_the_senders_connections_stay_open(
 def test_the_success_path_is_bit_exact_and_asks_the_store_only_while_it_waits():
     """A store check comes only after POLL_S of waiting for a bucket: none when the data is already
     on its way as the receive starts, about one per POLL_S while the sender is late; the store gets
-    one key per version (its counter), never marked failed."""
+    two keys per version (the sender's and the receivers' counters), never marked failed (counted
+    from version 1's end on, when every rank is past the group's rendezvous, whose keys come and go
+    while it forms)."""
     port = _free_port()
     group = {"gen": 0, "host": "127.0.0.1", "port": port, "world": 3, "platform": "cpu", "timeout_s": GROUP_TIMEOUT_S}
     ep, rx = SenderEndpoint(), Receivers(port)
     buckets = plan_buckets(specs_of(_named(1)), 16)
     ths = rx.start(buckets, 1)                        # version 1 forms the group
     comm = ep.comm(group)
-    store = store_of(comm)        # its keys besides the counters (a receiver may read one into being already)
-    keys = store.num_keys() - sum(store.check([f"asp_sync/{v}"]) for v in (1, 2, 3))
+    store = store_of(comm)
+    keys = None
     tx = BroadcastTransport(comm, 16)
     for version, late in ((1, 0.0), (2, None), (3, 0.5)):
         named = _named(version)
@@ -168,9 +171,12 @@ def test_the_success_path_is_bit_exact_and_asks_the_store_only_while_it_waits():
             assert all(torch.equal(got[n], t) and got[n].dtype == t.dtype for n, t in named), (version, r)
         checks, waited = rx.checks[version]
         assert checks * POLL_S <= waited + 0.01, (version, checks, waited)   # never more than one per POLL_S
+        if version == 1:
+            assert store.check([sync_key(1), recv_key(1)])
+            keys = store.num_keys()
     assert rx.checks[3][0] >= 1                       # ... and it did check while the sender was late
-    assert store.num_keys() == keys + 3               # one counter per version ...
-    assert all(0 < read_sync(store, v) < FAILED for v in (1, 2, 3))   # ... that counted steps, none failed
+    assert store.num_keys() == keys + 4               # two counters per version (sender, receivers) ...
+    assert all(0 < read_sync(store, v, key) < FAILED for v in (1, 2, 3) for key in (sync_key, recv_key))  # ... none failed
     del store
     del comm
     ep.drop()
@@ -385,3 +391,158 @@ def test_processes_a_receiver_of_a_failed_version_fails_then_receives_the_next(t
     assert receiver["failed"] and "receiving version 1 stopped at bucket 2/2" in receiver["failed"]
     assert receiver["waited"] < 120                   # the group's timeout is 600 s
     assert receiver["v2_equal"]
+
+
+@pytest.mark.parametrize("healthy", [0, 1])
+def test_a_receiver_that_hangs_mid_sync_ends_the_send_and_the_others_receives(healthy):
+    """The last rank takes bucket 1, then hangs (its process, its store connection and its gloo
+    connections stay; it never posts bucket 2's receive, so the broadcast of bucket 2 cannot complete
+    everywhere). The sender (``SenderEndpoint.send``, as the trainer's ``send_weights``) gives up within
+    the 2 s stall timeout plus slack. Alone with the hung receiver (``healthy`` 0) it is its own stall
+    rule that stops it: ``ReceiverStalled`` naming version, bucket, seconds and key. Beside a healthy
+    receiver (``healthy`` 1), which may itself be stuck behind the hung one (gloo's broadcast may relay
+    through it) and then give up on its own stall timeout and mark that, the sender stops on whichever
+    comes first, and marks the version failed; the healthy one stops within the timeout plus slack
+    too. The aborted send holds its group (and a release thread) until the hung receiver's end closes;
+    the next version, on a new group (the runtime's next generation, on another port), arrives
+    bit-exact at every receiver. Without the sender's checks it would wait for the group's 600 s."""
+    world = 2 + healthy
+    ports = [_free_port(), _free_port()]
+    groups = [{"gen": g, "host": "127.0.0.1", "port": p, "world": world, "platform": "cpu",
+               "timeout_s": GROUP_TIMEOUT_S} for g, p in enumerate(ports)]
+    v1 = _named(1)
+    buckets = plan_buckets(specs_of(v1), 16)
+    ep, got, comms, gate, hanging = SenderEndpoint(), {}, {}, threading.Event(), threading.Event()
+    hung_rank = world - 1
+
+    def receive(rank, version, hang=False):
+        try:
+            comms[rank] = create_communicator("cpu", "127.0.0.1", groups[version - 1]["port"], rank, world,
+                                              timeout_s=GROUP_TIMEOUT_S)
+            out = {}
+            for name, t in BroadcastTransport(comms[rank], 1, stall_s=STALL_TEST_S).recv(WeightTicket(version, buckets)):
+                out[name] = t.clone()
+                if hang:                              # bucket 1 taken; bucket 2's receive is never posted
+                    hanging.set()
+                    gate.wait()
+                    return
+            got[version, rank] = out
+        except RuntimeError as exc:
+            got[version, rank] = (time.monotonic(), exc)
+
+    ths = [threading.Thread(target=receive, args=(r, 1, r == hung_rank), daemon=True) for r in range(1, world)]
+    for th in ths:
+        th.start()
+    sent = {}
+
+    def sender(version, named):
+        try:
+            ep.send(groups[version - 1], lambda comm: BroadcastTransport(comm, 16, stall_s=STALL_TEST_S).send(
+                WeightTicket(version, buckets), named), version)
+            sent[version] = True
+        except RuntimeError as exc:
+            sent[version] = (time.monotonic(), exc)
+    sth = threading.Thread(target=sender, args=(1, v1), daemon=True)
+    sth.start()
+    assert hanging.wait(BOUND_S)
+    t_hang = time.monotonic()
+    _join([sth] + ths[:healthy])
+    t_raised, exc = sent[1]
+    took = t_raised - t_hang
+    assert isinstance(exc, ReceiverFailed), exc
+    text = str(exc)
+    assert "sending version 1 stopped at bucket" in text, text
+    if not healthy:
+        assert isinstance(exc, ReceiverStalled), exc
+        assert "sending version 1 stopped at bucket 2/3: no progress for" in text, text
+        assert "raise weight_sync.stall_timeout_s (now 2 s)" in text, text
+    print(f"receiver hang -> sender stopped: {took:.2f} s, {type(exc).__name__} "
+          f"(stall timeout {STALL_TEST_S:g} s, {healthy} healthy receiver)")   # shown with -s
+    assert STALL_TEST_S - 0.3 <= took <= STALL_TEST_S + 3.0, took
+    if healthy:
+        t_other, other = got[1, 1]
+        assert isinstance(other, SenderFailed), other
+        assert t_other - t_hang <= STALL_TEST_S + 3.0, t_other - t_hang
+    assert _release_threads()                         # the aborted send holds its group ...
+    close_communicator(comms.pop(hung_rank))          # ... until the hung receiver's end closes (it dies)
+    gate.set()
+    ths[-1].join(BOUND_S)
+    t0 = time.monotonic()
+    while _release_threads() and time.monotonic() - t0 < BOUND_S:
+        time.sleep(0.05)
+    assert not _release_threads()
+    v2 = _named(2)                                    # the next version, on the next group
+    ths = [threading.Thread(target=receive, args=(r, 2), daemon=True) for r in range(1, world)]
+    for th in ths:
+        th.start()
+    sender(2, v2)
+    _join(ths)
+    assert sent[2] is True, sent[2]
+    for r in range(1, world):
+        assert isinstance(got[2, r], dict), got[2, r]
+        assert all(torch.equal(got[2, r][n], t) and got[2, r][n].dtype == t.dtype for n, t in v2), r
+    for c in comms.values():
+        close_communicator(c)
+    ep.drop()
+
+
+def test_a_receiver_that_gives_up_marks_it_and_the_sender_stops_within_a_poll():
+    """A receiver that gives up (here on a sender whose gather of bucket 1 hangs past the receiver's
+    2 s stall timeout) marks the version's receiver counter failed before it aborts. On gloo its
+    abort also closes its connections, which fails the sender's pending send at once; on NCCL / HCCL
+    nothing reaches the sender's kernel, so the mark is what ends it. Second group: a receiver marks
+    (``SenderWatch.give_up``) while its connections stay open and the sender waits on a bucket; the
+    sender stops at its next poll with ``ReceiverFailed`` instead of waiting out its own stall
+    timeout (here the default, 300 s)."""
+    buckets = plan_buckets(specs_of(_named(1)), 16)
+    ep, got, sent, gate = SenderEndpoint(), {}, {}, threading.Event()
+
+    def join(port, then=None):
+        got["comm"] = create_communicator("cpu", "127.0.0.1", port, 1, 2, timeout_s=GROUP_TIMEOUT_S)
+        try:
+            if then is not None:
+                then(got["comm"])
+        except RuntimeError as exc:
+            got["exc"] = exc
+
+    def send(comm, named, version):
+        try:
+            BroadcastTransport(comm, 16).send(WeightTicket(version, buckets), named)
+            sent["ok"] = True
+        except RuntimeError as exc:
+            sent["exc"] = (time.monotonic(), exc)
+
+    for version in (1, 2):
+        port = _free_port()
+        group = {"gen": version, "host": "127.0.0.1", "port": port, "world": 2, "platform": "cpu",
+                 "timeout_s": GROUP_TIMEOUT_S}
+        recv = (lambda c: list(BroadcastTransport(c, 1, stall_s=STALL_TEST_S).recv(WeightTicket(1, buckets)))
+                if version == 1 else None)      # version 2: the receiver joins and posts nothing
+        rth = threading.Thread(target=join, args=(port, recv), daemon=True)
+        rth.start()
+        comm = ep.comm(group)
+        store = store_of(comm)                        # kept by the test, to read the counters after the abort
+        named = [(n, Slow(t, gate=gate)) if n == "a" else (n, t) for n, t in _named(1)] if version == 1 else _named(2)
+        sth = threading.Thread(target=send, args=(comm, named, version), daemon=True)
+        sth.start()
+        _join([rth])
+        if version == 1:                              # the receiver gave up after its stall timeout ...
+            assert isinstance(got["exc"], SenderStalled), got["exc"]
+            assert read_sync(store, 1, recv_key) >= FAILED   # ... and said so
+            t_go = time.monotonic()
+            gate.set()                                # the sender goes on: bucket 1 is issued, no one takes it
+        else:
+            time.sleep(0.5)
+            assert sth.is_alive()                     # waiting on bucket 1, which the receiver never posted
+            t_go = time.monotonic()
+            SenderWatch(got["comm"], 2).give_up()     # what a receiver that gives up writes; its group stays open
+        _join([sth])
+        t_raised, exc = sent.pop("exc")
+        assert t_raised - t_go <= 1.0, (version, t_raised - t_go)
+        if version == 2:
+            assert isinstance(exc, ReceiverFailed) and not isinstance(exc, ReceiverStalled), exc
+            assert "sending version 2 stopped at bucket 1/3: a receiver gave up on version 2" in str(exc), exc
+            assert read_sync(store, 2) >= FAILED      # the sender marked its side before aborting
+            close_communicator(got["comm"])
+        del store, comm
+        ep.drop()

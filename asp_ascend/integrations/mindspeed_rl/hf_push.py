@@ -123,14 +123,15 @@ class HfPusher:
                         dist.recv(buf, src=r.pp_ranks[s])
                         yield hf, buf
 
-    def push(self, comm=None, synchronize=None, version: int = 0) -> int:
+    def push(self, comm=None, synchronize=None, version: int = 0, stall_s: float = STALL_S) -> int:
         """Broadcast the HF tensors over ``comm`` (sender: rank 0), bucket by bucket; every rank of the
         first replica calls it. Returns the number of tensors the sender broadcast. The sender counts its
         steps on ``version`` (each tensor gathered, each bucket issued) in the group's store, so its
-        receivers tell a long gather from a hung sender (platforms/recv_wait.py)."""
+        receivers tell a long gather from a hung sender (platforms/recv_wait.py); a bucket whose
+        receivers make no progress for ``stall_s`` seconds ends the push (``recv_wait.ReceiverStalled``)."""
         import torch
 
-        from ...platforms.recv_wait import SendProgress
+        from ...platforms.recv_wait import ReceiverWatch, SendProgress, start_broadcast, wait_bucket
 
         stream = self.stream(getattr(comm, "device", None) if self.role.sender else None)
         if not self.role.sender:
@@ -139,8 +140,8 @@ class HfPusher:
             return 0
         progress = SendProgress(comm, version)
         progress.step()
-        sent = 0
-        for b in self.buckets:
+        watch, n, sent = ReceiverWatch(comm, version, stall_s, STALL_KEY), len(self.buckets), 0
+        for i, b in enumerate(self.buckets):
             flat = torch.empty(b.numel, dtype=getattr(torch, b.dtype), device=comm.device)
             for spec in b.tensors:
                 name, t = next(stream)
@@ -150,8 +151,10 @@ class HfPusher:
                 flat[spec.offset:spec.offset + spec.numel].copy_(t.reshape(-1))
                 sent += 1
                 progress.step()
-            comm.broadcast(flat, src=0)
+            pending = start_broadcast(comm, flat, 0)
             progress.step()
+            wait_bucket(comm, pending, watch, f"bucket {i + 1}/{n}")
+            del pending
         for extra in stream:
             raise RuntimeError(f"weight push: {extra[0]} is not in the bucket plan")
         if synchronize is not None:
@@ -188,7 +191,8 @@ def push_version(pusher: HfPusher, endpoint: Optional[SenderEndpoint], group: di
     from ...platforms import get_platform
 
     sync = get_platform(group["platform"], check=False).synchronize
-    return endpoint.send(group, lambda comm: pusher.push(comm, sync, version), version)
+    stall_s = float(group.get("stall_timeout_s", STALL_S))
+    return endpoint.send(group, lambda comm: pusher.push(comm, sync, version, stall_s), version)
 
 
 def hf_push_fn(actor_group, instances, *, platform: str, base_port: int, tp: int, bucket_bytes: int,
