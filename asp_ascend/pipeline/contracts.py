@@ -66,11 +66,15 @@ class PendingWeights(Protocol):
 
     def waiting(self) -> list: ...
 
+    def send_overdue(self, ray: Any, now: float, bound_s: float) -> float | None: ...
+
     def poll(self, ray: Any, t0: float, on_dead: Callable[[int, BaseException], None]) -> list[int]: ...
 
 
 @runtime_checkable
 class WeightTransport(Protocol):
+    stall_timeout_s: float            # weight_sync.stall_timeout_s
+
     @property
     def broadcast(self) -> bool: ...
 

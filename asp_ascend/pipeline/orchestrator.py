@@ -394,6 +394,14 @@ class Orchestrator(TrainerCalls):
         state = checkpoint.driver_state(self.history, self.plan.iterations, version, self.last_iteration,
                                         self.tail.carry)
         checkpoint.save(self.out.checkpoint_dir, version,
-                        lambda tmp: self.ray.get(self.trainer.save_checkpoint.remote(str(tmp), {"iteration": version})),
+                        lambda tmp: self._trainer_get(self.trainer.save_checkpoint.remote(str(tmp), {"iteration": version})),
                         state)
+
+    def _trainer_get(self, ref) -> Any:
+        """``ray.get`` of a trainer call, which runs only after a broadcast in flight on the trainer's
+        actor returns: meanwhile that broadcast is checked (``PendingSyncs.check_sends``), so a trainer
+        hung in it stops the run here too instead of blocking it."""
+        while not self.ray.wait([ref], timeout=1.0)[0]:
+            self.syncs.check_sends(self.ray)
+        return self.ray.get(ref)
 

@@ -12,14 +12,28 @@ while a broadcast is in flight (:attr:`PendingSyncs.broadcasting`), but one may 
 has failed, and then the version is gone. Skipping it is safe for k >= 1 (the missed instances
 still admit work within the bound); with k = 0 the trainer cannot have stepped, since it waits
 for samples drawn with this version.
+
+A trainer that hangs in its broadcast (alive, its ``send_weights`` never returning) cannot be sent
+anything again: every later call would wait behind that one. Its receivers give up on it after
+``weight_sync.stall_timeout_s`` (platforms/recv_wait.py), and a sender whose receivers failed or
+stopped gives up itself within that timeout; so once no receiver of a broadcast is pending, its
+send has ``stall_timeout_s + send_slack_s`` more to return. Past that the run stops with
+:class:`TrainerHung` (:meth:`PendingSyncs.check_sends`, run at every :meth:`PendingSyncs.finish`).
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 from .contracts import PendingWeights, WeightTransport
 
 SYNC_TRIES = 3  # broadcasts of one version before the run stops
+SEND_SLACK_S = 30.0  # beyond weight_sync.stall_timeout_s, for a send whose receivers all ended
+
+
+class TrainerHung(RuntimeError):
+    """The trainer's broadcast did not return within the stall timeout (plus slack) after its last
+    receiver ended: the trainer hangs, and the run cannot go on without it."""
 
 
 class PendingSyncs:
@@ -27,9 +41,10 @@ class PendingSyncs:
     version v (no optimizer step since v was published). ``say``: a line for the run's log."""
 
     def __init__(self, transport: WeightTransport, live: Callable[[], list[int]],
-                 trainer_holds: Callable[[int], bool], say: Callable[[str], None]):
+                 trainer_holds: Callable[[int], bool], say: Callable[[str], None], send_slack_s: float = SEND_SLACK_S):
         self.transport = transport
         self.live, self.trainer_holds, self.say = live, trainer_holds, say
+        self.send_slack_s = float(send_slack_s)
         self.pending: list[PendingWeights] = []
 
     def __bool__(self) -> bool:
@@ -56,7 +71,9 @@ class PendingSyncs:
                on_done: Callable[[PendingWeights], None]) -> None:
         """Take what finished, oldest sync first: ``on_synced(instance, version)`` for each instance
         that now holds a version, ``on_dead(instance, error)`` for one that died, ``on_done(sync)``
-        for each sync that ended, in order; stops at the first still in flight or sent again."""
+        for each sync that ended, in order; stops at the first still in flight or sent again.
+        Raises :class:`TrainerHung` first if a broadcast's send is overdue (:meth:`check_sends`)."""
+        self.check_sends(ray)
         while self.pending:
             s = self.pending[0]
             for r in s.poll(ray, t0, on_dead):
@@ -65,6 +82,25 @@ class PendingSyncs:
                 return
             self.pending.pop(0)
             on_done(s)
+
+    def check_sends(self, ray: Any) -> None:
+        """Raise :class:`TrainerHung` if a broadcast's send (the trainer's ``send_weights``) is still in
+        flight ``weight_sync.stall_timeout_s`` + ``send_slack_s`` seconds after none of its receivers
+        was pending any more. Cheap: one ``ray.wait`` with no timeout per broadcast in flight."""
+        stall = float(self.transport.stall_timeout_s)
+        now = time.monotonic()
+        for s in self.pending:
+            waited = s.send_overdue(ray, now, stall + self.send_slack_s)
+            if waited is None:
+                continue
+            why = f"; the instances' receives ended with {s.failed!r}" if s.failed is not None else ""
+            raise TrainerHung(f"weight sync of version {s.version}: the trainer's send_weights has not returned "
+                              f"{waited:.0f} s after every instance's receive ended ({len(s.synced)} hold the version"
+                              f"{why}): the trainer hangs in its broadcast (alive, no progress; a sender whose "
+                              f"receivers fail or stop gives up itself within weight_sync.stall_timeout_s = "
+                              f"{stall:g} s), and every later trainer call would wait behind it. The run stops: "
+                              f"resume from the last checkpoint with resume=true; if the trainer is only slow "
+                              f"after its last bucket, raise weight_sync.stall_timeout_s")
 
     def retry(self, s: PendingWeights) -> bool:
         """Returns True if ``s.version`` is sent again to the live instances that lack it; False if

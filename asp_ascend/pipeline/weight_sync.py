@@ -37,6 +37,7 @@ class PendingSync:
     failed: BaseException | None = None
     tries: int = 1
     synced: set = field(default_factory=set)   # instances that hold ``version``
+    t_recv_done: float | None = None           # monotonic: since when no receiver of this try is pending
 
     @property
     def in_flight(self) -> bool:
@@ -44,6 +45,19 @@ class PendingSync:
 
     def waiting(self) -> list:
         return list(self.refs.values()) + ([self.send] if self.send is not None else [])
+
+    def send_overdue(self, ray, now: float, bound_s: float) -> float | None:
+        """The seconds the trainer's broadcast has stayed in flight since no receiver of this try was
+        pending any more (``now``: ``time.monotonic()``), once they exceed ``bound_s``; else None. Its
+        receivers' refs are only looked at, not taken (:meth:`poll` takes them)."""
+        refs = list(self.refs.values())
+        if self.send is None or (refs and len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs)):
+            self.t_recv_done = None
+            return None
+        if self.t_recv_done is None:
+            self.t_recv_done = now
+        waited = now - self.t_recv_done
+        return waited if waited > bound_s else None
 
     def poll(self, ray, t0: float, on_dead: Callable[[int, BaseException], None]) -> list[int]:
         """Take the parts that finished; returns the instances that now hold ``version``. A dead

@@ -12,7 +12,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from asp_ascend.pipeline.sync_retry import SYNC_TRIES, PendingSyncs  # noqa: E402
+from asp_ascend.pipeline.sync_retry import SYNC_TRIES, PendingSyncs, TrainerHung  # noqa: E402
 from asp_ascend.pipeline.weight_sync import WeightSync  # noqa: E402
 
 
@@ -28,8 +28,7 @@ class Instance:
         return {"version": ticket["version"], "t_end": time.time()}
 
 
-@ray.remote(num_cpus=0)
-class Trainer:
+class _Trainer:
     def publish(self, version, transport):
         return {"version": version, "transport": transport}
 
@@ -41,6 +40,21 @@ class Trainer:
 
     def open_group(self, gen, world, port, timeout_s):
         return 29500 + gen
+
+
+Trainer = ray.remote(num_cpus=0)(_Trainer)
+
+
+@ray.remote(num_cpus=0)
+class SlowTrainer(_Trainer):
+    """``send_weights`` takes ``send_s`` seconds (a trainer hung in its broadcast: longer than any test)."""
+
+    def __init__(self, send_s: float):
+        self.send_s = send_s
+
+    def send_weights(self, version, group):
+        time.sleep(self.send_s)
+        return {"version": version}
 
 
 @pytest.fixture(scope="module")
@@ -56,16 +70,19 @@ def ray_session():
 class Run:
     """The loop's side: live instances, the trainer's version, what the callbacks saw."""
 
-    def __init__(self, failures: list[int], transport: str = "object_store", holds: bool = True):
+    def __init__(self, failures: list[int], transport: str = "object_store", holds: bool = True,
+                 send_s: float | None = None, stall_s: float = 300.0, slack_s: float = 30.0):
         self.instances = [Instance.remote(f) for f in failures]
-        self.wsync = WeightSync(Trainer.remote(), self.instances, transport, "cpu")
+        trainer = Trainer.remote() if send_s is None else SlowTrainer.remote(send_s)
+        self.wsync = WeightSync(trainer, self.instances, transport, "cpu", stall_timeout_s=stall_s)
         self.alive = list(range(len(failures)))
         self.holds = holds
         self.lines: list[str] = []
         self.synced: list[tuple[int, int]] = []
         self.dead: list[int] = []
         self.done: list = []
-        self.syncs = PendingSyncs(self.wsync, lambda: list(self.alive), lambda v: self.holds, self.lines.append)
+        self.syncs = PendingSyncs(self.wsync, lambda: list(self.alive), lambda v: self.holds, self.lines.append,
+                                  send_slack_s=slack_s)
 
     def on_dead(self, r, exc):
         self.dead.append(r)
@@ -119,3 +136,30 @@ def test_dead_instance_ends_the_sync_without_it_and_syncs_finish_in_order(ray_se
     assert set(run.dead) == {1} and run.alive == [0]
     assert [s.version for s in run.done] == [1, 2]
     assert sorted(run.synced) == [(0, 1), (0, 2)]
+
+
+def test_a_trainer_hung_in_its_broadcast_stops_the_run_after_the_stall_timeout(ray_session):
+    """Both instances' receives fail (as they do on a hung sender: SenderStalled after the stall
+    timeout) while the trainer's send_weights never returns. The sync would stay in flight forever
+    (no optimizer step starts while a broadcast is, and a retry would queue behind the hung call);
+    instead the run stops with TrainerHung once the send has stayed stall timeout + slack (here
+    1 + 0.5 s) past the last receive, naming the version, resume=true and the key to raise."""
+    run = Run([SYNC_TRIES, SYNC_TRIES], transport="broadcast", send_s=600.0, stall_s=1.0, slack_s=0.5)
+    t0 = time.monotonic()
+    with pytest.raises(TrainerHung) as info:
+        run.drive(within_s=30.0)
+    took = time.monotonic() - t0
+    text = str(info.value)
+    assert "weight sync of version 1: the trainer's send_weights has not returned" in text, text
+    assert "resume=true" in text and "raise weight_sync.stall_timeout_s" in text, text
+    assert "broadcast group broken" in text, text  # the instances' error is named
+    assert 1.5 <= took <= 10.0, took
+    assert run.done == [] and run.synced == []
+
+
+def test_a_slow_send_that_returns_within_the_bound_is_not_cut(ray_session):
+    """The instances receive at once; the trainer's send returns 1 s later, within the 1 + 0.5 s
+    bound: the sync ends normally (a slow trainer is not taken for a hung one)."""
+    run = Run([0, 0], transport="broadcast", send_s=1.0, stall_s=1.0, slack_s=0.5)
+    run.drive(within_s=30.0)
+    assert sorted(run.synced) == [(0, 1), (1, 1)] and [s.version for s in run.done] == [1]
