@@ -397,8 +397,11 @@ class WeightSyncConfig:
                                  "before the sync counts as failed (and is retried over the live instances)")
     stall_timeout_s: float = _f(300.0, "a broadcast receiver (rollout instance) that sees no progress for this many "
                                        "seconds (no bucket arrives, the sender makes no step) stops waiting, aborts its "
-                                       "end and the sync counts as failed; it must cover one bucket's transfer and the "
-                                       "sender's preparation before the first bucket (>= 1)")
+                                       "end and the sync counts as failed; so does the sender (the trainer) when its "
+                                       "bucket does not complete and no receiver makes a step; a trainer whose send "
+                                       "is still out this long + 30 s after its receivers ended stops the run; it must "
+                                       "cover one bucket's transfer and the sender's preparation before the first "
+                                       "bucket (>= 1)")
 
 
 @dataclass

@@ -165,7 +165,7 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
         p.append(f"weight_sync.timeout_s: {cfg.weight_sync.timeout_s} must be > 0 (seconds)")
     if cfg.weight_sync.stall_timeout_s < 1.0:
         p.append(f"weight_sync.stall_timeout_s: {cfg.weight_sync.stall_timeout_s} must be >= 1 (seconds without "
-                 "progress before a receiver gives up; below a second a healthy sync of any real model would be "
+                 "progress before a receiver or the sender gives up; below a second a healthy sync of any real model would be "
                  "cut); use e.g. weight_sync.stall_timeout_s=300 (the default)")
     pos("lengths.max_response_length", cfg.lengths.max_response_length)
     pos("workload.num_prompts", cfg.workload.num_prompts)
