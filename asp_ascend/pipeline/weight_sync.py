@@ -88,6 +88,8 @@ class PendingSync:
 
 
 class WeightSync:
+    stall_timeout_s: float = STALL_S   # weight_sync.stall_timeout_s (set per instance; the contract names it)
+
     def __init__(self, trainer, instances: list, transport: str, platform: str, tp: int = 1,
                  base_port: int = 0, timeout_s: float = 120.0, stall_timeout_s: float = STALL_S):
         if transport not in ("object_store", "broadcast"):
