@@ -68,14 +68,19 @@ class Fleet:
         busy = [self.feeder.alive(r) and self.feeder.inflight[r] > 0 for r in range(len(self.instances))]
         out = []
         for r in self.watch.hung(self.now(), busy):
-            self.say(f"rollout instance {r}: no progress for {self.watch.timeout_s:g} s with "
-                     f"{self.feeder.inflight[r]} group(s) in flight; treating it as failed")
-            try:
-                ray.kill(self.instances[r], no_restart=self.restarts_left[r] <= 0)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
+            self.kill(ray, r, f"no progress for {self.watch.timeout_s:g} s with {self.feeder.inflight[r]} group(s) "
+                              "in flight")
             out.append((r, TimeoutError(f"no progress for {self.watch.timeout_s:g} s")))
         return out
+
+    def kill(self, ray, r: int, why: str) -> None:
+        """Kill hung instance ``r`` (``why``), so that its pending calls end; Ray restarts it while
+        ``rollout.max_restarts`` allows. The loop then handles it as failed (:meth:`failed`)."""
+        self.say(f"rollout instance {r}: {why}; treating it as failed")
+        try:
+            ray.kill(self.instances[r], no_restart=self.restarts_left[r] <= 0)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
 
     def published(self, version: int, ticket: Any) -> None:
         self.last_ticket = (version, ticket)

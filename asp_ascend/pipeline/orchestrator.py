@@ -310,7 +310,13 @@ class Orchestrator(TrainerCalls):
 
     def _finish_syncs(self) -> None:
         self.syncs.finish(self.ray, self.t0, on_synced=self.feeder.synced, on_dead=self._instance_failed,
-                          on_done=self._sync_done)
+                          on_done=self._sync_done, on_hung=self._receiver_hung)
+
+    def _receiver_hung(self, r: int, exc: BaseException) -> None:
+        """An instance whose weight receive outlived the trainer's send by the stall bound: killed and
+        failed over as a hung instance (its pending receive then ends the sync without it)."""
+        self.fleet.kill(self.ray, r, str(exc))
+        self._instance_failed(r, exc)
 
     def _sync_done(self, s) -> None:
         self._event("sync", t_start=s.t_start, t_end=s.t_end, version=s.version)

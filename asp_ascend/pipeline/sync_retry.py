@@ -19,6 +19,11 @@ anything again: every later call would wait behind that one. Its receivers give 
 stopped gives up itself within that timeout; so once no receiver of a broadcast is pending, its
 send has ``stall_timeout_s + send_slack_s`` more to return. Past that the run stops with
 :class:`TrainerHung` (:meth:`PendingSyncs.check_sends`, run at every :meth:`PendingSyncs.finish`).
+The other way round, once a broadcast's send has ended (done, or given up: a sender gives up on
+receivers that make no progress for the stall timeout and marks the version failed, which every
+healthy receiver reads within 50 ms), an instance whose receive is still pending after the same
+bound hangs: it is reported (``on_hung``; the loop kills it and fails it over, as a hung instance),
+so the sync ends without it instead of waiting on it for ever.
 """
 from __future__ import annotations
 
@@ -68,12 +73,14 @@ class PendingSyncs:
 
     def finish(self, ray: Any, t0: float, *, on_synced: Callable[[int, int], None],
                on_dead: Callable[[int, BaseException], None],
-               on_done: Callable[[PendingWeights], None]) -> None:
+               on_done: Callable[[PendingWeights], None],
+               on_hung: Callable[[int, BaseException], None] | None = None) -> None:
         """Take what finished, oldest sync first: ``on_synced(instance, version)`` for each instance
         that now holds a version, ``on_dead(instance, error)`` for one that died, ``on_done(sync)``
         for each sync that ended, in order; stops at the first still in flight or sent again.
-        Raises :class:`TrainerHung` first if a broadcast's send is overdue (:meth:`check_sends`)."""
-        self.check_sends(ray)
+        First :meth:`check_sends`: raises :class:`TrainerHung` if a broadcast's send is overdue, and
+        reports each instance whose receive is overdue to ``on_hung(instance, error)``."""
+        self.check_sends(ray, on_hung)
         while self.pending:
             s = self.pending[0]
             for r in s.poll(ray, t0, on_dead):
@@ -83,14 +90,24 @@ class PendingSyncs:
             self.pending.pop(0)
             on_done(s)
 
-    def check_sends(self, ray: Any) -> None:
-        """Raise :class:`TrainerHung` if a broadcast's send (the trainer's ``send_weights``) is still in
-        flight ``weight_sync.stall_timeout_s`` + ``send_slack_s`` seconds after none of its receivers
-        was pending any more. Cheap: one ``ray.wait`` with no timeout per broadcast in flight."""
+    def check_sends(self, ray: Any, on_hung: Callable[[int, BaseException], None] | None = None) -> None:
+        """Broadcast only. Raise :class:`TrainerHung` if a broadcast's send (the trainer's
+        ``send_weights``) is still in flight ``weight_sync.stall_timeout_s`` + ``send_slack_s``
+        seconds after none of its receivers was pending any more; report to ``on_hung`` (once per
+        sync) each instance whose receive is still pending that long after the send ended. Cheap: two
+        ``ray.wait`` with no timeout per sync in flight."""
+        if not self.transport.broadcast:
+            return
         stall = float(self.transport.stall_timeout_s)
-        now = time.monotonic()
+        bound, now = stall + self.send_slack_s, time.monotonic()
         for s in self.pending:
-            waited = s.send_overdue(ray, now, stall + self.send_slack_s)
+            waited, late = s.overdue(ray, now, bound)
+            for r in late:
+                if on_hung is not None and r not in s.reported:
+                    s.reported.add(r)
+                    on_hung(r, TimeoutError(f"weight sync of version {s.version}: instance {r}'s receive is still "
+                                            f"pending {bound:g} s (weight_sync.stall_timeout_s + {self.send_slack_s:g} "
+                                            f"s) after the trainer's send ended: it hangs"))
             if waited is None:
                 continue
             why = f"; the instances' receives ended with {s.failed!r}" if s.failed is not None else ""

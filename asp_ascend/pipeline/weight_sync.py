@@ -38,6 +38,8 @@ class PendingSync:
     tries: int = 1
     synced: set = field(default_factory=set)   # instances that hold ``version``
     t_recv_done: float | None = None           # monotonic: since when no receiver of this try is pending
+    t_send_done: float | None = None           # monotonic: since when the send of this try is not pending
+    reported: set = field(default_factory=set)  # receivers already reported hung
 
     @property
     def in_flight(self) -> bool:
@@ -46,18 +48,22 @@ class PendingSync:
     def waiting(self) -> list:
         return list(self.refs.values()) + ([self.send] if self.send is not None else [])
 
-    def send_overdue(self, ray, now: float, bound_s: float) -> float | None:
-        """The seconds the trainer's broadcast has stayed in flight since no receiver of this try was
-        pending any more (``now``: ``time.monotonic()``), once they exceed ``bound_s``; else None. Its
-        receivers' refs are only looked at, not taken (:meth:`poll` takes them)."""
-        refs = list(self.refs.values())
-        if self.send is None or (refs and len(ray.wait(refs, num_returns=len(refs), timeout=0)[0]) < len(refs)):
-            self.t_recv_done = None
-            return None
-        if self.t_recv_done is None:
-            self.t_recv_done = now
-        waited = now - self.t_recv_done
-        return waited if waited > bound_s else None
+    def overdue(self, ray, now: float, bound_s: float) -> tuple[float | None, list[int]]:
+        """What of this try is overdue at ``now`` (``time.monotonic()``): the seconds the trainer's
+        broadcast has stayed in flight since no receiver was pending any more, once past ``bound_s``
+        (else None), and the receivers still pending ``bound_s`` after the broadcast ended (else []).
+        The refs are only looked at, not taken (:meth:`poll` takes them)."""
+        refs = {ref: r for r, ref in self.refs.items()}
+        ready = set(ray.wait(list(refs), num_returns=len(refs), timeout=0)[0]) if refs else set()
+        pending = [r for ref, r in refs.items() if ref not in ready]
+        send_done = self.send is None or bool(ray.wait([self.send], timeout=0)[0])
+        self.t_recv_done = None if pending else (self.t_recv_done or now)
+        self.t_send_done = (self.t_send_done or now) if send_done else None
+        late_send = None
+        if not send_done and self.t_recv_done is not None and now - self.t_recv_done > bound_s:
+            late_send = now - self.t_recv_done
+        late = pending if pending and send_done and now - self.t_send_done > bound_s else []
+        return late_send, late
 
     def poll(self, ray, t0: float, on_dead: Callable[[int, BaseException], None]) -> list[int]:
         """Take the parts that finished; returns the instances that now hold ``version``. A dead

@@ -18,11 +18,12 @@ from asp_ascend.pipeline.weight_sync import WeightSync  # noqa: E402
 
 @ray.remote(num_cpus=0)
 class Instance:
-    def __init__(self, failures: int):
-        self.failures, self.calls = failures, 0
+    def __init__(self, failures: int, hang_s: float = 0.0):
+        self.failures, self.calls, self.hang_s = failures, 0, hang_s
 
     def update_weights(self, ticket, group=None):
         self.calls += 1
+        time.sleep(self.hang_s)                     # a receive that hangs (longer than any test)
         if self.calls <= self.failures:
             raise RuntimeError(f"broadcast group broken (call {self.calls})")
         return {"version": ticket["version"], "t_end": time.time()}
@@ -71,8 +72,8 @@ class Run:
     """The loop's side: live instances, the trainer's version, what the callbacks saw."""
 
     def __init__(self, failures: list[int], transport: str = "object_store", holds: bool = True,
-                 send_s: float | None = None, stall_s: float = 300.0, slack_s: float = 30.0):
-        self.instances = [Instance.remote(f) for f in failures]
+                 send_s: float | None = None, stall_s: float = 300.0, slack_s: float = 30.0, hang: tuple = ()):
+        self.instances = [Instance.remote(f, 600.0 if r in hang else 0.0) for r, f in enumerate(failures)]
         trainer = Trainer.remote() if send_s is None else SlowTrainer.remote(send_s)
         self.wsync = WeightSync(trainer, self.instances, transport, "cpu", stall_timeout_s=stall_s)
         self.alive = list(range(len(failures)))
@@ -80,6 +81,7 @@ class Run:
         self.lines: list[str] = []
         self.synced: list[tuple[int, int]] = []
         self.dead: list[int] = []
+        self.hung: list[int] = []
         self.done: list = []
         self.syncs = PendingSyncs(self.wsync, lambda: list(self.alive), lambda v: self.holds, self.lines.append,
                                   send_slack_s=slack_s)
@@ -89,12 +91,17 @@ class Run:
         if r in self.alive:
             self.alive.remove(r)
 
+    def on_hung(self, r, exc):
+        """What the orchestrator does (Fleet.kill): kill it; its pending call then ends as a dead one's."""
+        self.hung.append(r)
+        ray.kill(self.instances[r], no_restart=True)
+
     def drive(self, version: int = 1, within_s: float = 60.0) -> None:
         self.syncs.add(self.wsync.start(version, list(self.alive), 0.0))
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline:
             self.syncs.finish(ray, 0.0, on_synced=lambda r, v: self.synced.append((r, v)), on_dead=self.on_dead,
-                              on_done=self.done.append)
+                              on_done=self.done.append, on_hung=self.on_hung)
             if not self.syncs:
                 return
             ray.wait(self.syncs.waiting(), num_returns=len(self.syncs.waiting()), timeout=0.2)
@@ -163,3 +170,17 @@ def test_a_slow_send_that_returns_within_the_bound_is_not_cut(ray_session):
     run = Run([0, 0], transport="broadcast", send_s=1.0, stall_s=1.0, slack_s=0.5)
     run.drive(within_s=30.0)
     assert sorted(run.synced) == [(0, 1), (1, 1)] and [s.version for s in run.done] == [1]
+
+
+def test_an_instance_whose_receive_outlives_the_send_is_failed_over_as_hung(ray_session):
+    """Instance 1's update_weights never returns (its receive hangs) while the trainer's send and
+    instance 0's receive end at once. After stall + slack (1 + 0.5 s) past the send it is reported
+    hung (once), killed, and the sync ends without it (instance 0 holds the version); without the
+    check the sync would wait on it for ever."""
+    run = Run([0, 0], transport="broadcast", stall_s=1.0, slack_s=0.5, hang=(1,))
+    t0 = time.monotonic()
+    run.drive(within_s=30.0)
+    took = time.monotonic() - t0
+    assert run.hung == [1] and run.dead == [1] and run.alive == [0]
+    assert run.synced == [(0, 1)] and [s.version for s in run.done] == [1] and run.done[0].tries == 1
+    assert 1.5 <= took <= 10.0, took
