@@ -301,10 +301,11 @@ class SchedulerConfig:
     membership: str = _f("stratified", "asp: its iterations' membership: stratified (default) = one group of each "
                          "predicted-length stratum per iteration; auto (opt-in) = stratified unless the dataset "
                          "order's iterations (consecutive prompts: what fifo and balanced train) have a predicted "
-                         "publish chain at least 1 % lower (metrics/floor.publish_floor's chain on predicted figures: "
-                         "where the longest groups, not the trainer, bound the run and the predictions rank them, "
-                         "stratifying puts one in every iteration); not the default: on predicted floors it also "
-                         "re-plans cells where it loses (docs/scheduler.md, \"Settings changed several at a time\")",
+                         "publish chain at least 1 % lower (metrics/floor.publish_floor's chain: where the longest "
+                         "groups, not the trainer, bound the run and the predictions rank them, stratifying puts one in "
+                         "every iteration), both on the predictions and on lengths drawn around them as well as the "
+                         "history shows they predict (its last epoch from the earlier ones; the oracle: exact; one "
+                         "epoch of history: unknown, so stratified) (docs/scheduler.md, \"Settings changed several at a time\")",
                          choices=("stratified", "auto"))
     concentrate_tail: float = _f(0.0, "asp, opt-in: the most an iteration's predicted-length CDF may move (KS) when the "
                                  "planner gathers the predicted-longest groups into every P-th iteration (m strata of "

@@ -113,3 +113,27 @@ def holdout_report(history: pd.DataFrame, prompt_lengths: pd.Series | None = Non
     for m in METHODS:
         out[m] = evaluate(predict_lengths(train, ids, pl, m, alpha=alpha, q=q), test.to_numpy(float))
     return out
+
+
+def prediction_quality(history: pd.DataFrame | None, method: str = "mean", *, alpha: float = 0.5, q: float = 0.5,
+                       prior: str = "regression") -> float | None:
+    """How well ``method`` predicts a prompt's next epoch, measured on the history itself: the
+    correlation of log per-prompt means between the history's last epoch and ``method``'s prediction
+    of it from the epochs before, clipped to [0, 1] (0: the predictions rank nothing). None when the
+    history has fewer than two epochs: one epoch shows how its samples spread, not how a prompt's
+    length persists to the next epoch. With one earlier epoch this measures a one-epoch predictor,
+    which the full history's prediction is at least as good as (a pessimistic figure)."""
+    if history is None or history.empty:
+        return None
+    epochs = np.sort(history["epoch"].unique())
+    if epochs.size < 2:
+        return None
+    test = history[history["epoch"] == epochs[-1]].groupby("prompt_id")["response_length"].mean()
+    ids = test.index.to_numpy()
+    pl = (history.groupby("prompt_id")["prompt_length"].first().reindex(ids).to_numpy(float)
+          if "prompt_length" in history.columns else None)
+    pred = predict_lengths(history[history["epoch"] < epochs[-1]], ids, pl, method, alpha=alpha, q=q, prior=prior)
+    a, b = np.log(np.maximum(pred, 1.0)), np.log(np.maximum(test.to_numpy(float), 1.0))
+    if a.size < 2 or a.std() == 0 or b.std() == 0:
+        return 0.0
+    return float(np.clip(np.corrcoef(a, b)[0, 1], 0.0, 1.0))

@@ -113,16 +113,35 @@ def concentrate_tail(iteration, by_len, lat, busy_tokens, *, B: int, m_mb: int, 
     return best if best_v <= today * (1.0 - MIN_CONCENTRATE_GAIN) else iteration
 
 
-def lower_chain(today, other, lat, busy_tokens, *, m_mb: int, k: int, cost: CostModel, n_iter: int) -> np.ndarray:
-    """``other`` (a membership of the same groups, e.g. the dataset order's) where its predicted publish
-    chain (``publish_chain``) is at least ``MIN_CONCENTRATE_GAIN`` below ``today``'s, else ``today``
-    (``scheduler.membership: auto``, opt-in). A stratified membership puts one group of the top predicted-length
-    stratum in every iteration: where those groups, not the trainer, bound the chain (a step cost far
-    above the trainer's per iteration, many small iterations) and the predictions rank them well, that
-    is the highest sum of iteration floors any membership has, and consecutive prompts, whose
-    iterations gather long groups by chance, publish earlier. ``lat``: each group's predicted longest
-    sample alone."""
-    n_mb = -(-np.bincount(today, minlength=n_iter) // m_mb)
-    a = publish_chain(today, lat, busy_tokens, n_mb, cost, k, n_iter)
-    b = publish_chain(other, lat, busy_tokens, -(-np.bincount(other, minlength=n_iter) // m_mb), cost, k, n_iter)
-    return other if b <= a * (1.0 - MIN_CONCENTRATE_GAIN) else today
+def drawn_lengths(pred: np.ndarray, quality: float | None, draws: int = 64, seed: int = 0) -> np.ndarray:
+    """(draws, groups) lengths drawn around the predictions as good as ``quality`` says: log lengths
+    jointly Gaussian with the predicted ones, correlation ``quality`` (None, unknown, counts as 0) and the
+    same spread, so each group's draw has mean log ``mu + quality (x - mu)`` and spread
+    ``sd sqrt(1 - quality^2)``. 1 gives the predictions back; 0 draws every group alike."""
+    x = np.log(np.maximum(np.asarray(pred, dtype=float), 1.0))
+    r = min(max(quality or 0.0, 0.0), 1.0)
+    eps = np.random.default_rng(seed).standard_normal((draws, x.size))
+    return np.exp(x.mean() + r * (x - x.mean()) + np.sqrt(1.0 - r * r) * x.std() * eps)
+
+
+def lower_chain(today, other, views, *, m_mb: int, k: int, cost: CostModel, n_iter: int) -> np.ndarray:
+    """``other`` (a membership of the same groups, e.g. the dataset order's) where its publish chain
+    (``publish_chain``) is at least ``MIN_CONCENTRATE_GAIN`` below ``today``'s in every one of ``views``,
+    else ``today`` (``scheduler.membership: auto``, opt-in). A view is a list of (lat, busy_tokens)
+    draws (each group's longest sample alone and its tokens): on the predictions (one draw), or lengths
+    drawn around them as good as the history says they are (``drawn_lengths``), where the mean gain over
+    the draws less two standard errors must reach the margin (a pessimistic view). A stratified membership puts one
+    group of the top predicted-length stratum in every iteration: where those groups, not the trainer,
+    bound the chain and the predictions rank them well, that is the highest sum of iteration floors any
+    membership has, and consecutive prompts, whose iterations gather long groups by chance, publish
+    earlier. Where the predictions rank poorly the draws are near random, both memberships alike, and
+    ``today`` stays."""
+    n_a = -(-np.bincount(today, minlength=n_iter) // m_mb)
+    n_b = -(-np.bincount(other, minlength=n_iter) // m_mb)
+    for view in views:
+        gain = np.array([1.0 - publish_chain(other, lat, busy, n_b, cost, k, n_iter)
+                         / publish_chain(today, lat, busy, n_a, cost, k, n_iter) for lat, busy in view])
+        se = gain.std(ddof=1) / np.sqrt(gain.size) if gain.size > 1 else 0.0
+        if gain.mean() - 2.0 * se < MIN_CONCENTRATE_GAIN:     # the gain's low end must reach the margin
+            return today
+    return other

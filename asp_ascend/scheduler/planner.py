@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from ..config.schema import SchedulerConfig
-from .concentrate import concentrate_tail, lower_chain
+from .concentrate import concentrate_tail, drawn_lengths, lower_chain
 from . import first_iteration
 from .cost import CostModel
 
@@ -263,7 +263,7 @@ def pull_forward_windows(lat: np.ndarray, period: float, k: int, rule: str = PUL
 
 def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_iter, tail, group_max_factor,
               speculation=None, max_len=None, concentrate=0.0, relief=0.0, fill_first=False,
-              pull_forward=PULL_FORWARD, membership="stratified"):
+              pull_forward=PULL_FORWARD, membership="stratified", prediction_quality=None):
     """(iteration, mini_batch, instance, dispatch_order, room) of the ASP schedule."""
     n = pred.shape[0]
     by_len = _desc_order(pred, rng)
@@ -272,10 +272,12 @@ def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_ite
     iteration = _lightest_floor_first(_stratified_iterations(by_len, work, B, rng), lat, n_iter, n % B != 0)
     # the floor is a group's longest sample: its mean x group_max_factor, capped
     longest = np.minimum(pred * group_max_factor, np.inf if max_len is None else max_len)
-    if membership == "auto":    # opt-in: never a predicted chain 1 % above the dataset order's (fifo's iterations)
+    if membership == "auto" and (prediction_quality or 0) > 0:    # opt-in: the dataset order's iterations (fifo's)
+        # if their chain is 1 % lower on the predictions and on lengths drawn as the predictions' quality allows
         dataset = _lightest_floor_first(np.arange(n) // B, lat, n_iter, n % B != 0)
-        iteration = lower_chain(iteration, dataset, cost.group_latency(plen, longest, G), G * (plen + pred), m_mb=m,
-                                k=k, cost=cost, n_iter=n_iter)
+        views = [[(cost.group_latency(plen, np.minimum(p * group_max_factor, max_len or np.inf), G), G * (plen + p))
+                  for p in ps] for ps in ([pred], drawn_lengths(pred, prediction_quality))]
+        iteration = lower_chain(iteration, dataset, views, m_mb=m, k=k, cost=cost, n_iter=n_iter)
     if concentrate > 0 and k >= 0:
         iteration = concentrate_tail(iteration, by_len, cost.group_latency(plen, longest, G), G * (plen + pred),
                                       B=B, m_mb=m, k=k, margin=concentrate,
@@ -394,7 +396,8 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
          seed: int = 0, tail="off", group_max_factor: float = 1.0, speculation=None,
          max_response_length: float | None = None, concentrate_tail: float = 0.0,
          relieve_first: float = RELIEVE_FIRST, fill_first: bool = True,
-         pull_forward: str = PULL_FORWARD, membership: str = "stratified") -> pd.DataFrame:
+         pull_forward: str = PULL_FORWARD, membership: str = "stratified",
+         prediction_quality: float | None = None) -> pd.DataFrame:
     """One epoch's schedule (DESIGN 6 columns plus ``room``). Deterministic for ``seed`` and ``epoch``.
 
     ``tail`` (asp; ``rollout.tail_concurrency``): ``off``, ``auto`` or a number of sequences;
@@ -405,7 +408,9 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
     ``speculative.Speculation``) the instances' speculative decoding, if any; ``pull_forward``
     (``scheduler.pull_forward``) which groups are ranked ahead of their iteration
     (``pull_forward_windows``); ``membership`` (``scheduler.membership``) asp's iterations: stratified,
-    or (``auto``) stratified unless the dataset order's have a lower predicted publish chain (``lower_chain``)."""
+    or (``auto``) stratified unless the dataset order's have a lower publish chain (``lower_chain``) on the
+    predictions and on lengths drawn around them as good as ``prediction_quality`` says (``drawn_lengths``;
+    lengths/predictors.prediction_quality; None, unknown: auto keeps stratified)."""
     cols = plan_columns(predicted_length, prompt_lengths, policy=policy, group_size=group_size,
                         global_batch_size=global_batch_size, mini_batch_size=mini_batch_size,
                         num_instances=num_instances, max_num_seqs=max_num_seqs, lag_bound=lag_bound, cost=cost,
@@ -413,7 +418,7 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
                         group_max_factor=group_max_factor, speculation=speculation,
                         max_response_length=max_response_length, concentrate_tail=concentrate_tail,
                         relieve_first=relieve_first, fill_first=fill_first, pull_forward=pull_forward,
-                        membership=membership)
+                        membership=membership, prediction_quality=prediction_quality)
     return schedule_frame(cols, prompt_ids)
 
 
@@ -434,7 +439,7 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
                  speculation=None, max_response_length: float | None = None,
                  concentrate_tail: float = 0.0, relieve_first: float = RELIEVE_FIRST,
                  fill_first: bool = True, pull_forward: str = PULL_FORWARD,
-                 membership: str = "stratified") -> dict[str, np.ndarray]:
+                 membership: str = "stratified", prediction_quality: float | None = None) -> dict[str, np.ndarray]:
     """``plan`` as numpy columns, one row per prompt in input order, without the prompt ids
     (building a string column costs more than planning the baselines of a report)."""
     from ..config import parse_tail_concurrency
@@ -471,7 +476,7 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
             # only the run's first iteration fills the pipeline: a later epoch's first iteration follows
             # the previous epoch's last one (scheduler/first_iteration.py)
             relief=relieve_first if iteration_offset == 0 else 0.0, fill_first=fill_first and iteration_offset == 0,
-            pull_forward=pull_forward, membership=membership)
+            pull_forward=pull_forward, membership=membership, prediction_quality=prediction_quality)
     else:
         order = BASELINE_ORDER[policy](pred, rng)
         position = np.empty(n, dtype=np.int64)

@@ -41,6 +41,7 @@ class PlanInputs:
     group_max_factor: float = 1.0
     holdout: dict | None = None      # every predictor on the history's last epoch
     workload: object | None = None   # the experiment workload (lengths/workloads.Workload), if any
+    trust: float | None = None       # lengths/predictors.prediction_quality (1: exact; None: unknown)
 
 
 def _group_max_factor(spread: float, G: int) -> float:
@@ -53,7 +54,7 @@ def _group_max_factor(spread: float, G: int) -> float:
 
 def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -> PlanInputs:
     from ..lengths.history import load_history
-    from ..lengths.predictors import evaluate, predict_lengths
+    from ..lengths.predictors import evaluate, predict_lengths, prediction_quality
 
     L = cfg.lengths
     if history is None and L.path:
@@ -66,23 +67,24 @@ def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -
     w = workload_from_config(cfg)
     truth = w.mean_length[-1].astype(np.float64)
     if L.predictor == "oracle" or w.epochs < 2:
-        pred, q = truth.copy(), None
+        pred, q, trust = truth.copy(), None, 1.0
         if w.epochs < 2 and L.predictor != "oracle":
             log.warning("workload has one epoch: no history to predict from, planning on the truth")
     else:
         hist = w.to_history(range(w.epochs - 1))
         pred = predict_lengths(hist, w.prompt_ids, w.prompt_length, L.predictor, alpha=L.ema_alpha,
                                q=L.quantile, prior=L.prior)
-        q = evaluate(pred, truth)
+        q, trust = evaluate(pred, truth), prediction_quality(hist, L.predictor, alpha=L.ema_alpha, q=L.quantile,
+                                                             prior=L.prior)
     return PlanInputs(w.prompt_ids, w.prompt_length.astype(np.float64), pred, truth, w.name, q,
-                      _group_max_factor(w.group_spread, w.group_size), workload=w)
+                      _group_max_factor(w.group_spread, w.group_size), workload=w, trust=trust)
 
 
 def _dataset_inputs(cfg, prompts, history: pd.DataFrame | None) -> PlanInputs:
     """Inputs of a real prompt set (``data.path``, the built-in task or ``prompts``). For
     ``data.path`` only ids and prompt lengths are read (data/prompt_index.py: no texts)."""
     from ..lengths.history import restrict_to
-    from ..lengths.predictors import evaluate, holdout_report, predict_lengths
+    from ..lengths.predictors import evaluate, holdout_report, predict_lengths, prediction_quality
 
     L = cfg.lengths
     if prompts is None and cfg.data.path:
@@ -105,15 +107,17 @@ def _dataset_inputs(cfg, prompts, history: pd.DataFrame | None) -> PlanInputs:
         if truth is None:
             raise ConfigError(["lengths.predictor: 'oracle' needs known lengths (the built-in task or an "
                                "experiment workload); use mean, ema, quantile or regression"])
-        pred = truth.copy()
+        pred, trust = truth.copy(), 1.0
     else:
         pred = predict_lengths(history, positions, plen, L.predictor, alpha=L.ema_alpha, q=L.quantile,
                                prior=L.prior, default=min(256.0, L.max_response_length))
+        trust = prediction_quality(history, L.predictor, alpha=L.ema_alpha, q=L.quantile, prior=L.prior)
     q = evaluate(pred, truth) if truth is not None and L.predictor != "oracle" and history is not None else None
     holdout = None
     if history is not None and history["epoch"].nunique() >= 2:
         holdout = holdout_report(history, pd.Series(plen), alpha=L.ema_alpha, q=L.quantile)
-    return PlanInputs(ids, plen, np.minimum(pred, L.max_response_length), truth, source, q, holdout=holdout)
+    return PlanInputs(ids, plen, np.minimum(pred, L.max_response_length), truth, source, q, holdout=holdout,
+                      trust=trust)
 
 
 def check_sizes(cfg, num_prompts: int, source: str) -> None:
@@ -144,7 +148,7 @@ def plan_epoch_columns(cfg, inp: PlanInputs, policy: str | None = None, epochs: 
                             num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=lag_bound_of(cfg),
                             cost=cost, epoch=e, iteration_offset=offset, seed=cfg.seed, tail=r.tail_concurrency,
                             group_max_factor=inp.group_max_factor, max_response_length=cfg.lengths.max_response_length,
-                            **membership_options(cfg))
+                            prediction_quality=inp.trust, **membership_options(cfg))
         offset = int(cols["iteration"].max()) + 1
         parts.append(cols)
     return parts[0] if len(parts) == 1 else {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}

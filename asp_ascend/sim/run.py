@@ -32,6 +32,7 @@ from .costs import SimCosts, check_kv_capacity, system_costs
 from .engine import Engine, SimJobs, SimTimeline, TrainerSpec
 from .mechanisms import SimMechanisms, tail_summary
 from .policies import SystemSpec, system_spec
+from .predictions import Predictions as _Predictions, epoch_split
 from .trainer import micro_batch_table, resolve_micro_batching
 
 log = logging.getLogger(__name__)
@@ -60,45 +61,6 @@ def stream_settings(cfg, policy: str) -> dict:
     return {"stream_groups": stream_groups_of(cfg, policy), "stream_start": str(cfg.pipeline.stream_groups_start)}
 
 
-class _Predictions:
-    """Per-prompt predicted lengths from a workload's epochs (cached)."""
-
-    def __init__(self, workload, cfg):
-        self.w = workload
-        self.cfg = cfg
-        self._hist: dict[int, pd.DataFrame] = {}
-        self._pred: dict[tuple, np.ndarray] = {}
-
-    def history(self, epochs) -> pd.DataFrame | None:
-        if not epochs:
-            return None
-        for e in epochs:
-            if e not in self._hist:
-                self._hist[e] = self.w.to_history([e])
-        return pd.concat([self._hist[e] for e in epochs], ignore_index=True)
-
-    def predict(self, hist_epochs: tuple, target_epoch: int) -> np.ndarray:
-        L = self.cfg.lengths
-        if L.predictor == "oracle":
-            return self.w.mean_length[target_epoch].astype(float)
-        key = tuple(hist_epochs)
-        if key not in self._pred:
-            from ..lengths.predictors import predict_lengths
-
-            self._pred[key] = np.minimum(predict_lengths(
-                self.history(list(hist_epochs)), self.w.prompt_ids, self.w.prompt_length, L.predictor,
-                alpha=L.ema_alpha, q=L.quantile, prior=L.prior,
-                default=min(256.0, L.max_response_length)), L.max_response_length)
-        return self._pred[key]
-
-
-def epoch_split(workload, sim_epochs: int) -> tuple[list[int], list[int]]:
-    """(history epochs, simulated epochs) of the workload."""
-    E = workload.epochs
-    S = max(1, min(sim_epochs, E))
-    return list(range(E - S)), list(range(E - S, E))
-
-
 def build_jobs(workload, cfg, spec: SystemSpec, cm, preds: _Predictions | None = None, *, tail="off",
                speculation=None) -> SimJobs:
     """Plan every simulated epoch with the spec's dispatch policy; attach true lengths.
@@ -122,6 +84,7 @@ def build_jobs(workload, cfg, spec: SystemSpec, cm, preds: _Predictions | None =
                      iteration_offset=offset, seed=cfg.seed, tail=tail if spec.dispatch == "asp" else "off",
                      group_max_factor=group_max_factor(workload.group_spread, workload.group_size),
                      speculation=speculation, max_response_length=cfg.lengths.max_response_length,
+                     prediction_quality=preds.quality(h) if cfg.scheduler.membership == "auto" else None,
                      **membership_options(cfg))
         rows = index.get_indexer(sched["prompt_id"].astype(str))
         if (rows < 0).any():

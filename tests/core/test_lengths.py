@@ -134,3 +134,38 @@ def test_holdout_report_prefers_history_over_regression(empty_yaml):
     assert set(rep) == {"mean", "ema", "quantile", "regression"}
     assert rep["ema"]["spearman"] > rep["regression"]["spearman"]
     assert rep["mean"]["mae"] < rep["regression"]["mae"]
+
+
+def test_prediction_quality_from_the_history():
+    """lengths.predictors.prediction_quality (scheduler.membership: auto's trust in the predictions): a prompt
+    that keeps its length from one epoch to the next gives 1, lengths redrawn at random near 0, one epoch
+    None (the persistence is not in it)."""
+    from asp_ascend.lengths.predictors import prediction_quality
+
+    rng = np.random.default_rng(0)
+    n = 400
+    first = np.exp(rng.normal(6.0, 1.0, n))
+
+    def hist(second):
+        return pd.DataFrame({"prompt_id": np.tile(np.arange(n).astype(str), 2), "epoch": np.repeat([0, 1], n),
+                             "prompt_length": 50, "response_length": np.concatenate([first, second]).round()})
+
+    assert prediction_quality(hist(first * 1.1)) > 0.99
+    assert prediction_quality(hist(rng.permutation(first))) < 0.15
+    assert prediction_quality(hist(first)[lambda h: h.epoch == 0]) is None
+    assert prediction_quality(None) is None
+
+
+def test_schedule_inputs_carry_the_predictions_trust():
+    """`asp schedule`'s inputs carry prediction_quality for scheduler.membership: auto: measured on a history of
+    two epochs (high where prompts keep their lengths, low where they do not), unknown on one, 1 for the oracle."""
+    from asp_ascend.scheduler.run import inputs_from_config
+
+    def trust(epochs, rho, predictor="mean"):
+        cfg = load_config(None, ["workload.type=synthetic", "workload.num_prompts=2000", f"workload.epochs={epochs}",
+                                 f"workload.epoch_correlation={rho}", f"lengths.predictor={predictor}"])
+        return inputs_from_config(cfg).trust
+
+    assert trust(3, 0.95) > 0.8 > 0.3 > trust(3, 0.0)
+    assert trust(2, 0.95) is None
+    assert trust(3, 0.0, "oracle") == 1.0

@@ -373,8 +373,10 @@ def test_membership_auto_takes_the_dataset_order_where_its_predicted_chain_is_lo
     """scheduler.membership (opt-in auto): the stratified membership gives each of 8 iterations one of the 8 long
     groups; where a decode step costs far more than the trainer's work (the longest groups bound the
     publish chain) the dataset order, which holds all 8 in one iteration, publishes much earlier on
-    predicted figures, and auto takes it; where the trainer binds, the chains are level and auto keeps
-    the stratified plan (stratified: always)."""
+    predicted figures, and auto takes it when the history says the predictions are good (quality 0.95);
+    with poor (0.2) or unknown quality (one epoch of history) the lengths drawn around the predictions are
+    near random, the dataset order's gain is not there, and the plan stays stratified; where the trainer
+    binds, the chains are level and auto keeps the stratified plan (stratified: always)."""
     from asp_ascend.scheduler.concentrate import publish_chain
 
     n, B = 64, 8
@@ -385,8 +387,11 @@ def test_membership_auto_takes_the_dataset_order_where_its_predicted_chain_is_lo
     kw = dict(global_batch_size=B, mini_batch_size=4, num_instances=2, max_num_seqs=64, lag_bound=1,
               relieve_first=0.0)
     step_bound = CostModel(decode_a=0.2)
-    auto = plan(ids, pred, plen, policy="asp", cost=step_bound, membership="auto", **kw)
+    auto = plan(ids, pred, plen, policy="asp", cost=step_bound, membership="auto", prediction_quality=0.95, **kw)
     strat = plan(ids, pred, plen, policy="asp", cost=step_bound, **kw)       # the default: stratified
+    for poor in (0.2, 0.0, None):
+        pd.testing.assert_frame_equal(plan(ids, pred, plen, policy="asp", cost=step_bound, membership="auto",
+                                           prediction_quality=poor, **kw), strat)
     long_auto = auto["iteration"].to_numpy()[8:16]
     assert np.unique(strat["iteration"].to_numpy()[8:16]).size == 8
     assert np.unique(long_auto).size == 1 and long_auto[0] != 0
@@ -398,7 +403,8 @@ def test_membership_auto_takes_the_dataset_order_where_its_predicted_chain_is_lo
     assert chain[0] < 0.5 * chain[1]
     # trainer-bound: the chains are level within 1 %, the plan stays stratified
     trainer_bound = CostModel(decode_a=0.2, train_per_token=0.1)
-    pd.testing.assert_frame_equal(plan(ids, pred, plen, policy="asp", cost=trainer_bound, membership="auto", **kw),
+    pd.testing.assert_frame_equal(plan(ids, pred, plen, policy="asp", cost=trainer_bound, membership="auto",
+                                       prediction_quality=1.0, **kw),
                                   plan(ids, pred, plen, policy="asp", cost=trainer_bound, **kw))
     with pytest.raises(ValueError, match="scheduler.membership"):
         plan(ids, pred, plen, policy="asp", membership="random", **kw)
