@@ -115,11 +115,17 @@ def holdout_report(history: pd.DataFrame, prompt_lengths: pd.Series | None = Non
     return out
 
 
+TOP_SHARE, TOP_SHARE_MIN = 0.1, 8     # prediction_quality's top: the tenth predicted longest, at least 8
+
+
 def prediction_quality(history: pd.DataFrame | None, method: str = "mean", *, alpha: float = 0.5, q: float = 0.5,
                        prior: str = "regression") -> float | None:
     """How well ``method`` predicts a prompt's next epoch, measured on the history itself: the
     correlation of log per-prompt means between the history's last epoch and ``method``'s prediction
-    of it from the epochs before, clipped to [0, 1] (0: the predictions rank nothing). None when the
+    of it from the epochs before, or, if lower, the share of its predicted excess (log length over
+    the mean) that the tenth it predicts longest keeps in that epoch (an iteration's floor is its
+    longest group, and a heavy tail regresses to the mean most at the top), clipped to [0, 1] (0:
+    the predictions rank nothing). None when the
     history has fewer than two epochs: one epoch shows how its samples spread, not how a prompt's
     length persists to the next epoch. With one earlier epoch this measures a one-epoch predictor,
     which the full history's prediction is at least as good as (a pessimistic figure)."""
@@ -136,4 +142,7 @@ def prediction_quality(history: pd.DataFrame | None, method: str = "mean", *, al
     a, b = np.log(np.maximum(pred, 1.0)), np.log(np.maximum(test.to_numpy(float), 1.0))
     if a.size < 2 or a.std() == 0 or b.std() == 0:
         return 0.0
-    return float(np.clip(np.corrcoef(a, b)[0, 1], 0.0, 1.0))
+    top = np.argsort(-a, kind="stable")[:max(TOP_SHARE_MIN, int(a.size * TOP_SHARE))]
+    excess = a[top].mean() - a.mean()
+    kept = (b[top].mean() - b.mean()) / excess if excess > 0 else 1.0
+    return float(np.clip(min(np.corrcoef(a, b)[0, 1], kept), 0.0, 1.0))
