@@ -43,15 +43,21 @@ class ScriptedInstance:
     finish, whatever their length, until ``release`` is called (a scenario made by state, not
     by how fast this machine is). ``hold_last_of_first``: the last sample of each of the first
     that many groups the instance receives does not finish until it has received one more
-    group. A held sample finishes at the later of its scripted time and its release."""
+    group. A held sample finishes at the later of its scripted time and its release.
+    Weights: over ``broadcast`` (a ``group`` given) the instance joins the trainer's gloo group and
+    receives every bucket for real (platforms/transport.py), as the vLLM worker does.
+    ``hang_sync``: from its that-many-th ``update_weights`` on (the first push counts; first life
+    only) the call never returns once the buckets are in (loading them hangs)."""
 
     def __init__(self, r: int, lengths: dict, die_after: int = 0, tick: float = TICK, held=(),
-                 hold_last_of_first: int = 0):
+                 hold_last_of_first: int = 0, hang_sync: int = 0):
         self.r, self.lengths, self.version, self.running, self.delivered = r, lengths, 0, [], 0
         self.tick, self.held = tick, set(held)
         self.hold_first, self.first_held, self.groups_in = hold_last_of_first, {}, 0   # group id -> its scripted end
         self.received, self.last_poll = 0, time.time()
-        self.die_after = 0 if ray.get_runtime_context().was_current_actor_reconstructed else die_after
+        first_life = not ray.get_runtime_context().was_current_actor_reconstructed
+        self.die_after, self.hang_sync = (die_after, hang_sync) if first_life else (0, 0)
+        self.syncs, self.comm = 0, None    # update_weights calls; (gen, communicator) of the broadcast group
 
     async def submit(self, group_id, prompt_token_ids, n, max_tokens, temperature, top_p, seed, stop_token_ids, meta,
                      **kw):
@@ -113,7 +119,28 @@ class ScriptedInstance:
                     "segments": [[0, v]], "finish_reason": "stop"} for s, n in enumerate(self.lengths[group_id])]
         return {"meta": meta, "instance": self.r, "admission_version": v, "t_admit": t_admit, "samples": samples}
 
+    def _receive(self, ticket, group: dict) -> int:
+        from asp_ascend.platforms.communicators import close_communicator, create_communicator
+        from asp_ascend.platforms.transport import BroadcastTransport
+
+        if self.comm is None or self.comm[0] != group["gen"]:
+            if self.comm is not None:
+                close_communicator(self.comm[1])
+            self.comm = None
+            self.comm = (group["gen"], create_communicator("cpu", group["host"], int(group["port"]), int(group["rank"]),
+                                                           int(group["world"]), 0, float(group["timeout_s"])))
+        try:
+            return len(list(BroadcastTransport(self.comm[1], 1, stall_s=float(group["stall_timeout_s"])).recv(ticket)))
+        except BaseException:
+            self.comm = None   # a broken group is never reused
+            raise
+
     async def update_weights(self, ticket, group=None) -> dict:
+        self.syncs += 1
+        if group is not None:
+            await asyncio.to_thread(self._receive, ticket, group)
+        if self.hang_sync and self.syncs >= self.hang_sync:
+            await asyncio.Event().wait()   # never set: the call never returns (its polls still answer)
         self.version = int(ticket.version)
         return {"t_end": time.time(), "version": self.version}
 
@@ -140,12 +167,28 @@ def cluster(tmp_path_factory):
         ray.shutdown()
 
 
-def start_trainer(model_dir):
+def start_trainer(model_dir, actor_class=None):
+    """The real trainer actor on the tiny model (``actor_class``: a Ray actor class of a subclass)."""
     from asp_ascend.engines.trainer import trainer_actor_class
 
-    return trainer_actor_class().options(num_cpus=0).remote(
+    return (actor_class or trainer_actor_class()).options(num_cpus=0).remote(
         str(model_dir), lr=1e-3, weight_decay=0.0, loss=LossConfig(), micro_batch_size=8, temperature=1.0, seed=0,
         micro_batching="padded")
+
+
+def hanging_trainer_class(hang_from: int):
+    """A Ray actor class of the real trainer whose ``send_weights`` from version ``hang_from`` on
+    joins the group (the instances then wait for its buckets) and never returns: alive, no progress."""
+    from asp_ascend.engines.trainer import TrainerEngine
+
+    class HangingTrainer(TrainerEngine):
+        def send_weights(self, version: int, group: dict) -> dict:
+            if version >= hang_from:
+                self._sender.comm({**group, "platform": self.platform.name})
+                time.sleep(3600)
+            return super().send_weights(version, group)
+
+    return ray.remote(HangingTrainer)
 
 
 @pytest.fixture(scope="module")
@@ -165,13 +208,19 @@ def lengths_of(sched, resp) -> dict:
 def run_loop(trainer, plan_, lengths: dict, out, *, version: int = 0, die_after=(0, 0), restarts: int = 0,
              replan=None, history=None, checkpoint_every: int = 0, tick: float = TICK,
              stream_start: str | None = None, tail=None, on_orch=None, held=(),
-             hold_last_of_first: int = 0) -> Orchestrator:
+             hold_last_of_first: int = 0, hang_sync=(0, 0), transport: str = "object_store",
+             stall_timeout_s: float = 300.0, send_slack_s: float | None = None,
+             run_timeout_s: float = RUN_TIMEOUT_S) -> Orchestrator:
     """The runtime's loop over fresh instances, from ``version`` (the trainer's weights pushed first);
-    ``held``, ``hold_last_of_first``: what the instances keep unfinished, and until when (``ScriptedInstance``)."""
+    ``held``, ``hold_last_of_first``, ``hang_sync``: what the instances keep unfinished, and until
+    when, and which sync never returns (``ScriptedInstance``). ``transport``, ``stall_timeout_s``:
+    weight_sync's; ``send_slack_s``: the hung-sync bound's slack beyond the stall timeout
+    (``PendingSyncs``; None: its default)."""
     insts = [ScriptedInstance.options(max_restarts=restarts).remote(r, lengths, die_after[r], tick, held,
-                                                                    hold_last_of_first) for r in range(R)]
+                                                                    hold_last_of_first, hang_sync[r])
+             for r in range(R)]
     ray.get([i.ready.remote() for i in insts])
-    wsync = WeightSync(trainer, insts, "object_store", "cpu")
+    wsync = WeightSync(trainer, insts, transport, "cpu", stall_timeout_s=stall_timeout_s)
     first = wsync.start(version, list(range(R)))
     ray.get(first.waiting())
     ids = sorted({k.split(":")[1] for k in lengths})
@@ -180,10 +229,14 @@ def run_loop(trainer, plan_, lengths: dict, out, *, version: int = 0, die_after=
                 Sampling(G, 40, 1.0, 1.0, [1], 0))
     out.mkdir(parents=True, exist_ok=True)
     logger = RunLogger(out, tensorboard=False, wandb_project=None, progress=False, total_iterations=0)
+    logger.said, say = [], logger.say      # the run's log lines, for the tests (orch.log.said)
+    logger.say = lambda msg: (logger.said.append(msg), say(msg))[1]
     orch = Orchestrator(insts, trainer, plan_, task,
                         RunOutputs(out / "timeline.jsonl", logger, time.time(), checkpoint_every, out / "checkpoints"),
                         weight_sync=wsync, ticket=first.ticket, fleet=FleetOptions(poll_s=0.02, max_restarts=restarts),
                         replan=replan, stream_start=stream_start, tail=tail)
+    if send_slack_s is not None:
+        orch.syncs.send_slack_s = float(send_slack_s)
     if on_orch is not None:
         on_orch(orch)
     if history is not None:
@@ -198,9 +251,9 @@ def run_loop(trainer, plan_, lengths: dict, out, *, version: int = 0, die_after=
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()
-    thread.join(RUN_TIMEOUT_S)
+    thread.join(run_timeout_s)
     hold = "; instances hold samples until the mechanism under test acts" if held or hold_last_of_first else ""
-    assert not thread.is_alive(), (f"the loop did not finish in {RUN_TIMEOUT_S} s: trainer at iteration "
+    assert not thread.is_alive(), (f"the loop did not finish in {run_timeout_s:g} s: trainer at iteration "
                                    f"{orch.iteration} of {orch.last_iteration}, groups in flight "
                                    f"{orch.feeder.inflight}{hold}")
     if "error" in result:

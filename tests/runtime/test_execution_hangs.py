@@ -1,0 +1,80 @@
+"""The hung-sync bounds (pipeline/sync_retry.py) through the real loop: an instance whose weight
+receive never returns, and a trainer whose broadcast never returns.
+
+The runtime side is scripted_runtime.py's: ``Orchestrator.run`` on Ray with the real trainer on a
+tiny model, the real broadcast weight sync (a gloo group; the scripted instances receive every
+bucket for real), fleet and sample queue. The bound (``weight_sync.stall_timeout_s`` + the slack
+``PendingSyncs.send_slack_s``, 300 + 30 s by default) is cut to seconds here. Without the bound
+the first run never ends (its sync waits on the hung instance for ever) and the second blocks
+until the run timeout (the trainer's send never returns).
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+
+from exec_common import G, assert_agree, runtime_trained, schedule_and_lengths
+
+pytestmark = [pytest.mark.runtime, pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in
+                                                         ("torch", "transformers")), reason="torch/transformers missing")]
+
+ray = pytest.importorskip("ray")
+
+from asp_ascend.pipeline.sync_retry import TrainerHung  # noqa: E402
+from asp_ascend.scheduler.execution import ExecutionPlan  # noqa: E402
+from scripted_runtime import cluster  # noqa: E402,F401 (the fixture)
+from scripted_runtime import (K, hanging_trainer_class, instance_events, lengths_of, others,  # noqa: E402
+                              run_loop, settings_for, start_trainer)
+
+STALL_S, SLACK_S = 4.0, 2.0   # a receiver's (and sender's) stall timeout; the bound's slack beyond it
+RUN_S = 240                    # a run that outlives this hangs
+
+
+def test_instance_whose_receive_never_returns_is_failed_over_as_hung(cluster, tmp_path):
+    """Instance 1 receives its third broadcast (the first push counts) but its ``update_weights``
+    never returns. Once the trainer's send has ended, the loop waits ``stall + slack`` s, kills it
+    and fails it over as hung; the sync ends with instance 0 and the run finishes on it: every
+    sample trained once, the schedule's membership and lag bound kept."""
+    settings = settings_for()
+    sched, resp = schedule_and_lengths("asp", K, epochs=2)
+    lengths = lengths_of(sched, resp)
+    trainer = start_trainer(cluster)
+    try:
+        orch = run_loop(trainer, ExecutionPlan.from_schedule(sched, settings), lengths, tmp_path, hang_sync=(0, 3),
+                        transport="broadcast", stall_timeout_s=STALL_S, send_slack_s=SLACK_S, run_timeout_s=RUN_S)
+    finally:
+        ray.kill(trainer)
+    trained, lags, times = runtime_trained([orch.timeline])
+    assert set(times.values()) == {1} and len(times) == len(sched) * G
+    assert_agree(sched, K, (trained, lags), *others(sched, resp, settings))
+    assert [(r, s) for r, s, _ in instance_events(orch)] == [(1, "down")]
+    hung = [m for m in orch.log.said if "instance 1" in m and "it hangs" in m]
+    assert len(hung) == 1 and f"{STALL_S + SLACK_S:g} s" in hung[0] and "treating it as failed" in hung[0], \
+        orch.log.said
+    req = orch.timeline.frame("request")
+    assert (req[req["t_admit"] > instance_events(orch)[0][2]]["instance"] == 0).all()   # the survivor took over
+
+
+@pytest.mark.parametrize("checkpoint_every", [0, 2])
+def test_trainer_whose_send_never_returns_stops_the_run(cluster, tmp_path, checkpoint_every):
+    """The trainer's broadcast of version 2 never returns; the instances give up on it after the
+    stall timeout. ``stall + slack`` s later the run stops with TrainerHung naming the version and
+    resume=true, whether the loop was waiting on its syncs or (``checkpoint_every=2``) on the
+    trainer's checkpoint of version 2, which queues behind the hung send."""
+    settings = settings_for()
+    sched, resp = schedule_and_lengths("asp", K, epochs=2)
+    lengths = lengths_of(sched, resp)
+    trainer = start_trainer(cluster, hanging_trainer_class(hang_from=2))
+    try:
+        with pytest.raises(TrainerHung) as err:
+            run_loop(trainer, ExecutionPlan.from_schedule(sched, settings), lengths, tmp_path, transport="broadcast",
+                     stall_timeout_s=STALL_S, send_slack_s=SLACK_S, run_timeout_s=RUN_S,
+                     checkpoint_every=checkpoint_every)
+    finally:
+        ray.kill(trainer)
+    msg = str(err.value)
+    assert "weight sync of version 2:" in msg and "resume=true" in msg and "weight_sync.stall_timeout_s" in msg
+    waited = float(re.search(r"has not returned (\d+) s after", msg).group(1))
+    assert STALL_S + SLACK_S - 1 <= waited <= STALL_S + SLACK_S + 15, msg
