@@ -10,7 +10,8 @@
   padded_tokens (pad slots of its padded micro-batches)
 - ``queue``: t, op (put|get), size (groups in the sample queue after the op)
 - ``sync``: t_start, t_end, version (the version published)
-- ``instance``: t, instance, state (up|down|restart): fault-tolerance events
+- ``instance``: t, instance, state (up|down|restart): fault-tolerance events; a ``down`` event
+  of the runtime also has ``reason`` (the exception's type and message: a crash, a hang, a hung receive)
 - the tail mechanisms' decisions (DESIGN 9):
   ``steal``: t, epoch, prompt_id, iteration, from_instance, to_instance, predicted_length,
   victim_work (guided dispatch moved a job not yet started);

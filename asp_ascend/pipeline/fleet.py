@@ -53,7 +53,7 @@ class Fleet:
         if not self.feeder.alive(r):
             return None
         moved, lost = self.feeder.failed(r)
-        self.event("instance", t=self.now(), instance=r, state="down")
+        self.event("instance", t=self.now(), instance=r, state="down", reason=f"{type(exc).__name__}: {exc}"[:300])
         self.say(f"rollout instance {r} failed ({type(exc).__name__}); {len(moved)} prompt(s) re-dispatched")
         self.watch.forget(r)
         if self.restarts_left[r] > 0 and self.last_ticket[1] is not None:  # Ray restarts it: wait for it

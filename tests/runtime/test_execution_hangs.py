@@ -50,6 +50,8 @@ def test_instance_whose_receive_never_returns_is_failed_over_as_hung(cluster, tm
     assert set(times.values()) == {1} and len(times) == len(sched) * G
     assert_agree(sched, K, (trained, lags), *others(sched, resp, settings))
     assert [(r, s) for r, s, _ in instance_events(orch)] == [(1, "down")]
+    reason = orch.timeline.events["instance"][0]["reason"]      # the run's files say why, not only the log line
+    assert "it hangs" in reason and f"{STALL_S + SLACK_S:g} s" in reason, reason
     hung = [m for m in orch.log.said if "instance 1" in m and "it hangs" in m]
     assert len(hung) == 1 and f"{STALL_S + SLACK_S:g} s" in hung[0] and "treating it as failed" in hung[0], \
         orch.log.said
