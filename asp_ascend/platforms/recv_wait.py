@@ -181,26 +181,36 @@ class SenderWatch:
         the other side stops within a poll instead of waiting out its own stall timeout."""
         mark_failed(store_of(self.comm), self.version, self.own_key)
 
+    # what this side watches: the other side's counter, the errors it stops with, and how it says why
+    watched_key, failed, stalled = staticmethod(sync_key), SenderFailed, SenderStalled
+
+    def _store_fails(self, exc: BaseException) -> str:
+        return f"the sender's store no longer answers ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+
+    def _marked(self) -> str:
+        return f"the sender marked version {self.version} failed"
+
+    def _stalled(self, waited: float, count: int) -> str:
+        return (f"no progress for {waited:.1f} s (no bucket arrived and the sender, whose store still answers, "
+                f"made no step and did not mark the version failed: it hangs); if it is slow but healthy (a large "
+                f"bucket on a slow link, a long preparation before the first bucket), raise {self.stall_key} "
+                f"(now {self.stall_s:g} s)")
+
     def _why(self) -> Optional[tuple[type, str]]:
         store = store_of(self.comm)
         if store is None:
-            return SenderFailed, "the group's store was let go"
+            return self.failed, "the group's store was let go"
         try:
-            count = read_sync(store, self.version)
+            count = read_sync(store, self.version, self.watched_key)
         except Exception as exc:  # noqa: BLE001 - any store error: it no longer answers
-            return SenderFailed, (f"the sender's store no longer answers "
-                                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+            return self.failed, self._store_fails(exc)
         if count >= FAILED:
-            return SenderFailed, f"the sender marked version {self.version} failed"
+            return self.failed, self._marked()
         now = time.monotonic()
-        if count != self._seen:                      # the sender made a step
+        if count != self._seen:                      # the other side made a step
             self._seen, self._since = count, now
         elif now - self._since >= self.stall_s:
-            return SenderStalled, (f"no progress for {now - self._since:.1f} s (no bucket arrived and the sender, "
-                                   f"whose store still answers, made no step and did not mark the version failed: "
-                                   f"it hangs); if it is slow but healthy (a large bucket on a slow link, a long "
-                                   f"preparation before the first bucket), raise {self.stall_key} "
-                                   f"(now {self.stall_s:g} s)")
+            return self.stalled, self._stalled(now - self._since, count)
         return None
 
 
@@ -214,25 +224,18 @@ class ReceiverWatch(SenderWatch):
     doing, own_key = "sending", staticmethod(sync_key)
     then = "the version is marked failed; the next send forms the group again"
 
-    def _why(self) -> Optional[tuple[type, str]]:
-        store = store_of(self.comm)
-        if store is None:
-            return ReceiverFailed, "the group's store was let go"
-        try:
-            count = read_sync(store, self.version, recv_key)
-        except Exception as exc:  # noqa: BLE001 - any store error
-            return ReceiverFailed, f"the store fails ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
-        if count >= FAILED:
-            return ReceiverFailed, f"a receiver gave up on version {self.version}"
-        now = time.monotonic()
-        if count != self._seen:                      # a receiver made a step
-            self._seen, self._since = count, now
-        elif now - self._since >= self.stall_s:
-            return ReceiverStalled, (f"no progress for {now - self._since:.1f} s (this bucket did not complete and no "
-                                     f"receiver made a step ({count} so far) or gave up: one hangs, or died with "
-                                     f"its process left); if one is slow but healthy (a large bucket on a slow "
-                                     f"link), raise {self.stall_key} (now {self.stall_s:g} s)")
-        return None
+    watched_key, failed, stalled = staticmethod(recv_key), ReceiverFailed, ReceiverStalled
+
+    def _store_fails(self, exc: BaseException) -> str:
+        return f"the store fails ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+
+    def _marked(self) -> str:
+        return f"a receiver gave up on version {self.version}"
+
+    def _stalled(self, waited: float, count: int) -> str:
+        return (f"no progress for {waited:.1f} s (this bucket did not complete and no receiver made a step ({count} "
+                f"so far) or gave up: one hangs, or died with its process left); if one is slow but healthy (a large "
+                f"bucket on a slow link), raise {self.stall_key} (now {self.stall_s:g} s)")
 
 
 class WorkPending:

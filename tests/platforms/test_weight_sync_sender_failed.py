@@ -54,6 +54,27 @@ def _release_threads() -> list:
     return [t for t in threading.enumerate() if t.name == "asp-weight-sync-release"]
 
 
+def _wait_released() -> None:
+    """The aborted groups' release threads end within BOUND_S."""
+    t0 = time.monotonic()
+    while _release_threads() and time.monotonic() - t0 < BOUND_S:
+        time.sleep(0.05)
+    assert not _release_threads()
+
+
+def _next_version_arrives(ep, group, rx, buckets) -> None:
+    """Version 2 on the group formed again reaches both receivers bit-exact; then the sender drops."""
+    v2 = _named(2)
+    ths = rx.start(buckets, 2)
+    tx = BroadcastTransport(ep.comm(group), 16)
+    tx.send(tx.prepare(2, v2), v2)
+    _join(ths)
+    for r in (1, 2):
+        assert all(torch.equal(rx.got[2, r][n], t) for n, t in v2), r
+    del tx
+    ep.drop()
+
+
 class Receivers:
     """Rank 1: a BroadcastTransport over its own communicator (what the vLLM worker extension runs);
     rank 2: the MindSpeed-RL PushEndpoint. Each receives one version per :meth:`start` in a thread;
@@ -123,19 +144,8 @@ def test_a_failure_key_ends_the_receive_while_the_senders_connections_stay_open(
     assert _release_threads()                         # the aborted gloo groups wait to be released ...
     del tx
     ep.drop()                                         # ... until the sender's drop closes its connections
-    t0 = time.monotonic()
-    while _release_threads() and time.monotonic() - t0 < BOUND_S:
-        time.sleep(0.05)
-    assert not _release_threads()
-    v2 = _named(2)                                    # the next version, on the group formed again
-    ths = rx.start(buckets, 2)
-    tx = BroadcastTransport(ep.comm(group), 16)
-    tx.send(tx.prepare(2, v2), v2)
-    _join(ths)
-    for r in (1, 2):
-        got = rx.got[2, r]
-        assert all(torch.equal(got[n], t) for n, t in v2), r
-    ep.drop()
+    _wait_released()
+    _next_version_arrives(ep, group, rx, buckets)     # the next version, on the group formed again
 
 
 def test_the_success_path_is_bit_exact_and_asks_the_store_only_while_it_waits():
@@ -245,20 +255,9 @@ def test_a_sender_that_hangs_mid_sync_is_given_up_after_the_stall_timeout():
     gate.set()
     sender.join(BOUND_S)
     assert not sender.is_alive() and errors
-    t0 = time.monotonic()
-    while _release_threads() and time.monotonic() - t0 < BOUND_S:
-        time.sleep(0.05)
-    assert not _release_threads()
+    _wait_released()
     del tx
-    v2 = _named(2)                                    # the next version, on the group formed again
-    ths = rx.start(buckets, 2)
-    tx = BroadcastTransport(ep.comm(group), 16)
-    tx.send(tx.prepare(2, v2), v2)
-    _join(ths)
-    for r in (1, 2):
-        assert all(torch.equal(rx.got[2, r][n], t) for n, t in v2), r
-    del tx
-    ep.drop()
+    _next_version_arrives(ep, group, rx, buckets)     # the next version, on the group formed again
 
 
 def test_a_slow_sender_that_keeps_progressing_is_not_cut():
@@ -330,10 +329,7 @@ def test_a_store_that_goes_away_counts_as_a_failed_sender():
     assert isinstance(exc, SenderFailed) and "store no longer answers" in str(exc), exc
     assert "receiving version 1 stopped at bucket 1/3" in str(exc)
     close_communicator(sender)                        # the receiver's aborted group is released now
-    t0 = time.monotonic()
-    while _release_threads() and time.monotonic() - t0 < BOUND_S:
-        time.sleep(0.05)
-    assert not _release_threads()
+    _wait_released()
 
 
 def test_a_failed_send_marks_the_version_before_it_drops_the_group():
@@ -467,10 +463,7 @@ def test_a_receiver_that_hangs_mid_sync_ends_the_send_and_the_others_receives(he
     close_communicator(comms.pop(hung_rank))          # ... until the hung receiver's end closes (it dies)
     gate.set()
     ths[-1].join(BOUND_S)
-    t0 = time.monotonic()
-    while _release_threads() and time.monotonic() - t0 < BOUND_S:
-        time.sleep(0.05)
-    assert not _release_threads()
+    _wait_released()
     v2 = _named(2)                                    # the next version, on the next group
     ths = [threading.Thread(target=receive, args=(r, 2), daemon=True) for r in range(1, world)]
     for th in ths:
