@@ -28,8 +28,11 @@ class TrainerRank:
     """What AspIntegratedWorker does around get_infer_params(), with the shard made up locally."""
 
     def __init__(self, tp_index):
-        self.j, self.version = tp_index, 0
+        self.j, self.version, self.stalls = tp_index, 0, []
         self.ep = PushEndpoint("cpu")
+
+    def stall_timeouts(self):
+        return self.stalls
 
     def asp_weight_manifest(self, bucket_bytes):
         from asp_ascend.platforms.transport import plan_buckets, specs_of
@@ -38,10 +41,11 @@ class TrainerRank:
             return None
         return self.j, plan_buckets(specs_of(shard(self.j, 0)), bucket_bytes), ray.util.get_node_ip_address()
 
-    def asp_push_weights(self, version, base_port, num_instances, bucket_bytes):
+    def asp_push_weights(self, version, base_port, num_instances, bucket_bytes, stall_timeout_s):
+        self.stalls.append(stall_timeout_s)
         if self.j is not None:
             self.ep.send(shard(self.j, version), version, ray.util.get_node_ip_address(), base_port + self.j,
-                         1 + num_instances, bucket_bytes)
+                         1 + num_instances, bucket_bytes, stall_timeout_s)
         return self.j
 
 
@@ -122,6 +126,8 @@ def test_two_versions_reach_every_instance_tp_rank():
                     want = dict(shard(j, version))
                     assert list(got) == list(want)
                     assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
+        # the senders were given the configured stall timeout (not the 300 s default)
+        assert [ray.get(r.stall_timeouts.remote()) for r in trainer.handles] == [[60.0, 60.0]] * 3
     finally:
         ray.shutdown()
 

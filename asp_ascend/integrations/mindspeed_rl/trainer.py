@@ -228,8 +228,11 @@ def make_trainer_worker_class(engine_free: bool = True):
             self._asp_release()
             return out
 
-        def asp_push_weights(self, version: int, base_port: int, num_instances: int, bucket_bytes: int):
-            """Broadcast this rank's inference shard to TP rank j of every instance (senders only)."""
+        def asp_push_weights(self, version: int, base_port: int, num_instances: int, bucket_bytes: int,
+                             stall_timeout_s: Optional[float] = None):
+            """Broadcast this rank's inference shard to TP rank j of every instance (senders only); no
+            receiver progressing for ``stall_timeout_s`` (asp.weight_sync.stall_timeout_s) ends it."""
+            from ...platforms.recv_wait import STALL_S
             from .weight_push import PushEndpoint
 
             params = self._asp_params()
@@ -239,7 +242,8 @@ def make_trainer_worker_class(engine_free: bool = True):
                     device = int(ray.get_runtime_context().get_accelerator_ids()["NPU"][0])
                     self._asp_endpoint = PushEndpoint("npu", device)
                 self._asp_endpoint.send(params.items(), version, ray.util.get_node_ip_address(), base_port + j,
-                                        1 + num_instances, bucket_bytes)
+                                        1 + num_instances, bucket_bytes,
+                                        STALL_S if stall_timeout_s is None else stall_timeout_s)
             self._asp_release()
             return j
 

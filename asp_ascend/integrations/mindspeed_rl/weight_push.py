@@ -43,13 +43,16 @@ class PushEndpoint:
                                   stall_s=stall_s, stall_key=STALL_KEY)
 
     def send(self, named: Iterable[tuple[str, Any]], version: int, host: str, port: int, world: int,
-             bucket_bytes: int) -> int:
+             bucket_bytes: int, stall_s: float = STALL_S) -> int:
+        """Broadcast ``named`` as version ``version``; a receiver that gives up, or no receiver progressing
+        for ``stall_s`` seconds (``asp.weight_sync.stall_timeout_s``), ends it with
+        ``recv_wait.ReceiverFailed``. Returns how many tensors were sent."""
         named = list(named)
         # one group (generation 0): formed at the first version, kept until a version fails
         group = {"gen": 0, "host": host, "port": int(port), "world": int(world), "platform": self.platform_name}
 
         def broadcast(comm):
-            tx = self._transport(comm, bucket_bytes)
+            tx = self._transport(comm, bucket_bytes, stall_s)
             tx.send(tx.prepare(version, named), named)
 
         self._sender.send(group, broadcast, version)   # a failed version drops the group: the next forms it again
@@ -79,7 +82,8 @@ def weight_push_fn(actor_group, instances, base_port: int, bucket_bytes: int,
     ``actor_group.execute_sync_command(name, *args)`` runs a method on every trainer rank and
     returns their results (MindSpeed-RL's ``RayActorGroup``). Trainer ranks implement
     ``asp_weight_manifest(bucket_bytes) -> (j, buckets, ip) | None`` and
-    ``asp_push_weights(version, base_port, num_instances, bucket_bytes)``; instance ``r`` implements
+    ``asp_push_weights(version, base_port, num_instances, bucket_bytes, stall_timeout_s)`` (its sender's
+    ``PushEndpoint.send`` ``stall_s``); instance ``r`` implements
     ``receive_weights(manifests, version, base_port, rank=1 + r, world, stall_timeout_s) -> ObjectRef``
     with ``manifests[j] = (buckets, sender IP)`` (``stall_timeout_s``: ``PushEndpoint.recv``'s
     ``stall_s``). The manifest is asked once (names and shapes never change).
@@ -99,7 +103,8 @@ def weight_push_fn(actor_group, instances, base_port: int, bucket_bytes: int,
         world = 1 + len(instances)
         refs = [inst.receive_weights(dict(manifests), version, base_port, 1 + r, world, stall_timeout_s)
                 for r, inst in enumerate(instances)]
-        actor_group.execute_sync_command("asp_push_weights", version, base_port, len(instances), bucket_bytes)
+        actor_group.execute_sync_command("asp_push_weights", version, base_port, len(instances), bucket_bytes,
+                                         stall_timeout_s)
         ray.get(refs)
 
     return publish
