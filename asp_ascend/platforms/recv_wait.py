@@ -321,6 +321,29 @@ def wait_bucket(comm, pending, watch: SenderWatch, what: str) -> None:
     watch.arrived()
 
 
+class BucketSender:
+    """The sender's side of one version over ``comm``: its steps counted in the store
+    (:class:`SendProgress`, the first at once), each of its ``n`` buckets issued
+    (:func:`start_broadcast`) and awaited under a :class:`ReceiverWatch` (:func:`wait_bucket`).
+    :meth:`step` counts a step of the sender's own (e.g. a tensor gathered)."""
+
+    def __init__(self, comm, version: int, n: int, stall_s: float = STALL_S, stall_key: str = STALL_KEY,
+                 src: int = 0):
+        self.comm, self.n, self.src = comm, int(n), src
+        self.progress = SendProgress(comm, version)
+        self.progress.step()
+        self.watch = ReceiverWatch(comm, version, stall_s, stall_key)
+
+    def step(self) -> None:
+        self.progress.step()
+
+    def bucket(self, i: int, flat) -> None:
+        """Broadcast bucket ``i`` (0-based), ``flat``, and wait until it completed."""
+        pending = start_broadcast(self.comm, flat, self.src)
+        self.progress.step()
+        wait_bucket(self.comm, pending, self.watch, f"bucket {i + 1}/{self.n}")
+
+
 def abort_communicator(comm, pending=None) -> None:
     """Abort this end of the group while ``pending`` may still be in flight.
 

@@ -33,8 +33,7 @@ from typing import Any, Iterable, Iterator, Optional, Protocol, runtime_checkabl
 
 from ..errors import BackendMissingError, ConfigError
 from .communicators import Communicator
-from .recv_wait import (STALL_KEY, STALL_S, ReceiverWatch, RecvProgress, SendProgress, SenderWatch, start_broadcast,
-                        wait_bucket)
+from .recv_wait import STALL_KEY, STALL_S, BucketSender, RecvProgress, SenderWatch, start_broadcast, wait_bucket
 
 DEFAULT_BUCKET_BYTES = 1 << 30
 
@@ -212,15 +211,9 @@ class BroadcastTransport:
 
         by_name = dict(named_tensors)
         device = self.comm.device
-        progress = SendProgress(self.comm, ticket.version)
-        progress.step()
-        watch, n = ReceiverWatch(self.comm, ticket.version, self.stall_s, self.stall_key), len(ticket.buckets)
+        tx = BucketSender(self.comm, ticket.version, len(ticket.buckets), self.stall_s, self.stall_key, self.src)
         for i, b in enumerate(ticket.buckets):
-            flat = torch.cat([by_name[s.name].detach().reshape(-1).to(device) for s in b.tensors])
-            pending = start_broadcast(self.comm, flat, self.src)
-            progress.step()
-            wait_bucket(self.comm, pending, watch, f"bucket {i + 1}/{n}")
-            del pending
+            tx.bucket(i, torch.cat([by_name[s.name].detach().reshape(-1).to(device) for s in b.tensors]))
         if self.synchronize is not None:
             self.synchronize()
 

@@ -131,16 +131,14 @@ class HfPusher:
         receivers make no progress for ``stall_s`` seconds ends the push (``recv_wait.ReceiverStalled``)."""
         import torch
 
-        from ...platforms.recv_wait import ReceiverWatch, SendProgress, start_broadcast, wait_bucket
+        from ...platforms.recv_wait import BucketSender
 
         stream = self.stream(getattr(comm, "device", None) if self.role.sender else None)
         if not self.role.sender:
             for _ in stream:
                 pass
             return 0
-        progress = SendProgress(comm, version)
-        progress.step()
-        watch, n, sent = ReceiverWatch(comm, version, stall_s, STALL_KEY), len(self.buckets), 0
+        tx, sent = BucketSender(comm, version, len(self.buckets), stall_s, STALL_KEY), 0
         for i, b in enumerate(self.buckets):
             flat = torch.empty(b.numel, dtype=getattr(torch, b.dtype), device=comm.device)
             for spec in b.tensors:
@@ -150,11 +148,8 @@ class HfPusher:
                                        f"{spec.name} {tuple(spec.shape)}")
                 flat[spec.offset:spec.offset + spec.numel].copy_(t.reshape(-1))
                 sent += 1
-                progress.step()
-            pending = start_broadcast(comm, flat, 0)
-            progress.step()
-            wait_bucket(comm, pending, watch, f"bucket {i + 1}/{n}")
-            del pending
+                tx.step()
+            tx.bucket(i, flat)
         for extra in stream:
             raise RuntimeError(f"weight push: {extra[0]} is not in the bucket plan")
         if synchronize is not None:
