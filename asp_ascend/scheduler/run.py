@@ -41,7 +41,8 @@ class PlanInputs:
     group_max_factor: float = 1.0
     holdout: dict | None = None      # every predictor on the history's last epoch
     workload: object | None = None   # the experiment workload (lengths/workloads.Workload), if any
-    trust: float | None = None       # lengths/predictors.prediction_quality (1: exact; None: unknown)
+    trust: float | None = None       # lengths/predictors.prediction_quality (1: exact; None: unknown, or
+                                     # not measured: only scheduler.membership auto reads it)
 
 
 def _group_max_factor(spread: float, G: int) -> float:
@@ -52,9 +53,20 @@ def _group_max_factor(spread: float, G: int) -> float:
     return float(np.exp(spread * z - spread * spread / 2).max(axis=1).mean())
 
 
+def _trust(cfg, history: pd.DataFrame | None) -> float | None:
+    """lengths/predictors.prediction_quality of ``history`` for the configured predictor, measured only
+    where it is used (``scheduler.membership: auto``; stratified plans never read it)."""
+    if cfg.scheduler.membership != "auto":
+        return None
+    from ..lengths.predictors import prediction_quality
+
+    L = cfg.lengths
+    return prediction_quality(history, L.predictor, alpha=L.ema_alpha, q=L.quantile, prior=L.prior)
+
+
 def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -> PlanInputs:
     from ..lengths.history import load_history
-    from ..lengths.predictors import evaluate, predict_lengths, prediction_quality
+    from ..lengths.predictors import evaluate, predict_lengths
 
     L = cfg.lengths
     if history is None and L.path:
@@ -74,8 +86,7 @@ def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -
         hist = w.to_history(range(w.epochs - 1))
         pred = predict_lengths(hist, w.prompt_ids, w.prompt_length, L.predictor, alpha=L.ema_alpha,
                                q=L.quantile, prior=L.prior)
-        q, trust = evaluate(pred, truth), prediction_quality(hist, L.predictor, alpha=L.ema_alpha, q=L.quantile,
-                                                             prior=L.prior)
+        q, trust = evaluate(pred, truth), _trust(cfg, hist)
     return PlanInputs(w.prompt_ids, w.prompt_length.astype(np.float64), pred, truth, w.name, q,
                       _group_max_factor(w.group_spread, w.group_size), workload=w, trust=trust)
 
@@ -84,7 +95,7 @@ def _dataset_inputs(cfg, prompts, history: pd.DataFrame | None) -> PlanInputs:
     """Inputs of a real prompt set (``data.path``, the built-in task or ``prompts``). For
     ``data.path`` only ids and prompt lengths are read (data/prompt_index.py: no texts)."""
     from ..lengths.history import restrict_to
-    from ..lengths.predictors import evaluate, holdout_report, predict_lengths, prediction_quality
+    from ..lengths.predictors import evaluate, holdout_report, predict_lengths
 
     L = cfg.lengths
     if prompts is None and cfg.data.path:
@@ -111,7 +122,7 @@ def _dataset_inputs(cfg, prompts, history: pd.DataFrame | None) -> PlanInputs:
     else:
         pred = predict_lengths(history, positions, plen, L.predictor, alpha=L.ema_alpha, q=L.quantile,
                                prior=L.prior, default=min(256.0, L.max_response_length))
-        trust = prediction_quality(history, L.predictor, alpha=L.ema_alpha, q=L.quantile, prior=L.prior)
+        trust = _trust(cfg, history)
     q = evaluate(pred, truth) if truth is not None and L.predictor != "oracle" and history is not None else None
     holdout = None
     if history is not None and history["epoch"].nunique() >= 2:

@@ -169,7 +169,8 @@ def test_schedule_inputs_carry_the_predictions_trust():
 
     def trust(epochs, rho, predictor="mean"):
         cfg = load_config(None, ["workload.type=synthetic", "workload.num_prompts=2000", f"workload.epochs={epochs}",
-                                 f"workload.epoch_correlation={rho}", f"lengths.predictor={predictor}"])
+                                 f"workload.epoch_correlation={rho}", f"lengths.predictor={predictor}",
+                                 "scheduler.membership=auto"])
         return inputs_from_config(cfg).trust
 
     assert trust(3, 0.95) > 0.7 > 0.3 > trust(3, 0.0)
