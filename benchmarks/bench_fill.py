@@ -52,10 +52,10 @@ SYSTEMS = {"asp": ("asp", ASP_DEFAULTS),
 
 def _predicted(w, cfg) -> pd.Series:
     """Each prompt's predicted length as the simulator plans with it (previous-epoch predictions)."""
-    from asp_ascend.sim.run import _Predictions, epoch_split
+    from asp_ascend.sim.predictions import Predictions, epoch_split
 
     hist, sim = epoch_split(w, cfg.sim.epochs)
-    return pd.Series(_Predictions(w, cfg).predict(tuple(hist), sim[0]), index=[str(p) for p in w.prompt_ids])
+    return pd.Series(Predictions(w, cfg).predict(tuple(hist), sim[0]), index=[str(p) for p in w.prompt_ids])
 
 
 def probe_rows(res, pred: pd.Series, group_size: int, iterations=(0, 1)) -> list[dict]:

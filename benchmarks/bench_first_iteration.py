@@ -51,7 +51,8 @@ def draws(wl: str, a) -> dict:
     from asp_ascend.lengths.workloads import workload_from_config
     from asp_ascend.scheduler.planner import plan_columns
     from asp_ascend.scheduler.reestimate import group_max_factor
-    from asp_ascend.sim.run import _Predictions, costs_for, epoch_split, planning_cost, system_for
+    from asp_ascend.sim.predictions import Predictions, epoch_split
+    from asp_ascend.sim.run import costs_for, planning_cost, system_for
 
     out: dict = {}
     for ws in a.workload_seeds:
@@ -60,7 +61,7 @@ def draws(wl: str, a) -> dict:
         spec = system_for(cfg, "asp")
         costs = costs_for(cfg, spec)
         hist, sim = epoch_split(w, cfg.sim.epochs)
-        pred = _Predictions(w, cfg).predict(tuple(hist), sim[0])
+        pred = Predictions(w, cfg).predict(tuple(hist), sim[0])
         resp = w.samples(sim[0]).astype(float)
         plen = w.prompt_length.astype(float)
         solo = costs.instance.group_latency_exact(plen, resp)

@@ -86,7 +86,7 @@ def _plan(cfg, w, name: str = "asp"):
 
     spec = sr.system_for(cfg, name)
     costs = sr.costs_for(cfg, spec)
-    preds = sr._Predictions(w, cfg)
+    preds = sr.Predictions(w, cfg)
     spec = sr.with_admission_concurrency(cfg, spec, costs, w, preds)
     mech = sr.mechanisms_for(cfg, spec, costs, w)
     return sr.build_jobs(w, cfg, spec, sr.planning_cost(costs), preds, tail=mech.tail_concurrency,
@@ -95,10 +95,10 @@ def _plan(cfg, w, name: str = "asp"):
 
 def _epoch_inputs(cfg, w):
     """(predictions, oracle expected lengths, true samples) of the first simulated epoch, in workload order."""
-    from asp_ascend.sim.run import _Predictions, epoch_split
+    from asp_ascend.sim.predictions import Predictions, epoch_split
 
     hist, sim = epoch_split(w, cfg.sim.epochs)
-    return (_Predictions(w, cfg).predict(tuple(hist), sim[0]), w.mean_length[sim[0]].astype(float),
+    return (Predictions(w, cfg).predict(tuple(hist), sim[0]), w.mean_length[sim[0]].astype(float),
             w.samples(sim[0]).astype(float))
 
 

@@ -32,7 +32,7 @@ from .costs import SimCosts, check_kv_capacity, system_costs
 from .engine import Engine, SimJobs, SimTimeline, TrainerSpec
 from .mechanisms import SimMechanisms, tail_summary
 from .policies import SystemSpec, system_spec
-from .predictions import Predictions as _Predictions, epoch_split
+from .predictions import Predictions, epoch_split
 from .trainer import micro_batch_table, resolve_micro_batching
 
 log = logging.getLogger(__name__)
@@ -61,14 +61,14 @@ def stream_settings(cfg, policy: str) -> dict:
     return {"stream_groups": stream_groups_of(cfg, policy), "stream_start": str(cfg.pipeline.stream_groups_start)}
 
 
-def build_jobs(workload, cfg, spec: SystemSpec, cm, preds: _Predictions | None = None, *, tail="off",
+def build_jobs(workload, cfg, spec: SystemSpec, cm, preds: Predictions | None = None, *, tail="off",
                speculation=None) -> SimJobs:
     """Plan every simulated epoch with the spec's dispatch policy; attach true lengths.
     ``tail`` (``rollout.tail_concurrency``, asp only) gives each group its planned room."""
     from ..scheduler.planner import plan
     from ..scheduler.reestimate import group_max_factor
 
-    preds = preds or _Predictions(workload, cfg)
+    preds = preds or Predictions(workload, cfg)
     hist, sim = epoch_split(workload, cfg.sim.epochs)
     t = cfg.train
     frames, resp = [], []
@@ -139,7 +139,7 @@ def planning_cost(costs: SimCosts):
                    train_per_step=costs.train_per_step, sync_s=costs.sync_s)
 
 
-def with_admission_concurrency(cfg, spec: SystemSpec, costs: SimCosts, workload, preds: _Predictions) -> SystemSpec:
+def with_admission_concurrency(cfg, spec: SystemSpec, costs: SimCosts, workload, preds: Predictions) -> SystemSpec:
     """``spec`` with asp's admission concurrency (``scheduler.concurrency: auto``,
     scheduler/concurrency.py): the planner's choice from the first simulated epoch's predictions,
     as ``asp schedule`` makes it; other systems (and ``full``) keep ``rollout.max_num_seqs``."""
@@ -193,7 +193,7 @@ def mechanisms_for(cfg, spec: SystemSpec, costs: SimCosts, workload) -> SimMecha
 
 def simulate_system(cfg, workload, name: str, *, total_devices: int | None = None,
                     rollout_devices: int | None = None, record_samples: bool | None = None,
-                    preds: _Predictions | None = None, mismatch: Mismatch | None = None,
+                    preds: Predictions | None = None, mismatch: Mismatch | None = None,
                     fast_path: bool = True) -> SimResult:
     """Simulate system policy ``name`` on ``workload`` (DESIGN 6 summary entry + timeline);
     ``mismatch``: the instances' true costs differ from the planned ones; ``fast_path=False``
@@ -213,7 +213,7 @@ def simulate_system(cfg, workload, name: str, *, total_devices: int | None = Non
             gc.enable()
 
 
-def _planned(cfg, workload, spec: SystemSpec, preds: _Predictions):
+def _planned(cfg, workload, spec: SystemSpec, preds: Predictions):
     """(spec with asp's admission concurrency, costs, mechanisms, planned jobs) of a run."""
     costs = costs_for(cfg, spec)
     check_kv_capacity(cfg, costs.kv_capacity, workload.prompt_length)
@@ -232,7 +232,7 @@ def planned_tail_models(cfg, workload, name: str = "asp", *, total_devices: int 
     from ..scheduler.planner import plan_tail_model
     from ..scheduler.reestimate import group_max_factor
 
-    preds = _Predictions(workload, cfg)
+    preds = Predictions(workload, cfg)
     spec, costs, mech, jobs = _planned(cfg, workload, system_for(cfg, name, total_devices, rollout_devices), preds)
     hist, sim = epoch_split(workload, cfg.sim.epochs)
     index, models = pd.Index(workload.prompt_ids), []
@@ -254,7 +254,7 @@ def _simulate(cfg, workload, name: str, *, total_devices, rollout_devices, recor
     t0 = time.perf_counter()
     spec = system_for(cfg, name, total_devices, rollout_devices)
     engine_seqs = spec.max_num_seqs            # what the engine could run (the lower bound's peak)
-    spec, costs, mech, jobs = _planned(cfg, workload, spec, preds or _Predictions(workload, cfg))
+    spec, costs, mech, jobs = _planned(cfg, workload, spec, preds or Predictions(workload, cfg))
     if record_samples is None:
         record_samples = jobs.resp.size <= TIMELINE_AUTO_LIMIT
     tr = TrainerSpec(costs.train_per_token, costs.train_per_step, costs.sync_s, cfg.train.micro_batch_size,
@@ -316,7 +316,7 @@ def run_points(cfg, workload, names, out: Path, *, total_devices=None, rollout_d
     from ..io import write_json_atomic
     from ..report.decisions import decisions_title, tail_decisions
 
-    preds = _Predictions(workload, cfg)
+    preds = Predictions(workload, cfg)
     summary, setup, views = {}, {}, {}
     mode = cfg.sim.write_timeline
     hist, sim = epoch_split(workload, cfg.sim.epochs)
