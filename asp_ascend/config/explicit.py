@@ -142,7 +142,28 @@ def _no_effect(cfg: Config, key: str, why: str, fix: str) -> str:
     return f"{key}: {value_of(cfg, key)!r} has no effect: {why}; {fix}, or remove {key}"
 
 
+# With data.path set the workload of every command is that file's prompts (lengths/workloads.py:
+# asp schedule and asp train plan them, asp simulate simulates them with the lengths of lengths.path,
+# each group's samples spread around its prompt's mean as a history's): workload.type history reads the
+# same, and only group_spread of the workload.* keys is read.
+DATASET_KEYS = ("group_spread",)
+
+
+def _dataset_workload(cfg: Config, given: set[str], p: list[str]) -> None:
+    why = ("data.path is set, and its prompts are the workload of every command (asp schedule and asp train plan "
+           "them, asp simulate simulates them with the lengths of lengths.path)")
+    for f in dataclasses.fields(cfg.workload):
+        key = f"workload.{f.name}"
+        if key not in given or f.name in DATASET_KEYS or (f.name == "type" and cfg.workload.type == "history"):
+            continue
+        p.append(_no_effect(cfg, key, why, "remove data.path (data.path=null) to use the experiment workload "
+                                                 "of workload.type"))
+
+
 def _workload(cfg: Config, given: set[str], p: list[str]) -> None:
+    if cfg.data.path:
+        _dataset_workload(cfg, given, p)
+        return
     wt = cfg.workload.type
     what = _WORKLOAD_WHAT[wt] if "workload.type" in given else f"the default: {_WORKLOAD_WHAT[wt]}"
     for f in dataclasses.fields(cfg.workload):
@@ -153,6 +174,18 @@ def _workload(cfg: Config, given: set[str], p: list[str]) -> None:
         hint = " (the built-in task's prompt count is data.synthetic.num_prompts)" if f.name == "num_prompts" else ""
         p.append(_no_effect(cfg, key, f"only workload.type {types} reads it, and workload.type is {wt} ({what})",
                             f"set workload.type: {types}{hint if wt == 'task' else ''}"))
+
+
+def trained_workload_problem(cfg: Config, trainer: str, trains: str, prefix: str = "") -> str | None:
+    """The problem line of an experiment workload (``workload.type`` synthetic, trace or history) given to
+    a training run, which trains ``trains`` and plans those prompts: only asp schedule and asp
+    simulate build an experiment workload. ``prefix``: how the bridge's YAML names our keys."""
+    wt = cfg.workload.type
+    if wt == "task":
+        return None
+    return (f"{prefix}workload.type: {wt!r} has no effect in {trainer}, which trains and plans {trains}: an "
+            f"experiment workload ({_WORKLOAD_WHAT[wt]}) is only planned and simulated (asp schedule, asp simulate); "
+            f"remove {prefix}workload.type to train")
 
 
 # ---------------------------------------------------------------------------------------------

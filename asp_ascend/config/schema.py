@@ -32,7 +32,9 @@ class SyntheticTaskConfig:
 
 @dataclass
 class DataConfig:
-    path: Optional[str] = _f(None, "prompts file (JSONL or parquet); absent -> built-in synthetic task")
+    path: Optional[str] = _f(None, "prompts file (JSONL or parquet); absent -> built-in synthetic task. Set, it is the "
+                             "workload of every command (asp simulate takes its lengths from lengths.path) and the "
+                             "workload.* keys but group_spread are refused")
     prompt_key: str = _f("prompt", "column/field holding the prompt text")
     id_key: str = _f("id", "column/field holding a stable prompt id (row index if absent)")
     answer_key: str = _f("answer", "column/field holding the reference answer (for rewards)")
@@ -69,7 +71,8 @@ class LengthsConfig:
 class WorkloadConfig:
     """Length workloads for experiments (`asp schedule`/`asp simulate` without a real dataset)."""
     type: str = _f("task", "where lengths come from when data.path is absent: task (the built-in task's known "
-                   "lengths), synthetic (heavy-tailed generator), trace (a length table), history (lengths.path); each "
+                   "lengths), synthetic (heavy-tailed generator), trace (a length table), history (lengths.path); "
+                   "asp schedule and asp simulate only (asp train trains data.path or the built-in task); each "
                    "workload.* key names the types that read it, and set with another type it is an error "
                    "(docs/simulator.md, \"Keys a mode ignores\")",
                    choices=("task", "synthetic", "trace", "history"))

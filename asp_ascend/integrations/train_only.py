@@ -4,7 +4,12 @@ from __future__ import annotations
 
 def train_only_problems(cfg, framework: str) -> list[str]:
     """The ``asp.*`` keys of ``cfg`` set to something only ``asp train`` can do under ``framework``."""
+    from ..config import trained_workload_problem
+
     problems = []
+    wl = trained_workload_problem(cfg, f"a {framework} run", f"{framework}'s own training dataset", "asp.")
+    if wl:
+        problems.append(wl)
     if cfg.pipeline.stream_groups == "on":   # auto: off here (the bridges stream nothing)
         problems.append(f"asp.pipeline.stream_groups: true is not supported with {framework} (its actor update "
                         "takes a whole mini-batch; only asp train streams groups into its trainer); set "

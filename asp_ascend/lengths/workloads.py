@@ -19,12 +19,16 @@ Model (both kinds):
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from ..errors import DataError
+from ..errors import ConfigError, DataError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -104,7 +108,6 @@ def synthetic_workload(w, group_size: int, max_response_length: int, seed: int =
 def trace_workload(w, group_size: int, max_response_length: int, seed: int = 0) -> Workload:
     """Trace-driven workload: per-prompt mean lengths resampled from a length table."""
     from .history import read_table, validate_lengths
-    from pathlib import Path
 
     path = Path(w.trace_path)
     df = read_table(path)
@@ -146,10 +149,46 @@ def history_workload(history: pd.DataFrame, group_size: int, max_response_length
     return Workload(ids, pl, means, group_size, group_spread, max_response_length, seed, "history")
 
 
+def dataset_workload(cfg) -> Workload:
+    """The prompts of ``data.path`` (ids and prompt lengths as ``asp schedule`` reads them) with the
+    per-epoch mean lengths of the history ``lengths.path`` (:func:`history_workload`). A prompt of the
+    file without any row in the history has no length to simulate: left out, with a warning naming
+    the count; history rows of other prompts are skipped (``restrict_to`` warns)."""
+    from ..data.prompt_index import read_prompt_index
+    from .history import load_history, restrict_to
+
+    d, L = cfg.data, cfg.lengths
+    if not L.path:
+        raise ConfigError([dataset_needs_lengths(cfg)])
+    ids, plen = read_prompt_index(d.path, d.prompt_key, d.id_key)
+    hist = restrict_to(load_history(L.path, L.max_response_length), ids, str(L.path))
+    by_id = pd.Series(np.asarray(plen, dtype=np.int64), index=pd.Index(np.asarray(ids, dtype=object).astype(str)))
+    hist["prompt_length"] = by_id.reindex(hist["prompt_id"].astype(str)).to_numpy(dtype=float)
+    w = history_workload(hist, cfg.train.group_size, L.max_response_length, cfg.seed, cfg.workload.group_spread)
+    missing = len(ids) - w.num_prompts
+    if missing:
+        log.warning("%s: %d of the %d prompts of data.path have no row in lengths.path=%s, so no length to simulate: "
+                    "left out of the workload", d.path, missing, len(ids), L.path)
+    w.name = f"{Path(d.path).name} with lengths of {Path(L.path).name}"
+    return w
+
+
+def dataset_needs_lengths(cfg) -> str:
+    """The problem line of a simulation of ``data.path`` without ``lengths.path``."""
+    return (f"data.path: {cfg.data.path!r} is the workload (its prompts are what every command plans and trains), and "
+            "asp simulate needs their response lengths, which a prompts file does not hold; set lengths.path to the "
+            "length history of these prompts (a run's lengths.parquet), or remove data.path (data.path=null) to "
+            "simulate the experiment workload of workload.type")
+
+
 def workload_from_config(cfg) -> Workload:
-    """The workload ``cfg.workload`` describes (``type: task`` uses the built-in task's known lengths)."""
+    """The workload the config describes, by one rule for every command: ``data.path`` set, the
+    prompts of that file (:func:`dataset_workload`, whatever ``workload.type``); otherwise the
+    experiment workload ``cfg.workload`` (``type: task`` uses the built-in task's known lengths)."""
     w = cfg.workload
     G, M = cfg.train.group_size, cfg.lengths.max_response_length
+    if cfg.data.path:
+        return dataset_workload(cfg)
     if w.type == "synthetic":
         return synthetic_workload(w, G, M, cfg.seed)
     if w.type == "trace":
@@ -160,10 +199,7 @@ def workload_from_config(cfg) -> Workload:
         return history_workload(load_history(cfg.lengths.path, M), G, M, cfg.seed, w.group_spread)
     from ..data.datasets import prompts_from_config
 
-    train, _ = prompts_from_config(cfg)
-    if train.known_lengths is None:
-        raise DataError("workload.type=task needs prompts with known answer lengths (the built-in synthetic task); "
-                        "use workload.type=history with lengths.path for a real dataset")
+    train, _ = prompts_from_config(cfg)      # no data.path: the built-in task, whose answer lengths are known
     means = np.repeat(train.known_lengths[None, :].astype(np.float32), w.epochs, axis=0)
     return Workload(np.asarray(train.ids, dtype=object), train.prompt_lengths.astype(np.int32), means, G, 0.0, M,
                     cfg.seed, "task")

@@ -54,6 +54,7 @@ def run_train(cfg, overrides: list[str] | None = None) -> int:
 
     ``overrides``: the command line's ``key=value`` list; on ``resume=true`` the keys it leaves
     out keep the run's saved values (None: every key of ``cfg`` counts as given)."""
+    from ..config import trained_workload_problem
     from ..data.datasets import prompts_from_config
     from ..data.rewards import get_reward_fn
     from ..io import check_output_dir
@@ -70,6 +71,9 @@ def run_train(cfg, overrides: list[str] | None = None) -> int:
         resume = find_resume(Path(cfg.output_dir))
         attempt = resolve_resume(cfg, overrides)  # the saved config + the changes allowed
         cfg = attempt.cfg
+    wl = trained_workload_problem(cfg, "asp train", "the prompts of data.path (without it, the built-in task)")
+    if wl:
+        raise ConfigError([wl])
     check_backends()
     settings = ExecutionSettings.from_config(cfg)  # k after the sync rule, slots, shared queue: once, here
     train, ev = prompts_from_config(cfg)

@@ -8,6 +8,9 @@ Where the prompts and their lengths come from:
   are known, so the schedule is planned on the truth unless a history is given);
   ``synthetic``/``trace``/``history`` = experiment workloads whose epochs 0..E-2 are the
   history and whose last epoch is the truth the schedule is judged against.
+One rule for every command (lengths/workloads.workload_from_config: ``asp simulate`` simulates
+``data.path``'s prompts with the lengths of ``lengths.path``); a ``workload.*`` key set with
+``data.path`` is refused when the config loads (config/explicit.py).
 """
 from __future__ import annotations
 

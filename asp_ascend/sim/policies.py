@@ -96,8 +96,9 @@ def system_spec(name: str, *, total_devices: int, rollout_devices: int, infer_tp
 
 def check_points(cfg, names: list[str]) -> None:
     """Every simulated point (the main one, each ``sim.sweep_devices`` and
-    ``sim.sweep_rollout_devices`` entry) is valid, checked before any output is written;
-    ConfigError naming the key the user set and every problem at once."""
+    ``sim.sweep_rollout_devices`` entry) is valid, and a ``data.path`` workload has its lengths
+    (``lengths.path``), checked before any output is written; ConfigError naming the key the user
+    set and every problem at once."""
     s = cfg.sim
     tp, D, Dr = int(s.infer_tp), int(s.total_devices), int(s.rollout_devices)
     p: list[str] = []
@@ -124,5 +125,9 @@ def check_points(cfg, names: list[str]) -> None:
         if not isinstance(v, int) or isinstance(v, bool) or not tp <= v < D or (tp >= 1 and v % tp):
             p.append(f"sim.sweep_rollout_devices: {v!r} must be a multiple of sim.infer_tp={tp} between {tp} and "
                      f"sim.total_devices-1={D - 1}")
+    if cfg.data.path and not cfg.lengths.path:   # the workload is data.path's prompts (lengths/workloads.py)
+        from ..lengths.workloads import dataset_needs_lengths
+
+        p.append(dataset_needs_lengths(cfg))
     if p:
         raise ConfigError(p)
