@@ -160,11 +160,33 @@ def _dataset_workload(cfg: Config, given: set[str], p: list[str]) -> None:
                                                  "of workload.type"))
 
 
+def _synthetic_tail(cfg: Config, given: set[str], p: list[str]) -> None:
+    """Synthetic keys that the mix leaves unread: the tail's with no tail (tail_fraction 0) or a tail
+    wholly clipped at the generation cap, the body's with no body (tail_fraction 1)."""
+    w, M = cfg.workload, cfg.lengths.max_response_length
+    if w.tail_fraction == 0:
+        dead, why, fix = ("tail_alpha", "tail_scale"), "workload.tail_fraction is 0 (no prompt is drawn from the " \
+                                                       "tail)", "set workload.tail_fraction above 0"
+    elif w.tail_fraction == 1:
+        dead, why, fix = ("body_median", "body_sigma"), "workload.tail_fraction is 1 (every prompt is drawn from " \
+                                                         "the tail)", "set workload.tail_fraction below 1"
+    elif w.tail_scale >= M:
+        dead = ("tail_alpha",)
+        why = (f"every tail length (workload.tail_scale={w.tail_scale:g} tokens and up) is at or above "
+               f"lengths.max_response_length={M} and clipped to it, whatever the tail's shape")
+        fix = f"set workload.tail_scale below {M} or raise lengths.max_response_length"
+    else:
+        return
+    p.extend(_no_effect(cfg, f"workload.{k}", why, fix) for k in dead if f"workload.{k}" in given)
+
+
 def _workload(cfg: Config, given: set[str], p: list[str]) -> None:
     if cfg.data.path:
         _dataset_workload(cfg, given, p)
         return
     wt = cfg.workload.type
+    if wt == "synthetic":
+        _synthetic_tail(cfg, given, p)
     what = _WORKLOAD_WHAT[wt] if "workload.type" in given else f"the default: {_WORKLOAD_WHAT[wt]}"
     for f in dataclasses.fields(cfg.workload):
         key = f"workload.{f.name}"

@@ -181,6 +181,18 @@ def dataset_needs_lengths(cfg) -> str:
             "simulate the experiment workload of workload.type")
 
 
+def clipped_tail(cfg) -> str | None:
+    """A note when the synthetic workload's Pareto tail lies wholly at or above the generation cap:
+    every tail prompt's length is then the cap itself, whatever ``workload.tail_alpha``."""
+    w, M = cfg.workload, cfg.lengths.max_response_length
+    if cfg.data.path or w.type != "synthetic" or w.tail_fraction <= 0 or w.tail_scale < M:
+        return None
+    return (f"the synthetic tail (workload.tail_scale={w.tail_scale:g} tokens and up) lies at or above "
+            f"lengths.max_response_length={M}: its {w.tail_fraction:.0%} of prompts are clipped to exactly {M} tokens "
+            f"and workload.tail_alpha has no effect; set workload.tail_scale below {M} or raise "
+            "lengths.max_response_length for a heavy tail")
+
+
 def workload_from_config(cfg) -> Workload:
     """The workload the config describes, by one rule for every command: ``data.path`` set, the
     prompts of that file (:func:`dataset_workload`, whatever ``workload.type``); otherwise the
@@ -190,6 +202,9 @@ def workload_from_config(cfg) -> Workload:
     if cfg.data.path:
         return dataset_workload(cfg)
     if w.type == "synthetic":
+        note = clipped_tail(cfg)
+        if note:
+            log.warning("%s", note)
         return synthetic_workload(w, G, M, cfg.seed)
     if w.type == "trace":
         return trace_workload(w, G, M, cfg.seed)
