@@ -4,12 +4,14 @@
                                                [--set scheduler.concentrate_tail=0.02 ...]
     python benchmarks/bench_tail.py robustness [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
                                                [--set pipeline.regroup=off] [--cells 'a, b, c x10' ...] [--floor | --chain]
+                                               [--chain --combo-only 'CHANGE + CHANGE ...']
     python benchmarks/bench_tail.py seed       [--devices 128] [--set pipeline.regroup_heavy=off]
     python benchmarks/bench_tail.py breakdown  [--devices 128] [--per-iteration] [--plan-seeds 0 1 2]
     python benchmarks/bench_tail.py speed      [--prompts 100000] [--policies asp asp_partial ...] [--set KEY=VALUE ...]
     python benchmarks/bench_tail.py admission  [--devices 32 64] [--prompts N]
     python benchmarks/bench_tail.py reestimate [--data DIR] [--prompts N] [--devices 32 64]
     python benchmarks/bench_tail.py bound      [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2] [--set ...]
+                                               [--combo-only 'CHANGE + CHANGE ...']
     python benchmarks/bench_tail.py sweep      [--data DIR] [--prompts N] [--devices 32 64] [--plan-seeds 0 1 2]
                                                [--workloads reasoning ...] [--set KEY=VALUE ...] [--more]
                                                [--combos N [--combo-seed S] | --combo-only 'CHANGE + CHANGE ...']
@@ -42,7 +44,9 @@ the mean over the planner seeds. ``robustness --chain``: instead of the grid, pe
 seed asp's defaults and fifo (run once) beside the publish floor of their own iterations on the
 cell's true costs (``metrics/floor.publish_floor``, as ``bound``), how far above it they run, and
 that floor over random orders of the same iterations (``publish_floor_orders``; p5 / p50 / p95 and
-the share of orders whose floor is below fifo's iteration time). ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices
+the share of orders whose floor is below fifo's iteration time); ``--chain --combo-only 'LABEL'``: the same on that
+combination of sweep's changes (``sweep --combos``'s cell, run as sweep runs it) instead of the grid, its floors on the
+combination's true costs (an unplanned-cost change's). ``seed``: configs/sim_7b.yaml and sim_32b.yaml at 128 devices
 (asp as those configs run it: guided dispatch, re-estimation, ``scheduler.concurrency: auto``, and
 regroup with its heaviest-first take, ``pipeline.regroup`` and ``pipeline.regroup_heavy: auto``;
 ``--set KEY=VALUE ...`` adds overrides).
@@ -85,7 +89,8 @@ iterations and ``lower_bound_ratio``, the publish floor of the run's iterations
 (``metrics/floor.publish_floor``: the trainer's busy time and each iteration's longest group alone
 within its k + 1 periods together, for the system's iteration membership) / iterations, and the
 room each bound leaves below fifo (1 - bound / fifo's iteration time): where it is under the
-target's 11 %, no dispatch order or mini-batch choice on that membership reaches the target.
+target's 11 %, no dispatch order or mini-batch choice on that membership reaches the target. ``bound --combo-only
+'LABEL'``: the same on that combination of sweep's changes (as sweep runs the cell), floors on its true costs.
 ``sweep``: asp's defaults on settings they were not tuned on: per workload and device count, from
 the ablation's setup one thing changed at a time (``SWEEP_KEYS``: the synthetic generator's tail,
 body and correlations, the within-group spread, epoch correlation and drift, G, k, the generation
@@ -163,7 +168,8 @@ def main(argv=None) -> int:
                          "at random (reproducibly: --combo-seed)")
     ap.add_argument("--combo-seed", type=int, default=0, metavar="S", help="sweep --combos: the draws' seed (default 0)")
     ap.add_argument("--combo-only", default=None, metavar="LABEL",
-                    help="sweep: only this combination (a --combos cell's label as printed, changes joined by ' + ')")
+                    help="sweep: only this combination (a --combos cell's label as printed, changes joined by ' + '); "
+                         "robustness --chain, bound: on this combination instead of the grid / the ablation's setup")
     ap.add_argument("--per-iteration", action="store_true", help="breakdown: also print every iteration's row")
     ap.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                     help="breakdown, seed: config overrides on top of the seed setup (e.g. lengths.predictor=oracle, "
@@ -185,9 +191,14 @@ def main(argv=None) -> int:
         ap.error(f"--more applies to sweep only, not to {args.what}")
     if args.cells and args.what not in ("robustness", "reestimate"):
         ap.error(f"--cells applies to robustness and reestimate only, not to {args.what}")
-    if (args.combos is not None or args.combo_only) and (args.what != "sweep" or args.more):
-        ap.error(f"--combos / --combo-only apply to sweep only, without --more (got {args.what}"
-                 f"{' --more' if args.more else ''})")
+    if args.combos is not None and (args.what != "sweep" or args.more):
+        ap.error(f"--combos applies to sweep only, without --more (got {args.what}{' --more' if args.more else ''})")
+    if args.combo_only and not ((args.what == "sweep" and not args.more) or args.what == "bound"
+                                or (args.what == "robustness" and args.chain)):
+        ap.error(f"--combo-only applies to sweep (without --more), robustness --chain and bound only (got {args.what}"
+                 f"{' --more' if args.more else ''}{' --floor' if args.floor else ''})")
+    if args.combo_only and args.cells:
+        ap.error("--combo-only and --cells: give one of them (--combo-only is the cell)")
     if args.combos is not None and args.combos < 1:
         ap.error(f"--combos {args.combos}: give a count of 1 or more")
     if args.combos is not None and args.combo_only:

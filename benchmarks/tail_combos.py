@@ -1,7 +1,8 @@
 """bench_tail.py's ``sweep --combos N`` (its docstring documents it): settings changed several at a
 time. Each cell is a reproducible random combination of 2-4 of the single changes that ``sweep`` and
 ``sweep --more`` make one at a time (``combo_pool``), run with sweep's rows and printed in its table,
-its label the changes joined by `` + `` (``--combo-only LABEL`` reruns that one combination)."""
+its label the changes joined by `` + `` (``--combo-only LABEL`` reruns that one combination; robustness
+--chain and bound take it too: ``combo_cells``)."""
 from __future__ import annotations
 
 import random
@@ -109,17 +110,57 @@ def combo_cell(wl: str, data, prompts: int, D: int, changes: list):
     return SEP.join(c[0] for c in changes), overrides, mm
 
 
+def checked_combo(args) -> None:
+    """SystemExit naming the workload and device count where ``args.combo_only`` does not parse, before
+    anything runs (every workload's pool must name it)."""
+    for D in args.devices:
+        for wl in args.workloads:
+            try:
+                parse_combo(args.combo_only, combo_pool(wl, args.data, args.prompts, D))
+            except ValueError as e:
+                raise SystemExit(f"bench_tail.py {args.what}: {e} (workload {wl}, {D} devices)") from None
+
+
+def combo_cells(args, workloads_outer: bool = False):
+    """(devices, workload, label, run, true cost) of the combination ``args.combo_only`` on every
+    --devices and --workloads (device counts outer unless ``workloads_outer``), run as sweep runs its
+    cell (``sweep_run``: the workload built from the cell, the row's overrides, then --set, then the
+    combination's): ``run(policy, overrides, seed)`` -> (SimResult, config), ``true cost(result)``
+    the instances' true cost model (the unplanned-cost change's Mismatch; None: the planned ones).
+    For ``robustness --chain`` and ``bound``, whose floors are priced on the true costs; a config the
+    combination makes that the check refuses is a SystemExit naming it."""
+    from asp_ascend.errors import ConfigError
+    from tail_common import set_overrides
+    from tail_sweep import sweep_run
+
+    checked_combo(args)
+    extra = set_overrides(args.set)
+    cells = ([(D, wl) for wl in args.workloads for D in args.devices] if workloads_outer
+             else [(D, wl) for D in args.devices for wl in args.workloads])
+    for D, wl in cells:
+        label, over, mm = combo_cell(wl, args.data, args.prompts, D,
+                                     parse_combo(args.combo_only, combo_pool(wl, args.data, args.prompts, D)))
+        try:
+            over_ = over()
+        except ConfigError as e:
+            raise SystemExit(f"bench_tail.py {args.what} --combo-only {label!r}: the config it makes on {wl} at {D} "
+                             f"devices is refused: {'; '.join(e.problems)}") from None
+        run = sweep_run(wl, args.data, args.prompts, D, over_, mm, extra)
+
+        def sim(name, o, s, run=run):
+            return run(name, o, s, result=True)
+
+        def cost(res, mm=mm):
+            return mm.cost(res.costs.instance) if mm is not None else None
+        yield D, wl, label, sim, cost
+
+
 def combo_sweep(args) -> None:
     """sweep's table on ``args.combos`` combinations per workload and device count (or the one
     ``args.combo_only`` names), then the draws skipped."""
     notes = []
     if args.combo_only:
-        for D in args.devices:      # every workload's pool must name it before anything runs
-            for wl in args.workloads:
-                try:
-                    parse_combo(args.combo_only, combo_pool(wl, args.data, args.prompts, D))
-                except ValueError as e:
-                    raise SystemExit(f"bench_tail.py sweep: {e} (workload {wl}, {D} devices)") from None
+        checked_combo(args)
     print(f"sweep --combos {args.combos} --combo-seed {args.combo_seed}: each cell 2-4 changes of sweep's two lists "
           f"together, drawn per workload and device count; rerun one with --combo-only 'LABEL'" if not args.combo_only
           else f"sweep --combo-only {args.combo_only!r}")

@@ -88,7 +88,7 @@ def chain_inputs(res, cfg, cost=None):
     return b, terms, busy, floor, float(terms["shortest"].iloc[0])
 
 
-def bound_terms(res, cfg) -> dict:
+def bound_terms(res, cfg, cost=None) -> dict:
     """Per iteration of one simulated run (seconds): the iteration time; the trainer's busy time
     (its optimizer steps plus the weight syncs: a trainer that never waited would take this), its
     idle time before its first step (the pipeline fill) and after it; the means of the LB_i terms
@@ -96,10 +96,11 @@ def bound_terms(res, cfg) -> dict:
     iterations (the summary's ``lower_bound_ratio``'s denominator); and ``chain``: the last publish
     ``metrics.floor.publish_floor`` allows these iterations / iterations (the trainer's busy time,
     each iteration's longest group alone plus its sync within k + 1 periods, the shortest group of
-    iteration 0 alone before the first step)."""
+    iteration 0 alone before the first step). ``cost``: the instances' true cost model where it
+    differs from the planned one (a ``--combo-only`` cell's unplanned-cost change)."""
     from asp_ascend.metrics.floor import publish_floor
 
-    b, terms, busy, floor, shortest = chain_inputs(res, cfg)
+    b, terms, busy, floor, shortest = chain_inputs(res, cfg, cost)
     tl, sm = res.timeline, res.summary
     st = tl.frame("step")
     n, W = sm["iterations"], sm["run_time_s"]
@@ -112,14 +113,31 @@ def bound_terms(res, cfg) -> dict:
             "lb": W / sm["lower_bound_ratio"] / n, "ratio": sm["lower_bound_ratio"], "chain": chain / n}
 
 
+def _bound_cells(args):
+    """(devices, workload, run(policy, overrides, seed) -> (SimResult, config), the true cost model of
+    a result or None) of bound, workloads outer: the ablation's setup, or with ``--combo-only`` that
+    combination of sweep's changes on it (tail_combos.combo_cells)."""
+    import functools
+
+    if args.combo_only:
+        from tail_combos import combo_cells
+
+        for D, wl, _label, run, cost in combo_cells(args, workloads_outer=True):
+            yield D, wl, run, cost
+        return
+    for D, wl, run in plan_seed_cells(args, workloads_outer=True):
+        yield D, wl, functools.partial(run, result=True), lambda res: None
+
+
 def bound(args) -> None:
     """How far any schedule could go below fifo (bench_tail.py's docstring): per workload and system, the
     trainer's busy time, sum LB_i and the publish floor beside the iteration time, each as room left
     vs fifo."""
-    import functools
-
     import numpy as np
 
+    if args.combo_only:
+        print(f"bound --combo-only {args.combo_only!r}: the ablation's setup with these changes (as sweep --combos "
+              f"runs the cell; floors on its true costs)")
     print(f"planner seeds {', '.join(map(str, args.plan_seeds))}: means over them ({' and '.join(SEED_FREE)} run "
           f"once; the publish floor's room also min .. max); seconds per iteration; room left = 1 - bound / fifo's "
           f"iteration time\n")
@@ -127,11 +145,11 @@ def bound(args) -> None:
                "trainer idle: fill / after it (s) | LB_i terms: decode work / trainer / longest alone / (k+1) (s) | "
                "sum LB_i / iterations (s) | lower_bound_ratio | publish floor / iterations (s) | "
                "room left vs fifo: trainer busy / sum LB_i / publish floor |")
-    for D, wl, run in plan_seed_cells(args, workloads_outer=True):
-        res = seed_runs(functools.partial(run, result=True), args.plan_seeds, BOUND_ROWS)
+    for D, wl, run, true_cost in _bound_cells(args):
+        res = seed_runs(run, args.plan_seeds, BOUND_ROWS)
         fifo = None
         for label, name, _over in BOUND_ROWS:
-            terms = [bound_terms(*r) for r in res[label]]
+            terms = [bound_terms(*r, true_cost(r[0])) for r in res[label]]
             t = {k: float(np.mean([x[k] for x in terms])) for k in terms[0]}
             fifo = fifo or t["time"]
             room = [100 * (1 - x["chain"] / fifo) for x in terms]

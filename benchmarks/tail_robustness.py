@@ -150,13 +150,28 @@ def robustness_floor(args) -> None:
 CHAIN_ORDERS = 2000     # random orders of a plan's iterations per run (robustness --chain)
 
 
+def _chain_cells(args):
+    """(devices, workload, cell label, run(policy, overrides, seed) -> (SimResult, config), the true
+    cost model of a result) of robustness --chain: the grid's cells, or with ``--combo-only`` that
+    combination of sweep's changes (tail_combos.combo_cells)."""
+    if args.combo_only:
+        from tail_combos import combo_cells
+
+        yield from combo_cells(args)
+        return
+    for D, wl, label, it in _grid(args):
+        yield (D, wl, label, lambda name, over, s, it=it: it.run(name, over, s, it.mismatch, result=True),
+               lambda res, it=it: it.mismatch.cost(res.costs.instance))
+
+
 def robustness_chain(args) -> None:
     """Per robustness cell and planner seed: asp's defaults and fifo beside the publish floor of
     their own iterations on the cell's true costs (``metrics/floor.publish_floor``: no dispatch
     order or mini-batch choice on those iterations publishes earlier), and that floor over
     CHAIN_ORDERS random orders of the same iterations (``publish_floor_orders``): what the order
     of the iterations alone decides, and how often an order of them would leave room to beat
-    fifo's iteration time."""
+    fifo's iteration time. ``--combo-only LABEL``: on that combination of sweep's changes instead of
+    the grid (``_chain_cells``)."""
     import numpy as np
 
     from asp_ascend.metrics.floor import publish_floor, publish_floor_orders
@@ -164,17 +179,18 @@ def robustness_chain(args) -> None:
     print(f"planner seeds {', '.join(map(str, args.plan_seeds))} (workload built with seed 0); seconds per "
           f"iteration; floors on the cell's true costs; {CHAIN_ORDERS} random orders of each run's iterations "
           f"(numpy seed 0)\n")
-    table_head("| workload | devices | true costs (plan: configured) | system | planner seed | iter. time (s) | "
+    cell = "cell (sweep --combos' changes)" if args.combo_only else "true costs (plan: configured)"
+    table_head(f"| workload | devices | {cell} | system | planner seed | iter. time (s) | "
                "vs fifo | publish floor of its iterations (s) | above its floor | floor over random orders of its "
                "iterations: p5 / p50 / p95 (s) | orders whose floor is below fifo's iteration time |")
-    for D, wl, label, it in _grid(args):
+    for D, wl, label, run, true_cost in _chain_cells(args):
         fifo = None
         for key, name, over in sorted(ROBUST_ROWS, key=lambda r: r[0] != "fifo"):     # fifo first
             if key == "balanced":
                 continue
             for s in (args.plan_seeds[:1] if name in SEED_FREE else args.plan_seeds):
-                res, cfg = it.run(name, over, s, it.mismatch, result=True)
-                _, _, busy, floor, shortest = chain_inputs(res, cfg, it.mismatch.cost(res.costs.instance))
+                res, cfg = run(name, over, s)
+                _, _, busy, floor, shortest = chain_inputs(res, cfg, true_cost(res))
                 n, k = busy.size, cfg.pipeline.lag_bound
                 t = res.summary["iteration_time_mean"]
                 fifo = fifo or t

@@ -153,7 +153,7 @@ def test_combo_only_runs_one_row_and_a_refused_config_is_a_row(capsys):
 
 
 def test_combos_options_are_checked(capsys):
-    for argv, msg in [(["ablation", "--combos", "3"], "apply to sweep only"),
+    for argv, msg in [(["ablation", "--combos", "3"], "--combos applies to sweep only"),
                       (["sweep", "--more", "--combos", "3"], "without --more"),
                       (["sweep", "--combos", "0"], "a count of 1 or more"),
                       (["sweep", "--combos", "2", "--combo-only", "a + b"], "give one of them"),
