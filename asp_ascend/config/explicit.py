@@ -156,8 +156,8 @@ def _dataset_workload(cfg: Config, given: set[str], p: list[str]) -> None:
         key = f"workload.{f.name}"
         if key not in given or f.name in DATASET_KEYS or (f.name == "type" and cfg.workload.type == "history"):
             continue
-        p.append(_no_effect(cfg, key, why, "remove data.path (data.path=null) to use the experiment workload "
-                                                 "of workload.type"))
+        p.append(_no_effect(cfg, key, why, "remove data.path (data.path=null) to use the experiment workload of "
+                                           "workload.type"))
 
 
 def _synthetic_tail(cfg: Config, given: set[str], p: list[str]) -> None:
