@@ -21,7 +21,15 @@ def membership_options(cfg: Config) -> dict:
     caller that plans)."""
     s = cfg.scheduler
     return {"membership": s.membership, "concentrate_tail": s.concentrate_tail, "relieve_first": s.relieve_first, "fill_first": s.fill_first,
+            "gather_top": s.gather_top,
             "pull_forward": s.pull_forward}
+
+
+def reads_forecasts(cfg: Config) -> bool:
+    """Does an asp plan of ``cfg`` read the history's record of how its forecasts came true
+    (``lengths.predictors.forecast_record``)? ``scheduler.membership: auto`` and ``scheduler.gather_top``
+    draw lengths from it; other plans never do, so their callers need not measure it."""
+    return cfg.scheduler.membership == "auto" or cfg.scheduler.gather_top > 0
 
 
 def _on_for(mode: str, policy: str) -> bool:

@@ -315,6 +315,14 @@ class SchedulerConfig:
                                  "B: m (P - 1) / B <= this), chosen where it lowers the predicted publish floor "
                                  "(metrics/floor.publish_floor); 0 (default) = off: one group of each length stratum per "
                                  "iteration (docs/scheduler.md, \"Gathering the longest groups\")")
+    gather_top: float = _f(0.02, "asp: the most an iteration's predicted-length CDF may move (KS) when the top strata are "
+                           "dealt in predicted-length order (the s = this x B predicted-longest strata: the s longest "
+                           "groups to one iteration, the next s to another, ...) instead of one group of each to every "
+                           "iteration by load: with lag bound k an iteration publishes only after its longest group, and "
+                           "the longest groups of iterations more than k apart add up, so spreading the predicted-longest "
+                           "groups one per iteration spreads the true ones as far as the predictions rank them; dealt in "
+                           "order they gather, and where the predictions rank nothing the deal is a random membership "
+                           "like fifo's; 0 = off (scheduler/membership.py; docs/scheduler.md, \"Two epochs of history\")")
     relieve_first: float = _f(0.02, "asp: the most the run's first iteration's predicted-length CDF may move (KS) when it "
                               "gives its predicted-longest groups to later iterations for groups of the next strata "
                               "(m of B strata: m / B <= this), m the smallest reaching the shortest predicted longest "

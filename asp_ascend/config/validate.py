@@ -263,6 +263,9 @@ def _validate_tail_keys(cfg: Config, p: list[str]) -> None:
     if not 0.0 <= cfg.scheduler.concentrate_tail < 0.5:
         p.append(f"scheduler.concentrate_tail: {cfg.scheduler.concentrate_tail} must be in [0, 0.5) (the KS an "
                  f"iteration's predicted lengths may move; 0 = off); use e.g. scheduler.concentrate_tail=0.02")
+    if not 0.0 <= cfg.scheduler.gather_top < 0.5:
+        p.append(f"scheduler.gather_top: {cfg.scheduler.gather_top} must be in [0, 0.5) (the KS an iteration's "
+                 f"predicted lengths may move; 0 = off); use e.g. scheduler.gather_top=0.02")
     if not 0.0 <= cfg.scheduler.relieve_first < 0.5:
         p.append(f"scheduler.relieve_first: {cfg.scheduler.relieve_first} must be in [0, 0.5) (the KS iteration 0's "
                  f"predicted lengths may move; 0 = off); use e.g. scheduler.relieve_first=0.02")

@@ -13,6 +13,8 @@ A prediction is the expected per-sample response length of a prompt's group.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -118,6 +120,56 @@ def holdout_report(history: pd.DataFrame, prompt_lengths: pd.Series | None = Non
 TOP_SHARE, TOP_SHARE_MIN = 0.1, 8     # prediction_quality's top: the tenth predicted longest, at least 8
 
 
+@dataclass(frozen=True)
+class ForecastRecord:
+    """How ``method`` forecast the history's last epoch from the epochs before it, per prompt: the
+    forecast, the outcome (that epoch's mean length) and ``prediction_quality`` of the two. The
+    planner draws lengths from it (scheduler/concentrate.drawn_from_record): a group forecast at some
+    rank of an epoch takes the outcome / forecast ratio of a history prompt forecast at a similar rank,
+    so the draws carry what the history shows, e.g. the longest forecasts falling back towards the
+    median, and the longest sample of a group against its forecast mean (what an iteration's floor
+    is). ``exact`` (the oracle) reads forecast == outcome, longest unknown."""
+    forecast: np.ndarray
+    outcome: np.ndarray
+    quality: float
+    longest: np.ndarray | None = None   # that epoch's longest sample per prompt (None: unknown)
+
+    @classmethod
+    def exact(cls, lengths) -> "ForecastRecord":
+        x = np.asarray(lengths, dtype=float)
+        return cls(x, x, 1.0)
+
+
+def forecast_record(history: pd.DataFrame | None, method: str = "mean", *, alpha: float = 0.5, q: float = 0.5,
+                    prior: str = "regression") -> ForecastRecord | None:
+    """``method``'s forecast of the history's last epoch from the epochs before it and that epoch's
+    per-prompt means, with their ``prediction_quality``; None below two epochs (one epoch shows how a
+    group's samples spread, not how a prompt's length persists to the next epoch)."""
+    if history is None or history.empty:
+        return None
+    epochs = np.sort(history["epoch"].unique())
+    if epochs.size < 2:
+        return None
+    last = history[history["epoch"] == epochs[-1]].groupby("prompt_id")["response_length"]
+    test = last.mean()
+    ids = test.index.to_numpy()
+    pl = (history.groupby("prompt_id")["prompt_length"].first().reindex(ids).to_numpy(float)
+          if "prompt_length" in history.columns else None)
+    pred = predict_lengths(history[history["epoch"] < epochs[-1]], ids, pl, method, alpha=alpha, q=q, prior=prior)
+    outcome = test.to_numpy(float)
+    return ForecastRecord(pred, outcome, _quality(pred, outcome), last.max().reindex(ids).to_numpy(float))
+
+
+def _quality(pred: np.ndarray, outcome: np.ndarray) -> float:
+    a, b = np.log(np.maximum(pred, 1.0)), np.log(np.maximum(outcome, 1.0))
+    if a.size < 2 or a.std() == 0 or b.std() == 0:
+        return 0.0
+    top = np.argsort(-a, kind="stable")[:max(TOP_SHARE_MIN, int(a.size * TOP_SHARE))]
+    excess = a[top].mean() - a.mean()
+    kept = (b[top].mean() - b.mean()) / excess if excess > 0 else 1.0
+    return float(np.clip(min(np.corrcoef(a, b)[0, 1], kept), 0.0, 1.0))
+
+
 def prediction_quality(history: pd.DataFrame | None, method: str = "mean", *, alpha: float = 0.5, q: float = 0.5,
                        prior: str = "regression") -> float | None:
     """How well ``method`` predicts a prompt's next epoch, measured on the history itself: the
@@ -129,20 +181,5 @@ def prediction_quality(history: pd.DataFrame | None, method: str = "mean", *, al
     history has fewer than two epochs: one epoch shows how its samples spread, not how a prompt's
     length persists to the next epoch. With one earlier epoch this measures a one-epoch predictor,
     which the full history's prediction is at least as good as (a pessimistic figure)."""
-    if history is None or history.empty:
-        return None
-    epochs = np.sort(history["epoch"].unique())
-    if epochs.size < 2:
-        return None
-    test = history[history["epoch"] == epochs[-1]].groupby("prompt_id")["response_length"].mean()
-    ids = test.index.to_numpy()
-    pl = (history.groupby("prompt_id")["prompt_length"].first().reindex(ids).to_numpy(float)
-          if "prompt_length" in history.columns else None)
-    pred = predict_lengths(history[history["epoch"] < epochs[-1]], ids, pl, method, alpha=alpha, q=q, prior=prior)
-    a, b = np.log(np.maximum(pred, 1.0)), np.log(np.maximum(test.to_numpy(float), 1.0))
-    if a.size < 2 or a.std() == 0 or b.std() == 0:
-        return 0.0
-    top = np.argsort(-a, kind="stable")[:max(TOP_SHARE_MIN, int(a.size * TOP_SHARE))]
-    excess = a[top].mean() - a.mean()
-    kept = (b[top].mean() - b.mean()) / excess if excess > 0 else 1.0
-    return float(np.clip(min(np.corrcoef(a, b)[0, 1], kept), 0.0, 1.0))
+    rec = forecast_record(history, method, alpha=alpha, q=q, prior=prior)
+    return None if rec is None else rec.quality

@@ -50,7 +50,7 @@ def replanner(cfg, train, k: int, out: Path, first):
                   num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=k,
                   cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0),
                                              prefix_block=prefix_block_of(cfg)), epoch=epoch,
-                  iteration_offset=offset, seed=cfg.seed, prediction_quality=inp.trust,
+                  iteration_offset=offset, seed=cfg.seed, forecasts=inp.trust,
                   **membership_options(cfg))
         frames.append(df)
         write_parquet_atomic(out / "schedule.parquet", pd.concat(frames, ignore_index=True),

@@ -124,6 +124,34 @@ def drawn_lengths(pred: np.ndarray, quality: float | None, draws: int = 64, seed
     return np.exp(x.mean() + r * (x - x.mean()) + np.sqrt(1.0 - r * r) * x.std() * eps)
 
 
+RECORD_NEIGHBOURS, RECORD_NEIGHBOURS_MIN = 0.02, 8   # drawn_from_record: the history prompts of a similar forecast rank
+
+
+def drawn_from_record(pred: np.ndarray, record, draws: int = 64, seed: int = 0):
+    """(means, longest), each (draws, groups): lengths drawn from the history's own forecasts and
+    outcomes (``record``, a ``lengths.predictors.ForecastRecord``). Each group, forecast at rank quantile
+    u of ``pred``, takes a history prompt drawn among the ``RECORD_NEIGHBOURS`` (at least
+    ``RECORD_NEIGHBOURS_MIN``) whose forecasts rank nearest u in the record: its mean is its forecast x
+    that prompt's outcome / forecast, its longest sample its forecast x that prompt's longest sample /
+    forecast (None where the record has no longest samples: the caller prices the mean's). Where the
+    history's longest forecasts fell back towards the median, the drawn top does too; where it ranked
+    well, the draws stay near the predictions; the exact record (the oracle) gives them back."""
+    x = np.asarray(pred, dtype=float)
+    f = np.maximum(np.asarray(record.forecast, dtype=float), 1.0)
+    by_f = np.argsort(f, kind="stable")                           # the record by ascending forecast
+    ratio = (np.maximum(np.asarray(record.outcome, dtype=float), 1.0) / f)[by_f]
+    n_h = ratio.size
+    K = min(n_h, max(RECORD_NEIGHBOURS_MIN, int(round(RECORD_NEIGHBOURS * n_h))))
+    u = np.empty(x.size)
+    u[np.argsort(x, kind="stable")] = np.arange(x.size) / max(x.size - 1, 1)
+    lo = np.clip(np.round(u * (n_h - 1)).astype(np.int64) - K // 2, 0, n_h - K)
+    pick = lo[None, :] + np.random.default_rng(seed).integers(0, K, size=(draws, x.size))
+    longest = None
+    if record.longest is not None:
+        longest = x[None, :] * (np.maximum(np.asarray(record.longest, dtype=float), 1.0) / f)[by_f][pick]
+    return x[None, :] * ratio[pick], longest
+
+
 def lower_chain(today, other, views, *, m_mb: int, k: int, cost: CostModel, n_iter: int) -> np.ndarray:
     """``other`` (a membership of the same groups, e.g. the dataset order's) where its publish chain
     (``publish_chain``) is at least ``MIN_CONCENTRATE_GAIN`` below ``today``'s in every one of ``views``,

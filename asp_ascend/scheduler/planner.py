@@ -43,9 +43,10 @@ import numpy as np
 import pandas as pd
 
 from ..config.schema import SchedulerConfig
-from .concentrate import concentrate_tail, drawn_lengths, lower_chain
+from .concentrate import concentrate_tail, drawn_from_record, drawn_lengths, lower_chain
 from . import first_iteration
 from .cost import CostModel
+from .membership import asp_iterations, gathered_strata, iteration_sizes, lightest_floor_first
 
 POLICIES = ("asp", "fifo", "random", "sorted", "balanced")
 
@@ -59,13 +60,6 @@ BASELINE_ORDER = {
 }
 assert set(BASELINE_ORDER) == set(POLICIES) - {"asp"}
 SHARED_QUEUE = {"fifo": True, "random": True, "sorted": True, "balanced": False, "asp": False}
-
-
-def iteration_sizes(n: int, global_batch: int) -> np.ndarray:
-    """Sizes of the iterations of an epoch of ``n`` prompts: all ``global_batch`` except a
-    smaller last one holding the remainder (never dropped)."""
-    full, rem = divmod(n, global_batch)
-    return np.array([global_batch] * full + ([rem] if rem else []), dtype=np.int64)
 
 
 def _desc_order(values: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -82,59 +76,6 @@ def _rank_of(order: np.ndarray) -> np.ndarray:
     rank = np.empty_like(order)
     rank[order] = np.arange(order.shape[0])
     return rank
-
-
-def _stratified_iterations(order: np.ndarray, work: np.ndarray, B: int, rng: np.random.Generator) -> np.ndarray:
-    """Iteration of each prompt: one prompt per length stratum per iteration, equal work.
-    ``order``: prompts by descending predicted length."""
-    n = order.shape[0]
-    sizes = iteration_sizes(n, B)
-    n_iter = sizes.size
-    rem = n % B
-    # strata: B groups of consecutive lengths (longest first); the partial last iteration
-    # takes `rem` strata spread evenly over the length range.
-    takes_last = np.zeros(B, dtype=bool)
-    if rem:
-        takes_last[np.floor((np.arange(rem) + 0.5) * B / rem).astype(np.int64)] = True
-    stratum_size = np.where(takes_last, n_iter, n_iter - (1 if rem else 0))
-    if not rem:
-        stratum_size[:] = n_iter
-    bounds = np.concatenate([[0], np.cumsum(stratum_size)])
-    iteration = np.empty(n, dtype=np.int64)
-    load = rng.random(n_iter) * 1e-9  # seeded tie-break between equal loads
-    full_iters = np.arange(n_iter - (1 if rem else 0))
-    all_iters = np.arange(n_iter)
-    for t in range(B):
-        members = order[bounds[t]:bounds[t + 1]]  # longest first
-        eligible = all_iters if takes_last[t] or not rem else full_iters
-        target = eligible[np.argsort(load[eligible], kind="stable")]
-        iteration[members] = target
-        load[target] += work[members]
-    if rem:
-        # keep the partial iteration last; shuffle the order of the full ones
-        perm = np.concatenate([rng.permutation(n_iter - 1), [n_iter - 1]])
-    else:
-        perm = rng.permutation(n_iter)
-    return perm[iteration]
-
-
-def _lightest_floor_first(iteration: np.ndarray, latency: np.ndarray, n_iter: int, partial_last: bool) -> np.ndarray:
-    """Swap the iteration whose longest group has the shortest predicted latency into the first
-    place (a partial last iteration stays last). The first iteration fills the pipeline: no
-    earlier iteration's training overlaps its generation, so its longest group is paid in full,
-    while later iterations hide theirs behind the trainer (the stratified iterations all carry
-    one group of the top length stratum; which one comes first is otherwise a seeded draw)."""
-    full = n_iter - (1 if partial_last else 0)
-    if full < 2:
-        return iteration
-    floor = np.zeros(n_iter)
-    np.maximum.at(floor, iteration, latency)
-    j = int(np.argmin(floor[:full]))
-    if j == 0:
-        return iteration
-    out = iteration.copy()
-    out[iteration == 0], out[iteration == j] = j, 0
-    return out
 
 
 def _place(iteration: np.ndarray, pick_rank: np.ndarray, work: np.ndarray, R: int, n_iter: int,
@@ -224,6 +165,8 @@ TAIL_WEIGHT = 0.5
 # scheduler.relieve_first's default, whose one home is config/schema.py: the KS iteration 0's predicted
 # lengths may move when it gives its predicted-longest groups to later iterations (scheduler/first_iteration.py)
 RELIEVE_FIRST = SchedulerConfig.relieve_first
+# scheduler.gather_top's default, whose one home is config/schema.py (scheduler/membership.py)
+GATHER_TOP = SchedulerConfig.gather_top
 
 
 def tail_aware_load(work: np.ndarray, solo_latency: np.ndarray) -> np.ndarray:
@@ -261,22 +204,45 @@ def pull_forward_windows(lat: np.ndarray, period: float, k: int, rule: str = PUL
     raise ValueError(f"unknown scheduler.pull_forward {rule!r}; valid: {', '.join(PULL_FORWARD_RULES)}")
 
 
+def _chain_views(pred, plen, *, G, cost: CostModel, group_max_factor, max_len, forecasts, quality):
+    """The views of the publish chain the membership's choices compare (``concentrate.lower_chain``):
+    the predictions, and lengths drawn from the history's own forecasts and outcomes (``forecasts``,
+    ``drawn_from_record``) or, given only a ``quality``, around the predictions as good as it says
+    (``drawn_lengths``); None where neither is known or the predictions rank nothing (quality 0)."""
+    q = forecasts.quality if forecasts is not None else quality
+    if not q or q <= 0:
+        return None
+    cap = np.inf if max_len is None else max_len
+    if forecasts is not None:
+        means, longest = drawn_from_record(pred, forecasts)
+    else:
+        means, longest = drawn_lengths(pred, q), None
+    if longest is None:
+        longest = means * group_max_factor
+    return [[(cost.group_latency(plen, np.minimum(pred * group_max_factor, cap), G), G * (plen + pred))],
+            [(cost.group_latency(plen, np.minimum(L, cap), G), G * (plen + p)) for p, L in zip(means, longest)]]
+
+
 def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_iter, tail, group_max_factor,
               speculation=None, max_len=None, concentrate=0.0, relief=0.0, fill_first=False,
-              pull_forward=PULL_FORWARD, membership="stratified", prediction_quality=None):
+              pull_forward=PULL_FORWARD, membership="stratified", prediction_quality=None, gather_top=0.0,
+              forecasts=None):
     """(iteration, mini_batch, instance, dispatch_order, room) of the ASP schedule."""
     n = pred.shape[0]
     by_len = _desc_order(pred, rng)
     len_rank = _rank_of(by_len)
     lat = cost.group_latency(plen, pred, G)
-    iteration = _lightest_floor_first(_stratified_iterations(by_len, work, B, rng), lat, n_iter, n % B != 0)
     # the floor is a group's longest sample: its mean x group_max_factor, capped
     longest = np.minimum(pred * group_max_factor, np.inf if max_len is None else max_len)
-    if membership == "auto" and (prediction_quality or 0) > 0:    # opt-in: the dataset order's iterations (fifo's)
-        # if their chain is 1 % lower on the predictions and on lengths drawn as the predictions' quality allows
-        dataset = _lightest_floor_first(np.arange(n) // B, lat, n_iter, n % B != 0)
-        views = [[(cost.group_latency(plen, np.minimum(p * group_max_factor, max_len or np.inf), G), G * (plen + p))
-                  for p in ps] for ps in ([pred], drawn_lengths(pred, prediction_quality))]
+    views = None    # drawn only where a choice reads them (each draw is a pass over the epoch)
+    if membership == "auto" or gathered_strata(gather_top, B):
+        views = _chain_views(pred, plen, G=G, cost=cost, group_max_factor=group_max_factor, max_len=max_len,
+                             forecasts=forecasts, quality=prediction_quality)
+    iteration = asp_iterations(by_len, work, B, rng, latency=lat, views=views, m_mb=m, k=k, cost=cost, n_iter=n_iter,
+                               gather_top=gather_top)
+    if membership == "auto" and views is not None:    # opt-in: the dataset order's iterations (fifo's)
+        # if their chain is 1 % lower on the predictions and on lengths drawn as the history says they come true
+        dataset = lightest_floor_first(np.arange(n) // B, lat, n_iter, n % B != 0)
         iteration = lower_chain(iteration, dataset, views, m_mb=m, k=k, cost=cost, n_iter=n_iter)
     if concentrate > 0 and k >= 0:
         iteration = concentrate_tail(iteration, by_len, cost.group_latency(plen, longest, G), G * (plen + pred),
@@ -397,7 +363,8 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
          max_response_length: float | None = None, concentrate_tail: float = 0.0,
          relieve_first: float = RELIEVE_FIRST, fill_first: bool = True,
          pull_forward: str = PULL_FORWARD, membership: str = "stratified",
-         prediction_quality: float | None = None) -> pd.DataFrame:
+         prediction_quality: float | None = None, gather_top: float = GATHER_TOP,
+         forecasts=None) -> pd.DataFrame:
     """One epoch's schedule (DESIGN 6 columns plus ``room``). Deterministic for ``seed`` and ``epoch``.
 
     ``tail`` (asp; ``rollout.tail_concurrency``): ``off``, ``auto`` or a number of sequences;
@@ -410,7 +377,9 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
     (``pull_forward_windows``); ``membership`` (``scheduler.membership``) asp's iterations: stratified,
     or (``auto``) stratified unless the dataset order's have a lower publish chain (``lower_chain``) on the
     predictions and on lengths drawn around them as good as ``prediction_quality`` says (``drawn_lengths``;
-    lengths/predictors.prediction_quality; None, unknown: auto keeps stratified)."""
+    lengths/predictors.prediction_quality; None, unknown: auto keeps stratified); ``gather_top``
+    (``scheduler.gather_top``) the KS the top strata may move an iteration's predicted lengths when they are
+    dealt in predicted-length order (scheduler/membership.py)."""
     cols = plan_columns(predicted_length, prompt_lengths, policy=policy, group_size=group_size,
                         global_batch_size=global_batch_size, mini_batch_size=mini_batch_size,
                         num_instances=num_instances, max_num_seqs=max_num_seqs, lag_bound=lag_bound, cost=cost,
@@ -418,7 +387,8 @@ def plan(prompt_ids, predicted_length, prompt_lengths=None, *, policy: str = "as
                         group_max_factor=group_max_factor, speculation=speculation,
                         max_response_length=max_response_length, concentrate_tail=concentrate_tail,
                         relieve_first=relieve_first, fill_first=fill_first, pull_forward=pull_forward,
-                        membership=membership, prediction_quality=prediction_quality)
+                        membership=membership, prediction_quality=prediction_quality, gather_top=gather_top,
+                        forecasts=forecasts)
     return schedule_frame(cols, prompt_ids)
 
 
@@ -439,7 +409,8 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
                  speculation=None, max_response_length: float | None = None,
                  concentrate_tail: float = 0.0, relieve_first: float = RELIEVE_FIRST,
                  fill_first: bool = True, pull_forward: str = PULL_FORWARD,
-                 membership: str = "stratified", prediction_quality: float | None = None) -> dict[str, np.ndarray]:
+                 membership: str = "stratified", prediction_quality: float | None = None,
+                 gather_top: float = GATHER_TOP, forecasts=None) -> dict[str, np.ndarray]:
     """``plan`` as numpy columns, one row per prompt in input order, without the prompt ids
     (building a string column costs more than planning the baselines of a report)."""
     from ..config import parse_tail_concurrency
@@ -476,7 +447,8 @@ def plan_columns(predicted_length, prompt_lengths=None, *, policy: str = "asp", 
             # only the run's first iteration fills the pipeline: a later epoch's first iteration follows
             # the previous epoch's last one (scheduler/first_iteration.py)
             relief=relieve_first if iteration_offset == 0 else 0.0, fill_first=fill_first and iteration_offset == 0,
-            pull_forward=pull_forward, membership=membership, prediction_quality=prediction_quality)
+            pull_forward=pull_forward, membership=membership, prediction_quality=prediction_quality,
+            gather_top=gather_top, forecasts=forecasts)
     else:
         order = BASELINE_ORDER[policy](pred, rng)
         position = np.empty(n, dtype=np.int64)

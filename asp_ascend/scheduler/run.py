@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import membership_options, prefix_block_of, regroup_of, stream_groups_of
+from ..config import membership_options, prefix_block_of, reads_forecasts, regroup_of, stream_groups_of
 from ..errors import ConfigError, DataError
 from .cost import CostModel
 from .estimate import estimate
@@ -44,8 +44,8 @@ class PlanInputs:
     group_max_factor: float = 1.0
     holdout: dict | None = None      # every predictor on the history's last epoch
     workload: object | None = None   # the experiment workload (lengths/workloads.Workload), if any
-    trust: float | None = None       # lengths/predictors.prediction_quality (1: exact; None: unknown, or
-                                     # not measured: only scheduler.membership auto reads it)
+    trust: object | None = None      # lengths/predictors.ForecastRecord (exact for the oracle; None: unknown, or
+                                     # not measured: only config.reads_forecasts plans read it)
 
 
 def _group_max_factor(spread: float, G: int) -> float:
@@ -56,15 +56,22 @@ def _group_max_factor(spread: float, G: int) -> float:
     return float(np.exp(spread * z - spread * spread / 2).max(axis=1).mean())
 
 
-def _trust(cfg, history: pd.DataFrame | None) -> float | None:
-    """lengths/predictors.prediction_quality of ``history`` for the configured predictor, measured only
-    where it is used (``scheduler.membership: auto``; stratified plans never read it)."""
-    if cfg.scheduler.membership != "auto":
+def _trust(cfg, history: pd.DataFrame | None):
+    """lengths/predictors.forecast_record of ``history`` for the configured predictor, measured only
+    where it is read (``config.reads_forecasts``: ``scheduler.membership: auto``, ``scheduler.gather_top``)."""
+    if not reads_forecasts(cfg):
         return None
-    from ..lengths.predictors import prediction_quality
+    from ..lengths.predictors import forecast_record
 
     L = cfg.lengths
-    return prediction_quality(history, L.predictor, alpha=L.ema_alpha, q=L.quantile, prior=L.prior)
+    return forecast_record(history, L.predictor, alpha=L.ema_alpha, q=L.quantile, prior=L.prior)
+
+
+def _exact(cfg, lengths):
+    """The oracle's record (its forecasts are the outcomes), where a plan reads one."""
+    from ..lengths.predictors import ForecastRecord
+
+    return ForecastRecord.exact(lengths) if reads_forecasts(cfg) else None
 
 
 def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -> PlanInputs:
@@ -82,7 +89,7 @@ def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -
     w = workload_from_config(cfg)
     truth = w.mean_length[-1].astype(np.float64)
     if L.predictor == "oracle" or w.epochs < 2:
-        pred, q, trust = truth.copy(), None, 1.0
+        pred, q, trust = truth.copy(), None, _exact(cfg, truth)
         if w.epochs < 2 and L.predictor != "oracle":
             log.warning("workload has one epoch: no history to predict from, planning on the truth")
     else:
@@ -121,7 +128,7 @@ def _dataset_inputs(cfg, prompts, history: pd.DataFrame | None) -> PlanInputs:
         if truth is None:
             raise ConfigError(["lengths.predictor: 'oracle' needs known lengths (the built-in task or an "
                                "experiment workload); use mean, ema, quantile or regression"])
-        pred, trust = truth.copy(), 1.0
+        pred, trust = truth.copy(), _exact(cfg, truth)
     else:
         pred = predict_lengths(history, positions, plen, L.predictor, alpha=L.ema_alpha, q=L.quantile,
                                prior=L.prior, default=min(256.0, L.max_response_length))
@@ -162,7 +169,7 @@ def plan_epoch_columns(cfg, inp: PlanInputs, policy: str | None = None, epochs: 
                             num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=lag_bound_of(cfg),
                             cost=cost, epoch=e, iteration_offset=offset, seed=cfg.seed, tail=r.tail_concurrency,
                             group_max_factor=inp.group_max_factor, max_response_length=cfg.lengths.max_response_length,
-                            prediction_quality=inp.trust, **membership_options(cfg))
+                            forecasts=inp.trust, **membership_options(cfg))
         offset = int(cols["iteration"].max()) + 1
         parts.append(cols)
     return parts[0] if len(parts) == 1 else {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}

@@ -13,7 +13,7 @@ class Predictions:
         self.w = workload
         self.cfg = cfg
         self._hist: dict[int, pd.DataFrame] = {}
-        self._pred: dict[tuple, np.ndarray] = {}
+        self._pred: dict[tuple, object] = {}
 
     def history(self, epochs) -> pd.DataFrame | None:
         if not epochs:
@@ -35,6 +35,21 @@ class Predictions:
                 self.history(list(hist_epochs)), self.w.prompt_ids, self.w.prompt_length, L.predictor,
                 alpha=L.ema_alpha, q=L.quantile, prior=L.prior,
                 default=min(256.0, L.max_response_length)), L.max_response_length)
+        return self._pred[key]
+
+    def forecasts(self, hist_epochs: tuple, target_epoch: int):
+        """The history's record of how its forecasts came true (``lengths.predictors.ForecastRecord``:
+        ``scheduler.membership: auto`` and ``scheduler.gather_top`` draw from it): exact for the oracle,
+        None below two history epochs (cached)."""
+        from ..lengths.predictors import ForecastRecord, forecast_record
+
+        L = self.cfg.lengths
+        if L.predictor == "oracle":
+            return ForecastRecord.exact(self.w.mean_length[target_epoch])
+        key = ("record",) + tuple(hist_epochs)
+        if key not in self._pred:
+            self._pred[key] = forecast_record(self.history(list(hist_epochs)), L.predictor, alpha=L.ema_alpha,
+                                              q=L.quantile, prior=L.prior)
         return self._pred[key]
 
     def quality(self, hist_epochs: tuple) -> float | None:

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import membership_options, prefix_block_of, regroup_heavy_of, regroup_of, stream_groups_of
+from ..config import (membership_options, prefix_block_of, reads_forecasts, regroup_heavy_of, regroup_of,
+                      stream_groups_of)
 from ..errors import AspError
 from ..metrics import summarize
 from .bounds import lower_bounds
@@ -84,7 +85,7 @@ def build_jobs(workload, cfg, spec: SystemSpec, cm, preds: Predictions | None = 
                      iteration_offset=offset, seed=cfg.seed, tail=tail if spec.dispatch == "asp" else "off",
                      group_max_factor=group_max_factor(workload.group_spread, workload.group_size),
                      speculation=speculation, max_response_length=cfg.lengths.max_response_length,
-                     prediction_quality=preds.quality(h) if cfg.scheduler.membership == "auto" else None,
+                     forecasts=preds.forecasts(h, we) if reads_forecasts(cfg) else None,
                      **membership_options(cfg))
         rows = index.get_indexer(sched["prompt_id"].astype(str))
         if (rows < 0).any():

@@ -163,15 +163,17 @@ def test_prediction_quality_from_the_history():
 
 
 def test_schedule_inputs_carry_the_predictions_trust():
-    """`asp schedule`'s inputs carry prediction_quality for scheduler.membership: auto: measured on a history of
-    two epochs (high where prompts keep their lengths, low where they do not), unknown on one, 1 for the oracle."""
+    """`asp schedule`'s inputs carry the history's forecast record for scheduler.membership: auto, its quality
+    measured on a history of two epochs (high where prompts keep their lengths, low where they do not), unknown on
+    one, 1 for the oracle."""
     from asp_ascend.scheduler.run import inputs_from_config
 
     def trust(epochs, rho, predictor="mean"):
         cfg = load_config(None, ["workload.type=synthetic", "workload.num_prompts=2000", f"workload.epochs={epochs}",
                                  f"workload.epoch_correlation={rho}", f"lengths.predictor={predictor}",
                                  "scheduler.membership=auto"])
-        return inputs_from_config(cfg).trust
+        rec = inputs_from_config(cfg).trust
+        return None if rec is None else rec.quality
 
     assert trust(3, 0.95) > 0.7 > 0.3 > trust(3, 0.0)
     assert trust(2, 0.95) is None

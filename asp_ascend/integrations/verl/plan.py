@@ -104,7 +104,7 @@ class VerlSchedule:
                   lag_bound=lag_bound_of(cfg),
                   cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0),
                                              prefix_block=prefix_block_of(cfg)), epoch=epoch,
-                  iteration_offset=offset, seed=cfg.seed, prediction_quality=inp.trust,
+                  iteration_offset=offset, seed=cfg.seed, forecasts=inp.trust,
                   **membership_options(cfg))
         self.frame = pd.concat([self.frame, df], ignore_index=True)
         write_parquet_atomic(self.path, self.frame, {"policy": cfg.scheduler.policy, "adaptive": "true"})
