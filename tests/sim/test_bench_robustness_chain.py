@@ -22,7 +22,7 @@ def rows():
     import io
 
     a = argparse.Namespace(workloads=["bimodal"], devices=[32], prompts=512, data=None, plan_seeds=[0, 1],
-                           cells=["decode a x10"], set=[])
+                           cells=["decode a x10"], set=[], combo_only=None)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         tail_robustness.robustness_chain(a)
