@@ -127,6 +127,25 @@ def drawn_lengths(pred: np.ndarray, quality: float | None, draws: int = 64, seed
 RECORD_NEIGHBOURS, RECORD_NEIGHBOURS_MIN = 0.02, 8   # drawn_from_record: the history prompts of a similar forecast rank
 
 
+def iter_drawn_from_record(pred: np.ndarray, record, draws: int = 64, seed: int = 0):
+    """``drawn_from_record``'s draws one at a time, (means, longest) each of one draw's groups: a pass
+    over the epoch per draw, never (draws, groups) at once (an epoch of a million groups)."""
+    x = np.asarray(pred, dtype=float)
+    f = np.maximum(np.asarray(record.forecast, dtype=float), 1.0)
+    by_f = np.argsort(f, kind="stable")                           # the record by ascending forecast
+    ratio = (np.maximum(np.asarray(record.outcome, dtype=float), 1.0) / f)[by_f]
+    top = None if record.longest is None else (np.maximum(np.asarray(record.longest, dtype=float), 1.0) / f)[by_f]
+    n_h = ratio.size
+    K = min(n_h, max(RECORD_NEIGHBOURS_MIN, int(round(RECORD_NEIGHBOURS * n_h))))
+    u = np.empty(x.size)
+    u[np.argsort(x, kind="stable")] = np.arange(x.size) / max(x.size - 1, 1)
+    lo = np.clip(np.round(u * (n_h - 1)).astype(np.int64) - K // 2, 0, n_h - K)
+    rng = np.random.default_rng(seed)
+    for _ in range(draws):
+        pick = lo + rng.integers(0, K, size=x.size)
+        yield x * ratio[pick], (None if top is None else x * top[pick])
+
+
 def drawn_from_record(pred: np.ndarray, record, draws: int = 64, seed: int = 0):
     """(means, longest), each (draws, groups): lengths drawn from the history's own forecasts and
     outcomes (``record``, a ``lengths.predictors.ForecastRecord``). Each group, forecast at rank quantile
@@ -136,20 +155,9 @@ def drawn_from_record(pred: np.ndarray, record, draws: int = 64, seed: int = 0):
     forecast (None where the record has no longest samples: the caller prices the mean's). Where the
     history's longest forecasts fell back towards the median, the drawn top does too; where it ranked
     well, the draws stay near the predictions; the exact record (the oracle) gives them back."""
-    x = np.asarray(pred, dtype=float)
-    f = np.maximum(np.asarray(record.forecast, dtype=float), 1.0)
-    by_f = np.argsort(f, kind="stable")                           # the record by ascending forecast
-    ratio = (np.maximum(np.asarray(record.outcome, dtype=float), 1.0) / f)[by_f]
-    n_h = ratio.size
-    K = min(n_h, max(RECORD_NEIGHBOURS_MIN, int(round(RECORD_NEIGHBOURS * n_h))))
-    u = np.empty(x.size)
-    u[np.argsort(x, kind="stable")] = np.arange(x.size) / max(x.size - 1, 1)
-    lo = np.clip(np.round(u * (n_h - 1)).astype(np.int64) - K // 2, 0, n_h - K)
-    pick = lo[None, :] + np.random.default_rng(seed).integers(0, K, size=(draws, x.size))
-    longest = None
-    if record.longest is not None:
-        longest = x[None, :] * (np.maximum(np.asarray(record.longest, dtype=float), 1.0) / f)[by_f][pick]
-    return x[None, :] * ratio[pick], longest
+    pairs = list(iter_drawn_from_record(pred, record, draws, seed))
+    means = np.stack([m for m, _ in pairs])
+    return means, (None if record.longest is None else np.stack([L for _, L in pairs]))
 
 
 def lower_chain(today, other, views, *, m_mb: int, k: int, cost: CostModel, n_iter: int) -> np.ndarray:

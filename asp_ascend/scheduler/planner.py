@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from ..config.schema import SchedulerConfig
-from .concentrate import concentrate_tail, drawn_from_record, drawn_lengths, lower_chain
+from .concentrate import concentrate_tail, drawn_lengths, iter_drawn_from_record, lower_chain
 from . import first_iteration
 from .cost import CostModel
 from .membership import asp_iterations, gathered_strata, iteration_sizes, lightest_floor_first
@@ -214,13 +214,23 @@ def _chain_views(pred, plen, *, G, cost: CostModel, group_max_factor, max_len, f
         return None
     cap = np.inf if max_len is None else max_len
     if forecasts is not None:
-        means, longest = drawn_from_record(pred, forecasts)
+        draws = _DrawnChain(lambda: iter_drawn_from_record(pred, forecasts), plen, G, cost, group_max_factor, cap)
     else:
-        means, longest = drawn_lengths(pred, q), None
-    if longest is None:
-        longest = means * group_max_factor
-    return [[(cost.group_latency(plen, np.minimum(pred * group_max_factor, cap), G), G * (plen + pred))],
-            [(cost.group_latency(plen, np.minimum(L, cap), G), G * (plen + p)) for p, L in zip(means, longest)]]
+        draws = _DrawnChain(lambda: ((p, None) for p in drawn_lengths(pred, q)), plen, G, cost, group_max_factor, cap)
+    return [[(cost.group_latency(plen, np.minimum(pred * group_max_factor, cap), G), G * (plen + pred))], draws]
+
+
+class _DrawnChain:
+    """A view of drawn lengths for ``concentrate.lower_chain``: (each group's longest sample alone, its
+    tokens) per draw, computed as iterated (one draw's arrays at a time), every iteration the same draws."""
+
+    def __init__(self, draws, plen, G, cost, group_max_factor, cap):
+        self.draws, self.plen, self.G, self.cost, self.gmf, self.cap = draws, plen, G, cost, group_max_factor, cap
+
+    def __iter__(self):
+        for means, longest in self.draws():
+            L = means * self.gmf if longest is None else longest
+            yield self.cost.group_latency(self.plen, np.minimum(L, self.cap), self.G), self.G * (self.plen + means)
 
 
 def _plan_asp(pred, plen, work, *, B, m, R, G, S, k, cost: CostModel, rng, n_iter, tail, group_max_factor,
