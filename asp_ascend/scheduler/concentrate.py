@@ -137,8 +137,12 @@ def iter_drawn_from_record(pred: np.ndarray, record, draws: int = 64, seed: int 
     top = None if record.longest is None else (np.maximum(np.asarray(record.longest, dtype=float), 1.0) / f)[by_f]
     n_h = ratio.size
     K = min(n_h, max(RECORD_NEIGHBOURS_MIN, int(round(RECORD_NEIGHBOURS * n_h))))
-    u = np.empty(x.size)
-    u[np.argsort(x, kind="stable")] = np.arange(x.size) / max(x.size - 1, 1)
+    # each group's rank quantile, equal forecasts at their mean rank (an order among them, e.g. the dataset's,
+    # would draw their outcomes in that order)
+    vals, inv = np.unique(x, return_inverse=True)
+    counts = np.bincount(inv)
+    mid = (np.cumsum(counts) - counts + (counts - 1) / 2.0) / max(x.size - 1, 1)
+    u = mid[inv]
     lo = np.clip(np.round(u * (n_h - 1)).astype(np.int64) - K // 2, 0, n_h - K)
     rng = np.random.default_rng(seed)
     for _ in range(draws):

@@ -119,3 +119,23 @@ def test_gather_top_config():
     assert load_config(None, []).scheduler.gather_top == pytest.approx(0.02)
     with pytest.raises(ConfigError, match="scheduler.gather_top"):
         load_config(None, ["scheduler.gather_top=0.7"])
+
+
+def test_membership_auto_draws_from_the_record():
+    """scheduler.membership auto with the history's record: the dataset order holds all 8 long groups in one
+    iteration; where the record shows the forecasts came true it takes that order, where the record's long
+    forecasts all came out as short as the rest (its quality given, 0.5: only the draws decide) it keeps the
+    stratified plan."""
+    n, B = 64, 8
+    pred = np.full(n, 100.0)
+    pred[8:16] = 4000.0
+    plen = np.full(n, 50.0)
+    ids = np.arange(n).astype(str)
+    kw = dict(global_batch_size=B, mini_batch_size=4, num_instances=2, max_num_seqs=64, lag_bound=1,
+              relieve_first=0.0, cost=STEP_BOUND, policy="asp")
+    strat = plan(ids, pred, plen, **kw)
+    came_true = plan(ids, pred, plen, membership="auto", forecasts=ForecastRecord(pred, pred, 0.5), **kw)
+    assert np.unique(came_true["iteration"].to_numpy()[8:16]).size == 1
+    history_forecast = np.where(np.arange(n) < n // 2, 4000.0, 100.0)
+    fell_back = ForecastRecord(history_forecast, np.full(n, 100.0), 0.5)
+    pd.testing.assert_frame_equal(plan(ids, pred, plen, membership="auto", forecasts=fell_back, **kw), strat)
