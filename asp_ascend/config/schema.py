@@ -88,8 +88,9 @@ class WorkloadConfig:
     tail_fraction: float = _f(0.1, "synthetic: share of prompts drawn from the Pareto tail")
     tail_alpha: float = _f(1.5, "synthetic: Pareto shape of the tail (smaller = heavier)")
     tail_scale: float = _f(1500.0, "synthetic: Pareto scale (minimum tail length)")
-    group_spread: float = _f(0.3, "synthetic, trace, history: log-std of a sample's length around its prompt's "
-                               "mean (within a group)")
+    group_spread: float = _f(0.3, "synthetic, trace, history, and data.path in every command: log-std of a "
+                               "sample's length around its prompt's mean (within a group); the planner expects a "
+                               "group's longest sample at that spread")
     epoch_correlation: float = _f(0.8, "synthetic, trace: correlation of a prompt's log-length between consecutive "
                                     "epochs")
     drift: float = _f(0.0, "synthetic, trace: relative growth of lengths per epoch (0.05 = +5 %/epoch)")

@@ -51,6 +51,7 @@ def replanner(cfg, train, k: int, out: Path, first):
                   cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0),
                                              prefix_block=prefix_block_of(cfg)), epoch=epoch,
                   iteration_offset=offset, seed=cfg.seed, forecasts=inp.trust,
+                  group_max_factor=inp.group_max_factor, max_response_length=cfg.lengths.max_response_length,
                   **membership_options(cfg))
         frames.append(df)
         write_parquet_atomic(out / "schedule.parquet", pd.concat(frames, ignore_index=True),

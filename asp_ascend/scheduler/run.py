@@ -137,8 +137,11 @@ def _dataset_inputs(cfg, prompts, history: pd.DataFrame | None) -> PlanInputs:
     holdout = None
     if history is not None and history["epoch"].nunique() >= 2:
         holdout = holdout_report(history, pd.Series(plen), alpha=L.ema_alpha, q=L.quantile)
-    return PlanInputs(ids, plen, np.minimum(pred, L.max_response_length), truth, source, q, holdout=holdout,
-                      trust=trust)
+    # a real prompt set's samples spread around their prompt's mean by workload.group_spread, as asp simulate
+    # draws them for data.path (lengths/workloads.dataset_workload); the built-in task's lengths are exact
+    gmf = 1.0 if truth is not None else _group_max_factor(cfg.workload.group_spread, cfg.train.group_size)
+    return PlanInputs(ids, plen, np.minimum(pred, L.max_response_length), truth, source, q, group_max_factor=gmf,
+                      holdout=holdout, trust=trust)
 
 
 def check_sizes(cfg, num_prompts: int, source: str) -> None:

@@ -136,3 +136,26 @@ def test_a_training_run_refuses_an_experiment_workload(tmp_path):
         assert (f"asp.workload.type: 'synthetic' has no effect in a {fw} run, which trains and plans {fw}'s own "
                 "training dataset") in train_only_problems(cfg, fw)[0]
     assert train_only_problems(load_config(None, []), "verl") == []
+
+
+def test_group_spread_is_read_by_schedule_and_simulate(tmp_path):
+    """workload.group_spread with data.path: asp simulate draws each group's samples at that spread and
+    plans with the longest it implies; asp schedule plans with the same expectation (before: 1.0, the
+    spread unread). Changed alone, it changes what each command writes."""
+    def run(cmd, spread):
+        out = tmp_path / f"{cmd}_{spread}"
+        assert main([cmd, str(_yaml(tmp_path)), *_over(tmp_path), f"output_dir={out}",
+                     f"workload.group_spread={spread}", "sim.policies=[asp]"]) == 0
+        if cmd == "schedule":
+            return json.loads((out / "schedule_report.json").read_text())["predicted"]
+        return json.loads((out / "summary.json").read_text())["asp"]
+
+    for spread in (0.05, 0.8):   # the expected longest sample, as asp schedule reads it for a history workload
+        cfg = load_config(None, _over(tmp_path, f"workload.group_spread={spread}"))
+        hist = load_config(None, [o for o in _over(tmp_path, f"workload.group_spread={spread}")
+                                  if not o.startswith("data.path")] + ["workload.type=history"])
+        assert inputs_from_config(cfg).group_max_factor == inputs_from_config(hist).group_max_factor > 1.0
+    assert run("schedule", 0.05) != run("schedule", 0.8)
+    assert run("simulate", 0.05) != run("simulate", 0.8)
+    # the built-in task's lengths are exact: no spread to plan with
+    assert inputs_from_config(load_config(None, ["train.group_size=4"])).group_max_factor == 1.0

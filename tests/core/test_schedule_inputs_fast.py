@@ -128,7 +128,7 @@ def test_build_schedule_equals_plan_and_estimate(tmp_path):
     from asp_ascend.scheduler.cost import CostModel
     from asp_ascend.scheduler.estimate import estimate
     from asp_ascend.scheduler.planner import plan
-    from asp_ascend.scheduler.run import build_schedule
+    from asp_ascend.scheduler.run import build_schedule, inputs_from_config
 
     rng = np.random.default_rng(1)
     n = 700
@@ -146,19 +146,24 @@ def test_build_schedule_equals_plan_and_estimate(tmp_path):
     pred = predict_lengths(load_history_of(hist), ref.ids, ref.prompt_lengths, "mean",
                            default=min(256.0, cfg.lengths.max_response_length))
     cost = CostModel.from_config(cfg.cost)
+    # a group's longest sample: E[max of G = 8 mean-one lognormal(0, workload.group_spread = 0.3)] (2e5 draws here)
+    z = np.random.default_rng(7).standard_normal((200_000, 8))
+    gmf = inputs_from_config(cfg).group_max_factor
+    assert gmf == pytest.approx(np.exp(0.3 * z - 0.045).max(axis=1).mean(), rel=0.01)
     frames = []
     for e in range(2):
         frames.append(plan(ref.ids, pred, ref.prompt_lengths, policy=cfg.scheduler.policy, global_batch_size=64,
                            mini_batch_size=16, num_instances=3, max_num_seqs=cfg.rollout.max_num_seqs,
                            lag_bound=1, cost=cost, epoch=e, iteration_offset=e * 11, seed=cfg.seed,
-                           tail=cfg.rollout.tail_concurrency, max_response_length=cfg.lengths.max_response_length))
+                           tail=cfg.rollout.tail_concurrency, max_response_length=cfg.lengths.max_response_length,
+                           group_max_factor=gmf))
     expect = pd.concat(frames, ignore_index=True)
     pd.testing.assert_frame_equal(sched, expect)
     plen = np.tile(ref.prompt_lengths, 2).astype(float)
     est = estimate(expect["iteration"], expect["instance"], expect["mini_batch"],
                    expect["epoch"] * (len(expect) + 1) + expect["dispatch_rank"], np.tile(pred, 2), plen,
                    group_size=8, num_instances=3, max_num_seqs=cfg.rollout.max_num_seqs, lag_bound=1,
-                   micro_batch_size=cfg.train.micro_batch_size, cost=cost,
+                   micro_batch_size=cfg.train.micro_batch_size, cost=cost, group_max_factor=gmf,
                    micro_batching="packed",   # train.micro_batching auto runs packed
                    max_response_length=cfg.lengths.max_response_length,
                    regroup=True, stream=True)    # pipeline.regroup / stream_groups auto: on for asp
