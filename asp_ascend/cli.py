@@ -99,7 +99,29 @@ def _dispatch(args) -> int | None:
             return run_mindspeed(str(p.parent), p.stem, overrides)
         from .integrations.mindspeed_rl.config_bridge import translate_file
 
-        cfg, _ = translate_file(args.config, [o[4:] if o.startswith("asp.") else o for o in overrides])
+        cfg, msrl = translate_file(args.config, [o[4:] if o.startswith("asp.") else o for o in overrides])
+        from .integrations.mindspeed_rl.config_bridge import missing_prompts_problem
+
+        problem = missing_prompts_problem(msrl, cfg)   # never plan the built-in task for MindSpeed-RL's run
+        if problem:
+            from .errors import ConfigError
+
+            raise ConfigError([problem], args.config)
+    elif _is_verl_yaml(args.config):
+        # A verl YAML: the prompts of its data.train_files, as the verl run reads them (docs/verl.md).
+        if args.command == "train":
+            from .errors import ConfigError
+
+            raise ConfigError([f"{args.config} is a verl config: start it with python -m "
+                               f"asp_ascend.integrations.verl.main_ppo --config-path DIR --config-name NAME "
+                               f"(docs/verl.md); asp schedule and asp simulate read it here"])
+        from .integrations.verl.offline import translate_offline
+
+        cfg = translate_offline(args.config, [o[4:] if o.startswith("asp.") else o for o in overrides])
+        if args.command == "schedule":   # what the run plans at its start, which it then reads from output_dir
+            from .integrations.verl.plan import first_plan_config
+
+            cfg = first_plan_config(cfg)
     else:
         cfg = load_config(args.config, overrides)
     from .io import check_output_dir
@@ -154,6 +176,12 @@ def _doctor(args) -> int:
     else:
         print(render(collect()) + "\n\n" + text)
     return status
+
+
+def _is_verl_yaml(path: str) -> bool:
+    from .integrations.verl.offline import is_verl_yaml
+
+    return is_verl_yaml(path)
 
 
 def _is_mindspeed_yaml(path: str) -> bool:

@@ -18,7 +18,11 @@ import numpy as np
 from ..errors import DataError
 from .prompts import PromptSet
 
-__all__ = ["PromptSet", "load_prompts", "prompts_from_config"]
+__all__ = ["POSITION_ID_KEY", "PromptSet", "load_prompts", "prompts_from_config"]
+
+# A data.id_key no prompts file has: every prompt's id is its row position ("0", "1", ...). The
+# framework bridges set it, since MindSpeed-RL and verl address their prompts by dataset position.
+POSITION_ID_KEY = "__asp_row_position__"
 
 
 def _prompt_text(val: Any, where: str, prompt_key: str) -> str:

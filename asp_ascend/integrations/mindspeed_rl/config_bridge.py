@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
+from ...data.datasets import POSITION_ID_KEY
 from ...errors import ConfigError
 from ..train_only import train_only_problems
 
@@ -226,6 +227,12 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
         if key in TRANSLATION:
             continue
         _set(ours, key, val)
+    id_key = _ours_with_overrides(ours, overrides, "data.id_key")
+    if id_key is not None:
+        problems.append(f"asp.data.id_key: {id_key!r} cannot be read: MindSpeed-RL addresses its prompts by position "
+                        "in megatron_training.data_path, so a schedule's prompt_id is the row of asp.data.path; "
+                        "remove asp.data.id_key (and keep that file's rows in the dataset's order)")
+    _set(ours, "data.id_key", POSITION_ID_KEY)
     mode = mode or _ours_with_overrides(ours, overrides, "mindspeed.trainer") or "async"
     if mode == "async":
         for key, (want, why) in ASYNC_REQUIREMENTS.items():
@@ -280,6 +287,22 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
         raise ConfigError(problems, source)
     msrl = {k: v for k, v in raw.items() if k != "asp"}
     return cfg, msrl
+
+
+def missing_prompts_problem(raw: dict, cfg) -> Optional[str]:
+    """The problem line of a MindSpeed-RL config whose ASP pass has no prompts to plan: MindSpeed-RL
+    trains ``megatron_training.data_path``, a Megatron indexed dataset asp cannot read without
+    mindspeed_rl and megatron, so the pass plans ``asp.data.path``; absent, it would plan the
+    built-in synthetic task, whose ids are not rows of that dataset. None when ``asp.data.path`` is set."""
+    if cfg.data.path:
+        return None
+    found, val, where = lookup(raw, "megatron_training.data_path")
+    what = f"{where}: {val!r} (a Megatron indexed dataset, .bin/.idx)" if found else f"{where}: not set"
+    return (f"asp.data.path: not set, so the ASP pass has no prompts of this run to plan (it would plan the built-in "
+            f"synthetic task, whose prompts MindSpeed-RL never trains); MindSpeed-RL trains {what}, which asp cannot "
+            f"read without mindspeed_rl and megatron. Set asp.data.path to a JSONL or parquet export of the same "
+            f"prompts in the same order (a 'prompt' column; prompt_id = row = the document's position in "
+            f"{where}, after MindSpeed-RL's rl_config.max_prompt_length filter); docs/ascend.md, step 4")
 
 
 def _name_source(problem: str, origin: dict[str, str]) -> str:

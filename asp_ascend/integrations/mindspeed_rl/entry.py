@@ -122,6 +122,12 @@ def run(config_path: str, config_name: str, overrides: list[str], dry_run: bool 
     raw = compose(config_path, config_name, msrl_ov, root_hint)
     cfg, msrl = translate(raw, our_ov, source=str(raw_yaml))
     out = Path(cfg.output_dir)
+    if not (out / "schedule.parquet").is_file():   # the pass below plans asp.data.path
+        from .config_bridge import missing_prompts_problem
+
+        problem = missing_prompts_problem(msrl, cfg)
+        if problem:
+            raise ConfigError([problem], str(raw_yaml))
     save_resolved(cfg)
     import yaml
 

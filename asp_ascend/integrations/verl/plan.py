@@ -27,14 +27,23 @@ def prompt_set_from_dataset(dataset, prompt_key: str = "prompt"):
 
     Items of verl's ``RLHFDataset`` carry ``raw_prompt`` (chat messages); other datasets
     ``prompt_key``. Prompt length = words, as for every other prompt file."""
-    from ...data.datasets import make_prompt_set
+    from ...data.datasets import POSITION_ID_KEY, make_prompt_set
 
     records = []
     for i in range(len(dataset)):
         item = dataset[i]
         text = item.get("raw_prompt", item.get(prompt_key))
         records.append({"prompt": text, "answer": None, "reward_model": item.get("reward_model")})
-    return make_prompt_set(records, f"<verl train dataset, {len(records)} prompts>", "prompt", "__asp_no_id__", "answer")
+    return make_prompt_set(records, f"<verl train dataset, {len(records)} prompts>", "prompt", POSITION_ID_KEY,
+                           "answer")
+
+
+def first_plan_config(cfg):
+    """The config of a verl run's first plan: every epoch, or epoch 0 alone with ``scheduler.adaptive``
+    (the later epochs are planned from the lengths the run observes, :meth:`VerlSchedule.plan_epoch`)."""
+    if cfg.scheduler.adaptive and cfg.train.epochs > 1:
+        return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=1))
+    return cfg
 
 
 class VerlSchedule:
@@ -61,9 +70,7 @@ class VerlSchedule:
                 raise DataError(f"{self.path}: {len(unknown)} prompt id(s) (e.g. {sorted(unknown)[0]!r}) are not rows "
                                 f"of the train dataset; it was planned for another dataset (move it away to re-plan)")
             return df
-        cfg = self.cfg
-        if self.adaptive:
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, epochs=1))
+        cfg = first_plan_config(self.cfg)
         df, report = build_schedule(cfg, self.prompts, self._history(None), compare=False)
         write_parquet_atomic(self.path, df, {"policy": cfg.scheduler.policy, "adaptive": str(self.adaptive).lower()})
         write_json_atomic(self.out / "schedule_report.json", report)
@@ -105,6 +112,7 @@ class VerlSchedule:
                   cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0),
                                              prefix_block=prefix_block_of(cfg)), epoch=epoch,
                   iteration_offset=offset, seed=cfg.seed, forecasts=inp.trust,
+                  group_max_factor=inp.group_max_factor, max_response_length=cfg.lengths.max_response_length,
                   **membership_options(cfg))
         self.frame = pd.concat([self.frame, df], ignore_index=True)
         write_parquet_atomic(self.path, self.frame, {"policy": cfg.scheduler.policy, "adaptive": "true"})
