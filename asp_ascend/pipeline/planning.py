@@ -34,25 +34,14 @@ def replanner(cfg, train, k: int, out: Path, first):
 
     from ..io import write_parquet_atomic
     from ..scheduler.admission import Job
-    from ..scheduler.cost import CostModel
     from ..scheduler.execution import jobs_from_schedule
-    from ..scheduler.planner import plan
-    from ..config import membership_options, prefix_block_of
-    from ..scheduler.run import inputs_from_config
+    from ..scheduler.run import inputs_from_config, plan_epoch_frame
 
     frames = [first]
-    t, r = cfg.train, cfg.rollout
 
     def replan(epoch: int, history: list[dict], offset: int) -> list[Job]:
         inp = inputs_from_config(cfg, train, pd.DataFrame(history) if history else None)
-        df = plan(inp.prompt_ids, inp.predicted, inp.prompt_lengths, policy=cfg.scheduler.policy,
-                  group_size=t.group_size, global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
-                  num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=k,
-                  cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0),
-                                             prefix_block=prefix_block_of(cfg)), epoch=epoch,
-                  iteration_offset=offset, seed=cfg.seed, forecasts=inp.trust,
-                  group_max_factor=inp.group_max_factor, max_response_length=cfg.lengths.max_response_length,
-                  **membership_options(cfg))
+        df = plan_epoch_frame(cfg, inp, epoch, offset, lag_bound=k)
         frames.append(df)
         write_parquet_atomic(out / "schedule.parquet", pd.concat(frames, ignore_index=True),
                              {"policy": cfg.scheduler.policy, "adaptive": "true"})

@@ -162,20 +162,41 @@ def plan_epochs(cfg, inp: PlanInputs, policy: str | None = None, epochs: int | N
 
 def plan_epoch_columns(cfg, inp: PlanInputs, policy: str | None = None, epochs: int | None = None) -> dict:
     """``plan_epochs`` as numpy columns without the prompt ids (what the estimate reads)."""
-    policy = policy or cfg.scheduler.policy
-    t, r = cfg.train, cfg.rollout
-    cost = CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0), prefix_block=prefix_block_of(cfg))
     parts, offset = [], 0
-    for e in range(epochs or t.epochs):
-        cols = plan_columns(inp.predicted, inp.prompt_lengths, policy=policy, group_size=t.group_size,
-                            global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
-                            num_instances=r.num_instances, max_num_seqs=r.max_num_seqs, lag_bound=lag_bound_of(cfg),
-                            cost=cost, epoch=e, iteration_offset=offset, seed=cfg.seed, tail=r.tail_concurrency,
-                            group_max_factor=inp.group_max_factor, max_response_length=cfg.lengths.max_response_length,
-                            forecasts=inp.trust, **membership_options(cfg))
+    for e in range(epochs or cfg.train.epochs):
+        cols = plan_one_epoch(cfg, inp, e, offset, policy)
         offset = int(cols["iteration"].max()) + 1
         parts.append(cols)
     return parts[0] if len(parts) == 1 else {k: np.concatenate([c[k] for c in parts]) for k in parts[0]}
+
+
+def plan_one_epoch(cfg, inp: PlanInputs, epoch: int, iteration_offset: int = 0, policy: str | None = None,
+                   lag_bound: int | None = None) -> dict:
+    """Epoch ``epoch``'s plan (``plan_columns``: its iterations numbered from ``iteration_offset``) as
+    ``cfg`` asks for it: the one call behind ``asp schedule`` and the adaptive re-planners of asp train
+    and verl (pipeline/planning.py, integrations/verl/plan.py), so a later epoch is planned with the
+    same keys as the first (tail rooms, speculation, membership, the group's longest-sample factor).
+    ``lag_bound``: the run's k where it is resolved already (default ``lag_bound_of(cfg)``)."""
+    from .speculative import from_config
+
+    t, r = cfg.train, cfg.rollout
+    cost = CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0), prefix_block=prefix_block_of(cfg))
+    # the mean context of a running sequence, for speculative decoding's auto threshold (as the simulator's)
+    ctx = float(np.mean(inp.prompt_lengths)) + float(np.mean(inp.predicted)) / 2.0
+    return plan_columns(inp.predicted, inp.prompt_lengths, policy=policy or cfg.scheduler.policy,
+                        group_size=t.group_size, global_batch_size=t.global_batch_size,
+                        mini_batch_size=t.mini_batch_size, num_instances=r.num_instances,
+                        max_num_seqs=r.max_num_seqs, lag_bound=lag_bound_of(cfg) if lag_bound is None else lag_bound,
+                        cost=cost, epoch=epoch, iteration_offset=iteration_offset, seed=cfg.seed,
+                        tail=r.tail_concurrency, speculation=from_config(r, cfg.cost, cost, ctx),
+                        group_max_factor=inp.group_max_factor, max_response_length=cfg.lengths.max_response_length,
+                        forecasts=inp.trust, **membership_options(cfg))
+
+
+def plan_epoch_frame(cfg, inp: PlanInputs, epoch: int, iteration_offset: int, lag_bound: int | None = None
+                     ) -> pd.DataFrame:
+    """:func:`plan_one_epoch` as a schedule frame (DESIGN 6), rows in ``inp.prompt_ids`` order."""
+    return schedule_frame(plan_one_epoch(cfg, inp, epoch, iteration_offset, lag_bound=lag_bound), inp.prompt_ids)
 
 
 def estimate_schedule(cfg, sched, inp: PlanInputs, lengths: np.ndarray, policy: str | None = None, *,

@@ -17,7 +17,6 @@ from typing import Any, Optional
 
 import pandas as pd
 
-from ...config import lag_bound_of, membership_options, prefix_block_of
 from ...errors import DataError
 from .lengths import LengthRecorder
 
@@ -92,9 +91,7 @@ class VerlSchedule:
         """Epoch ``epoch``'s rows: the persisted plan, or (adaptive) a new plan from the lengths
         observed in epochs ``< epoch``, appended to ``schedule.parquet``."""
         from ...io import write_parquet_atomic
-        from ...scheduler.cost import CostModel
-        from ...scheduler.planner import plan
-        from ...scheduler.run import inputs_from_config
+        from ...scheduler.run import inputs_from_config, plan_epoch_frame
 
         have = self.frame[self.frame["epoch"] == epoch]
         if len(have):
@@ -102,20 +99,10 @@ class VerlSchedule:
         if not self.adaptive:
             raise DataError(f"{self.path} has no epoch {epoch} (planned: {sorted(self.frame['epoch'].unique())}); "
                             f"trainer.total_epochs must match the planned epochs")
-        cfg, t, r = self.cfg, self.cfg.train, self.cfg.rollout
-        inp = inputs_from_config(cfg, self.prompts, self._history(epoch))
-        offset = int(self.frame["iteration"].max()) + 1
-        df = plan(inp.prompt_ids, inp.predicted, inp.prompt_lengths, policy=cfg.scheduler.policy,
-                  group_size=t.group_size, global_batch_size=t.global_batch_size, mini_batch_size=t.mini_batch_size,
-                  num_instances=r.num_instances, max_num_seqs=r.max_num_seqs,
-                  lag_bound=lag_bound_of(cfg),
-                  cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0),
-                                             prefix_block=prefix_block_of(cfg)), epoch=epoch,
-                  iteration_offset=offset, seed=cfg.seed, forecasts=inp.trust,
-                  group_max_factor=inp.group_max_factor, max_response_length=cfg.lengths.max_response_length,
-                  **membership_options(cfg))
+        inp = inputs_from_config(self.cfg, self.prompts, self._history(epoch))
+        df = plan_epoch_frame(self.cfg, inp, epoch, int(self.frame["iteration"].max()) + 1)
         self.frame = pd.concat([self.frame, df], ignore_index=True)
-        write_parquet_atomic(self.path, self.frame, {"policy": cfg.scheduler.policy, "adaptive": "true"})
+        write_parquet_atomic(self.path, self.frame, {"policy": self.cfg.scheduler.policy, "adaptive": "true"})
         return df
 
     def sampler(self, num_samples: int, iteration_size: Optional[int] = None, trainer_dp: int = 1,
