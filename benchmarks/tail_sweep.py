@@ -135,11 +135,12 @@ def sweep_more_cells(wl: str, D: int) -> list:
 
 def sweep_run(wl: str, data: Path, prompts: int, D: int, cell: dict, mismatch, extra: dict):
     """seed_runs's ``run(policy, overrides, seed)`` for one sweep cell: the row's overrides, then
-    ``extra`` (``--set``), then the cell's own change; the workload built once from the cell
-    (``result=True``: the SimResult and its config)."""
+    ``extra`` (``--set``), then the cell's own change; the workload built once from ``extra`` and the
+    cell, so a ``--set`` of a key the workload reads (``workload.epochs=3``: two history epochs) reaches
+    the lengths simulated as well as the config (``result=True``: the SimResult and its config)."""
     from asp_ascend.lengths.workloads import workload_from_config
 
-    w = workload_from_config(_cfg(wl, data, prompts, D, cell))
+    w = workload_from_config(_cfg(wl, data, prompts, D, {**extra, **cell}))
 
     def run(name, o, s, result=False):
         return _run(_cfg(wl, data, prompts, D, {**o, **extra, **cell, "seed": s}), w, name, mismatch, result=result)

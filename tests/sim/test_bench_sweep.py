@@ -179,3 +179,17 @@ def test_a_known_cost_change_keeps_a_class_only_key_priced_not_set():
     got = _costs(tail_common._cfg("bimodal", None, 512, 32, o))      # loads: no ConfigError
     assert got.sync_s == pytest.approx(slow.sync_s) and got.sync_s > 10
     assert got.instance.decode_b == pytest.approx(0.1 * slow.instance.decode_b)
+
+
+def test_set_reaches_the_workload(monkeypatch):
+    """sweep --set workload.epochs=3 gives every cell two history epochs: the workload sweep_run simulates is
+    built with --set too (it was built from the cell alone, so the config said three epochs and the lengths
+    had two: one history epoch, silently), and a cell's own change still wins."""
+    import asp_ascend.lengths.workloads as workloads
+
+    built = []
+    real = workloads.workload_from_config
+    monkeypatch.setattr(workloads, "workload_from_config", lambda cfg: built.append(cfg) or real(cfg))
+    tail_sweep.sweep_run("bimodal", None, 256, 32, {}, None, {"workload.epochs": 3})
+    tail_sweep.sweep_run("bimodal", None, 256, 32, {"workload.epochs": 4}, None, {"workload.epochs": 3})
+    assert [c.workload.epochs for c in built] == [3, 4]
