@@ -314,3 +314,16 @@ def test_tis_cap_the_async_trainer_would_ignore_is_refused():
     raw["asp"]["train"] = {"off_policy": "none", "tis_cap": 3.0}      # the config's own rule, named under asp.
     with pytest.raises(ConfigError, match=r"asp.train.tis_cap: 3.0 has no effect: train.off_policy is none"):
         translate(raw)
+
+
+def test_adaptive_is_refused_with_the_key_and_the_fix():
+    # the MindSpeed-RL entry plans every epoch before training and nothing re-plans: the key would do nothing
+    raw = raw7b()
+    raw["asp"]["scheduler"]["adaptive"] = True
+    msg = (r"asp.scheduler.adaptive: true is not supported with MindSpeed-RL \(the entry plans every epoch into "
+           r"schedule.parquet before training and nothing re-plans.*set asp.scheduler.adaptive: false")
+    with pytest.raises(ConfigError, match=msg):
+        translate(raw)
+    with pytest.raises(ConfigError, match=msg):
+        translate(raw7b(), ["scheduler.adaptive=true"])
+    assert translate(raw7b())[0].scheduler.adaptive is False

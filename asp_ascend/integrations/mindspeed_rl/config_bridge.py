@@ -277,6 +277,8 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
     finally:
         os.unlink(tmp)
     problems = train_only_problems(cfg, "MindSpeed-RL")
+    if cfg.scheduler.adaptive:
+        problems.append(ADAPTIVE_PROBLEM)
     if (cfg.mindspeed.trainer == "async" and cfg.train.off_policy == "decoupled_ppo"
             and _ours_with_overrides(ours, overrides, "train.tis_cap") is not None):
         problems.append(f"asp.train.tis_cap: {cfg.train.tis_cap!r} has no effect: MindSpeed-RL's async trainer applies "
@@ -287,6 +289,14 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
         raise ConfigError(problems, source)
     msrl = {k: v for k, v in raw.items() if k != "asp"}
     return cfg, msrl
+
+
+ADAPTIVE_PROBLEM = (
+    "asp.scheduler.adaptive: true is not supported with MindSpeed-RL (the entry plans every epoch into "
+    "schedule.parquet before training and nothing re-plans during the run, so the key would do nothing; only "
+    "asp train and verl re-plan each later epoch from the lengths they observed); set asp.scheduler.adaptive: "
+    "false (to plan from observed lengths, set asp.lengths.path to a length history of a previous run: "
+    "prompt_id, response_length)")
 
 
 def missing_prompts_problem(raw: dict, cfg) -> Optional[str]:
