@@ -107,6 +107,10 @@ def _dispatch(args) -> int | None:
             from .errors import ConfigError
 
             raise ConfigError([problem], args.config)
+        if args.command == "schedule":   # what the run plans at its start (adaptive: epoch 0), then reads
+            from .integrations.verl.plan import first_plan_config
+
+            cfg = first_plan_config(cfg)
     elif _is_verl_yaml(args.config):
         # A verl YAML: the prompts of its data.train_files, as the verl run reads them (docs/verl.md).
         if args.command == "train":

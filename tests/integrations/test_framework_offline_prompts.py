@@ -73,6 +73,17 @@ def test_mindspeed_schedule_ids_are_dataset_positions(tmp_path, capsys):
             "megatron_training.data_path") in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_mindspeed_offline_schedule_is_the_runs_plan(tmp_path, adaptive):
+    """What the entry plans at the start: every epoch, or epoch 0 alone with asp.scheduler.adaptive (the async
+    driver plans the later ones from the lengths it observes, test_mindspeed_adaptive.py)."""
+    data = _chat_parquet(tmp_path / "p.parquet")
+    assert main(["schedule", str(_mindspeed_yaml(tmp_path, data)), "asp.train.epochs=2",
+                 f"asp.scheduler.adaptive={str(adaptive).lower()}"]) == 0
+    epochs = sorted(pd.read_parquet(tmp_path / "run" / "schedule.parquet")["epoch"].unique())
+    assert epochs == ([0] if adaptive else [0, 1])
+
+
 def _verl_yaml(tmp_path: Path, data=None, **data_keys) -> Path:
     raw = yaml.safe_load((CONFIGS / "verl" / "grpo_qwen25_7b_asp_cuda.yaml").read_text())
     raw["data"]["train_files"] = str(data or _chat_parquet(tmp_path / "train.parquet"))

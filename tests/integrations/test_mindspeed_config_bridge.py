@@ -316,14 +316,17 @@ def test_tis_cap_the_async_trainer_would_ignore_is_refused():
         translate(raw)
 
 
-def test_adaptive_is_refused_with_the_key_and_the_fix():
-    # the MindSpeed-RL entry plans every epoch before training and nothing re-plans: the key would do nothing
+def test_adaptive_is_refused_on_the_sync_trainer_with_the_key_and_the_fix():
+    # RayGRPOTrainer draws every batch from schedule.parquet as planned: the key would do nothing there
+    # (the async trainer re-plans: test_mindspeed_adaptive.py)
+    msg = (r"asp.scheduler.adaptive: true is not supported with asp.mindspeed.trainer: sync \(RayGRPOTrainer draws "
+           r"every batch from schedule.parquet.*set asp.mindspeed.trainer: async, or asp.scheduler.adaptive: false")
+    with pytest.raises(ConfigError, match=msg):
+        translate(raw7b(), ["scheduler.adaptive=true", "mindspeed.trainer=sync"])
     raw = raw7b()
     raw["asp"]["scheduler"]["adaptive"] = True
-    msg = (r"asp.scheduler.adaptive: true is not supported with MindSpeed-RL \(the entry plans every epoch into "
-           r"schedule.parquet before training and nothing re-plans.*set asp.scheduler.adaptive: false")
+    assert translate(raw)[0].scheduler.adaptive is True                       # async (the shipped trainer)
+    raw["asp"]["mindspeed"]["trainer"] = "sync"
     with pytest.raises(ConfigError, match=msg):
         translate(raw)
-    with pytest.raises(ConfigError, match=msg):
-        translate(raw7b(), ["scheduler.adaptive=true"])
-    assert translate(raw7b())[0].scheduler.adaptive is False
+    assert translate(raw7b(), ["mindspeed.trainer=sync"])[0].scheduler.adaptive is False

@@ -277,7 +277,7 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
     finally:
         os.unlink(tmp)
     problems = train_only_problems(cfg, "MindSpeed-RL")
-    if cfg.scheduler.adaptive:
+    if cfg.scheduler.adaptive and cfg.mindspeed.trainer != "async":
         problems.append(ADAPTIVE_PROBLEM)
     if (cfg.mindspeed.trainer == "async" and cfg.train.off_policy == "decoupled_ppo"
             and _ours_with_overrides(ours, overrides, "train.tis_cap") is not None):
@@ -292,11 +292,10 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
 
 
 ADAPTIVE_PROBLEM = (
-    "asp.scheduler.adaptive: true is not supported with MindSpeed-RL (the entry plans every epoch into "
-    "schedule.parquet before training and nothing re-plans during the run, so the key would do nothing; only "
-    "asp train and verl re-plan each later epoch from the lengths they observed); set asp.scheduler.adaptive: "
-    "false (to plan from observed lengths, set asp.lengths.path to a length history of a previous run: "
-    "prompt_id, response_length)")
+    "asp.scheduler.adaptive: true is not supported with asp.mindspeed.trainer: sync (RayGRPOTrainer draws "
+    "every batch from schedule.parquet as planned before training, so nothing would re-plan; the async trainer "
+    "re-plans each later epoch from the lengths it observed); set asp.mindspeed.trainer: async, or "
+    "asp.scheduler.adaptive: false")
 
 
 def missing_prompts_problem(raw: dict, cfg) -> Optional[str]:

@@ -61,6 +61,8 @@ def compose(config_path: str, config_name: str, overrides: list[str], mindspeed_
 
 
 def ensure_schedule(cfg) -> Path:
+    """``output_dir/schedule.parquet``, planned here when missing: every epoch, or epoch 0 alone with
+    ``scheduler.adaptive`` (the driver plans the later ones from the lengths it observes)."""
     path = Path(cfg.output_dir) / "schedule.parquet"
     if path.is_file():
         return path
@@ -69,7 +71,9 @@ def ensure_schedule(cfg) -> Path:
     except ImportError as exc:
         raise ConfigError([f"{path} does not exist and the ASP pass is not available here ({exc}); "
                            f"run `asp schedule` on a login node first"]) from None
-    run_schedule(cfg)
+    from ..verl.plan import first_plan_config
+
+    run_schedule(first_plan_config(cfg))
     if not path.is_file():
         raise ConfigError([f"`asp schedule` did not write {path}; check output_dir"])
     return path
@@ -148,8 +152,20 @@ def run(config_path: str, config_name: str, overrides: list[str], dry_run: bool 
     # the driver task runs on this node, so the run's files land in output_dir beside config.yaml
     here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     ray.get(ray.remote(_train).options(num_cpus=1, scheduling_strategy=here).remote(
-        msrl, to_dict(cfg), str(schedule), str(root)))
+        msrl, to_dict(absolute_paths(cfg)), str(schedule), str(root)))
     return 0
+
+
+def absolute_paths(cfg):
+    """``cfg`` with ``data.path`` and ``lengths.path`` absolute: the driver task (whose working directory is
+    Ray's) reads them to re-plan an adaptive run's epochs."""
+    import dataclasses
+
+    def absolute(p):
+        return str(Path(p).resolve()) if p else p
+
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=absolute(cfg.data.path)),
+                               lengths=dataclasses.replace(cfg.lengths, path=absolute(cfg.lengths.path)))
 
 
 def _train(msrl: dict, cfg_dict: dict, schedule_path: str, root: str) -> None:

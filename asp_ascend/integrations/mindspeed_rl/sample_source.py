@@ -44,13 +44,17 @@ class DispatcherSource:
     members as the carry-over has them (every group exactly once; a group carries its planned
     iteration, so the loop allows it lag k + its deferral <= k + S). A deferred group keeps generating
     on its instance across weight pushes (tokens after a push come from the newer weights, each with its
-    behaviour log-prob; its admission version is the oldest)."""
+    behaviour log-prob; its admission version is the oldest).
+
+    ``replan`` (``scheduler.adaptive``, :func:`asp_ascend.pipeline.planning.replanner`): once every job of
+    the plan is dispatched, the next epoch is planned from the response lengths observed so far
+    (:attr:`history`, every finished sample) and queued, as ``asp train``'s orchestrator does."""
 
     def __init__(self, plan: ExecutionPlan, instances: Sequence[InstanceHandle],
                  prompt_of: Callable[[str], tuple[list[int], dict]], sampling: dict,
                  poll_interval_s: float = 0.01, timeout_s: float = 3600.0,
                  clock: Callable[[], float] = time.time, trace: list | None = None,
-                 tail: TailOptions | None = None, max_tokens: int = 1 << 30):
+                 tail: TailOptions | None = None, max_tokens: int = 1 << 30, replan: Callable | None = None):
         self.instances = list(instances)
         if len(self.instances) != plan.settings.num_instances:
             raise ValueError(f"{len(self.instances)} instances for a plan over {plan.settings.num_instances}")
@@ -61,6 +65,9 @@ class DispatcherSource:
         self.timeline, self.t0 = None, 0.0                # the run's timeline, once attached (attach_timeline)
         self.tail = TailControl(plan, tail or TailOptions(), max_tokens=max_tokens, event=self._event, now=clock)
         self.done: dict[tuple, SampleGroup] = {}      # finished, not yet handed out: (epoch, prompt_id) -> group
+        self.replan, self.history = replan, []        # adaptive: observed lengths, one row per finished sample
+        self.next_epoch = 1 + max((e for mbs in plan.iterations.values() for keys in mbs.values() for e, _ in keys),
+                                  default=-1)
 
     def attach_timeline(self, timeline, t0: float) -> None:
         """Write the tail mechanisms' decisions (``steal``, ``tail``, ``defer``, ``swap``: the runtime's events,
@@ -82,8 +89,19 @@ class DispatcherSource:
     def inflight(self) -> list[int]:
         return self.feeder.inflight
 
+    def _plan_next_epoch(self) -> None:
+        plan, offset = self.plan, self.plan.next_unplanned
+        if (self.replan is None or self.next_epoch >= plan.settings.epochs or plan.dispatcher.pending()
+                or offset >= plan.end):
+            return
+        plan.add_epoch(self.replan(self.next_epoch, list(self.history), offset))
+        self.tail.add_epoch(plan.iterations, offset)
+        self.next_epoch += 1
+
     def fill(self) -> None:
-        """Admit through the plan's Feeder and submit each admitted group to its instance."""
+        """Admit through the plan's Feeder (re-planning the next epoch first when adaptive) and submit
+        each admitted group to its instance."""
+        self._plan_next_epoch()
         for i, job, version in self.feeder.fill(None, self.tail.room_rule(self.feeder)):
             self.tail.on_admit(i, job)
             prompt, extras = self.prompt_of(job.prompt_id)
@@ -112,6 +130,9 @@ class DispatcherSource:
                     sample_segments=[[list(x) for x in s.get("segments") or ()] for s in samples],
                     finish_reasons=[s.get("finish_reason") for s in samples]))
                 self._queue("put")
+                self.history.extend({"prompt_id": m["prompt_id"], "epoch": m["epoch"], "sample": k,
+                                     "prompt_length": len(m["prompt"]), "response_length": len(s["token_ids"])}
+                                    for k, s in enumerate(samples))
                 self.feeder.finished(m["epoch"], m["prompt_id"])
                 self.tail.on_finish((m["epoch"], m["prompt_id"]), [len(s["token_ids"]) for s in samples])
                 got += 1
@@ -197,6 +218,27 @@ def wire_source(plan: ExecutionPlan, instances: Sequence[InstanceHandle], prompt
     return source, publish
 
 
+def adaptive_replanner(cfg, sched, schedule_path: Path, start_iteration: int, lag_bound: int) -> Optional[Callable]:
+    """``scheduler.adaptive`` with more than one epoch: ``asp train``'s re-planner
+    (:func:`asp_ascend.pipeline.planning.replanner`: ``scheduler.run.plan_epoch_frame`` from the observed
+    lengths, each plan appended to ``schedule.parquet`` atomically), else None. The observed lengths live
+    in the driver only, so a run resumed before its last epoch is planned is refused, as ``asp train``
+    refuses it; one resumed after that replays ``schedule.parquet``."""
+    if not (cfg.scheduler.adaptive and cfg.train.epochs > 1):
+        return None
+    planned = int(sched["epoch"].nunique())
+    if planned >= cfg.train.epochs:
+        return None
+    if start_iteration > int(sched["iteration"].min()):
+        raise ConfigError([f"resume: asp.scheduler.adaptive=true and {schedule_path} holds {planned} of "
+                           f"{cfg.train.epochs} epochs; resuming an adaptive MindSpeed-RL run before its last epoch is "
+                           "planned is not supported (the lengths it observed are not checkpointed); resume with "
+                           "asp.scheduler.adaptive=false and megatron_training.train_iters within the planned epochs"])
+    from ...pipeline.planning import replanner
+
+    return replanner(cfg, None, lag_bound, schedule_path.parent, sched)
+
+
 def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenizer,
                         dataset_additional_keys: Sequence[str] = (), trainer_dp: int = 1, start_iteration: int = 0,
                         mindspeed_root: Optional[str] = None, trainer_devices: int = 0) -> tuple[DispatcherSource, Any, LoopSettings]:
@@ -231,6 +273,9 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
     moe = hf_moe_problem(cfg.model.path)   # where the model is read (translate may have run on a login node)
     if moe:
         raise ConfigError([moe])
+    settings = ExecutionSettings.from_config(cfg)
+    sched = pd.read_parquet(schedule_path)   # (a refused adaptive resume stops before any instance starts)
+    replan = adaptive_replanner(cfg, sched, Path(schedule_path), start_iteration, settings.lag_bound)
     platform = get_platform("npu", check=False)
     r, tp = cfg.rollout.num_instances, cfg.rollout.devices_per_instance
     check_instances_fit_nodes([n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")], platform, tp)
@@ -252,8 +297,7 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
     ray.get([a.ready.remote() for a in actors])
     from ...pipeline.run import tail_options
 
-    settings = ExecutionSettings.from_config(cfg)
-    plan = ExecutionPlan.from_schedule(pd.read_parquet(schedule_path), settings, start=start_iteration)
+    plan = ExecutionPlan.from_schedule(sched, settings, start=start_iteration)
     fetch = train_ds.__getitem__
 
     def prompt_of(pid):
@@ -290,7 +334,8 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
         plan, [_RayHandle(a) for a in actors], prompt_of,
         sampling={"max_tokens": cfg.lengths.max_response_length, "temperature": cfg.rollout.temperature,
                   "top_p": cfg.rollout.top_p, "seed": cfg.seed, "stop_token_ids": [int(tokenizer.eod)]},
-        push=push, tail=tail_options(cfg, Path(schedule_path), bridge=True), max_tokens=cfg.lengths.max_response_length)
+        push=push, tail=tail_options(cfg, Path(schedule_path), bridge=True), max_tokens=cfg.lengths.max_response_length,
+        replan=replan)
     settings = LoopSettings(global_batch_size=cfg.train.global_batch_size, group_size=n,
                             lag_bound=settings.lag_bound, iterations=0, off_policy=cfg.train.off_policy,
                             tis_cap=cfg.train.tis_cap, dataset_additional_keys=tuple(dataset_additional_keys),
