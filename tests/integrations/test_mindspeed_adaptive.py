@@ -130,3 +130,16 @@ def test_resume_replays_the_planned_epochs_and_refuses_one_before_the_last_is_pl
         _publish(src, i + 1)
     assert seen == []
     pd.testing.assert_frame_equal(pd.read_parquet(path), planned)
+
+
+def test_a_schedule_planned_up_front_is_refused_not_silently_replayed(tmp_path):
+    """A schedule.parquet of every epoch that this run did not re-plan (planned with adaptive off) would make
+    the key do nothing: refused with the fix."""
+    import dataclasses
+
+    cfg = _config(tmp_path)
+    path = ensure_schedule(dataclasses.replace(cfg, scheduler=dataclasses.replace(cfg.scheduler, adaptive=False)))
+    assert sorted(pd.read_parquet(path)["epoch"].unique()) == [0, 1]
+    with pytest.raises(ConfigError, match=r"asp.scheduler.adaptive: true, but .*schedule.parquet holds all 2 epochs, "
+                                          r"planned before the run .*move it away"):
+        _source(cfg, path)

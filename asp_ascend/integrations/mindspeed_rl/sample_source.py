@@ -227,7 +227,14 @@ def adaptive_replanner(cfg, sched, schedule_path: Path, start_iteration: int, la
     if not (cfg.scheduler.adaptive and cfg.train.epochs > 1):
         return None
     planned = int(sched["epoch"].nunique())
-    if planned >= cfg.train.epochs:
+    if planned >= cfg.train.epochs:   # replayed, if this run re-planned it (the re-planner marks what it writes)
+        import pyarrow.parquet as pq
+
+        if (pq.read_schema(schedule_path).metadata or {}).get(b"adaptive") != b"true":
+            raise ConfigError([f"asp.scheduler.adaptive: true, but {schedule_path} holds all {planned} epochs, planned "
+                               "before the run (not re-planned by it), so nothing would re-plan; move it away (the "
+                               "entry then plans epoch 0 alone, as asp schedule on this YAML does), or set "
+                               "asp.scheduler.adaptive: false to train it as planned"])
         return None
     if start_iteration > int(sched["iteration"].min()):
         raise ConfigError([f"resume: asp.scheduler.adaptive=true and {schedule_path} holds {planned} of "
