@@ -233,6 +233,18 @@ def _modes(cfg: Config, given: set[str], p: list[str]) -> None:
                else "pipeline.mode is sync (where pipeline.stream_groups auto streams nothing)")
         p.append(_no_effect(cfg, "pipeline.stream_groups_start", f"{why}, so no trainer streams groups",
                             "set pipeline.stream_groups: auto or on (with pipeline.mode: async)"))
+    if "train.step_timeout_factor" in given and t.step_timeout_s == 0:
+        p.append(_no_effect(cfg, "train.step_timeout_factor", "train.step_timeout_s is 0, which turns the bound on "
+                                                              "a hung train step off (the factor only scales it)",
+                            "set train.step_timeout_s (e.g. 1800, the default)"))
+    ws = cfg.weight_sync
+    if "weight_sync.send_slack_s" in given and (ws.transport == "object_store"
+                                                or (ws.transport == "auto" and cfg.platform == "cpu")):
+        why = ("weight_sync.transport is object_store" if ws.transport == "object_store"
+               else "weight_sync.transport auto is object_store on platform cpu")
+        p.append(_no_effect(cfg, "weight_sync.send_slack_s", f"{why}, and only the broadcast's hung-send and "
+                                                             "hung-receive bounds read it",
+                            "set weight_sync.transport: broadcast"))
     if "sim.stream_groups_start" in given and not s.stream_groups:
         p.append(_no_effect(cfg, "sim.stream_groups_start", "sim.stream_groups is false, so the simulated trainers "
                                                             "stream as pipeline.stream_groups says, with "

@@ -229,6 +229,14 @@ class TrainConfig:
     warmup_sft_steps: int = _f(0, "supervised warm-start steps on reference answers before RL")
     eval_every: int = _f(0, "evaluate on held-out prompts every N iterations (0 = never)")
     checkpoint_every: int = _f(0, "checkpoint every N iterations (0 = only at the end)")
+    step_timeout_s: float = _f(1800.0, "asp train: a trainer call of an optimizer step (train_step, or a streamed "
+                               "step's accumulate / apply_step) still out max(this, train.step_timeout_factor x the "
+                               "slowest such call so far) seconds after it was sent stops the run (the trainer hangs: "
+                               "resume=true continues from the newest checkpoint); the first call of a run has only "
+                               "this, so it must cover the first step's compilation and warm-up; checkpoint saves "
+                               "do not count; 0 = no bound, else >= 1")
+    step_timeout_factor: float = _f(10.0, "asp train: the bound of a trainer call grows to this many times the "
+                                    "slowest call measured so far when that is more than train.step_timeout_s (>= 1)")
     cpu_cores: list = _f([], "CPU only: cores of the trainer, e.g. [1] (shared by all ranks) or [[1],[2]] "
                          "(one list per rank, train.devices > 1); [] = no pinning")
     num_cpus: float = _f(1.0, "Ray CPUs reserved per trainer rank when not pinned (pinned: one per listed core)")
@@ -412,9 +420,14 @@ class WeightSyncConfig:
                                        "seconds (no bucket arrives, the sender makes no step) stops waiting, aborts its "
                                        "end and the sync counts as failed; so does the sender (the trainer) when its "
                                        "bucket does not complete and no receiver makes a step; a trainer whose send "
-                                       "is still out this long + 30 s after its receivers ended stops the run; it must "
-                                       "cover one bucket's transfer and the sender's preparation before the first "
-                                       "bucket (>= 1)")
+                                       "is still out this long + weight_sync.send_slack_s after its receivers ended "
+                                       "stops the run; it must cover one bucket's transfer and the sender's "
+                                       "preparation before the first bucket (>= 1)")
+    send_slack_s: float = _f(30.0, "broadcast only: the seconds beyond weight_sync.stall_timeout_s that the trainer's "
+                                   "send may stay out after its last receiver ended (and an instance's receive after "
+                                   "the send ended) before the trainer (the instance) counts as hung; it covers the "
+                                   "trainer's work after its last bucket and an instance loading the received "
+                                   "weights (>= 0)")
 
 
 @dataclass

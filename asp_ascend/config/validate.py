@@ -37,6 +37,8 @@ _FLOAT_RANGES: dict[str, tuple] = {
     "cost.admit_engine_s": (0.0, True, None, False),
     "rollout.kv_cache_space_gib": (0.0, False, None, False),
     "rollout.request_timeout_s": (0.0, True, None, False),
+    "train.step_timeout_factor": (1.0, True, None, False),
+    "weight_sync.send_slack_s": (0.0, True, None, False),
     "rollout.num_cpus": (0.0, True, None, False),
     "train.lr": (0.0, False, None, False),
     "train.weight_decay": (0.0, True, None, False),
@@ -167,6 +169,10 @@ def validate(cfg: Config, *, check_files: bool = True) -> list[str]:
         p.append(f"weight_sync.stall_timeout_s: {cfg.weight_sync.stall_timeout_s} must be >= 1 (seconds without "
                  "progress before a receiver or the sender gives up; below a second a healthy sync of any real model would be "
                  "cut); use e.g. weight_sync.stall_timeout_s=300 (the default)")
+    if 0 < t.step_timeout_s < 1.0 or t.step_timeout_s < 0:
+        p.append(f"train.step_timeout_s: {t.step_timeout_s} must be 0 (no bound) or >= 1 (seconds a trainer call of "
+                 "an optimizer step may stay out before the run stops; below a second a healthy step of any real "
+                 "model would be cut); use e.g. train.step_timeout_s=1800 (the default)")
     pos("lengths.max_response_length", cfg.lengths.max_response_length)
     pos("workload.num_prompts", cfg.workload.num_prompts)
     pos("workload.epochs", cfg.workload.epochs)

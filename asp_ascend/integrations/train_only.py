@@ -26,4 +26,12 @@ def train_only_problems(cfg, framework: str) -> list[str]:
         problems.append(f"asp.rollout.admission: {cfg.rollout.admission} is not supported with {framework} "
                         "(only asp train's rollout instances report the unfinished samples the sequence rule "
                         "counts); set asp.rollout.admission: groups")
+    train, ws = type(cfg.train)(), type(cfg.weight_sync)()   # the defaults: a value off them was set
+    for key, val, default in (("train.step_timeout_s", cfg.train.step_timeout_s, train.step_timeout_s),
+                              ("train.step_timeout_factor", cfg.train.step_timeout_factor, train.step_timeout_factor),
+                              ("weight_sync.send_slack_s", cfg.weight_sync.send_slack_s, ws.send_slack_s)):
+        if val != default:
+            problems.append(f"asp.{key}: {val:g} is not supported with {framework} (only asp train's loop bounds a "
+                            f"hung trainer call; {framework}'s trainer runs in its own loop, which has no such "
+                            f"bound); remove asp.{key}")
     return problems

@@ -12,6 +12,9 @@
 - ``sync``: t_start, t_end, version (the version published)
 - ``instance``: t, instance, state (up|down|restart): fault-tolerance events; a ``down`` event
   of the runtime also has ``reason`` (the exception's type and message: a crash, a hang, a hung receive)
+- ``trainer``: t, state (``hung``), call (the trainer call waited for: ``train_step``,
+  ``accumulate``, ...), iteration, mini_batch, version, waited_s, bound_s: the run stopped because
+  a trainer call of a step outlived its bound (``train.step_timeout_s``, pipeline/train_watch.py)
 - the tail mechanisms' decisions (DESIGN 9):
   ``steal``: t, epoch, prompt_id, iteration, from_instance, to_instance, predicted_length,
   victim_work (guided dispatch moved a job not yet started);
@@ -57,7 +60,7 @@ from typing import Any, Iterable
 from ..io import json_default
 
 KINDS = ("request", "step", "queue", "sync", "instance", "steal", "tail", "defer", "swap", "regroup", "speculative",
-         "costs", "poll", "submit")
+         "costs", "poll", "submit", "trainer")
 
 REQUEST_FIELDS = ("epoch", "iteration", "instance", "prompt_id", "sample", "admission_version",
                   "t_admit", "t_first_token", "t_finish", "prompt_length", "response_length")

@@ -12,8 +12,8 @@ import numpy as np
 
 from ..errors import ConfigError
 
-__all__ = ["engine_args", "init_ray", "make_weight_sync", "shutdown_instances", "speculative_config", "start_actors", "warm_start",
-           "warm_up", "warm_up_engines"]
+__all__ = ["engine_args", "init_ray", "kill_trainer", "make_weight_sync", "shutdown_instances", "speculative_config",
+           "start_actors", "warm_start", "warm_up", "warm_up_engines"]
 
 
 def init_ray(cfg) -> bool:
@@ -192,6 +192,24 @@ def shutdown_instances(instances) -> None:
             ray.kill(i, no_restart=True)
         except Exception:  # noqa: BLE001
             pass
+
+
+def kill_trainer(trainer) -> None:
+    """End the trainer's actor (every rank of a ``TrainerGroup``) at once, whatever it is doing: a
+    call hung in a collective or on its device never returns, so the actor is killed rather than
+    asked to stop; its resources are free for a next run in this process, also when Ray was
+    already running (``RAY_ADDRESS``) and is not shut down here. Best effort; None: no trainer."""
+    if trainer is None:
+        return
+    import ray
+
+    try:
+        if callable(getattr(type(trainer), "kill", None)):   # a TrainerGroup: its ranks
+            trainer.kill()
+        else:
+            ray.kill(trainer, no_restart=True)
+    except Exception:  # noqa: BLE001 - best effort at shutdown
+        pass
 
 
 def engine_args(cfg) -> dict:

@@ -38,15 +38,18 @@ from .task import RunOutputs, Sampling, Task, score_response  # noqa: F401 - imp
 from ..scheduler.tail_control import TailControl, TailOptions
 from .sync_retry import PendingSyncs
 from .train_calls import StreamedStep, TrainerCalls
+from .train_watch import StepWatch, TrainerBounds
 
 __all__ = ["Orchestrator", "Prompts", "Sampling", "Task", "RunOutputs", "FleetOptions", "Evaluator", "TailOptions",
-           "StreamedStep"]
+           "StreamedStep", "TrainerBounds"]
 
 
 class Orchestrator(TrainerCalls):
     """``replan`` (adaptive): epoch e + 1 is planned from the lengths observed so far once
     epoch e is dispatched. ``ticket``: the reference of version 0's weights (for restarts).
     ``trace``: a list the plan's Feeder records every admission and admission event in.
+    ``bounds``: how long the trainer may take before it counts as hung (a train step:
+    pipeline/train_watch.py; a broadcast's send: pipeline/sync_retry.py).
 
     :meth:`run` is the whole loop. A driver that steps it itself (the execution-path tests)
     calls :meth:`start`, then the phases :meth:`collect_rollouts` and :meth:`dispatch`."""
@@ -55,7 +58,7 @@ class Orchestrator(TrainerCalls):
                  outputs: RunOutputs, *, weight_sync: WeightTransport, ticket: Any = None,
                  fleet: FleetOptions | None = None, evaluator: Evaluator | None = None,
                  replan: Callable | None = None, tail: TailOptions | None = None, trace: list | None = None,
-                 stream_start: str | None = None):
+                 stream_start: str | None = None, bounds: TrainerBounds | None = None):
         if stream_start is not None and stream_start not in STREAM_STARTS:
             raise ValueError(f"pipeline.stream_groups_start: {stream_start!r} is not one of {', '.join(STREAM_STARTS)}")
         if stream_start is not None and plan.settings.sync_mode:
@@ -88,7 +91,10 @@ class Orchestrator(TrainerCalls):
         self.queue = SampleQueue(plan.settings.queue_capacity, on_event=lambda **ev: self._event("queue", **ev))
         self.iteration = self.first_iter          # the trainer's iteration (= its version)
         self.train_call = None                    # (ref, iteration, mini_batch, keys)
-        self.syncs = PendingSyncs(weight_sync, self.fleet.live, self._trainer_holds, self.log.say)  # oldest first
+        self.bounds = bounds or TrainerBounds()
+        self.syncs = PendingSyncs(weight_sync, self.fleet.live, self._trainer_holds, self.log.say,  # oldest first
+                                  send_slack_s=self.bounds.send_slack_s)
+        self.step_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung train step
         self.poll_refs: dict[int, Any] = {}
         self.submit_refs: list = []
         self._sent_at: dict[str, tuple[int, float]] = {}  # first group id of a submit call -> (instance, when sent)

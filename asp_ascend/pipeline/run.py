@@ -15,7 +15,7 @@ import numpy as np
 
 from ..config import stream_groups_of
 from ..errors import ConfigError
-from .actors import init_ray, shutdown_instances, speculative_config, start_actors, warm_up
+from .actors import init_ray, kill_trainer, shutdown_instances, speculative_config, start_actors, warm_up
 from .planning import plan_run, tail_options
 from .preflight import BACKENDS, check_backends, check_resources  # noqa: F401 - the entry's checks
 from .rundir import RUN_FILES, prepare_outputs
@@ -111,12 +111,13 @@ def _run(cfg, settings, train, ev, reward_fn, cores, out: Path, resume, attempt,
 
     owns_ray = init_ray(cfg)
     instances: list = []
+    trainer = None
     try:
         instances, trainer = start_actors(cfg, model_dir, cores, tok_ids, ev_ids, logger)
         wsync, ticket = warm_up(cfg, trainer, instances, train, tok, tok_ids, resume, logger)
         logger.say(f"instances ready; training {plan.total_iterations} iteration(s) of {cfg.train.global_batch_size} "
                    f"prompts x {cfg.train.group_size} samples")
-        from .orchestrator import Orchestrator, RunOutputs
+        from .orchestrator import Orchestrator, RunOutputs, TrainerBounds
 
         t = cfg.train
         task, evaluator = _task(cfg, tok, tok_ids, train, ev, ev_ids, reward_fn)
@@ -124,13 +125,14 @@ def _run(cfg, settings, train, ev, reward_fn, cores, out: Path, resume, attempt,
                             RunOutputs(out / "timeline.jsonl", logger, t_start, t.checkpoint_every, out / "checkpoints"),
                             weight_sync=wsync, ticket=ticket, evaluator=evaluator, replan=replan,
                             fleet=_fleet_options(cfg), tail=tail_options(cfg, out / "schedule.parquet"),
-                            stream_start=_stream_start(cfg))
+                            stream_start=_stream_start(cfg), bounds=TrainerBounds.from_config(cfg))
         if resume is not None:
             orch.history = list(resume.history)  # the length history observed before the interruption
         orch.run()
         _finish(cfg, orch, plan, out, settings.lag_bound, logger, t_start)
     finally:  # also on an error or Ctrl-C: engines closed before Ray goes, so nothing stays in /dev/shm
         shutdown_instances(instances)
+        kill_trainer(trainer)   # a hung one too: Ray cannot end its call, only the actor
         if owns_ray:
             ray.shutdown()
     return 0

@@ -33,8 +33,9 @@ RUN_MARKERS = ("metrics.jsonl", "timeline.jsonl", "summary.json", "instances.jso
 RESUME_SAFE = ("logging.", "sim.", "mindspeed.", "verl.", "resume", "overwrite", "output_dir",
                "train.max_iterations", "train.checkpoint_every", "train.eval_every", "train.num_cpus",
                "train.cpu_cores", "rollout.num_cpus", "rollout.cpu_cores", "rollout.kv_cache_space_gib",
-               "rollout.request_timeout_s", "rollout.max_restarts", "weight_sync.timeout_s",
-               "weight_sync.stall_timeout_s", "weight_sync.master_port", "weight_sync.transport", "weight_sync.bucket_mb")
+               "rollout.request_timeout_s", "rollout.max_restarts", "train.step_timeout_s", "train.step_timeout_factor",
+               "weight_sync.timeout_s", "weight_sync.stall_timeout_s", "weight_sync.send_slack_s",
+               "weight_sync.master_port", "weight_sync.transport", "weight_sync.bucket_mb")
 
 
 def is_safe(key: str) -> bool:

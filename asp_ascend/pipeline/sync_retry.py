@@ -17,7 +17,8 @@ A trainer that hangs in its broadcast (alive, its ``send_weights`` never returni
 anything again: every later call would wait behind that one. Its receivers give up on it after
 ``weight_sync.stall_timeout_s`` (platforms/recv_wait.py), and a sender whose receivers failed or
 stopped gives up itself within that timeout; so once no receiver of a broadcast is pending, its
-send has ``stall_timeout_s + send_slack_s`` more to return. Past that the run stops with
+send has ``stall_timeout_s + send_slack_s`` more to return (``weight_sync.send_slack_s``, default
+30 s). Past that the run stops with
 :class:`TrainerHung` (:meth:`PendingSyncs.check_sends`, run at every :meth:`PendingSyncs.finish`).
 The other way round, once a broadcast's send has ended (done, or given up: a sender gives up on
 receivers that make no progress for the stall timeout and marks the version failed, which every
@@ -33,7 +34,7 @@ from typing import Any, Callable
 from .contracts import PendingWeights, WeightTransport
 
 SYNC_TRIES = 3  # broadcasts of one version before the run stops
-SEND_SLACK_S = 30.0  # beyond weight_sync.stall_timeout_s, for a send whose receivers all ended
+SEND_SLACK_S = 30.0  # default of weight_sync.send_slack_s: beyond the stall timeout, for a send whose receivers ended
 
 
 class TrainerHung(RuntimeError):
@@ -106,8 +107,9 @@ class PendingSyncs:
                 if on_hung is not None and r not in s.reported:
                     s.reported.add(r)
                     on_hung(r, TimeoutError(f"weight sync of version {s.version}: instance {r}'s receive is still "
-                                            f"pending {bound:g} s (weight_sync.stall_timeout_s + {self.send_slack_s:g} "
-                                            f"s) after the trainer's send ended: it hangs"))
+                                            f"pending {bound:g} s (weight_sync.stall_timeout_s {stall:g} s + "
+                                            f"weight_sync.send_slack_s {self.send_slack_s:g} s) after the trainer's "
+                                            f"send ended: it hangs"))
             if waited is None:
                 continue
             why = f"; the instances' receives ended with {s.failed!r}" if s.failed is not None else ""
@@ -117,7 +119,8 @@ class PendingSyncs:
                               f"receivers fail or stop gives up itself within weight_sync.stall_timeout_s = "
                               f"{stall:g} s), and every later trainer call would wait behind it. The run stops: "
                               f"resume from the last checkpoint with resume=true; if the trainer is only slow "
-                              f"after its last bucket, raise weight_sync.stall_timeout_s")
+                              f"after its last bucket, raise weight_sync.send_slack_s (now {self.send_slack_s:g} s) "
+                              f"or weight_sync.stall_timeout_s")
 
     def retry(self, s: PendingWeights) -> bool:
         """Returns True if ``s.version`` is sent again to the live instances that lack it; False if

@@ -11,6 +11,7 @@ from ..scheduler.admission import LagViolation
 from ..scheduler.execution import stream_candidate
 from ..scheduler.microbatch import step_denominator
 from .progress import IterationProgress, check_step_finite
+from .train_watch import TrainStepHung, hung_message
 
 __all__ = ["StreamedStep", "TrainerCalls"]
 
@@ -72,7 +73,7 @@ class TrainerCalls:
         ref = (self.trainer.train_step.remote(samples) if denom is None
                else self.trainer.train_step.remote(samples, denom))
         ids = [[g["epoch"], g["prompt_id"], s["sample"]] for g in groups for s in g["samples"]]
-        self.train_call = (ref, self.iteration, m, ids)
+        self._send((ref, self.iteration, m, ids), "train_step", len(samples))
 
     def _stream_groups(self, it: IterationProgress, planned: dict, mbs: dict, todo: list[int]) -> None:
         """``pipeline.stream_groups``: send the generated groups of the mini-batch being streamed to
@@ -112,13 +113,14 @@ class TrainerCalls:
         st.ids.extend([g["epoch"], g["prompt_id"], s["sample"]] for g in groups for s in g["samples"])
         ref = self.trainer.accumulate.remote(samples)
         if not last:
-            self.train_call = (ref, self.iteration, m, None)
+            self._send((ref, self.iteration, m, None), "accumulate", len(samples))
             return
         denom = self._denominator(mbs)
         if denom is None:
             denom = step_denominator(st.samples, self.task.loss_agg)
         self.streamed = None
-        self.train_call = (self.trainer.apply_step.remote(denom), self.iteration, m, st.ids, ref)
+        self._send((self.trainer.apply_step.remote(denom), self.iteration, m, st.ids, ref), "accumulate + apply_step",
+                   len(samples))
 
     def _trained_samples(self, it: IterationProgress, groups: list[dict]) -> list[dict]:
         """The trainer's samples of ``groups`` (taken for the current iteration): their requests
@@ -165,13 +167,37 @@ class TrainerCalls:
                 self.timeline.add("request", **ev)
                 self._writer.add("request", **ev)
 
+    def _send(self, call: tuple, name: str, samples: int) -> None:
+        """``call`` (ref, iteration, mini-batch, trained ids or None, *earlier parts) is now the
+        trainer call in flight; its clock starts (pipeline/train_watch.py)."""
+        self.train_call = call
+        self.step_watch.sent(self.now(), name, samples)
+
+    def _check_step_hung(self, i: int, m: int) -> None:
+        """Raise :class:`TrainStepHung` when the trainer call in flight is past its bound (a
+        ``trainer`` event first, state ``hung``, and a log line)."""
+        w = self.step_watch
+        waited = w.overdue(self.now())
+        if waited is None:
+            return
+        from .checkpoint import find_latest
+
+        ck = find_latest(self.out.checkpoint_dir) if self.out.checkpoint_dir is not None else None
+        self._event("trainer", t=self.now(), state="hung", call=w.call, iteration=i, mini_batch=m, version=i,
+                    waited_s=round(waited, 3), bound_s=w.bound_s())
+        self.log.say(f"trainer hung: its {w.call} of iteration {i}, mini-batch {m} is out {waited:.0f} s "
+                     f"(bound {w.bound_s():g} s); stopping the run")
+        raise TrainStepHung(hung_message(w.call, i, m, w.samples, waited, w, None if ck is None else str(ck)))
+
     def _finish_train_step(self) -> None:
         if self.train_call is None:
             return
         ref, i, m, ids, *parts = self.train_call
         ready, _ = self.ray.wait([ref], timeout=0)
         if not ready:
+            self._check_step_hung(i, m)
             return
+        self.step_watch.done(self.now())
         self.ray.get(parts)  # a streamed step's last part: its error first, if it failed
         st = self.ray.get(ref)
         self.train_call = None

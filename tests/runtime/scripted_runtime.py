@@ -23,6 +23,7 @@ import ray
 from asp_ascend.algos.grpo import LossConfig
 from asp_ascend.pipeline.logger import RunLogger
 from asp_ascend.pipeline.orchestrator import FleetOptions, Orchestrator, Prompts, RunOutputs, Sampling, Task
+from asp_ascend.pipeline.train_watch import TrainerBounds
 from asp_ascend.pipeline.weight_sync import WeightSync
 from asp_ascend.scheduler.execution import ExecutionSettings
 from exec_common import G, R, run_mindspeed, sim_trained, simulate
@@ -191,6 +192,23 @@ def hanging_trainer_class(hang_from: int):
     return ray.remote(HangingTrainer)
 
 
+def hanging_step_trainer_class(hang_at: int):
+    """A Ray actor class of the real trainer whose ``hang_at``-th ``train_step`` (from 1) never
+    returns, as one stuck in a collective or on a wedged device: alive, no progress."""
+    from asp_ascend.engines.trainer import TrainerEngine
+
+    class HangingStepTrainer(TrainerEngine):
+        steps = 0
+
+        def train_step(self, *args, **kwargs) -> dict:
+            self.steps += 1
+            if self.steps == hang_at:
+                time.sleep(3600)
+            return super().train_step(*args, **kwargs)
+
+    return ray.remote(HangingStepTrainer)
+
+
 @pytest.fixture(scope="module")
 def trainer(cluster):
     return start_trainer(cluster)
@@ -210,12 +228,13 @@ def run_loop(trainer, plan_, lengths: dict, out, *, version: int = 0, die_after=
              stream_start: str | None = None, tail=None, on_orch=None, held=(),
              hold_last_of_first: int = 0, hang_sync=(0, 0), transport: str = "object_store",
              stall_timeout_s: float = 300.0, send_slack_s: float | None = None,
-             run_timeout_s: float = RUN_TIMEOUT_S) -> Orchestrator:
+             step_timeout: tuple[float, float] | None = None, run_timeout_s: float = RUN_TIMEOUT_S) -> Orchestrator:
     """The runtime's loop over fresh instances, from ``version`` (the trainer's weights pushed first);
     ``held``, ``hold_last_of_first``, ``hang_sync``: what the instances keep unfinished, and until
     when, and which sync never returns (``ScriptedInstance``). ``transport``, ``stall_timeout_s``:
     weight_sync's; ``send_slack_s``: the hung-sync bound's slack beyond the stall timeout
-    (``PendingSyncs``; None: its default)."""
+    (``weight_sync.send_slack_s``; None: its default); ``step_timeout``: (``train.step_timeout_s``,
+    ``train.step_timeout_factor``), the hung-step bound (None: the defaults)."""
     insts = [ScriptedInstance.options(max_restarts=restarts).remote(r, lengths, die_after[r], tick, held,
                                                                     hold_last_of_first, hang_sync[r])
              for r in range(R)]
@@ -228,15 +247,18 @@ def run_loop(trainer, plan_, lengths: dict, out, *, version: int = 0, die_after=
                 lambda text, answer: float(len(text) % 3), lambda t: " ".join(map(str, t)),
                 Sampling(G, 40, 1.0, 1.0, [1], 0))
     out.mkdir(parents=True, exist_ok=True)
+    bounds = TrainerBounds()
+    if send_slack_s is not None:
+        bounds.send_slack_s = float(send_slack_s)
+    if step_timeout is not None:
+        bounds.step_timeout_s, bounds.step_timeout_factor = map(float, step_timeout)
     logger = RunLogger(out, tensorboard=False, wandb_project=None, progress=False, total_iterations=0)
     logger.said, say = [], logger.say      # the run's log lines, for the tests (orch.log.said)
     logger.say = lambda msg: (logger.said.append(msg), say(msg))[1]
     orch = Orchestrator(insts, trainer, plan_, task,
                         RunOutputs(out / "timeline.jsonl", logger, time.time(), checkpoint_every, out / "checkpoints"),
                         weight_sync=wsync, ticket=first.ticket, fleet=FleetOptions(poll_s=0.02, max_restarts=restarts),
-                        replan=replan, stream_start=stream_start, tail=tail)
-    if send_slack_s is not None:
-        orch.syncs.send_slack_s = float(send_slack_s)
+                        replan=replan, stream_start=stream_start, tail=tail, bounds=bounds)
     if on_orch is not None:
         on_orch(orch)
     if history is not None:

@@ -1,17 +1,21 @@
-"""The hung-sync bounds (pipeline/sync_retry.py) through the real loop: an instance whose weight
-receive never returns, and a trainer whose broadcast never returns.
+"""The hung-trainer and hung-sync bounds through the real loop: an instance whose weight receive
+never returns, a trainer whose broadcast never returns (pipeline/sync_retry.py), and a trainer
+whose train step never returns (pipeline/train_watch.py).
 
 The runtime side is scripted_runtime.py's: ``Orchestrator.run`` on Ray with the real trainer on a
 tiny model, the real broadcast weight sync (a gloo group; the scripted instances receive every
 bucket for real), fleet and sample queue. The bound (``weight_sync.stall_timeout_s`` + the slack
 ``PendingSyncs.send_slack_s``, 300 + 30 s by default) is cut to seconds here. Without the bound
 the first run never ends (its sync waits on the hung instance for ever) and the second blocks
-until the run timeout (the trainer's send never returns).
+until the run timeout (the trainer's send never returns). The hung step's bound
+(``train.step_timeout_s``, 1800 s by default) is cut to 3 s; without it the loop waits on the
+step until the run timeout.
 """
 from __future__ import annotations
 
 import importlib.util
 import re
+import time
 
 import pytest
 
@@ -22,14 +26,20 @@ pytestmark = [pytest.mark.runtime, pytest.mark.skipif(any(importlib.util.find_sp
 
 ray = pytest.importorskip("ray")
 
+from asp_ascend.metrics import Timeline  # noqa: E402
+from asp_ascend.pipeline.actors import kill_trainer  # noqa: E402
+from asp_ascend.pipeline.checkpoint import find_latest, is_valid  # noqa: E402
 from asp_ascend.pipeline.sync_retry import TrainerHung  # noqa: E402
+from asp_ascend.pipeline.train_watch import TrainStepHung  # noqa: E402
 from asp_ascend.scheduler.execution import ExecutionPlan  # noqa: E402
 from scripted_runtime import cluster  # noqa: E402,F401 (the fixture)
-from scripted_runtime import (K, hanging_trainer_class, instance_events, lengths_of, others,  # noqa: E402
-                              run_loop, settings_for, start_trainer)
+from scripted_runtime import (K, hanging_step_trainer_class, hanging_trainer_class, instance_events,  # noqa: E402
+                              lengths_of, others, run_loop, settings_for, start_trainer)
 
 STALL_S, SLACK_S = 4.0, 2.0   # a receiver's (and sender's) stall timeout; the bound's slack beyond it
 RUN_S = 240                    # a run that outlives this hangs
+STEP_S, STEP_FACTOR = 3.0, 2.0  # train.step_timeout_s, train.step_timeout_factor
+STEP_RUN_S = 60                 # the hung-step run stops within the bound, seconds into the run
 
 
 def test_instance_whose_receive_never_returns_is_failed_over_as_hung(cluster, tmp_path):
@@ -80,3 +90,43 @@ def test_trainer_whose_send_never_returns_stops_the_run(cluster, tmp_path, check
     assert "weight sync of version 2:" in msg and "resume=true" in msg and "weight_sync.stall_timeout_s" in msg
     waited = float(re.search(r"has not returned (\d+) s after", msg).group(1))
     assert STALL_S + SLACK_S - 1 <= waited <= STALL_S + SLACK_S + 15, msg
+
+
+def test_trainer_whose_train_step_never_returns_stops_the_run(cluster, tmp_path):
+    """The trainer's fifth ``train_step`` (iteration 2's first mini-batch; two per iteration) never
+    returns. Once it has been out max(train.step_timeout_s, factor x the slowest step so far) the
+    run stops with TrainStepHung naming the iteration, the call, the seconds, the keys and the
+    checkpoint to resume from; the checkpoints written before (one per iteration) are all
+    complete, the newest is version 2, and the timeline's last event says why. ``asp train``'s
+    teardown (``kill_trainer``) ends the hung actor."""
+    sched, resp = schedule_and_lengths("asp", K, epochs=1)
+    lengths = lengths_of(sched, resp)
+    trainer = start_trainer(cluster, hanging_step_trainer_class(hang_at=5))
+    seen: list = []
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(TrainStepHung) as err:
+            run_loop(trainer, ExecutionPlan.from_schedule(sched, settings_for()), lengths, tmp_path,
+                     checkpoint_every=1, step_timeout=(STEP_S, STEP_FACTOR), run_timeout_s=STEP_RUN_S,
+                     on_orch=seen.append)
+        took = time.monotonic() - t0
+    finally:
+        kill_trainer(trainer)      # asp train's teardown: the hung actor goes, its call with it
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(trainer.ready.remote(), timeout=30)
+    msg = str(err.value)
+    assert isinstance(err.value, TrainerHung)      # one type to catch for a hung trainer
+    assert msg.startswith("iteration 2 (policy version 2), mini-batch "), msg
+    assert "the trainer's train_step of 6 sample(s) has not returned" in msg, msg
+    assert "train.step_timeout_s = 3 s" in msg and "train.step_timeout_factor 2 x the slowest of 4" in msg, msg
+    assert f"{tmp_path / 'checkpoints' / 'iter_000002'}, with resume=true" in msg, msg
+    (ev,) = Timeline.read_jsonl(tmp_path / "timeline.jsonl").events["trainer"]
+    assert ev["state"] == "hung" and ev["call"] == "train_step" and ev["iteration"] == 2, ev
+    assert ev["bound_s"] >= STEP_S and ev["bound_s"] < ev["waited_s"] <= ev["bound_s"] + 2.0, ev
+    print(f"hung train step: stopped {ev['waited_s']:.2f} s after it was sent, bound {ev['bound_s']:.2f} s")
+    assert took < STEP_RUN_S, took
+    assert [m for m in seen[0].log.said if m.startswith("trainer hung: its train_step of iteration 2")], seen[0].log.said
+    ck = tmp_path / "checkpoints"
+    assert find_latest(ck).name == "iter_000002"
+    assert sorted(p.name for p in ck.iterdir()) == ["iter_000001", "iter_000002", "latest"]   # nothing half-written
+    assert all(is_valid(ck / n) for n in ("iter_000001", "iter_000002"))

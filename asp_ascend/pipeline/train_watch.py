@@ -1,0 +1,103 @@
+"""A trainer hung inside a train step: the bound the loop keeps while it waits for a trainer call.
+
+Ray cannot interrupt a running call of the trainer's actor, and every later call (the next step,
+a weight sync, a checkpoint) queues behind it; a trainer call that never returns (a collective
+that never completes on one rank, a wedged device, a deadlock in the data path) would hold the
+run for ever while the rollout instances fill to the lag bound and wait. So the loop measures
+each trainer call of a step (``train_step``, or a streamed step's ``accumulate`` and
+``apply_step``) from the moment it sends it to the moment it sees its result, and gives up on
+one that has been out longer than
+
+    max(train.step_timeout_s, train.step_timeout_factor x the slowest such call so far)
+
+(:class:`StepWatch`): the run stops with :class:`TrainStepHung`. The first call of an attempt
+has no measurement, so only ``train.step_timeout_s`` bounds it: it must cover the first step's
+one-time costs (kernel compilation, graph capture, allocator warm-up). Checkpoint saves are not
+train steps: the loop sends none while a step is out, their time does not count, and they do not
+enter "the slowest call". A call queued behind the trainer's previous work (the object store's
+``publish`` of the version before, ``begin_iteration``) counts from its send, so that work counts
+too. ``train.step_timeout_s: 0`` turns the bound off.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import AspError
+from .sync_retry import SEND_SLACK_S, TrainerHung
+
+STEP_TIMEOUT_S = 1800.0      # train.step_timeout_s: the bound of a call with nothing measured yet
+STEP_TIMEOUT_FACTOR = 10.0   # train.step_timeout_factor: times the slowest call so far
+
+__all__ = ["STEP_TIMEOUT_FACTOR", "STEP_TIMEOUT_S", "StepWatch", "TrainStepHung", "TrainerBounds", "hung_message"]
+
+
+@dataclass
+class TrainerBounds:
+    """How long the loop waits on the trainer before it counts as hung (config keys in comments)."""
+    step_timeout_s: float = STEP_TIMEOUT_S            # train.step_timeout_s (0 = no bound)
+    step_timeout_factor: float = STEP_TIMEOUT_FACTOR  # train.step_timeout_factor
+    send_slack_s: float = SEND_SLACK_S                # weight_sync.send_slack_s (pipeline/sync_retry.py)
+
+    @classmethod
+    def from_config(cls, cfg) -> "TrainerBounds":
+        return cls(float(cfg.train.step_timeout_s), float(cfg.train.step_timeout_factor),
+                   float(cfg.weight_sync.send_slack_s))
+
+
+class TrainStepHung(TrainerHung, AspError):
+    """A trainer call of a train step did not return within its bound: the trainer hangs, and
+    the run cannot go on without it (the CLI prints the message, which says how to go on)."""
+
+
+class StepWatch:
+    """The clock of the trainer call in flight (at most one) and the slowest call seen. Times are
+    the caller's clock (seconds); pure, no Ray."""
+
+    def __init__(self, timeout_s: float = STEP_TIMEOUT_S, factor: float = STEP_TIMEOUT_FACTOR):
+        self.timeout_s, self.factor = float(timeout_s), float(factor)
+        self.t_sent: float | None = None   # when the call in flight was sent
+        self.slowest = 0.0                 # the longest call seen so far, sent to seen done (s)
+        self.calls = 0                     # calls seen done
+        self.call, self.samples = "", 0    # the call in flight: its name, the samples it trains
+
+    def sent(self, now: float, call: str = "train_step", samples: int = 0) -> None:
+        """A trainer call of a step was sent (the loop has at most one out)."""
+        self.t_sent, self.call, self.samples = now, call, int(samples)
+
+    def done(self, now: float) -> float:
+        """The call in flight was seen done; returns its time."""
+        took = 0.0 if self.t_sent is None else max(0.0, now - self.t_sent)
+        self.slowest, self.calls, self.t_sent = max(self.slowest, took), self.calls + 1, None
+        return took
+
+    def bound_s(self) -> float:
+        """The bound of the call in flight: ``max(timeout_s, factor x slowest)``; 0 = none."""
+        if self.timeout_s <= 0:
+            return 0.0
+        return max(self.timeout_s, self.factor * self.slowest)
+
+    def overdue(self, now: float) -> float | None:
+        """The seconds the call in flight has been out, once past its bound (else None)."""
+        bound = self.bound_s()
+        if self.t_sent is None or bound <= 0 or now - self.t_sent <= bound:
+            return None
+        return now - self.t_sent
+
+
+def hung_message(call: str, iteration: int, mini_batch: int, samples: int, waited: float, watch: StepWatch,
+                 checkpoint: str | None) -> str:
+    """What :class:`TrainStepHung` says: what the loop waited for, how long, its bound and where it
+    comes from, the checkpoint to resume from (``checkpoint``: its folder, None: none written)."""
+    measured = (f"train.step_timeout_factor {watch.factor:g} x the slowest of {watch.calls} trainer call(s) so "
+                f"far, {watch.slowest:.1f} s" if watch.calls else "no trainer call measured yet: this is the first")
+    what = f"{call} of {samples} sample(s)" if samples else call
+    how = (f"resume from its newest checkpoint, {checkpoint}, with resume=true" if checkpoint is not None else
+           "no checkpoint was written (train.checkpoint_every=N saves one every N iterations), so start it again "
+           "with overwrite=true")
+    return (f"iteration {iteration} (policy version {iteration}), mini-batch {mini_batch}: the trainer's {what} has "
+            f"not returned {waited:.0f} s after it was sent, past its bound of {watch.bound_s():g} s (the larger of "
+            f"train.step_timeout_s = {watch.timeout_s:g} s and {measured}): the trainer hangs (a collective that never "
+            f"returns on one of its ranks, a wedged device, a deadlock in its data path), and every later trainer call "
+            f"would wait behind it. The run stops with nothing of iteration {iteration} saved; {how}. If the trainer "
+            f"is only slow (a first step that compiles, a much longer batch), raise train.step_timeout_s or "
+            f"train.step_timeout_factor (train.step_timeout_s=0 turns the bound off)")
