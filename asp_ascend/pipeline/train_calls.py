@@ -184,7 +184,7 @@ class TrainerCalls:
 
         ck = find_latest(self.out.checkpoint_dir) if self.out.checkpoint_dir is not None else None
         self._event("trainer", t=self.now(), state="hung", call=w.call, iteration=i, mini_batch=m, version=i,
-                    waited_s=round(waited, 3), bound_s=w.bound_s())
+                    waited_s=waited, bound_s=w.bound_s())
         self.log.say(f"trainer hung: its {w.call} of iteration {i}, mini-batch {m} is out {waited:.0f} s "
                      f"(bound {w.bound_s():g} s); stopping the run")
         raise TrainStepHung(hung_message(w.call, i, m, w.samples, waited, w, None if ck is None else str(ck)))
