@@ -31,15 +31,17 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
+from ..errors import AspError
 from .contracts import PendingWeights, WeightTransport
 
 SYNC_TRIES = 3  # broadcasts of one version before the run stops
 SEND_SLACK_S = 30.0  # default of weight_sync.send_slack_s: beyond the stall timeout, for a send whose receivers ended
 
 
-class TrainerHung(RuntimeError):
+class TrainerHung(RuntimeError, AspError):
     """The trainer's broadcast did not return within the stall timeout (plus slack) after its last
-    receiver ended: the trainer hangs, and the run cannot go on without it."""
+    receiver ended: the trainer hangs, and the run cannot go on without it. An AspError: the CLI
+    prints its message (version, the bound, ``resume=true``, the keys to raise) without a traceback."""
 
 
 class PendingSyncs:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import AspError
 from .sync_retry import SEND_SLACK_S, TrainerHung
 
 STEP_TIMEOUT_S = 1800.0      # train.step_timeout_s: the bound of a call with nothing measured yet
@@ -44,7 +43,7 @@ class TrainerBounds:
                    float(cfg.weight_sync.send_slack_s))
 
 
-class TrainStepHung(TrainerHung, AspError):
+class TrainStepHung(TrainerHung):
     """A trainer call of a train step did not return within its bound: the trainer hangs, and
     the run cannot go on without it (the CLI prints the message, which says how to go on)."""
 

@@ -12,6 +12,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from asp_ascend.errors import AspError  # noqa: E402
 from asp_ascend.pipeline.sync_retry import SYNC_TRIES, PendingSyncs, TrainerHung  # noqa: E402
 from asp_ascend.pipeline.weight_sync import WeightSync  # noqa: E402
 
@@ -161,6 +162,7 @@ def test_a_trainer_hung_in_its_broadcast_stops_the_run_after_the_stall_timeout(r
     assert "resume=true" in text and "raise weight_sync.send_slack_s (now 0.5 s) or weight_sync.stall_timeout_s" in text, \
         text
     assert "broadcast group broken" in text, text  # the instances' error is named
+    assert isinstance(info.value, AspError)   # the CLI prints the message, not a traceback
     assert 1.5 <= took <= 10.0, took
     assert run.done == [] and run.synced == []
 
