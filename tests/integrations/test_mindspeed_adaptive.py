@@ -15,33 +15,10 @@ from asp_ascend.integrations.mindspeed_rl.sample_source import DispatcherSource,
 from asp_ascend.scheduler.execution import ExecutionPlan, ExecutionSettings
 from asp_ascend.scheduler.run import inputs_from_config, plan_epoch_frame
 
+from .scripted_instances import LengthInstance
+
 N, GBS, K = 24, 6, 1
 LENGTHS = {str(p): 2 + (p * 7) % 11 for p in range(N)}     # decode steps = response tokens per sample
-
-
-class LengthInstance:
-    """An in-process instance with the runtime engine's submit/poll: a group of prompt p finishes after
-    LENGTHS[p] polls with that many tokens per sample."""
-
-    def __init__(self, idx):
-        self.idx, self.version, self.running = idx, 0, []
-
-    def submit(self, group_id, prompt_token_ids, n, max_tokens, temperature, top_p, seed, stop_token_ids, meta=None):
-        length = LENGTHS[meta["prompt_id"]]
-        self.running.append({"group_id": group_id, "meta": meta, "left": length, "len": length, "n": n,
-                             "version": self.version})
-        return self.version
-
-    def poll(self):
-        done = []
-        for g in list(self.running):
-            g["left"] -= 1
-            if g["left"] <= 0:
-                self.running.remove(g)
-                done.append({"group_id": g["group_id"], "meta": g["meta"], "admission_version": g["version"],
-                             "t_admit": 0.0, "samples": [{"token_ids": [1] * g["len"], "logprobs": [-0.5] * g["len"],
-                                                          "t_finish": 1.0} for _ in range(g["n"])]})
-        return {"groups": done}
 
 
 def _config(tmp_path, adaptive=True):
@@ -65,7 +42,7 @@ def _source(cfg, path, start=0):
         seen.append((epoch, list(history), offset))
         return replan(epoch, history, offset)
 
-    insts = [LengthInstance(0), LengthInstance(1)]
+    insts = [LengthInstance(0, LENGTHS), LengthInstance(1, LENGTHS)]
     for inst in insts:                              # the trainer's weights are pushed first (wire_source)
         inst.version = start
     src = DispatcherSource(plan, insts, lambda pid: ([int(pid), 1], {}),

@@ -7,32 +7,7 @@ import pytest
 from asp_ascend.integrations.mindspeed_rl.sample_source import DispatcherSource
 from asp_ascend.scheduler.execution import ExecutionPlan, ExecutionSettings
 
-
-class StepInstance:
-    """An in-process instance with the runtime engine's submit/poll: a group finishes after
-    ``length`` polls (decode steps); tokens are deterministic, log-probs recorded per token."""
-
-    def __init__(self, idx: int):
-        self.idx, self.version, self.running, self.max_running = idx, 0, [], 0
-
-    def submit(self, group_id, prompt_token_ids, n, max_tokens, temperature, top_p, seed, stop_token_ids, meta=None):
-        length = 1 + (sum(prompt_token_ids) % 5)
-        self.running.append({"group_id": group_id, "meta": meta, "left": length, "n": n, "len": length,
-                             "version": self.version, "t": float(len(self.running))})
-        self.max_running = max(self.max_running, len(self.running))
-        return self.version
-
-    def poll(self):
-        done = []
-        for g in list(self.running):
-            g["left"] -= 1
-            if g["left"] <= 0:
-                self.running.remove(g)
-                done.append({"group_id": g["group_id"], "meta": g["meta"], "instance": self.idx,
-                             "admission_version": g["version"], "t_admit": g["t"],
-                             "samples": [{"token_ids": [s] * g["len"], "logprobs": [-0.5] * g["len"],
-                                          "t_finish": g["t"] + g["len"]} for s in range(g["n"])]})
-        return {"groups": done}
+from .scripted_instances import LengthInstance, StepInstance
 
 
 def schedule(num=24, gbs=6, r=2):
@@ -156,20 +131,6 @@ def test_a_plan_from_the_first_iteration_stalls_a_resumed_trainer():
                            sampling=SAMPLING, poll_interval_s=0.0, timeout_s=0.05)
     with pytest.raises(AspError, match="iteration 3: 0/6 groups"):
         src.get_groups(3, 6)
-
-
-class LengthInstance(StepInstance):
-    """StepInstance whose group lengths come from a table (prompt id -> decode steps)."""
-
-    def __init__(self, idx, lengths):
-        super().__init__(idx)
-        self.lengths = lengths
-
-    def submit(self, group_id, prompt_token_ids, n, max_tokens, temperature, top_p, seed, stop_token_ids, meta=None):
-        v = super().submit(group_id, prompt_token_ids, n, max_tokens, temperature, top_p, seed, stop_token_ids, meta)
-        g = self.running[-1]
-        g["left"] = g["len"] = self.lengths[meta["prompt_id"]]
-        return v
 
 
 def test_partial_rollout_carries_a_late_group_over_exactly_once_within_k_plus_s():
