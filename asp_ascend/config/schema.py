@@ -233,10 +233,12 @@ class TrainConfig:
                                "step's accumulate / apply_step) still out max(this, train.step_timeout_factor x the "
                                "slowest such call so far) seconds after it was sent stops the run (the trainer hangs: "
                                "resume=true continues from the newest checkpoint); the first call of a run has only "
-                               "this, so it must cover the first step's compilation and warm-up; checkpoint saves "
-                               "do not count; 0 = no bound, else >= 1")
+                               "this, so it must cover the first step's compilation and warm-up; a checkpoint save "
+                               "has the same bound on its own clock (max(this, factor x the slowest save so far)); "
+                               "0 = no bound, else >= 1")
     step_timeout_factor: float = _f(10.0, "asp train: the bound of a trainer call grows to this many times the "
-                                    "slowest call measured so far when that is more than train.step_timeout_s (>= 1)")
+                                    "slowest call (a checkpoint save: the slowest save) measured so far when that is more "
+                                    "than train.step_timeout_s (>= 1)")
     cpu_cores: list = _f([], "CPU only: cores of the trainer, e.g. [1] (shared by all ranks) or [[1],[2]] "
                          "(one list per rank, train.devices > 1); [] = no pinning")
     num_cpus: float = _f(1.0, "Ray CPUs reserved per trainer rank when not pinned (pinned: one per listed core)")

@@ -13,8 +13,9 @@
 - ``instance``: t, instance, state (up|down|restart): fault-tolerance events; a ``down`` event
   of the runtime also has ``reason`` (the exception's type and message: a crash, a hang, a hung receive)
 - ``trainer``: t, state (``hung``), call (the trainer call waited for: ``train_step``,
-  ``accumulate``, ...), iteration, mini_batch, version, waited_s, bound_s: the run stopped because
-  a trainer call of a step outlived its bound (``train.step_timeout_s``, pipeline/train_watch.py)
+  ``accumulate``, ..., ``save_checkpoint``), iteration, mini_batch (None for a save), version,
+  waited_s, bound_s: the run stopped because a trainer call of a step, or a checkpoint save,
+  outlived its bound (``train.step_timeout_s``, pipeline/train_watch.py)
 - the tail mechanisms' decisions (DESIGN 9):
   ``steal``: t, epoch, prompt_id, iteration, from_instance, to_instance, predicted_length,
   victim_work (guided dispatch moved a job not yet started);

@@ -38,7 +38,7 @@ from .task import RunOutputs, Sampling, Task, score_response  # noqa: F401 - imp
 from ..scheduler.tail_control import TailControl, TailOptions
 from .sync_retry import PendingSyncs
 from .train_calls import StreamedStep, TrainerCalls
-from .train_watch import StepWatch, TrainerBounds
+from .train_watch import CheckpointSaveHung, StepWatch, TrainerBounds, save_hung_message
 
 __all__ = ["Orchestrator", "Prompts", "Sampling", "Task", "RunOutputs", "FleetOptions", "Evaluator", "TailOptions",
            "StreamedStep", "TrainerBounds"]
@@ -95,6 +95,7 @@ class Orchestrator(TrainerCalls):
         self.syncs = PendingSyncs(weight_sync, self.fleet.live, self._trainer_holds, self.log.say,  # oldest first
                                   send_slack_s=self.bounds.send_slack_s)
         self.step_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung train step
+        self.save_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung save
         self.poll_refs: dict[int, Any] = {}
         self.submit_refs: list = []
         self._sent_at: dict[str, tuple[int, float]] = {}  # first group id of a submit call -> (instance, when sent)
@@ -405,15 +406,39 @@ class Orchestrator(TrainerCalls):
 
         state = checkpoint.driver_state(self.history, self.plan.iterations, version, self.last_iteration,
                                         self.tail.carry)
-        checkpoint.save(self.out.checkpoint_dir, version,
-                        lambda tmp: self._trainer_get(self.trainer.save_checkpoint.remote(str(tmp), {"iteration": version})),
-                        state)
+        checkpoint.save(self.out.checkpoint_dir, version, lambda tmp: self._save_trainer(version, tmp), state)
 
-    def _trainer_get(self, ref) -> Any:
+    def _save_trainer(self, version: int, tmp) -> Any:
+        """The trainer's part of checkpoint ``version`` into ``tmp``, bounded by ``save_watch`` (its
+        own clock, from the send; the same keys as a step's): past the bound, :class:`CheckpointSaveHung`
+        (a ``trainer`` event first, state ``hung``, and a log line); ``tmp`` is never renamed."""
+        w = self.save_watch
+        w.sent(self.now(), "save_checkpoint")
+        ref = self.trainer.save_checkpoint.remote(str(tmp), {"iteration": version})
+
+        def check() -> None:
+            waited = w.overdue(self.now())
+            if waited is None:
+                return
+            from .checkpoint import find_latest
+
+            ck = find_latest(self.out.checkpoint_dir)
+            self._event("trainer", t=self.now(), state="hung", call=w.call, iteration=version - 1, mini_batch=None,
+                        version=version, waited_s=waited, bound_s=w.bound_s())
+            self.log.say(f"trainer hung: its save_checkpoint of version {version} is out {waited:.0f} s "
+                         f"(bound {w.bound_s():g} s); stopping the run")
+            raise CheckpointSaveHung(save_hung_message(version, str(tmp), waited, w, None if ck is None else str(ck)))
+        got = self._trainer_get(ref, check)
+        w.done(self.now())
+        return got
+
+    def _trainer_get(self, ref, check=None) -> Any:
         """``ray.get`` of a trainer call, which runs only after a broadcast in flight on the trainer's
         actor returns: meanwhile that broadcast is checked (``PendingSyncs.check_sends``), so a trainer
-        hung in it stops the run here too instead of blocking it."""
-        while not self.ray.wait([ref], timeout=1.0)[0]:
+        hung in it stops the run here too instead of blocking it; then ``check()`` (a call's own bound)."""
+        while not self.ray.wait([ref], timeout=0.2)[0]:
             self.syncs.check_sends(self.ray)
+            if check is not None:
+                check()
         return self.ray.get(ref)
 

@@ -14,7 +14,8 @@ one that has been out longer than
 has no measurement, so only ``train.step_timeout_s`` bounds it: it must cover the first step's
 one-time costs (kernel compilation, graph capture, allocator warm-up). Checkpoint saves are not
 train steps: the loop sends none while a step is out, their time does not count, and they do not
-enter "the slowest call". A call queued behind the trainer's previous work (the object store's
+enter "the slowest call". A save has its own :class:`StepWatch` (the same keys, its own clock and
+its own slowest save): one that outlives it stops the run with :class:`CheckpointSaveHung`. A call queued behind the trainer's previous work (the object store's
 ``publish`` of the version before, ``begin_iteration``) counts from its send, so that work counts
 too. ``train.step_timeout_s: 0`` turns the bound off.
 """
@@ -27,7 +28,8 @@ from .sync_retry import SEND_SLACK_S, TrainerHung
 STEP_TIMEOUT_S = 1800.0      # train.step_timeout_s: the bound of a call with nothing measured yet
 STEP_TIMEOUT_FACTOR = 10.0   # train.step_timeout_factor: times the slowest call so far
 
-__all__ = ["STEP_TIMEOUT_FACTOR", "STEP_TIMEOUT_S", "StepWatch", "TrainStepHung", "TrainerBounds", "hung_message"]
+__all__ = ["STEP_TIMEOUT_FACTOR", "STEP_TIMEOUT_S", "CheckpointSaveHung", "StepWatch", "TrainStepHung", "TrainerBounds",
+           "hung_message", "save_hung_message"]
 
 
 @dataclass
@@ -46,6 +48,11 @@ class TrainerBounds:
 class TrainStepHung(TrainerHung):
     """A trainer call of a train step did not return within its bound: the trainer hangs, and
     the run cannot go on without it (the CLI prints the message, which says how to go on)."""
+
+
+class CheckpointSaveHung(TrainerHung):
+    """The trainer's checkpoint save did not return within its bound (a file system that blocks, a
+    full disk that hangs): the run stops; the half-written checkpoint is never the resume point."""
 
 
 class StepWatch:
@@ -100,3 +107,19 @@ def hung_message(call: str, iteration: int, mini_batch: int, samples: int, waite
             f"would wait behind it. The run stops with nothing of iteration {iteration} saved; {how}. If the trainer "
             f"is only slow (a first step that compiles, a much longer batch), raise train.step_timeout_s or "
             f"train.step_timeout_factor (train.step_timeout_s=0 turns the bound off)")
+
+
+def save_hung_message(version: int, tmp: str, waited: float, watch: StepWatch, checkpoint: str | None) -> str:
+    """What :class:`CheckpointSaveHung` says: the save, how long, its bound and where it comes from,
+    the newest complete checkpoint to resume from (``checkpoint``; None: none written)."""
+    measured = (f"train.step_timeout_factor {watch.factor:g} x the slowest of {watch.calls} checkpoint save(s) so "
+                f"far, {watch.slowest:.1f} s" if watch.calls else "no checkpoint save measured yet: this is the first")
+    how = (f"resume from the newest complete checkpoint, {checkpoint}, with resume=true" if checkpoint is not None else
+           "no complete checkpoint exists, so start it again with overwrite=true")
+    return (f"checkpoint of policy version {version}: the trainer's save_checkpoint into {tmp} has not returned "
+            f"{waited:.0f} s after it was sent, past its bound of {watch.bound_s():g} s (the larger of "
+            f"train.step_timeout_s = {watch.timeout_s:g} s and {measured}): the save hangs (a network file system "
+            f"that blocks, a full disk, a wedged device), and every later trainer call would wait behind it. The run "
+            f"stops; the half-written folder is never used for a resume; {how}. If the save is only slow (a large "
+            f"model on a slow file system), raise train.step_timeout_s or train.step_timeout_factor "
+            f"(train.step_timeout_s=0 turns the bound off)")

@@ -8,7 +8,8 @@ from asp_ascend.config import load_config
 from asp_ascend.errors import AspError, ConfigError
 from asp_ascend.pipeline.rundir import is_safe
 from asp_ascend.pipeline.sync_retry import TrainerHung
-from asp_ascend.pipeline.train_watch import StepWatch, TrainerBounds, TrainStepHung, hung_message
+from asp_ascend.pipeline.train_watch import (CheckpointSaveHung, StepWatch, TrainerBounds, TrainStepHung, hung_message,
+                                             save_hung_message)
 
 
 def test_the_first_call_has_the_floor_only_then_the_bound_follows_the_slowest_call():
@@ -61,6 +62,22 @@ def test_the_message_names_the_step_the_seconds_the_keys_and_the_way_on():
 
 def test_a_hung_step_is_a_hung_trainer_the_cli_prints_without_a_traceback():
     assert issubclass(TrainStepHung, TrainerHung) and issubclass(TrainStepHung, AspError)
+    assert issubclass(CheckpointSaveHung, TrainerHung) and issubclass(CheckpointSaveHung, AspError)
+
+
+def test_the_save_message_names_the_version_the_seconds_the_keys_and_the_complete_checkpoint():
+    w = StepWatch(timeout_s=100.0, factor=10.0)
+    w.sent(0.0, "save_checkpoint")
+    msg = save_hung_message(4, "out/checkpoints/iter_000004.tmp-7", 101.0, w, "out/checkpoints/iter_000002")
+    assert msg.startswith("checkpoint of policy version 4: the trainer's save_checkpoint into "
+                          "out/checkpoints/iter_000004.tmp-7 has not returned 101 s"), msg
+    assert "bound of 100 s" in msg and "no checkpoint save measured yet" in msg, msg
+    assert "out/checkpoints/iter_000002, with resume=true" in msg and "train.step_timeout_factor" in msg, msg
+    w.done(30.0)
+    w.sent(40.0, "save_checkpoint")
+    msg = save_hung_message(6, "t", 400.0, w, None)
+    assert "bound of 300 s" in msg and "10 x the slowest of 1 checkpoint save(s) so far, 30.0 s" in msg, msg
+    assert "no complete checkpoint exists" in msg and "overwrite=true" in msg, msg
 
 
 def test_the_keys_reach_the_bounds_and_may_change_on_resume(empty_yaml):
@@ -93,7 +110,7 @@ def test_keys_nothing_reads_in_the_mode_are_refused(empty_yaml):
     with pytest.raises(ConfigError) as ei:
         load_config(empty_yaml, ["train.step_timeout_s=0", "train.step_timeout_factor=3"])
     assert ("train.step_timeout_factor: 3.0 has no effect: train.step_timeout_s is 0, which turns the bound on a "
-            "hung train step off") in str(ei.value)
+            "hung train step or checkpoint save off") in str(ei.value)
     for over in (["weight_sync.transport=object_store"], ["platform=cpu"]):
         with pytest.raises(ConfigError) as ei:
             load_config(empty_yaml, over + ["weight_sync.send_slack_s=10"])

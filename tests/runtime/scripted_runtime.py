@@ -209,6 +209,24 @@ def hanging_step_trainer_class(hang_at: int):
     return ray.remote(HangingStepTrainer)
 
 
+def hanging_save_trainer_class(hang_at: int):
+    """A Ray actor class of the real trainer whose ``hang_at``-th ``save_checkpoint`` (from 1) writes
+    its files and then never returns, as one whose file system blocks in the final flush."""
+    from asp_ascend.engines.trainer import TrainerEngine
+
+    class HangingSaveTrainer(TrainerEngine):
+        saves = 0
+
+        def save_checkpoint(self, *args, **kwargs):
+            self.saves += 1
+            got = super().save_checkpoint(*args, **kwargs)
+            if self.saves == hang_at:
+                time.sleep(3600)
+            return got
+
+    return ray.remote(HangingSaveTrainer)
+
+
 @pytest.fixture(scope="module")
 def trainer(cluster):
     return start_trainer(cluster)

@@ -1,6 +1,6 @@
 """The hung-trainer and hung-sync bounds through the real loop: an instance whose weight receive
 never returns, a trainer whose broadcast never returns (pipeline/sync_retry.py), and a trainer
-whose train step never returns (pipeline/train_watch.py).
+whose train step, or checkpoint save, never returns (pipeline/train_watch.py).
 
 The runtime side is scripted_runtime.py's: ``Orchestrator.run`` on Ray with the real trainer on a
 tiny model, the real broadcast weight sync (a gloo group; the scripted instances receive every
@@ -30,11 +30,11 @@ from asp_ascend.metrics import Timeline  # noqa: E402
 from asp_ascend.pipeline.actors import kill_trainer  # noqa: E402
 from asp_ascend.pipeline.checkpoint import find_latest, is_valid  # noqa: E402
 from asp_ascend.pipeline.sync_retry import TrainerHung  # noqa: E402
-from asp_ascend.pipeline.train_watch import TrainStepHung  # noqa: E402
+from asp_ascend.pipeline.train_watch import CheckpointSaveHung, TrainStepHung  # noqa: E402
 from asp_ascend.scheduler.execution import ExecutionPlan  # noqa: E402
 from scripted_runtime import cluster  # noqa: E402,F401 (the fixture)
-from scripted_runtime import (K, hanging_step_trainer_class, hanging_trainer_class, instance_events,  # noqa: E402
-                              lengths_of, others, run_loop, settings_for, start_trainer)
+from scripted_runtime import (K, hanging_save_trainer_class, hanging_step_trainer_class,  # noqa: E402
+                              hanging_trainer_class, instance_events, lengths_of, others, run_loop, settings_for, start_trainer)
 
 STALL_S, SLACK_S = 4.0, 2.0   # a receiver's (and sender's) stall timeout; the bound's slack beyond it
 RUN_S = 240                    # a run that outlives this hangs
@@ -130,3 +130,40 @@ def test_trainer_whose_train_step_never_returns_stops_the_run(cluster, tmp_path)
     assert find_latest(ck).name == "iter_000002"
     assert sorted(p.name for p in ck.iterdir()) == ["iter_000001", "iter_000002", "latest"]   # nothing half-written
     assert all(is_valid(ck / n) for n in ("iter_000001", "iter_000002"))
+
+
+def test_trainer_whose_checkpoint_save_never_returns_stops_the_run(cluster, tmp_path):
+    """The trainer's second ``save_checkpoint`` (version 2; one per iteration) writes its files and
+    never returns. Once it has been out max(train.step_timeout_s, factor x the slowest save so far)
+    the run stops with CheckpointSaveHung naming the version, the seconds, the keys and the newest
+    complete checkpoint, version 1; the half-written folder of version 2 is never renamed, nor
+    named by ``latest``, nor taken for a resume; the timeline's last event says why."""
+    sched, resp = schedule_and_lengths("asp", K, epochs=1)
+    lengths = lengths_of(sched, resp)
+    trainer = start_trainer(cluster, hanging_save_trainer_class(hang_at=2))
+    seen: list = []
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(CheckpointSaveHung) as err:
+            run_loop(trainer, ExecutionPlan.from_schedule(sched, settings_for()), lengths, tmp_path,
+                     checkpoint_every=1, step_timeout=(STEP_S, STEP_FACTOR), run_timeout_s=STEP_RUN_S,
+                     on_orch=seen.append)
+        took = time.monotonic() - t0
+    finally:
+        kill_trainer(trainer)
+    msg = str(err.value)
+    assert isinstance(err.value, TrainerHung), type(err.value)
+    assert msg.startswith("checkpoint of policy version 2: the trainer's save_checkpoint into "), msg
+    assert "train.step_timeout_s = 3 s" in msg and "the slowest of 1 checkpoint save(s)" in msg, msg
+    assert f"{tmp_path / 'checkpoints' / 'iter_000001'}, with resume=true" in msg, msg
+    (ev,) = Timeline.read_jsonl(tmp_path / "timeline.jsonl").events["trainer"]
+    assert ev["state"] == "hung" and ev["call"] == "save_checkpoint" and ev["version"] == 2, ev
+    assert ev["bound_s"] >= STEP_S and ev["bound_s"] < ev["waited_s"] <= ev["bound_s"] + 1.0, ev
+    print(f"hung checkpoint save: stopped {ev['waited_s']:.2f} s after it was sent, bound {ev['bound_s']:.2f} s")
+    assert took < STEP_RUN_S, took
+    assert [m for m in seen[0].log.said if m.startswith("trainer hung: its save_checkpoint of version 2")]
+    ck = tmp_path / "checkpoints"
+    names = sorted(p.name for p in ck.iterdir())
+    assert names[:2] == ["iter_000001", "iter_000002.tmp-" + names[1].split("-")[-1]] and names[2:] == ["latest"], names
+    assert (ck / "latest").read_text().strip() == "iter_000001" and find_latest(ck).name == "iter_000001"
+    assert (ck / names[1] / "model.safetensors").is_file() and not is_valid(ck / names[1])   # written, never used
