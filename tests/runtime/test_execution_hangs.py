@@ -92,6 +92,26 @@ def test_trainer_whose_send_never_returns_stops_the_run(cluster, tmp_path, check
     assert STALL_S + SLACK_S - 1 <= waited <= STALL_S + SLACK_S + 15, msg
 
 
+def _run_until_hung(cluster, tmp_path, trainer_class, error):
+    """(trainer, the raised ``error``'s ExceptionInfo, seconds to it, the orchestrators seen) of the real
+    loop over one epoch (a checkpoint every iteration, the hung-step bounds) with a trainer of
+    ``trainer_class`` that hangs; ``asp train``'s teardown (``kill_trainer``) ends the hung actor."""
+    sched, resp = schedule_and_lengths("asp", K, epochs=1)
+    lengths = lengths_of(sched, resp)
+    trainer = start_trainer(cluster, trainer_class)
+    seen: list = []
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(error) as err:
+            run_loop(trainer, ExecutionPlan.from_schedule(sched, settings_for()), lengths, tmp_path,
+                     checkpoint_every=1, step_timeout=(STEP_S, STEP_FACTOR), run_timeout_s=STEP_RUN_S,
+                     on_orch=seen.append)
+        took = time.monotonic() - t0
+    finally:
+        kill_trainer(trainer)      # the hung actor goes, its call with it
+    return trainer, err, took, seen
+
+
 def test_trainer_whose_train_step_never_returns_stops_the_run(cluster, tmp_path):
     """The trainer's fifth ``train_step`` (iteration 2's first mini-batch; two per iteration) never
     returns. Once it has been out max(train.step_timeout_s, factor x the slowest step so far) the
@@ -99,19 +119,7 @@ def test_trainer_whose_train_step_never_returns_stops_the_run(cluster, tmp_path)
     checkpoint to resume from; the checkpoints written before (one per iteration) are all
     complete, the newest is version 2, and the timeline's last event says why. ``asp train``'s
     teardown (``kill_trainer``) ends the hung actor."""
-    sched, resp = schedule_and_lengths("asp", K, epochs=1)
-    lengths = lengths_of(sched, resp)
-    trainer = start_trainer(cluster, hanging_step_trainer_class(hang_at=5))
-    seen: list = []
-    t0 = time.monotonic()
-    try:
-        with pytest.raises(TrainStepHung) as err:
-            run_loop(trainer, ExecutionPlan.from_schedule(sched, settings_for()), lengths, tmp_path,
-                     checkpoint_every=1, step_timeout=(STEP_S, STEP_FACTOR), run_timeout_s=STEP_RUN_S,
-                     on_orch=seen.append)
-        took = time.monotonic() - t0
-    finally:
-        kill_trainer(trainer)      # asp train's teardown: the hung actor goes, its call with it
+    trainer, err, took, seen = _run_until_hung(cluster, tmp_path, hanging_step_trainer_class(hang_at=5), TrainStepHung)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(trainer.ready.remote(), timeout=30)
     msg = str(err.value)
@@ -138,19 +146,7 @@ def test_trainer_whose_checkpoint_save_never_returns_stops_the_run(cluster, tmp_
     the run stops with CheckpointSaveHung naming the version, the seconds, the keys and the newest
     complete checkpoint, version 1; the half-written folder of version 2 is never renamed, nor
     named by ``latest``, nor taken for a resume; the timeline's last event says why."""
-    sched, resp = schedule_and_lengths("asp", K, epochs=1)
-    lengths = lengths_of(sched, resp)
-    trainer = start_trainer(cluster, hanging_save_trainer_class(hang_at=2))
-    seen: list = []
-    t0 = time.monotonic()
-    try:
-        with pytest.raises(CheckpointSaveHung) as err:
-            run_loop(trainer, ExecutionPlan.from_schedule(sched, settings_for()), lengths, tmp_path,
-                     checkpoint_every=1, step_timeout=(STEP_S, STEP_FACTOR), run_timeout_s=STEP_RUN_S,
-                     on_orch=seen.append)
-        took = time.monotonic() - t0
-    finally:
-        kill_trainer(trainer)
+    _, err, took, seen = _run_until_hung(cluster, tmp_path, hanging_save_trainer_class(hang_at=2), CheckpointSaveHung)
     msg = str(err.value)
     assert isinstance(err.value, TrainerHung), type(err.value)
     assert msg.startswith("checkpoint of policy version 2: the trainer's save_checkpoint into "), msg
