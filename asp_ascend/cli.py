@@ -88,7 +88,9 @@ def _dispatch(args) -> int | None:
     overrides = list(args.overrides)
     if getattr(args, "calibrate", None):
         overrides.append(f"sim.calibrate={args.calibrate}")
-    if _is_mindspeed_yaml(args.config):
+    ours = [o[4:] if o.startswith("asp.") else o for o in overrides]   # a framework YAML's asp.* keys
+    framework = True
+    if _has_group(args.config, "megatron_training"):
         # A MindSpeed-RL YAML with an asp: group: the Ascend path (docs/ascend.md).
         from pathlib import Path
 
@@ -97,21 +99,15 @@ def _dispatch(args) -> int | None:
 
             p = Path(args.config)
             return run_mindspeed(str(p.parent), p.stem, overrides)
-        from .integrations.mindspeed_rl.config_bridge import translate_file
+        from .integrations.mindspeed_rl.config_bridge import missing_prompts_problem, translate_file
 
-        cfg, msrl = translate_file(args.config, [o[4:] if o.startswith("asp.") else o for o in overrides])
-        from .integrations.mindspeed_rl.config_bridge import missing_prompts_problem
-
+        cfg, msrl = translate_file(args.config, ours)
         problem = missing_prompts_problem(msrl, cfg)   # never plan the built-in task for MindSpeed-RL's run
         if problem:
             from .errors import ConfigError
 
             raise ConfigError([problem], args.config)
-        if args.command == "schedule":   # what the run plans at its start (adaptive: epoch 0), then reads
-            from .integrations.verl.plan import first_plan_config
-
-            cfg = first_plan_config(cfg)
-    elif _is_verl_yaml(args.config):
+    elif _has_group(args.config, "actor_rollout_ref"):
         # A verl YAML: the prompts of its data.train_files, as the verl run reads them (docs/verl.md).
         if args.command == "train":
             from .errors import ConfigError
@@ -121,13 +117,14 @@ def _dispatch(args) -> int | None:
                                f"(docs/verl.md); asp schedule and asp simulate read it here"])
         from .integrations.verl.offline import translate_offline
 
-        cfg = translate_offline(args.config, [o[4:] if o.startswith("asp.") else o for o in overrides])
-        if args.command == "schedule":   # what the run plans at its start, which it then reads from output_dir
-            from .integrations.verl.plan import first_plan_config
-
-            cfg = first_plan_config(cfg)
+        cfg = translate_offline(args.config, ours)
     else:
-        cfg = load_config(args.config, overrides)
+        cfg, framework = load_config(args.config, overrides), False
+    if framework and args.command == "schedule":
+        # what the framework's run plans at its start (adaptive: epoch 0), then reads from output_dir
+        from .integrations.verl.plan import first_plan_config
+
+        cfg = first_plan_config(cfg)
     from .io import check_output_dir
 
     check_output_dir(cfg.output_dir)  # a file, or not writable: said before any work
@@ -182,17 +179,12 @@ def _doctor(args) -> int:
     return status
 
 
-def _is_verl_yaml(path: str) -> bool:
-    from .integrations.verl.offline import is_verl_yaml
-
-    return is_verl_yaml(path)
-
-
-def _is_mindspeed_yaml(path: str) -> bool:
-    """A MindSpeed-RL config has a top-level megatron_training group (ours never does)."""
+def _has_group(path: str, group: str) -> bool:
+    """Does the YAML at ``path`` have a top-level ``group``? ``megatron_training``: a MindSpeed-RL config,
+    ``actor_rollout_ref``: a verl one (ours has neither)."""
     try:
         with open(path, encoding="utf-8") as f:
-            return any(line.startswith("megatron_training:") for line in f)
+            return any(line.startswith(f"{group}:") for line in f)
     except OSError:
         return False
 

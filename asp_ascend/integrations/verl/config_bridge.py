@@ -51,7 +51,8 @@ def _val(raw: dict, dotted: str, default: Any = None) -> Any:
     return v if found and v is not None else default
 
 
-def _set(d: dict, dotted: str, value: Any) -> None:
+def put(d: dict, dotted: str, value: Any) -> None:
+    """Set ``dotted`` (``a.b.c``) in the nested dict ``d``, making the groups on the way."""
     parts = dotted.split(".")
     for p in parts[:-1]:
         d = d.setdefault(p, {})
@@ -163,31 +164,31 @@ def translate(raw: dict, overrides: Optional[list[str]] = None, source: str = "<
         if mode == "fully_async" and our_key == "train.global_batch_size":
             found, val, verl_key = True, prompts_per_version(raw), "async_training.require_batches x trigger_parameter_sync_step x ppo_mini_batch_size"
         if found and val is not None:
-            _set(ours, our_key, val)
+            put(ours, our_key, val)
             origin[our_key] = verl_key
             a_found, a_val = get(asp, our_key)
             if a_found and a_val != val:
                 problems.append(f"asp.{our_key}={a_val!r} contradicts {verl_key}={val!r}; set it once, in {verl_key}")
     if _val(raw, "actor_rollout_ref.actor.use_kl_loss", False):
-        _set(ours, "train.kl_coef", _val(raw, "actor_rollout_ref.actor.kl_loss_coef", 0.0))
-    _set(ours, "rollout.num_instances", rollout_instances(raw))
+        put(ours, "train.kl_coef", _val(raw, "actor_rollout_ref.actor.kl_loss_coef", 0.0))
+    put(ours, "rollout.num_instances", rollout_instances(raw))
     seed = _val(raw, "data.seed")
     if seed is not None:
-        _set(ours, "seed", seed)
+        put(ours, "seed", seed)
     default_out = _val(raw, "trainer.default_local_dir")
     if default_out:
-        _set(ours, "output_dir", os.path.join(str(default_out), "asp"))
+        put(ours, "output_dir", os.path.join(str(default_out), "asp"))
     for key, val in _flatten(asp).items():
         if key not in TRANSLATION:
-            _set(ours, key, val)
+            put(ours, key, val)
     k = {"sync": 0, "one_step_off": 1}.get(mode)
     if k is not None:
         a_found, a_k = get(asp, "pipeline.lag_bound")
         if a_found and a_k != k:
             problems.append(f"asp.pipeline.lag_bound={a_k} contradicts asp.verl.mode={mode} (lag {k} by "
                             f"construction); drop asp.pipeline.lag_bound")
-        _set(ours, "pipeline.mode", "sync" if k == 0 else "async")
-        _set(ours, "pipeline.lag_bound", max(k, 1))
+        put(ours, "pipeline.mode", "sync" if k == 0 else "async")
+        put(ours, "pipeline.lag_bound", max(k, 1))
     if mode in MODES:
         lag = k if k is not None else int(get(asp, "pipeline.lag_bound")[1] or 1)
         problems.extend(unsupported(raw, mode, lag))

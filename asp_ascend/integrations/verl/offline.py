@@ -35,15 +35,6 @@ VERL_DEFAULTS: dict[str, Any] = {
 ASP_GROUP = Path(__file__).resolve().parent / "config" / "asp"
 
 
-def is_verl_yaml(path: str) -> bool:
-    """A verl config has a top-level ``actor_rollout_ref`` group (ours and MindSpeed-RL's never do)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return any(line.startswith("actor_rollout_ref:") for line in f)
-    except OSError:
-        return False
-
-
 def load_verl_yaml(path: str | Path) -> dict:
     """The YAML as a plain dict, with the ``asp`` group its ``defaults:`` name merged under it."""
     from omegaconf import OmegaConf
@@ -126,16 +117,9 @@ def prompt_settings(raw: dict, overrides: list[str]) -> tuple[dict, list[str]]:
     return {**data, "path": files if isinstance(files, str) else None}, p
 
 
-def _put(d: dict, dotted: str, value: Any) -> None:
-    *parents, last = dotted.split(".")
-    for part in parents:
-        d = d.setdefault(part, {})
-    d[last] = value
-
-
 def translate_offline(path: str, overrides: Optional[list[str]] = None):
     """Our Config for ``asp schedule`` / ``asp simulate`` from a verl YAML (``overrides``: our keys)."""
-    from .config_bridge import translate
+    from .config_bridge import put, translate
 
     overrides = list(overrides or [])
     raw = load_verl_yaml(path)
@@ -144,9 +128,9 @@ def translate_offline(path: str, overrides: Optional[list[str]] = None):
         raise ConfigError(problems, str(path))
     asp = raw.setdefault("asp", {}) if isinstance(raw.get("asp", {}), dict) else {}
     for key, val in data.items():
-        _put(asp, f"data.{key}", val)
+        put(asp, f"data.{key}", val)
     if not _verl(raw, "trainer.default_local_dir"):   # verl's default: where the run keeps asp/schedule.parquet
-        _put(raw, "trainer.default_local_dir",
+        put(raw, "trainer.default_local_dir",
              f"checkpoints/{_verl(raw, 'trainer.project_name')}/{_verl(raw, 'trainer.experiment_name')}")
     overrides = [o for o in overrides if o.partition("=")[0].lstrip("+~") != "data.path"]   # read above
     cfg, _ = translate(raw, overrides, source=str(path))
