@@ -160,6 +160,12 @@ def plan_epochs(cfg, inp: PlanInputs, policy: str | None = None, epochs: int | N
     return schedule_frame(cols, ids)
 
 
+def planned_cost(cfg) -> CostModel:
+    """The configured cost model as the planner and the estimate price with it (one old log-prob pass,
+    plus the reference's with a KL term; the prefix cache's block)."""
+    return CostModel.from_config(cfg.cost, logprob_passes=1 + (cfg.train.kl_coef > 0), prefix_block=prefix_block_of(cfg))
+
+
 def plan_epoch_columns(cfg, inp: PlanInputs, policy: str | None = None, epochs: int | None = None) -> dict:
     """``plan_epochs`` as numpy columns without the prompt ids (what the estimate reads)."""
     parts, offset = [], 0
@@ -180,7 +186,7 @@ def plan_one_epoch(cfg, inp: PlanInputs, epoch: int, iteration_offset: int = 0, 
     from .speculative import from_config
 
     t, r = cfg.train, cfg.rollout
-    cost = CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0), prefix_block=prefix_block_of(cfg))
+    cost = planned_cost(cfg)
     # the mean context of a running sequence, for speculative decoding's auto threshold (as the simulator's)
     ctx = float(np.mean(inp.prompt_lengths)) + float(np.mean(inp.predicted)) / 2.0
     return plan_columns(inp.predicted, inp.prompt_lengths, policy=policy or cfg.scheduler.policy,
@@ -209,7 +215,7 @@ def estimate_schedule(cfg, sched, inp: PlanInputs, lengths: np.ndarray, policy: 
     if n_rows % len(inp.prompt_ids):
         raise ValueError(f"schedule of {n_rows} rows is not whole epochs of {len(inp.prompt_ids)} prompts")
     pos = np.arange(n_rows) % len(inp.prompt_ids)
-    cost = CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0), prefix_block=prefix_block_of(cfg))
+    cost = planned_cost(cfg)
     col = {k: np.asarray(sched[k]) for k in ("epoch", "iteration", "instance", "mini_batch", "dispatch_rank")}
     return estimate(col["iteration"], col["instance"], col["mini_batch"], col["epoch"] * (n_rows + 1) + col["dispatch_rank"],
                     np.asarray(lengths)[pos], inp.prompt_lengths[pos], group_size=t.group_size,
@@ -232,8 +238,7 @@ def planned_concurrency(cfg, inp: PlanInputs) -> int:
     return configured_concurrency(cfg, inp.predicted, inp.prompt_lengths, group_size=t.group_size,
                                   num_instances=r.num_instances, max_num_seqs=r.max_num_seqs,
                                   lag_bound=lag_bound_of(cfg),
-                                  cost=CostModel.from_config(cfg.cost, logprob_passes=1 + (t.kl_coef > 0),
-                                                             prefix_block=prefix_block_of(cfg)),
+                                  cost=planned_cost(cfg),
                                   group_max_factor=inp.group_max_factor,
                                   packed=resolve_mode(t.micro_batching) == "packed")
 
