@@ -418,16 +418,9 @@ class Orchestrator(TrainerCalls):
 
         def check() -> None:
             waited = w.overdue(self.now())
-            if waited is None:
-                return
-            from .checkpoint import find_latest
-
-            ck = find_latest(self.out.checkpoint_dir)
-            self._event("trainer", t=self.now(), state="hung", call=w.call, iteration=version - 1, mini_batch=None,
-                        version=version, waited_s=waited, bound_s=w.bound_s())
-            self.log.say(f"trainer hung: its save_checkpoint of version {version} is out {waited:.0f} s "
-                         f"(bound {w.bound_s():g} s); stopping the run")
-            raise CheckpointSaveHung(save_hung_message(version, str(tmp), waited, w, None if ck is None else str(ck)))
+            if waited is not None:
+                self._stop_hung(w, waited, version - 1, None, version, f"version {version}",
+                                lambda ck: CheckpointSaveHung(save_hung_message(version, str(tmp), waited, w, ck)))
         got = self._trainer_get(ref, check)
         w.done(self.now())
         return got

@@ -174,20 +174,24 @@ class TrainerCalls:
         self.step_watch.sent(self.now(), name, samples)
 
     def _check_step_hung(self, i: int, m: int) -> None:
-        """Raise :class:`TrainStepHung` when the trainer call in flight is past its bound (a
-        ``trainer`` event first, state ``hung``, and a log line)."""
+        """Raise :class:`TrainStepHung` when the trainer call in flight is past its bound."""
         w = self.step_watch
         waited = w.overdue(self.now())
-        if waited is None:
-            return
+        if waited is not None:
+            self._stop_hung(w, waited, i, m, i, f"iteration {i}, mini-batch {m}",
+                            lambda ck: TrainStepHung(hung_message(w.call, i, m, w.samples, waited, w, ck)))
+
+    def _stop_hung(self, w, waited: float, iteration: int, mini_batch, version: int, of: str, error) -> None:
+        """Stop the run for the trainer call of watch ``w`` out ``waited`` s past its bound: a ``trainer``
+        event (state ``hung``), a log line, then ``error(the newest complete checkpoint or None)``."""
         from .checkpoint import find_latest
 
         ck = find_latest(self.out.checkpoint_dir) if self.out.checkpoint_dir is not None else None
-        self._event("trainer", t=self.now(), state="hung", call=w.call, iteration=i, mini_batch=m, version=i,
-                    waited_s=waited, bound_s=w.bound_s())
-        self.log.say(f"trainer hung: its {w.call} of iteration {i}, mini-batch {m} is out {waited:.0f} s "
-                     f"(bound {w.bound_s():g} s); stopping the run")
-        raise TrainStepHung(hung_message(w.call, i, m, w.samples, waited, w, None if ck is None else str(ck)))
+        self._event("trainer", t=self.now(), state="hung", call=w.call, iteration=iteration, mini_batch=mini_batch,
+                    version=version, waited_s=waited, bound_s=w.bound_s())
+        self.log.say(f"trainer hung: its {w.call} of {of} is out {waited:.0f} s (bound {w.bound_s():g} s); "
+                     f"stopping the run")
+        raise error(None if ck is None else str(ck))
 
     def _finish_train_step(self) -> None:
         if self.train_call is None:
