@@ -50,7 +50,7 @@ def draws(wl: str, a) -> dict:
     """{(system, relieve_first): [(floor / iterations, iteration 0's floor) per draw]} for workload ``wl``."""
     from asp_ascend.lengths.workloads import workload_from_config
     from asp_ascend.scheduler.planner import plan_columns
-    from asp_ascend.scheduler.reestimate import group_max_factor
+    from asp_ascend.scheduler.group_max import group_max_factor
     from asp_ascend.sim.predictions import Predictions, epoch_split
     from asp_ascend.sim.run import costs_for, planning_cost, system_for
 

@@ -58,6 +58,7 @@ import numpy as np
 from ..metrics.bubbles import (iteration_lower_bounds, iteration_time_stats, lower_bound_ratio, padding_bubble,
                                ratio)
 from .cost import CostModel
+from .group_max import spread_of_group_max_factor
 from .microbatch import PACKED_TOKEN_COST, step_slots
 
 FIXED_POINT_ROUNDS = 3
@@ -455,15 +456,13 @@ def capped_sample_mean(mean, cap: float, group_max_factor, group_size: int) -> n
     ``E[min(Y, cap)] = mean x Phi((ln(cap / mean) - sigma^2 / 2) / sigma) + cap x (1 - Phi((ln(cap /
     mean) + sigma^2 / 2) / sigma))``, below ``min(mean, cap)`` where the spread reaches the cap.
     ``sigma`` is the spread whose expected longest of ``group_size`` samples is ``group_max_factor``
-    x the mean (the inverse of ``reestimate.group_max_factor``); 1 (or no cap) leaves ``mean``."""
+    x the mean (``group_max.spread_of_group_max_factor``, the inverse of the planner's exact
+    ``group_max.group_max_factor``); 1 (or no cap) leaves ``mean``."""
     mean = np.asarray(mean, dtype=np.float64)
     gmf = np.broadcast_to(np.asarray(group_max_factor, dtype=np.float64), mean.shape)
     if not np.isfinite(cap) or group_size <= 1:
         return mean.copy()
-    G = group_size
-    z = NormalDist().inv_cdf((G - 0.375) / (G + 0.25))
-    # group_max_factor = exp(sigma z - sigma^2 / 2): the smaller root
-    sigma = z - np.sqrt(np.maximum(z * z - 2.0 * np.log(np.maximum(gmf, 1.0)), 0.0))
+    sigma = spread_of_group_max_factor(gmf, group_size)
     out = mean.copy()
     near = (sigma > 0) & (mean > 0) & (mean * np.exp(4.0 * sigma) > cap)   # the cap cuts off > ~3e-5 of the mass
     if near.any():

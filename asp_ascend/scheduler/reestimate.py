@@ -309,13 +309,3 @@ def within_group_spread(prompt_ids, epochs, lengths, default: float = 0.3) -> fl
     if dof < 1:
         return default
     return float(np.sqrt((dev[n > 1] ** 2).sum() / dof))
-
-
-def group_max_factor(spread: float, group_size: int) -> float:
-    """E[largest of G mean-one lognormal(0, spread) samples] (Blom's approximation): the
-    expected longest sample of a group over its mean."""
-    if spread <= 0 or group_size <= 1:
-        return 1.0
-    G = group_size
-    z = _N.inv_cdf((G - 0.375) / (G + 0.25))
-    return math.exp(spread * z - 0.5 * spread * spread)

@@ -36,7 +36,8 @@ import numpy as np
 from .admission import Job
 from .cost_meter import CostMeter
 from .execution import ExecutionPlan
-from .reestimate import GroupEstimator, group_max_factor
+from .group_max import group_max_factor
+from .reestimate import GroupEstimator
 from .tail import IterationLoads, TailModel
 
 TAIL_GAIN_MIN = 0.10   # a run-time room must shorten the predicted period by this share at least

@@ -26,6 +26,7 @@ from ..config import membership_options, prefix_block_of, reads_forecasts, regro
 from ..errors import ConfigError, DataError
 from .cost import CostModel
 from .estimate import estimate
+from .group_max import group_max_factor
 from .microbatch import resolve_mode
 from .execution import lag_bound_of
 from .planner import POLICIES, SHARED_QUEUE, plan_columns, schedule_frame
@@ -46,14 +47,6 @@ class PlanInputs:
     workload: object | None = None   # the experiment workload (lengths/workloads.Workload), if any
     trust: object | None = None      # lengths/predictors.ForecastRecord (exact for the oracle; None: unknown, or
                                      # not measured: only config.reads_forecasts plans read it)
-
-
-def _group_max_factor(spread: float, G: int) -> float:
-    """E[max of G mean-one lognormal(0, spread) samples] (Monte Carlo, fixed seed)."""
-    if spread <= 0 or G <= 1:
-        return 1.0
-    z = np.random.default_rng(0).standard_normal((4000, G))
-    return float(np.exp(spread * z - spread * spread / 2).max(axis=1).mean())
 
 
 def _trust(cfg, history: pd.DataFrame | None):
@@ -98,7 +91,7 @@ def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -
                                q=L.quantile, prior=L.prior)
         q, trust = evaluate(pred, truth), _trust(cfg, hist)
     return PlanInputs(w.prompt_ids, w.prompt_length.astype(np.float64), pred, truth, w.name, q,
-                      _group_max_factor(w.group_spread, w.group_size), workload=w, trust=trust)
+                      group_max_factor(w.group_spread, w.group_size), workload=w, trust=trust)
 
 
 def _dataset_inputs(cfg, prompts, history: pd.DataFrame | None) -> PlanInputs:
@@ -139,7 +132,7 @@ def _dataset_inputs(cfg, prompts, history: pd.DataFrame | None) -> PlanInputs:
         holdout = holdout_report(history, pd.Series(plen), alpha=L.ema_alpha, q=L.quantile)
     # a real prompt set's samples spread around their prompt's mean by workload.group_spread, as asp simulate
     # draws them for data.path (lengths/workloads.dataset_workload); the built-in task's lengths are exact
-    gmf = 1.0 if truth is not None else _group_max_factor(cfg.workload.group_spread, cfg.train.group_size)
+    gmf = 1.0 if truth is not None else group_max_factor(cfg.workload.group_spread, cfg.train.group_size)
     return PlanInputs(ids, plen, np.minimum(pred, L.max_response_length), truth, source, q, group_max_factor=gmf,
                       holdout=holdout, trust=trust)
 

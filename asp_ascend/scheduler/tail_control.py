@@ -46,7 +46,8 @@ from .admission import Job
 from .carryover import CarryOver, late_groups
 from .cost_meter import CostMeter
 from .execution import ExecutionPlan, Feeder
-from .reestimate import GroupEstimator, group_max_factor
+from .group_max import group_max_factor
+from .reestimate import GroupEstimator
 from .room_sizing import RoomSizer
 from .tail import TailGovernor
 from .tail_reactive import ReactiveCaps, passes_cap

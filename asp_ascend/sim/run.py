@@ -67,7 +67,7 @@ def build_jobs(workload, cfg, spec: SystemSpec, cm, preds: Predictions | None = 
     """Plan every simulated epoch with the spec's dispatch policy; attach true lengths.
     ``tail`` (``rollout.tail_concurrency``, asp only) gives each group its planned room."""
     from ..scheduler.planner import plan
-    from ..scheduler.reestimate import group_max_factor
+    from ..scheduler.group_max import group_max_factor
 
     preds = preds or Predictions(workload, cfg)
     hist, sim = epoch_split(workload, cfg.sim.epochs)
@@ -145,7 +145,7 @@ def with_admission_concurrency(cfg, spec: SystemSpec, costs: SimCosts, workload,
     scheduler/concurrency.py): the planner's choice from the first simulated epoch's predictions,
     as ``asp schedule`` makes it; other systems (and ``full``) keep ``rollout.max_num_seqs``."""
     from ..scheduler.concurrency import configured_concurrency
-    from ..scheduler.reestimate import group_max_factor
+    from ..scheduler.group_max import group_max_factor
 
     if spec.dispatch != "asp" or cfg.scheduler.concurrency != "auto":
         return spec
@@ -231,7 +231,7 @@ def planned_tail_models(cfg, workload, name: str = "asp", *, total_devices: int 
     (``scheduler.planner.plan_tail_model``), on the schedule, predictions and costs
     ``simulate_system`` plans that run with: what ``rollout.tail_concurrency: auto`` predicts."""
     from ..scheduler.planner import plan_tail_model
-    from ..scheduler.reestimate import group_max_factor
+    from ..scheduler.group_max import group_max_factor
 
     preds = Predictions(workload, cfg)
     spec, costs, mech, jobs = _planned(cfg, workload, system_for(cfg, name, total_devices, rollout_devices), preds)

@@ -15,6 +15,7 @@ from asp_ascend.config import load_config
 from asp_ascend.config.explicit import DATASET_KEYS
 from asp_ascend.errors import ConfigError
 from asp_ascend.lengths.workloads import workload_from_config
+from asp_ascend.scheduler.group_max import group_max_factor
 from asp_ascend.scheduler.run import inputs_from_config
 
 N = 48
@@ -155,6 +156,9 @@ def test_group_spread_is_read_by_schedule_and_simulate(tmp_path):
         hist = load_config(None, [o for o in _over(tmp_path, f"workload.group_spread={spread}")
                                   if not o.startswith("data.path")] + ["workload.type=history"])
         assert inputs_from_config(cfg).group_max_factor == inputs_from_config(hist).group_max_factor > 1.0
+        # the factor asp simulate plans with (sim/run.build_jobs: the same exact function of the spread)
+        w = workload_from_config(cfg)
+        assert inputs_from_config(cfg).group_max_factor == group_max_factor(w.group_spread, w.group_size)
     assert run("schedule", 0.05) != run("schedule", 0.8)
     assert run("simulate", 0.05) != run("simulate", 0.8)
     # the built-in task's lengths are exact: no spread to plan with

@@ -55,7 +55,7 @@ def test_a_group_whose_spread_reaches_the_cap_is_trained_on_its_cut_samples():
 
     from asp_ascend.scheduler.estimate import capped_sample_mean
     from asp_ascend.scheduler.microbatch import PACKED_TOKEN_COST
-    from asp_ascend.scheduler.reestimate import group_max_factor
+    from asp_ascend.scheduler.group_max import group_max_factor
 
     gmf = group_max_factor(0.3, 8)
     cut = 2.0 * NormalDist().cdf(-0.15) * 16384.0

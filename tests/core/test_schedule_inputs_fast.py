@@ -149,7 +149,7 @@ def test_build_schedule_equals_plan_and_estimate(tmp_path):
     # a group's longest sample: E[max of G = 8 mean-one lognormal(0, workload.group_spread = 0.3)] (2e5 draws here)
     z = np.random.default_rng(7).standard_normal((200_000, 8))
     gmf = inputs_from_config(cfg).group_max_factor
-    assert gmf == pytest.approx(np.exp(0.3 * z - 0.045).max(axis=1).mean(), rel=0.01)
+    assert gmf == pytest.approx(np.exp(0.3 * z - 0.045).max(axis=1).mean(), rel=0.003)
     frames = []
     for e in range(2):
         frames.append(plan(ref.ids, pred, ref.prompt_lengths, policy=cfg.scheduler.policy, global_batch_size=64,
