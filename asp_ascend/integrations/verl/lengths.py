@@ -15,17 +15,16 @@ No torch import: tensors are read through ``.sum(-1).tolist()``.
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from ...errors import DataError
+from ...lengths.parts import LengthParts
 
 PROMPT_ID_KEY = "asp_prompt_id"
-_PART = re.compile(r"^step_(\d+)\.parquet$")
 
 
 class IndexedDataset:
@@ -85,68 +84,17 @@ def batch_lengths(tensors, non_tensors: dict, group_size: int) -> pd.DataFrame:
     return df
 
 
-class LengthRecorder:
-    """Writes the length history of a verl run under ``directory``."""
+class LengthRecorder(LengthParts):
+    """Writes the length history of a verl run under ``directory`` (parts keyed by verl's global step)."""
 
     def __init__(self, directory: str | Path, group_size: int):
-        self.dir = Path(directory)
+        super().__init__(directory, "step")
         self.group_size = int(group_size)
 
     def record(self, global_step: int, epoch: int, tensors, non_tensors: dict) -> pd.DataFrame:
         """Write the batch's rows (``batch_lengths`` + ``epoch``, ``step``) as the part of
         ``global_step``; returns them (the trainer reports the same lengths to the balancer)."""
-        from ...io import write_parquet_atomic
-
         df = batch_lengths(tensors, non_tensors, self.group_size)
         df.insert(2, "epoch", np.int64(epoch))
-        df["step"] = np.int64(global_step)
-        write_parquet_atomic(self.dir / f"step_{int(global_step):08d}.parquet", df)
-        return df
-
-    def append(self, global_step: int, rows: pd.DataFrame) -> Path:
-        """Add rows (``batch_lengths`` + ``epoch``) to the part of ``global_step`` (fully async: the
-        parameter version held when they finished), atomically."""
-        from ...io import write_parquet_atomic
-
-        path = self.dir / f"step_{int(global_step):08d}.parquet"
-        rows = rows.assign(step=np.int64(global_step))
-        if path.is_file():
-            rows = pd.concat([pd.read_parquet(path), rows], ignore_index=True)
-        write_parquet_atomic(path, rows)
-        return path
-
-    def parts(self) -> list[tuple[int, Path]]:
-        if not self.dir.is_dir():
-            return []
-        out = [(int(m.group(1)), p) for p in self.dir.iterdir() if (m := _PART.match(p.name))]
-        return sorted(out)
-
-    def truncate_after(self, global_step: int) -> int:
-        """Remove parts of steps after ``global_step`` (resuming from that checkpoint); returns how many."""
-        gone = 0
-        for step, p in self.parts():
-            if step > global_step:
-                p.unlink()
-                gone += 1
-        return gone
-
-    def history(self, before_epoch: Optional[int] = None) -> Optional[pd.DataFrame]:
-        frames = [pd.read_parquet(p) for _, p in self.parts()]
-        if not frames:
-            return None
-        df = pd.concat(frames, ignore_index=True)
-        if before_epoch is not None:
-            df = df[df["epoch"] < before_epoch].reset_index(drop=True)
-        return df if len(df) else None
-
-    def consolidate(self, path: str | Path | None = None) -> Optional[Path]:
-        """Write every part into one DESIGN 6 table (default ``<dir>/../length_history.parquet``)."""
-        from ...io import write_parquet_atomic
-
-        df = self.history()
-        if df is None:
-            return None
-        out = Path(path) if path else self.dir.parent / "length_history.parquet"
-        write_parquet_atomic(out, df.sort_values(["step", "prompt_id", "sample"], kind="stable"))
-        return out
-
+        self.write(global_step, df)
+        return df.assign(step=np.int64(global_step))
