@@ -8,7 +8,9 @@ runtime (lag bound after the sync rule, ``max_num_seqs // G`` groups in flight p
 policy's shared queue, ``scheduler.dispatch``) and the same tail glue
 (:class:`~asp_ascend.scheduler.tail_control.TailControl`: the planned rooms of tail-aware
 concurrency, re-estimation from the instances' progress reports), and buffers finished groups
-per iteration.
+per iteration. The lengths of the groups each iteration trains are written to
+``output_dir/lengths/iteration_<i>.parquet`` as the trainer takes them (:class:`~asp_ascend.lengths.parts.LengthParts`,
+as the verl bridge records them), which an adaptive run resumed mid-epoch re-plans from (:func:`source_state`).
 :func:`build_async_rollout` builds it on NPUs from the runtime's rollout actor.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from ...errors import AspError, ConfigError
+from ...lengths.parts import LengthParts
 from ...scheduler.execution import ExecutionPlan, ExecutionSettings
 from ...scheduler.tail_control import TailControl, TailOptions
 from .async_loop import LoopSettings, SampleGroup
@@ -47,14 +50,22 @@ class DispatcherSource:
     behaviour log-prob; its admission version is the oldest).
 
     ``replan`` (``scheduler.adaptive``, :func:`asp_ascend.pipeline.planning.replanner`): once every job of
-    the plan is dispatched, the next epoch is planned from the response lengths observed so far
-    (:attr:`history`, every finished sample) and queued, as ``asp train``'s orchestrator does."""
+    the plan is dispatched, epoch ``next_epoch`` (default: the one after the plan's last) is planned from
+    the response lengths observed so far (:attr:`history`: ``history``, a resumed run's lengths of the
+    iterations trained before its checkpoint, then every sample finished here) and queued, as ``asp
+    train``'s orchestrator does.
+
+    ``lengths`` (a :class:`~asp_ascend.lengths.parts.LengthParts` keyed ``iteration``): the rows of the
+    groups :meth:`get_groups` hands out for iteration i are written as its part, atomically, before the
+    trainer gets them, so every checkpoint of version v has the parts of iterations < v on disk
+    (:func:`adaptive_replanner` reads them on a resume)."""
 
     def __init__(self, plan: ExecutionPlan, instances: Sequence[InstanceHandle],
                  prompt_of: Callable[[str], tuple[list[int], dict]], sampling: dict,
                  poll_interval_s: float = 0.01, timeout_s: float = 3600.0,
                  clock: Callable[[], float] = time.time, trace: list | None = None,
-                 tail: TailOptions | None = None, max_tokens: int = 1 << 30, replan: Callable | None = None):
+                 tail: TailOptions | None = None, max_tokens: int = 1 << 30, replan: Callable | None = None,
+                 history: Sequence[dict] = (), next_epoch: int | None = None, lengths: LengthParts | None = None):
         self.instances = list(instances)
         if len(self.instances) != plan.settings.num_instances:
             raise ValueError(f"{len(self.instances)} instances for a plan over {plan.settings.num_instances}")
@@ -65,9 +76,10 @@ class DispatcherSource:
         self.timeline, self.t0 = None, 0.0                # the run's timeline, once attached (attach_timeline)
         self.tail = TailControl(plan, tail or TailOptions(), max_tokens=max_tokens, event=self._event, now=clock)
         self.done: dict[tuple, SampleGroup] = {}      # finished, not yet handed out: (epoch, prompt_id) -> group
-        self.replan, self.history = replan, []        # adaptive: observed lengths, one row per finished sample
-        self.next_epoch = 1 + max((e for mbs in plan.iterations.values() for keys in mbs.values() for e, _ in keys),
-                                  default=-1)
+        self.replan, self.history = replan, list(history)   # adaptive: observed lengths, one row per sample
+        self.lengths = lengths
+        self.next_epoch = next_epoch if next_epoch is not None else 1 + max(
+            (e for mbs in plan.iterations.values() for keys in mbs.values() for e, _ in keys), default=-1)
 
     def attach_timeline(self, timeline, t0: float) -> None:
         """Write the tail mechanisms' decisions (``steal``, ``tail``, ``defer``, ``swap``: the runtime's events,
@@ -130,9 +142,7 @@ class DispatcherSource:
                     sample_segments=[[list(x) for x in s.get("segments") or ()] for s in samples],
                     finish_reasons=[s.get("finish_reason") for s in samples]))
                 self._queue("put")
-                self.history.extend({"prompt_id": m["prompt_id"], "epoch": m["epoch"], "sample": k,
-                                     "prompt_length": len(m["prompt"]), "response_length": len(s["token_ids"])}
-                                    for k, s in enumerate(samples))
+                self.history.extend(_rows(m["epoch"], m["prompt_id"], m["prompt"], [s["token_ids"] for s in samples]))
                 self.feeder.finished(m["epoch"], m["prompt_id"])
                 self.tail.on_finish((m["epoch"], m["prompt_id"]), [len(s["token_ids"]) for s in samples])
                 got += 1
@@ -170,6 +180,11 @@ class DispatcherSource:
             self.tail.on_trained(iteration, m)
         if len(out) != count:
             raise RuntimeError(f"iteration {iteration}: {len(out)} groups, the schedule has {count}")
+        if self.lengths is not None:   # before the trainer has them: on disk before any checkpoint after them
+            import pandas as pd
+
+            self.lengths.write(iteration, pd.DataFrame(
+                [r for g in out for r in _rows(g.epoch, g.prompt_id, g.prompt, g.responses)], columns=ROW_COLUMNS))
         return out
 
     def on_published(self, version: int) -> None:
@@ -178,6 +193,15 @@ class DispatcherSource:
         for i in range(len(self.instances)):
             self.feeder.synced(i, version)
         self.fill()
+
+
+ROW_COLUMNS = ("prompt_id", "epoch", "sample", "prompt_length", "response_length")
+
+
+def _rows(epoch: int, prompt_id: str, prompt: list, responses: list) -> list[dict]:
+    """A group's length-history rows (DESIGN 6), one per sample."""
+    return [{"prompt_id": str(prompt_id), "epoch": int(epoch), "sample": k, "prompt_length": len(prompt),
+             "response_length": len(r)} for k, r in enumerate(responses)]
 
 
 class _RayHandle:
@@ -218,14 +242,24 @@ def wire_source(plan: ExecutionPlan, instances: Sequence[InstanceHandle], prompt
     return source, publish
 
 
-def adaptive_replanner(cfg, sched, schedule_path: Path, start_iteration: int, lag_bound: int) -> Optional[Callable]:
-    """``scheduler.adaptive`` with more than one epoch: ``asp train``'s re-planner
-    (:func:`asp_ascend.pipeline.planning.replanner`: ``scheduler.run.plan_epoch_frame`` from the observed
-    lengths, each plan appended to ``schedule.parquet`` atomically), else None. The observed lengths live
-    in the driver only, so a run resumed before its last epoch is planned is refused, as ``asp train``
-    refuses it; one resumed after that replays ``schedule.parquet``."""
+def adaptive_replanner(cfg, sched, schedule_path: Path, start_iteration: int, lag_bound: int,
+                       lengths: LengthParts | None = None) -> tuple[Optional[Callable], list[dict]]:
+    """``scheduler.adaptive`` with more than one epoch: (``asp train``'s re-planner, the lengths observed
+    before ``start_iteration``), else (None, []). The re-planner
+    (:func:`asp_ascend.pipeline.planning.replanner`) plans with ``scheduler.run.plan_epoch_frame`` from the
+    observed lengths and appends each plan to ``schedule.parquet`` atomically.
+
+    A run resumed before its last epoch is planned re-plans with the same re-planner at the same point
+    (every job of the planned epochs dispatched). Its history starts with the rows of every iteration
+    trained before the checkpoint, read from ``lengths`` (the parts :meth:`DispatcherSource.get_groups`
+    wrote; :func:`resumed_lengths`): exactly those, none of a group that finished after the checkpoint or
+    before it without being trained (it is generated again), so nothing is counted twice; then come the
+    groups its own instances finish. What an uninterrupted run saw beyond that (groups of later iterations
+    finished by its re-plan, which the resumed run's instances, started empty, may not have finished by
+    its own) is the only difference. One resumed after the last epoch is planned replays
+    ``schedule.parquet``."""
     if not (cfg.scheduler.adaptive and cfg.train.epochs > 1):
-        return None
+        return None, []
     planned = int(sched["epoch"].nunique())
     if planned >= cfg.train.epochs:   # replayed, if this run re-planned it (the re-planner marks what it writes)
         import pyarrow.parquet as pq
@@ -235,15 +269,42 @@ def adaptive_replanner(cfg, sched, schedule_path: Path, start_iteration: int, la
                                "before the run (not re-planned by it), so nothing would re-plan; move it away (the "
                                "entry then plans epoch 0 alone, as asp schedule on this YAML does), or set "
                                "asp.scheduler.adaptive: false to train it as planned"])
-        return None
-    if start_iteration > int(sched["iteration"].min()):
-        raise ConfigError([f"resume: asp.scheduler.adaptive=true and {schedule_path} holds {planned} of "
-                           f"{cfg.train.epochs} epochs; resuming an adaptive MindSpeed-RL run before its last epoch is "
-                           "planned is not supported (the lengths it observed are not checkpointed); resume with "
-                           "asp.scheduler.adaptive=false and megatron_training.train_iters within the planned epochs"])
+        return None, []
     from ...pipeline.planning import replanner
 
-    return replanner(cfg, None, lag_bound, schedule_path.parent, sched)
+    first = int(sched["iteration"].min())
+    history = resumed_lengths(lengths or LengthParts(schedule_path.parent / "lengths", "iteration"), first,
+                              start_iteration) if start_iteration > first else []
+    return replanner(cfg, None, lag_bound, schedule_path.parent, sched), history
+
+
+def source_state(cfg, sched, schedule_path: Path, start_iteration: int, lag_bound: int) -> dict:
+    """The :class:`DispatcherSource` keywords of the run's length record and its adaptive re-plan, for a run
+    starting at ``start_iteration``: ``lengths`` (``lengths/`` beside ``schedule_path``, parts keyed by
+    iteration; a resumed run's parts of the iterations it trains again are removed), ``replan`` and
+    ``history`` (:func:`adaptive_replanner`) and ``next_epoch`` (the one after the schedule's last)."""
+    lengths = LengthParts(Path(schedule_path).parent / "lengths", "iteration")
+    lengths.truncate_after(start_iteration - 1)
+    replan, history = adaptive_replanner(cfg, sched, Path(schedule_path), start_iteration, lag_bound, lengths)
+    return {"lengths": lengths, "replan": replan, "history": history, "next_epoch": int(sched["epoch"].max()) + 1}
+
+
+def resumed_lengths(parts: LengthParts, first: int, start: int) -> list[dict]:
+    """The length-history rows of iterations ``first`` .. ``start`` - 1 (trained before the checkpoint
+    of version ``start``), from ``parts`` (keyed by the trained iteration); a ConfigError when one is
+    missing."""
+    have = {n for n, _ in parts.parts()}
+    missing = [i for i in range(first, start) if i not in have]
+    if missing:
+        shown = ", ".join(map(str, missing[:5])) + (" ..." if len(missing) > 5 else "")
+        raise ConfigError([f"resume at iteration {start}: asp.scheduler.adaptive=true re-plans the next epoch from the "
+                           f"lengths of the iterations trained before the checkpoint, but {parts.dir} has no part of "
+                           f"iteration(s) {shown} (the run writes one per trained iteration; this run's are gone or "
+                           "were never written); put the folder back, or resume with asp.scheduler.adaptive=false "
+                           "and megatron_training.train_iters within the planned epochs"])
+    df = parts.history()
+    df = df[(df[parts.key] >= first) & (df[parts.key] < start)].sort_values(parts.key, kind="stable")
+    return df.drop(columns=[parts.key]).to_dict("records")
 
 
 def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenizer,
@@ -282,7 +343,7 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
         raise ConfigError([moe])
     settings = ExecutionSettings.from_config(cfg)
     sched = pd.read_parquet(schedule_path)   # (a refused adaptive resume stops before any instance starts)
-    replan = adaptive_replanner(cfg, sched, Path(schedule_path), start_iteration, settings.lag_bound)
+    state = source_state(cfg, sched, Path(schedule_path), start_iteration, settings.lag_bound)
     platform = get_platform("npu", check=False)
     r, tp = cfg.rollout.num_instances, cfg.rollout.devices_per_instance
     check_instances_fit_nodes([n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")], platform, tp)
@@ -342,7 +403,7 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
         sampling={"max_tokens": cfg.lengths.max_response_length, "temperature": cfg.rollout.temperature,
                   "top_p": cfg.rollout.top_p, "seed": cfg.seed, "stop_token_ids": [int(tokenizer.eod)]},
         push=push, tail=tail_options(cfg, Path(schedule_path), bridge=True), max_tokens=cfg.lengths.max_response_length,
-        replan=replan)
+        **state)
     settings = LoopSettings(global_batch_size=cfg.train.global_batch_size, group_size=n,
                             lag_bound=settings.lag_bound, iterations=0, off_policy=cfg.train.off_policy,
                             tis_cap=cfg.train.tis_cap, dataset_additional_keys=tuple(dataset_additional_keys),
