@@ -38,18 +38,20 @@ from .task import RunOutputs, Sampling, Task, score_response  # noqa: F401 - imp
 from ..scheduler.tail_control import TailControl, TailOptions
 from .sync_retry import PendingSyncs
 from .train_calls import StreamedStep, TrainerCalls
-from .train_watch import CheckpointSaveHung, StepWatch, TrainerBounds, save_hung_message
+from .train_watch import StepWatch, TrainerBounds
+from .trainer_waits import TrainerWaits
 
 __all__ = ["Orchestrator", "Prompts", "Sampling", "Task", "RunOutputs", "FleetOptions", "Evaluator", "TailOptions",
            "StreamedStep", "TrainerBounds"]
 
 
-class Orchestrator(TrainerCalls):
+class Orchestrator(TrainerCalls, TrainerWaits):
     """``replan`` (adaptive): epoch e + 1 is planned from the lengths observed so far once
     epoch e is dispatched. ``ticket``: the reference of version 0's weights (for restarts).
     ``trace``: a list the plan's Feeder records every admission and admission event in.
     ``bounds``: how long the trainer may take before it counts as hung (a train step:
-    pipeline/train_watch.py; a broadcast's send: pipeline/sync_retry.py).
+    pipeline/train_watch.py; a publish, a checkpoint save: pipeline/trainer_waits.py; a broadcast's
+    send: pipeline/sync_retry.py).
 
     :meth:`run` is the whole loop. A driver that steps it itself (the execution-path tests)
     calls :meth:`start`, then the phases :meth:`collect_rollouts` and :meth:`dispatch`."""
@@ -96,6 +98,8 @@ class Orchestrator(TrainerCalls):
                                   send_slack_s=self.bounds.send_slack_s)
         self.step_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung train step
         self.save_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung save
+        self.publish_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung publish
+        self.publishing: list[tuple] = []         # (publish ref, version, sent) still out, oldest first
         self.poll_refs: dict[int, Any] = {}
         self.submit_refs: list = []
         self._sent_at: dict[str, tuple[int, float]] = {}  # first group id of a submit call -> (instance, when sent)
@@ -145,6 +149,7 @@ class Orchestrator(TrainerCalls):
             self._rejoin_instances()
             self.fleet.check_not_stranded(bool(self.syncs))
             self._finish_train_step()
+            self._check_publish()
             self._finish_syncs()
             self.dispatch()
             self._start_train_step()
@@ -304,7 +309,9 @@ class Orchestrator(TrainerCalls):
         it = self.progress.pop(i)
         v = i + 1
         joining = self.fleet.joining_next_sync()
-        sync = self.wsync.start(v, self.fleet.live() + joining, self.now())
+        sync = self.wsync.publish(v, self.now())
+        self._publish_sent(v, sync.ticket)
+        self.wsync.push(sync, self.fleet.live() + joining)
         self.fleet.published(v, sync.ticket)
         self.feeder.published(v)
         for r in joining:  # restarted instances that waited for this broadcast to catch up
@@ -407,31 +414,3 @@ class Orchestrator(TrainerCalls):
         state = checkpoint.driver_state(self.history, self.plan.iterations, version, self.last_iteration,
                                         self.tail.carry)
         checkpoint.save(self.out.checkpoint_dir, version, lambda tmp: self._save_trainer(version, tmp), state)
-
-    def _save_trainer(self, version: int, tmp) -> Any:
-        """The trainer's part of checkpoint ``version`` into ``tmp``, bounded by ``save_watch`` (its
-        own clock, from the send; the same keys as a step's): past the bound, :class:`CheckpointSaveHung`
-        (a ``trainer`` event first, state ``hung``, and a log line); ``tmp`` is never renamed."""
-        w = self.save_watch
-        w.sent(self.now(), "save_checkpoint")
-        ref = self.trainer.save_checkpoint.remote(str(tmp), {"iteration": version})
-
-        def check() -> None:
-            waited = w.overdue(self.now())
-            if waited is not None:
-                self._stop_hung(w, waited, version - 1, None, version, f"version {version}",
-                                lambda ck: CheckpointSaveHung(save_hung_message(version, str(tmp), waited, w, ck)))
-        got = self._trainer_get(ref, check)
-        w.done(self.now())
-        return got
-
-    def _trainer_get(self, ref, check=None) -> Any:
-        """``ray.get`` of a trainer call, which runs only after a broadcast in flight on the trainer's
-        actor returns: meanwhile that broadcast is checked (``PendingSyncs.check_sends``), so a trainer
-        hung in it stops the run here too instead of blocking it; then ``check()`` (a call's own bound)."""
-        while not self.ray.wait([ref], timeout=0.2)[0]:
-            self.syncs.check_sends(self.ray)
-            if check is not None:
-                check()
-        return self.ray.get(ref)
-

@@ -28,8 +28,8 @@ from .sync_retry import SEND_SLACK_S, TrainerHung
 STEP_TIMEOUT_S = 1800.0      # train.step_timeout_s: the bound of a call with nothing measured yet
 STEP_TIMEOUT_FACTOR = 10.0   # train.step_timeout_factor: times the slowest call so far
 
-__all__ = ["STEP_TIMEOUT_FACTOR", "STEP_TIMEOUT_S", "CheckpointSaveHung", "StepWatch", "TrainStepHung", "TrainerBounds",
-           "hung_message", "save_hung_message"]
+__all__ = ["STEP_TIMEOUT_FACTOR", "STEP_TIMEOUT_S", "CheckpointSaveHung", "PublishHung", "StepWatch", "TrainStepHung",
+           "TrainerBounds", "hung_message", "publish_hung_message", "save_hung_message"]
 
 
 @dataclass
@@ -53,6 +53,11 @@ class TrainStepHung(TrainerHung):
 class CheckpointSaveHung(TrainerHung):
     """The trainer's checkpoint save did not return within its bound (a file system that blocks, a
     full disk that hangs): the run stops; the half-written checkpoint is never the resume point."""
+
+
+class PublishHung(TrainerHung):
+    """The trainer's ``publish`` of a version (the gather of its weights, and with the object store
+    their ``ray.put``) did not return within its bound: the instances would never receive it."""
 
 
 class StepWatch:
@@ -109,17 +114,40 @@ def hung_message(call: str, iteration: int, mini_batch: int, samples: int, waite
             f"train.step_timeout_factor (train.step_timeout_s=0 turns the bound off)")
 
 
+def _bound_from(watch: StepWatch, call: str) -> str:
+    """Where the bound of ``watch``'s call in flight comes from (``call``: what it measures)."""
+    measured = (f"train.step_timeout_factor {watch.factor:g} x the slowest of {watch.calls} {call}(s) so far, "
+                f"{watch.slowest:.1f} s" if watch.calls else f"no {call} measured yet: this is the first")
+    return f"the larger of train.step_timeout_s = {watch.timeout_s:g} s and {measured}"
+
+
+def _resume_from(checkpoint: str | None) -> str:
+    return (f"resume from the newest complete checkpoint, {checkpoint}, with resume=true" if checkpoint is not None
+            else "no complete checkpoint exists, so start it again with overwrite=true")
+
+
+_RAISE = "raise train.step_timeout_s or train.step_timeout_factor (train.step_timeout_s=0 turns the bound off)"
+
+
+def publish_hung_message(version: int, transport: str, waited: float, watch: StepWatch, checkpoint: str | None) -> str:
+    """What :class:`PublishHung` says: the publish, how long, its bound and where it comes from, the
+    newest complete checkpoint to resume from (``checkpoint``; None: none written)."""
+    what = "its weights gathered and put in Ray's object store" if transport == "object_store" else \
+        "its weights gathered for the broadcast"
+    return (f"policy version {version}: the trainer's publish of version {version} ({transport}: {what}) has not "
+            f"returned {waited:.0f} s after it was sent, past its bound of {watch.bound_s():g} s "
+            f"({_bound_from(watch, 'publish call')}): the trainer hangs (a gather that never completes on one of "
+            f"its ranks, an object store that does not take the weights, a wedged device), the instances never "
+            f"receive version {version}, and every later trainer call would wait behind it. The run stops; "
+            f"{_resume_from(checkpoint)}. If the publish is only slow (a large model), {_RAISE}")
+
+
 def save_hung_message(version: int, tmp: str, waited: float, watch: StepWatch, checkpoint: str | None) -> str:
     """What :class:`CheckpointSaveHung` says: the save, how long, its bound and where it comes from,
     the newest complete checkpoint to resume from (``checkpoint``; None: none written)."""
-    measured = (f"train.step_timeout_factor {watch.factor:g} x the slowest of {watch.calls} checkpoint save(s) so "
-                f"far, {watch.slowest:.1f} s" if watch.calls else "no checkpoint save measured yet: this is the first")
-    how = (f"resume from the newest complete checkpoint, {checkpoint}, with resume=true" if checkpoint is not None else
-           "no complete checkpoint exists, so start it again with overwrite=true")
     return (f"checkpoint of policy version {version}: the trainer's save_checkpoint into {tmp} has not returned "
-            f"{waited:.0f} s after it was sent, past its bound of {watch.bound_s():g} s (the larger of "
-            f"train.step_timeout_s = {watch.timeout_s:g} s and {measured}): the save hangs (a network file system "
-            f"that blocks, a full disk, a wedged device), and every later trainer call would wait behind it. The run "
-            f"stops; the half-written folder is never used for a resume; {how}. If the save is only slow (a large "
-            f"model on a slow file system), raise train.step_timeout_s or train.step_timeout_factor "
-            f"(train.step_timeout_s=0 turns the bound off)")
+            f"{waited:.0f} s after it was sent, past its bound of {watch.bound_s():g} s "
+            f"({_bound_from(watch, 'checkpoint save')}): the save hangs (a network file system that blocks, a full "
+            f"disk, a wedged device), and every later trainer call would wait behind it. The run stops; the "
+            f"half-written folder is never used for a resume; {_resume_from(checkpoint)}. If the save is only slow "
+            f"(a large model on a slow file system), {_RAISE}")

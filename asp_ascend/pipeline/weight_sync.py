@@ -134,10 +134,15 @@ class WeightSync:
         """The next push builds a new group even if the members are the same (after a failure)."""
         self.members = None
 
+    def publish(self, version: int, t_start: float = 0.0) -> PendingSync:
+        """The trainer's ``publish`` of ``version``, sent (not waited for): its sync, pushed to no one yet
+        (``s.ticket`` is the call's reference)."""
+        return PendingSync(version, self.trainer.publish.remote(version, self.transport), {}, t_start=t_start,
+                           t_end=t_start)
+
     def start(self, version: int, members: list[int], t_start: float = 0.0) -> PendingSync:
         """Publish ``version`` and start pushing it to ``members``."""
-        s = PendingSync(version, self.trainer.publish.remote(version, self.transport), {}, t_start=t_start,
-                        t_end=t_start)
+        s = self.publish(version, t_start)
         self.push(s, members)
         return s
 

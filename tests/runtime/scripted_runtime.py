@@ -227,6 +227,20 @@ def hanging_save_trainer_class(hang_at: int):
     return ray.remote(HangingSaveTrainer)
 
 
+def hanging_publish_trainer_class(version: int):
+    """A Ray actor class of the real trainer whose ``publish`` of ``version`` never returns, as one
+    whose gather of its weights never completes on a rank: alive, no progress."""
+    from asp_ascend.engines.trainer import TrainerEngine
+
+    class HangingPublishTrainer(TrainerEngine):
+        def publish(self, v: int, *args, **kwargs):
+            if v == version:
+                time.sleep(3600)
+            return super().publish(v, *args, **kwargs)
+
+    return ray.remote(HangingPublishTrainer)
+
+
 @pytest.fixture(scope="module")
 def trainer(cluster):
     return start_trainer(cluster)

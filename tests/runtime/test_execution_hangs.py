@@ -1,6 +1,7 @@
 """The hung-trainer and hung-sync bounds through the real loop: an instance whose weight receive
 never returns, a trainer whose broadcast never returns (pipeline/sync_retry.py), and a trainer
-whose train step, or checkpoint save, never returns (pipeline/train_watch.py).
+whose train step, checkpoint save or publish never returns (pipeline/train_watch.py,
+pipeline/trainer_waits.py).
 
 The runtime side is scripted_runtime.py's: ``Orchestrator.run`` on Ray with the real trainer on a
 tiny model, the real broadcast weight sync (a gloo group; the scripted instances receive every
@@ -8,8 +9,8 @@ bucket for real), fleet and sample queue. The bound (``weight_sync.stall_timeout
 ``PendingSyncs.send_slack_s``, 300 + 30 s by default) is cut to seconds here. Without the bound
 the first run never ends (its sync waits on the hung instance for ever) and the second blocks
 until the run timeout (the trainer's send never returns). The hung step's bound
-(``train.step_timeout_s``, 1800 s by default) is cut to 3 s; without it the loop waits on the
-step until the run timeout.
+(``train.step_timeout_s``, 1800 s by default) is cut to 3 s, for the save and the publish too;
+without it the loop waits on the call until the run timeout.
 """
 from __future__ import annotations
 
@@ -30,11 +31,12 @@ from asp_ascend.metrics import Timeline  # noqa: E402
 from asp_ascend.pipeline.actors import kill_trainer  # noqa: E402
 from asp_ascend.pipeline.checkpoint import find_latest, is_valid  # noqa: E402
 from asp_ascend.pipeline.sync_retry import TrainerHung  # noqa: E402
-from asp_ascend.pipeline.train_watch import CheckpointSaveHung, TrainStepHung  # noqa: E402
+from asp_ascend.pipeline.train_watch import CheckpointSaveHung, PublishHung, TrainStepHung  # noqa: E402
 from asp_ascend.scheduler.execution import ExecutionPlan  # noqa: E402
 from scripted_runtime import cluster  # noqa: E402,F401 (the fixture)
-from scripted_runtime import (K, hanging_save_trainer_class, hanging_step_trainer_class,  # noqa: E402
-                              hanging_trainer_class, instance_events, lengths_of, others, run_loop, settings_for, start_trainer)
+from scripted_runtime import (K, hanging_publish_trainer_class, hanging_save_trainer_class,  # noqa: E402
+                              hanging_step_trainer_class, hanging_trainer_class, instance_events, lengths_of, others,
+                              run_loop, settings_for, start_trainer)
 
 STALL_S, SLACK_S = 4.0, 2.0   # a receiver's (and sender's) stall timeout; the bound's slack beyond it
 RUN_S = 240                    # a run that outlives this hangs
@@ -92,10 +94,10 @@ def test_trainer_whose_send_never_returns_stops_the_run(cluster, tmp_path, check
     assert STALL_S + SLACK_S - 1 <= waited <= STALL_S + SLACK_S + 15, msg
 
 
-def _run_until_hung(cluster, tmp_path, trainer_class, error):
+def _run_until_hung(cluster, tmp_path, trainer_class, error, checkpoint_every: int = 1):
     """(trainer, the raised ``error``'s ExceptionInfo, seconds to it, the orchestrators seen) of the real
-    loop over one epoch (a checkpoint every iteration, the hung-step bounds) with a trainer of
-    ``trainer_class`` that hangs; ``asp train``'s teardown (``kill_trainer``) ends the hung actor."""
+    loop over one epoch (a checkpoint every ``checkpoint_every`` iterations, the hung-step bounds) with a
+    trainer of ``trainer_class`` that hangs; ``asp train``'s teardown (``kill_trainer``) ends the hung actor."""
     sched, resp = schedule_and_lengths("asp", K, epochs=1)
     lengths = lengths_of(sched, resp)
     trainer = start_trainer(cluster, trainer_class)
@@ -104,7 +106,7 @@ def _run_until_hung(cluster, tmp_path, trainer_class, error):
     try:
         with pytest.raises(error) as err:
             run_loop(trainer, ExecutionPlan.from_schedule(sched, settings_for()), lengths, tmp_path,
-                     checkpoint_every=1, step_timeout=(STEP_S, STEP_FACTOR), run_timeout_s=STEP_RUN_S,
+                     checkpoint_every=checkpoint_every, step_timeout=(STEP_S, STEP_FACTOR), run_timeout_s=STEP_RUN_S,
                      on_orch=seen.append)
         took = time.monotonic() - t0
     finally:
@@ -163,3 +165,30 @@ def test_trainer_whose_checkpoint_save_never_returns_stops_the_run(cluster, tmp_
     assert names[:2] == ["iter_000001", "iter_000002.tmp-" + names[1].split("-")[-1]] and names[2:] == ["latest"], names
     assert (ck / "latest").read_text().strip() == "iter_000001" and find_latest(ck).name == "iter_000001"
     assert (ck / names[1] / "model.safetensors").is_file() and not is_valid(ck / names[1])   # written, never used
+
+
+@pytest.mark.parametrize("checkpoint_every", [0, 1])
+def test_trainer_whose_publish_of_the_last_version_never_returns_stops_the_run(cluster, tmp_path, checkpoint_every):
+    """The trainer's ``publish`` of version 4, the run's last (one epoch of 4 iterations, object store),
+    never returns: no train step follows to time it. Once it has been out max(train.step_timeout_s,
+    factor x the slowest publish so far) the run stops with PublishHung naming the version, the seconds,
+    the keys and the newest complete checkpoint, whether the loop was waiting on the version's sync
+    (``checkpoint_every=0``) or on the checkpoint of version 4, queued behind the publish (``1``)."""
+    _, err, took, seen = _run_until_hung(cluster, tmp_path, hanging_publish_trainer_class(4), PublishHung,
+                                         checkpoint_every)
+    msg = str(err.value)
+    assert isinstance(err.value, TrainerHung), type(err.value)
+    assert msg.startswith("policy version 4: the trainer's publish of version 4 (object_store: "), msg
+    assert "train.step_timeout_s = 3 s" in msg and "2 x the slowest of 3 publish call(s) so far" in msg, msg
+    ck = tmp_path / "checkpoints"
+    if checkpoint_every:
+        assert f"{ck / 'iter_000003'}, with resume=true" in msg and find_latest(ck).name == "iter_000003", msg
+    else:
+        assert "no complete checkpoint exists" in msg and not ck.exists(), msg
+    (ev,) = Timeline.read_jsonl(tmp_path / "timeline.jsonl").events["trainer"]
+    assert ev["state"] == "hung" and ev["call"] == "publish" and ev["version"] == 4, ev
+    assert ev["bound_s"] >= STEP_S and ev["bound_s"] < ev["waited_s"] <= ev["bound_s"] + 1.0, ev
+    print(f"hung publish (checkpoint_every={checkpoint_every}): stopped {ev['waited_s']:.2f} s after it was sent, "
+          f"bound {ev['bound_s']:.2f} s")
+    assert took < STEP_RUN_S, took
+    assert [m for m in seen[0].log.said if m.startswith("trainer hung: its publish of version 4 is out")]
