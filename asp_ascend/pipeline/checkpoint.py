@@ -240,11 +240,6 @@ def resume_plan(cfg, settings, out: Path, start: int, carry: dict | None = None)
     out = Path(out)
     sched = pd.read_parquet(out / "schedule.parquet")
     report = json.loads((out / "schedule_report.json").read_text()) if (out / "schedule_report.json").is_file() else {}
-    planned = int(sched["epoch"].max()) + 1
-    if cfg.scheduler.adaptive and planned < cfg.train.epochs:
-        raise ConfigError([f"resume: scheduler.adaptive=true and {out / 'schedule.parquet'} holds {planned} of "
-                           f"{cfg.train.epochs} epochs; resuming an adaptive run before its last epoch is planned is "
-                           "not supported yet (resume with scheduler.adaptive=false to finish the planned epochs)"])
     R = cfg.rollout.num_instances
     if int(sched["instance"].max()) >= R:
         raise ConfigError([f"resume: rollout.num_instances={R}, but the saved schedule places prompts on "

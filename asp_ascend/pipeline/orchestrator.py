@@ -78,7 +78,7 @@ class Orchestrator(TrainerCalls, TrainerWaits):
         self.n_iters = plan.total_iterations
         self.first_iter = plan.start
         self.replan = replan
-        self.next_epoch = 1
+        self.next_epoch = plan.next_epoch          # adaptive: the epoch re-planned next (a resumed plan's too)
         self.task, self.sp = task, task.sampling
         self.out = outputs
         self.t0, self.log = outputs.t0, outputs.logger

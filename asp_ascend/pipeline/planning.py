@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-__all__ = ["plan_run", "replanner", "tail_options"]
+__all__ = ["plan_run", "replanner", "resume_replanner", "tail_options"]
 
 
 def plan_run(cfg, settings, train, out: Path):
@@ -48,6 +48,22 @@ def replanner(cfg, train, k: int, out: Path, first):
         return jobs_from_schedule(df)
 
     return replan
+
+
+def resume_replanner(cfg, settings, train, out: Path):
+    """``scheduler.adaptive`` on a resume: the re-planner over the run's own ``schedule.parquet`` while
+    epochs are still to plan, else None. The resumed loop plans epoch ``plan.next_epoch`` once the
+    planned ones are dispatched, from the checkpoint's length history (``run_state.json``: the rows of
+    the iterations trained before it, none of a group finished but untrained) and what it observes
+    after, as the MindSpeed-RL source does from its ``lengths/`` parts."""
+    import pandas as pd
+
+    if not settings.adaptive:
+        return None
+    sched = pd.read_parquet(out / "schedule.parquet")
+    if int(sched["epoch"].max()) + 1 >= cfg.train.epochs:
+        return None
+    return replanner(cfg, train, settings.lag_bound, out, sched)
 
 
 def tail_options(cfg, schedule_path: Path, bridge: bool = False):

@@ -161,8 +161,10 @@ def _plan_or_resume(cfg, settings, train, out: Path, resume, logger):
     the iterations the run's own schedule has left after the checkpoint's version."""
     if resume is not None:
         from .checkpoint import resume_plan
+        from .planning import resume_replanner
 
-        plan, replan = resume_plan(cfg, settings, out, resume.version, resume.carry), None
+        plan = resume_plan(cfg, settings, out, resume.version, resume.carry)
+        replan = resume_replanner(cfg, settings, train, out)   # adaptive, epochs still to plan
         logger.say(f"resuming from {resume.path.name}: version {resume.version}, "
                    f"{plan.total_iterations} iteration(s) left (attempt {resume.attempt + 1})")
         return plan, replan

@@ -153,6 +153,12 @@ class ExecutionPlan:
         """The first iteration no job is planned for yet (where a re-planned epoch starts)."""
         return max(self.iterations) + 1 if self.iterations else self.start
 
+    @property
+    def next_epoch(self) -> int:
+        """The epoch after the last one with a job in the plan (what ``scheduler.adaptive`` plans next;
+        a plan resumed mid-epoch e: e + 1)."""
+        return 1 + max((e for mbs in self.iterations.values() for keys in mbs.values() for e, _ in keys), default=-1)
+
     def add_epoch(self, jobs: Iterable[Job]) -> int:
         """Queue a re-planned epoch (``scheduler.adaptive``), iterations past ``end`` left out;
         returns how many jobs were added."""

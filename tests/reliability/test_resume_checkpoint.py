@@ -186,3 +186,41 @@ def test_trainer_state_round_trip(tmp_path):
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
     for (n, x), (_, y) in zip(tr.model.state_dict().items(), tr2.model.state_dict().items()):
         assert torch.allclose(x, y, atol=1e-6), n
+
+
+def test_an_adaptive_run_resumed_before_its_last_epoch_is_planned_re_plans_it(tmp_path):
+    """``scheduler.adaptive``: a checkpoint in epoch 0 (version 2) resumes (it was refused) with the run's
+    re-planner: the resumed plan re-plans epoch 1 next, from the checkpoint's length history, with the
+    call a fresh run makes (scheduler/run.plan_epoch_frame), appended to schedule.parquet."""
+    from asp_ascend.data.datasets import prompts_from_config
+    from asp_ascend.pipeline.planning import plan_run, resume_replanner
+    from asp_ascend.scheduler.run import inputs_from_config, plan_epoch_frame
+
+    cfg = load_config(CONFIG, ["rollout.num_instances=2", "pipeline.lag_bound=1", "scheduler.adaptive=true",
+                               "train.epochs=3", f"output_dir={tmp_path}"])
+    settings = ExecutionSettings.from_config(cfg)
+    train, _ = prompts_from_config(cfg)
+    fresh, _ = plan_run(cfg, settings, train, tmp_path)          # epoch 0 alone
+    sched0 = pd.read_parquet(tmp_path / "schedule.parquet")
+    assert set(sched0["epoch"]) == {0} and fresh.next_epoch == 1
+    # the checkpoint's history (driver_state): the rows of iterations 0 and 1, trained
+    trained = sched0[sched0["iteration"] < 2]
+    history = [{"prompt_id": p, "epoch": 0, "sample": s, "prompt_length": 4, "response_length": 3 + (i * 7 + s) % 40}
+               for i, p in enumerate(trained["prompt_id"]) for s in range(cfg.train.group_size)]
+    plan = ck.resume_plan(cfg, settings, tmp_path, 2)
+    per_epoch = int(sched0["iteration"].max()) + 1
+    assert plan.start == 2 and plan.next_epoch == 1 and plan.end == fresh.end == 3 * per_epoch
+    assert plan.next_unplanned == per_epoch
+    replan = resume_replanner(cfg, settings, train, tmp_path)
+    assert replan is not None
+    plan.add_epoch(replan(plan.next_epoch, history, plan.next_unplanned))
+    sched = pd.read_parquet(tmp_path / "schedule.parquet")
+    want = plan_epoch_frame(cfg, inputs_from_config(cfg, train, pd.DataFrame(history)), 1, per_epoch,
+                            lag_bound=settings.lag_bound)
+    pd.testing.assert_frame_equal(sched[sched["epoch"] == 1].reset_index(drop=True), want.reset_index(drop=True),
+                                  check_dtype=False)
+    assert plan.next_epoch == 2
+    # all epochs planned: nothing to re-plan, the schedule replays
+    done = load_config(CONFIG, ["rollout.num_instances=2", "scheduler.adaptive=true", "train.epochs=2",
+                                f"output_dir={tmp_path}"])
+    assert resume_replanner(done, ExecutionSettings.from_config(done), train, tmp_path) is None

@@ -125,6 +125,48 @@ def test_adaptive_replanning(cluster, trainer, tmp_path):
     assert set(times.values()) == {1} and len(times) == len(sched) * G
     assert_agree(sched, K, (trained, lags), *others(sched, resp, settings_for()))
 
+def test_adaptive_resume_before_the_last_epoch_is_planned(cluster, trainer, tmp_path):
+    """``scheduler.adaptive`` stopped in epoch 0 (checkpoint at version 2), resumed with a new trainer and
+    new instances: the resumed loop re-plans epoch 1 (``plan.next_epoch``) from the checkpoint's length
+    history (the trained iterations' rows) and what it observes after; both attempts together train the
+    schedule the run ended with exactly once, as the simulator and MindSpeed-RL's source do."""
+    sched0, resp0 = schedule_and_lengths("asp", K, epochs=1)
+    truth = {p: row for p, row in zip(sched0["prompt_id"], resp0)}
+    lengths = {**lengths_of(sched0, resp0), **{f"1:{p}": [int(x) for x in row] for p, row in truth.items()}}
+    planned, given = [], []
+
+    def replan(epoch: int, history: list[dict], offset: int):
+        given.append(list(history))
+        seen = pd.DataFrame(history).groupby("prompt_id")["response_length"].mean()
+        ids = np.array(sorted(truth), dtype=object)
+        df = plan(ids, np.array([seen.get(p, 20.0) for p in ids]), np.full(len(ids), 3.0), policy="asp", group_size=G,
+                  global_batch_size=6, mini_batch_size=3, num_instances=R, max_num_seqs=4, lag_bound=K, epoch=epoch,
+                  iteration_offset=offset, seed=1)
+        planned.append((epoch, df))
+        return jobs_from_schedule(df)
+
+    settings = settings_for(adaptive=True)
+    first = run_loop(trainer, ExecutionPlan.from_schedule(sched0, settings, max_iterations=2), lengths,
+                     tmp_path / "a1", replan=replan, checkpoint_every=2)
+    assert planned == []                                # killed before epoch 0 was dispatched
+    res = checkpoint.load(checkpoint.find_latest(tmp_path / "a1" / "checkpoints"))
+    assert res.version == 2 and len(res.history) == 2 * 6 * G
+    resumed = start_trainer(res.path)
+    assert ray.get(resumed.load_checkpoint.remote(str(res.path))) == 2
+    plan2 = ExecutionPlan.from_schedule(sched0, settings, start=2)
+    assert plan2.next_epoch == 1 and plan2.end == 8
+    second = run_loop(resumed, plan2, lengths, tmp_path / "a2", version=2, history=res.history, replan=replan)
+    (epoch, df), = planned
+    assert epoch == 1 and int(df["iteration"].min()) == 4
+    assert given[0][:len(res.history)] == res.history   # the checkpoint's rows, then what the resumed run saw
+    sched = pd.concat([sched0, df], ignore_index=True)
+    resp = np.array([truth[p] for p in sched["prompt_id"]])
+    trained, lags, times = runtime_trained([first.timeline, second.timeline])
+    assert set(times.values()) == {1} and len(times) == len(sched) * G
+    assert_agree(sched, K, (trained, lags), *others(sched, resp, settings_for()))
+    ray.kill(resumed)
+
+
 def test_sequence_admission(cluster, trainer, tmp_path):
     """``rollout.admission: sequences``: an instance takes another group while its unfinished
     samples (the last poll's count, plus G per group sent since) are fewer than max_num_seqs.

@@ -78,8 +78,7 @@ class DispatcherSource:
         self.done: dict[tuple, SampleGroup] = {}      # finished, not yet handed out: (epoch, prompt_id) -> group
         self.replan, self.history = replan, list(history)   # adaptive: observed lengths, one row per sample
         self.lengths = lengths
-        self.next_epoch = next_epoch if next_epoch is not None else 1 + max(
-            (e for mbs in plan.iterations.values() for keys in mbs.values() for e, _ in keys), default=-1)
+        self.next_epoch = next_epoch if next_epoch is not None else plan.next_epoch
 
     def attach_timeline(self, timeline, t0: float) -> None:
         """Write the tail mechanisms' decisions (``steal``, ``tail``, ``defer``, ``swap``: the runtime's events,
