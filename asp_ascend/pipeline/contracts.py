@@ -75,6 +75,8 @@ class PendingWeights(Protocol):
 @runtime_checkable
 class WeightTransport(Protocol):
     stall_timeout_s: float            # weight_sync.stall_timeout_s
+    timeout_s: float                  # weight_sync.timeout_s (a broadcast group's rendezvous)
+    wait_group: Callable | None       # (ref, version, gen, members) -> port: how open_group is awaited
 
     @property
     def broadcast(self) -> bool: ...

@@ -100,6 +100,8 @@ class Orchestrator(TrainerCalls, TrainerWaits):
         self.save_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung save
         self.publish_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung publish
         self.publishing: list[tuple] = []         # (publish ref, version, sent) still out, oldest first
+        self.group_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung open_group
+        weight_sync.wait_group = self._wait_group  # its open_group of a new broadcast group: bounded by the loop
         self.poll_refs: dict[int, Any] = {}
         self.submit_refs: list = []
         self._sent_at: dict[str, tuple[int, float]] = {}  # first group id of a submit call -> (instance, when sent)

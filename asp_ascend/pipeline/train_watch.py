@@ -28,8 +28,9 @@ from .sync_retry import SEND_SLACK_S, TrainerHung
 STEP_TIMEOUT_S = 1800.0      # train.step_timeout_s: the bound of a call with nothing measured yet
 STEP_TIMEOUT_FACTOR = 10.0   # train.step_timeout_factor: times the slowest call so far
 
-__all__ = ["STEP_TIMEOUT_FACTOR", "STEP_TIMEOUT_S", "CheckpointSaveHung", "PublishHung", "StepWatch", "TrainStepHung",
-           "TrainerBounds", "hung_message", "publish_hung_message", "save_hung_message"]
+__all__ = ["STEP_TIMEOUT_FACTOR", "STEP_TIMEOUT_S", "CheckpointSaveHung", "GroupOpenHung", "PublishHung", "StepWatch",
+           "TrainStepHung", "TrainerBounds", "group_hung_message", "hung_message", "publish_hung_message",
+           "save_hung_message"]
 
 
 @dataclass
@@ -58,6 +59,11 @@ class CheckpointSaveHung(TrainerHung):
 class PublishHung(TrainerHung):
     """The trainer's ``publish`` of a version (the gather of its weights, and with the object store
     their ``ray.put``) did not return within its bound: the instances would never receive it."""
+
+
+class GroupOpenHung(TrainerHung):
+    """The trainer's ``open_group`` of a new broadcast group (the set of instances changed, or a
+    broadcast failed) did not return within its bound: no weights can reach the instances again."""
 
 
 class StepWatch:
@@ -140,6 +146,19 @@ def publish_hung_message(version: int, transport: str, waited: float, watch: Ste
             f"its ranks, an object store that does not take the weights, a wedged device), the instances never "
             f"receive version {version}, and every later trainer call would wait behind it. The run stops; "
             f"{_resume_from(checkpoint)}. If the publish is only slow (a large model), {_RAISE}")
+
+
+def group_hung_message(version: int, gen: int, members: list[int], waited: float, watch: StepWatch,
+                       checkpoint: str | None, group_timeout_s: float) -> str:
+    """What :class:`GroupOpenHung` says: the group, how long, its bound and where it comes from, the
+    newest complete checkpoint to resume from (``checkpoint``; None: none written)."""
+    return (f"weight sync of policy version {version}: the trainer's open_group of weight-sync group {gen} (the "
+            f"trainer and the workers of instance(s) {', '.join(map(str, members))}) has not returned {waited:.0f} s "
+            f"after it was sent, past its bound of {watch.bound_s():g} s ({_bound_from(watch, 'open_group call')}): "
+            f"the trainer hangs (closing its previous group, starting the group's rendezvous store, or in the publish "
+            f"queued before it), no weights can reach the instances, and every later trainer call would wait behind "
+            f"it (weight_sync.timeout_s = {group_timeout_s:g} s bounds the group's rendezvous after this call, not the "
+            f"call). The run stops; {_resume_from(checkpoint)}. If the trainer is only slow, {_RAISE}")
 
 
 def save_hung_message(version: int, tmp: str, waited: float, watch: StepWatch, checkpoint: str | None) -> str:

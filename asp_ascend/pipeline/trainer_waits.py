@@ -1,6 +1,7 @@
 """The loop's bounded waits on the trainer's calls outside a train step (a part of
 :class:`~asp_ascend.pipeline.orchestrator.Orchestrator`, whose state they use): the ``publish`` of
-each version and the checkpoint save (``save_checkpoint``).
+each version, the checkpoint save (``save_checkpoint``) and the ``open_group`` of a new broadcast
+group (``WeightSync.wait_group``: the set of instances changed, or a broadcast failed).
 
 Each has its own :class:`~asp_ascend.pipeline.train_watch.StepWatch` with the step's keys: a call
 still out after max(``train.step_timeout_s``, ``train.step_timeout_factor`` x the slowest such call
@@ -11,13 +12,17 @@ The publish is sent when an iteration ends and not waited for: the instances' ``
 (object store) or the trainer's ``send_weights`` (broadcast) take its result. A publish that never
 returns held the run for ever when no train step followed to time it (the run's last version);
 now it is checked at every pass of the loop and while the loop waits on a later trainer call
-(:meth:`TrainerWaits._trainer_get`), and stops the run with :class:`PublishHung`.
+(:meth:`TrainerWaits._trainer_get`), and stops the run with :class:`PublishHung`. The loop waits
+for ``open_group`` at once (the instances must be told the port its store listens on); it had no
+bound (``weight_sync.timeout_s``, its argument, is the store's rendezvous timeout: the call itself
+waits for no one) and now stops the run with :class:`GroupOpenHung`.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from .train_watch import CheckpointSaveHung, PublishHung, publish_hung_message, save_hung_message
+from .train_watch import (CheckpointSaveHung, GroupOpenHung, PublishHung, group_hung_message, publish_hung_message,
+                          save_hung_message)
 
 __all__ = ["TrainerWaits"]
 
@@ -59,6 +64,15 @@ class TrainerWaits:
         w, ref = self.save_watch, self.trainer.save_checkpoint.remote(str(tmp), {"iteration": version})
         return self._watched_get(w, "save_checkpoint", ref, version, f"version {version}", lambda waited, ck:
                                  CheckpointSaveHung(save_hung_message(version, str(tmp), waited, w, ck)))
+
+    def _wait_group(self, ref, version: int, gen: int, members: list[int]) -> int:
+        """The port of the trainer's ``open_group`` (``ref``) of weight-sync group ``gen``, formed to send
+        ``version`` to ``members`` (``WeightSync.wait_group``), bounded by ``group_watch``: past the
+        bound, :class:`GroupOpenHung`."""
+        w = self.group_watch
+        return self._watched_get(w, "open_group", ref, version, f"weight-sync group {gen}",
+                                 lambda waited, ck: GroupOpenHung(group_hung_message(
+                                     version, gen, members, waited, w, ck, self.wsync.timeout_s)))
 
     def _watched_get(self, w, call: str, ref, version: int, of: str, error) -> Any:
         """``ray.get`` of trainer call ``ref`` (``call``, just sent, towards policy version ``version``)

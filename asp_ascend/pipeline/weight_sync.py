@@ -95,6 +95,10 @@ class PendingSync:
 
 class WeightSync:
     stall_timeout_s: float = STALL_S   # weight_sync.stall_timeout_s (set per instance; the contract names it)
+    timeout_s: float = 120.0           # weight_sync.timeout_s (set per instance): a group's rendezvous
+    # how the trainer's open_group is awaited, (ref, version, gen, members) -> its port: the loop sets
+    # its bounded wait (pipeline/trainer_waits.py); None: ray.get, unbounded (before the loop)
+    wait_group: Callable | None = None
 
     def __init__(self, trainer, instances: list, transport: str, platform: str, tp: int = 1,
                  base_port: int = 0, timeout_s: float = 120.0, stall_timeout_s: float = STALL_S):
@@ -112,7 +116,7 @@ class WeightSync:
     def broadcast(self) -> bool:
         return self.transport == "broadcast"
 
-    def _group(self, members: list[int]) -> dict:
+    def _group(self, members: list[int], version: int) -> dict:
         import ray
 
         if self._host is None:
@@ -122,8 +126,9 @@ class WeightSync:
             self.members = tuple(members)
             # the trainer's store listens before anyone joins; base_port 0: on a port the OS picks
             want = self.base_port + self.gen % PORTS if self.base_port else 0
-            self._port = int(ray.get(self.trainer.open_group.remote(self.gen, self._world(members), want,
-                                                                    self.timeout_s)))
+            ref = self.trainer.open_group.remote(self.gen, self._world(members), want, self.timeout_s)
+            wait = self.wait_group or (lambda ref, *_: ray.get(ref))
+            self._port = int(wait(ref, version, self.gen, list(members)))
         return {"gen": self.gen, "host": self._host, "port": self._port, "world": self._world(members),
                 "platform": self.platform, "timeout_s": self.timeout_s, "stall_timeout_s": self.stall_timeout_s}
 
@@ -154,7 +159,7 @@ class WeightSync:
             return
         if not members:
             return
-        group = self._group(list(members))
+        group = self._group(list(members), s.version)
         s.refs.update({r: self.instances[r].update_weights.remote(s.ticket, {**group, "rank": 1 + j * self.tp})
                        for j, r in enumerate(members)})
         s.send = self.trainer.send_weights.remote(s.version, group)

@@ -1,4 +1,5 @@
-"""The bound on a trainer hung in a train step (pipeline/train_watch.py) and its config keys:
+"""The bound on a trainer hung in a train step, a checkpoint save, a publish or an open_group
+(pipeline/train_watch.py) and its config keys:
 ``train.step_timeout_s``, ``train.step_timeout_factor`` and ``weight_sync.send_slack_s`` (the hung
 broadcast's slack, pipeline/sync_retry.py). The bound through the real loop (a real trainer whose
 train step never returns): tests/runtime/test_execution_hangs.py."""
@@ -8,7 +9,8 @@ from asp_ascend.config import load_config
 from asp_ascend.errors import AspError, ConfigError
 from asp_ascend.pipeline.rundir import is_safe
 from asp_ascend.pipeline.sync_retry import TrainerHung
-from asp_ascend.pipeline.train_watch import (CheckpointSaveHung, StepWatch, TrainerBounds, TrainStepHung, hung_message,
+from asp_ascend.pipeline.train_watch import (CheckpointSaveHung, GroupOpenHung, PublishHung, StepWatch, TrainerBounds,
+                                             TrainStepHung, group_hung_message, hung_message, publish_hung_message,
                                              save_hung_message)
 
 
@@ -78,6 +80,24 @@ def test_the_save_message_names_the_version_the_seconds_the_keys_and_the_complet
     msg = save_hung_message(6, "t", 400.0, w, None)
     assert "bound of 300 s" in msg and "10 x the slowest of 1 checkpoint save(s) so far, 30.0 s" in msg, msg
     assert "no complete checkpoint exists" in msg and "overwrite=true" in msg, msg
+
+
+def test_the_publish_and_open_group_messages_name_the_call_the_seconds_the_keys_and_the_checkpoint():
+    w = StepWatch(timeout_s=100.0, factor=10.0)
+    w.sent(0.0, "publish")
+    msg = publish_hung_message(5, "object_store", 101.0, w, "out/checkpoints/iter_000004")
+    assert msg.startswith("policy version 5: the trainer's publish of version 5 (object_store: "), msg
+    assert "not returned 101 s" in msg and "bound of 100 s" in msg and "no publish call measured yet" in msg, msg
+    assert "out/checkpoints/iter_000004, with resume=true" in msg and "train.step_timeout_factor" in msg, msg
+    w.done(2.0)
+    w.sent(3.0, "open_group")
+    msg = group_hung_message(7, 3, [0, 2], 150.0, w, None, 120.0)
+    assert msg.startswith("weight sync of policy version 7: the trainer's open_group of weight-sync group 3 (the "
+                          "trainer and the workers of instance(s) 0, 2) has not returned 150 s"), msg
+    assert "10 x the slowest of 1 open_group call(s) so far, 2.0 s" in msg and "train.step_timeout_s = 100 s" in msg
+    assert "weight_sync.timeout_s = 120 s bounds the group's rendezvous after this call, not the call" in msg, msg
+    assert "no complete checkpoint exists" in msg and "overwrite=true" in msg, msg
+    assert all(issubclass(e, TrainerHung) and issubclass(e, AspError) for e in (PublishHung, GroupOpenHung))
 
 
 def test_the_keys_reach_the_bounds_and_may_change_on_resume(empty_yaml):

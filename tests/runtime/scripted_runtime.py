@@ -241,6 +241,23 @@ def hanging_publish_trainer_class(version: int):
     return ray.remote(HangingPublishTrainer)
 
 
+def hanging_group_trainer_class(hang_at: int):
+    """A Ray actor class of the real trainer whose ``hang_at``-th ``open_group`` (from 1) never
+    returns, as one stuck closing its previous group or starting the new group's store."""
+    from asp_ascend.engines.trainer import TrainerEngine
+
+    class HangingGroupTrainer(TrainerEngine):
+        groups = 0
+
+        def open_group(self, *args, **kwargs) -> int:
+            self.groups += 1
+            if self.groups == hang_at:
+                time.sleep(3600)
+            return super().open_group(*args, **kwargs)
+
+    return ray.remote(HangingGroupTrainer)
+
+
 @pytest.fixture(scope="module")
 def trainer(cluster):
     return start_trainer(cluster)

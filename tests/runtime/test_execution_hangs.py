@@ -1,6 +1,6 @@
 """The hung-trainer and hung-sync bounds through the real loop: an instance whose weight receive
 never returns, a trainer whose broadcast never returns (pipeline/sync_retry.py), and a trainer
-whose train step, checkpoint save or publish never returns (pipeline/train_watch.py,
+whose train step, checkpoint save, publish or open_group never returns (pipeline/train_watch.py,
 pipeline/trainer_waits.py).
 
 The runtime side is scripted_runtime.py's: ``Orchestrator.run`` on Ray with the real trainer on a
@@ -9,8 +9,8 @@ bucket for real), fleet and sample queue. The bound (``weight_sync.stall_timeout
 ``PendingSyncs.send_slack_s``, 300 + 30 s by default) is cut to seconds here. Without the bound
 the first run never ends (its sync waits on the hung instance for ever) and the second blocks
 until the run timeout (the trainer's send never returns). The hung step's bound
-(``train.step_timeout_s``, 1800 s by default) is cut to 3 s, for the save and the publish too;
-without it the loop waits on the call until the run timeout.
+(``train.step_timeout_s``, 1800 s by default) is cut to 3 s, for the save, the publish and the
+open_group too; without it the loop waits on the call until the run timeout.
 """
 from __future__ import annotations
 
@@ -31,12 +31,12 @@ from asp_ascend.metrics import Timeline  # noqa: E402
 from asp_ascend.pipeline.actors import kill_trainer  # noqa: E402
 from asp_ascend.pipeline.checkpoint import find_latest, is_valid  # noqa: E402
 from asp_ascend.pipeline.sync_retry import TrainerHung  # noqa: E402
-from asp_ascend.pipeline.train_watch import CheckpointSaveHung, PublishHung, TrainStepHung  # noqa: E402
+from asp_ascend.pipeline.train_watch import CheckpointSaveHung, GroupOpenHung, PublishHung, TrainStepHung  # noqa: E402
 from asp_ascend.scheduler.execution import ExecutionPlan  # noqa: E402
 from scripted_runtime import cluster  # noqa: E402,F401 (the fixture)
-from scripted_runtime import (K, hanging_publish_trainer_class, hanging_save_trainer_class,  # noqa: E402
-                              hanging_step_trainer_class, hanging_trainer_class, instance_events, lengths_of, others,
-                              run_loop, settings_for, start_trainer)
+from scripted_runtime import (K, hanging_group_trainer_class, hanging_publish_trainer_class,  # noqa: E402
+                              hanging_save_trainer_class, hanging_step_trainer_class, hanging_trainer_class,
+                              instance_events, lengths_of, others, run_loop, settings_for, start_trainer)
 
 STALL_S, SLACK_S = 4.0, 2.0   # a receiver's (and sender's) stall timeout; the bound's slack beyond it
 RUN_S = 240                    # a run that outlives this hangs
@@ -94,10 +94,11 @@ def test_trainer_whose_send_never_returns_stops_the_run(cluster, tmp_path, check
     assert STALL_S + SLACK_S - 1 <= waited <= STALL_S + SLACK_S + 15, msg
 
 
-def _run_until_hung(cluster, tmp_path, trainer_class, error, checkpoint_every: int = 1):
+def _run_until_hung(cluster, tmp_path, trainer_class, error, checkpoint_every: int = 1, **loop):
     """(trainer, the raised ``error``'s ExceptionInfo, seconds to it, the orchestrators seen) of the real
     loop over one epoch (a checkpoint every ``checkpoint_every`` iterations, the hung-step bounds) with a
-    trainer of ``trainer_class`` that hangs; ``asp train``'s teardown (``kill_trainer``) ends the hung actor."""
+    trainer of ``trainer_class`` that hangs (``loop``: more of ``run_loop``'s arguments); ``asp train``'s
+    teardown (``kill_trainer``) ends the hung actor."""
     sched, resp = schedule_and_lengths("asp", K, epochs=1)
     lengths = lengths_of(sched, resp)
     trainer = start_trainer(cluster, trainer_class)
@@ -107,7 +108,7 @@ def _run_until_hung(cluster, tmp_path, trainer_class, error, checkpoint_every: i
         with pytest.raises(error) as err:
             run_loop(trainer, ExecutionPlan.from_schedule(sched, settings_for()), lengths, tmp_path,
                      checkpoint_every=checkpoint_every, step_timeout=(STEP_S, STEP_FACTOR), run_timeout_s=STEP_RUN_S,
-                     on_orch=seen.append)
+                     on_orch=seen.append, **loop)
         took = time.monotonic() - t0
     finally:
         kill_trainer(trainer)      # the hung actor goes, its call with it
@@ -192,3 +193,36 @@ def test_trainer_whose_publish_of_the_last_version_never_returns_stops_the_run(c
           f"bound {ev['bound_s']:.2f} s")
     assert took < STEP_RUN_S, took
     assert [m for m in seen[0].log.said if m.startswith("trainer hung: its publish of version 4 is out")]
+
+
+def test_trainer_whose_open_group_never_returns_stops_the_run(cluster, tmp_path):
+    """Broadcast over gloo; instance 1's process exits after it handed back 7 groups, so the next sync
+    forms a new group for instance 0 alone: the trainer's second ``open_group`` (the first formed the
+    run's first group) never returns, while the loop waits for the port its store listens on. Once it
+    has been out max(train.step_timeout_s, factor x the slowest open_group so far) the run stops with
+    GroupOpenHung naming the version, the group, the seconds, the keys and the newest complete
+    checkpoint; the timeline's last event says why."""
+    _, err, took, seen = _run_until_hung(cluster, tmp_path, hanging_group_trainer_class(hang_at=2), GroupOpenHung,
+                                         transport="broadcast", die_after=(0, 7), stall_timeout_s=STALL_S,
+                                         send_slack_s=SLACK_S)
+    msg = str(err.value)
+    assert isinstance(err.value, TrainerHung), type(err.value)
+    m = re.match(r"weight sync of policy version (\d+): the trainer's open_group of weight-sync group 1 \(the trainer "
+                 r"and the workers of instance\(s\) 0\) has not returned", msg)
+    assert m, msg
+    v = int(m.group(1))
+    assert "train.step_timeout_s = 3 s" in msg and "no open_group call measured yet" in msg, msg
+    assert "weight_sync.timeout_s = 120 s bounds the group's rendezvous" in msg, msg
+    ck = tmp_path / "checkpoints"   # one per iteration: the newest is version v - 1's (none if v is 1)
+    newest = f"iter_{v - 1:06d}"
+    if v > 1:
+        assert f"{ck / newest}, with resume=true" in msg and find_latest(ck).name == newest, msg
+    else:
+        assert "no complete checkpoint exists" in msg and find_latest(ck) is None, msg
+    (ev,) = Timeline.read_jsonl(tmp_path / "timeline.jsonl").events["trainer"]
+    assert ev["state"] == "hung" and ev["call"] == "open_group" and ev["version"] == v, ev
+    assert ev["bound_s"] >= STEP_S and ev["bound_s"] < ev["waited_s"] <= ev["bound_s"] + 1.0, ev
+    print(f"hung open_group (version {v}): stopped {ev['waited_s']:.2f} s after it was sent, bound {ev['bound_s']:.2f} s")
+    assert took < STEP_RUN_S, took
+    assert [(e["instance"], e["state"]) for e in seen[0].timeline.events["instance"]] == [(1, "down")]
+    assert [m for m in seen[0].log.said if m.startswith("trainer hung: its open_group of weight-sync group 1 is out")]
