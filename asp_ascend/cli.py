@@ -90,6 +90,7 @@ def _dispatch(args) -> int | None:
         overrides.append(f"sim.calibrate={args.calibrate}")
     ours = [o[4:] if o.startswith("asp.") else o for o in overrides]   # a framework YAML's asp.* keys
     framework = True
+    tokens = {}   # where the run's tokenizer is set, and how the framework renders chat prompts
     if _has_group(args.config, "megatron_training"):
         # A MindSpeed-RL YAML with an asp: group: the Ascend path (docs/ascend.md).
         from pathlib import Path
@@ -107,6 +108,7 @@ def _dispatch(args) -> int | None:
             from .errors import ConfigError
 
             raise ConfigError([problem], args.config)
+        tokens = {"model_key": "megatron_training.tokenizer_name_or_path"}   # config_bridge.TRANSLATION["model.path"]
     elif _has_group(args.config, "actor_rollout_ref"):
         # A verl YAML: the prompts of its data.train_files, as the verl run reads them (docs/verl.md).
         if args.command == "train":
@@ -115,9 +117,10 @@ def _dispatch(args) -> int | None:
             raise ConfigError([f"{args.config} is a verl config: start it with python -m "
                                f"asp_ascend.integrations.verl.main_ppo --config-path DIR --config-name NAME "
                                f"(docs/verl.md); asp schedule and asp simulate read it here"])
-        from .integrations.verl.offline import translate_offline
+        from .integrations.verl.offline import template_settings, translate_offline
 
         cfg = translate_offline(args.config, ours)
+        tokens = template_settings(args.config)
     else:
         cfg, framework = load_config(args.config, overrides), False
     if framework and args.command == "schedule":
@@ -129,14 +132,18 @@ def _dispatch(args) -> int | None:
 
     check_output_dir(cfg.output_dir)  # a file, or not writable: said before any work
     args.output_dir = cfg.output_dir  # (for the Ctrl-C message)
+    if args.command in ("schedule", "simulate"):   # data.path's prompts in the run's tokens (or the words opt-in)
+        from .integrations.prompt_tokens import counter_for
+
+        count = counter_for(cfg, **tokens)
     if args.command == "schedule":
         from .scheduler.run import run_schedule
 
-        return run_schedule(cfg)
+        return run_schedule(cfg, count)
     if args.command == "simulate":
         from .sim.run import run_simulate
 
-        return run_simulate(cfg)
+        return run_simulate(cfg, count)
     if args.command == "train":
         from .pipeline.run import run_train
 

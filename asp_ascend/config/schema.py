@@ -41,6 +41,11 @@ class DataConfig:
     chat_template: str = _f("auto", "chat-format prompts (a list of {role, content} messages): auto = render them with "
                             "the tokenizer's chat template (generation prompt added) when the model has one, else join "
                             "the contents; none = always join the contents", choices=("auto", "none"))
+    prompt_length: str = _f("tokens", "how asp schedule / asp simulate and the framework entries count a prompt of data.path: "
+                            "tokens = with the run's tokenizer (model.path; verl: actor_rollout_ref.model.path, "
+                            "MindSpeed-RL: megatron_training.tokenizer_name_or_path), as the run prefills and records "
+                            "them; words = whitespace words (an opt-in for a machine without the model, recorded in "
+                            "schedule_report.json)", choices=("tokens", "words"))
     eval_path: Optional[str] = _f(None, "held-out prompts file for evaluation")
     synthetic: SyntheticTaskConfig = _sub(SyntheticTaskConfig, "the built-in synthetic task")
 

@@ -4,8 +4,9 @@ JSONL: one object per line with the prompt field (``data.prompt_key``, default
 ``prompt``) and optionally an id (``data.id_key``) and a reference answer. Parquet
 (verl style): a prompt column that holds a string or a chat list of
 ``{"role", "content"}`` messages. Prompts without an id get ``"<row>"`` (the row number,
-stable as long as the file is). Prompt lengths are counted in whitespace tokens until a
-tokenizer is available (the runtime replaces them with real token counts).
+stable as long as the file is). Prompt lengths are whitespace words as loaded (``length_unit``
+says so); every planner replaces them with the run's tokens (data/prompt_tokens.py) or plans on
+words only where ``data.prompt_length: words`` asks for it.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def make_prompt_set(records: list[dict], source: str, prompt_key: str, id_key: s
         answers.append(None if ans is None else str(ans))
     lengths = np.fromiter((len(p.split()) for p in prompts), dtype=np.int64, count=len(prompts))
     extra = {"messages": messages} if any(m is not None for m in messages) else {}
-    return PromptSet(ids, prompts, answers, lengths, None, source, extra)
+    return PromptSet(ids, prompts, answers, lengths, None, source, extra, {"unit": "words"})
 
 
 def _chat_messages(val: Any) -> list[dict] | None:

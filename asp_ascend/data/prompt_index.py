@@ -1,7 +1,8 @@
 """Prompt ids and prompt lengths of a prompts file, without building the texts.
 
 ``asp schedule`` needs only each prompt's id and length. ``read_prompt_index`` reads them with
-pyarrow's columnar readers and counts whitespace tokens over the raw UTF-8 bytes with numpy,
+pyarrow's columnar readers and counts the prompts with the caller's counter (the run's tokenizer,
+data/prompt_tokens.py), or whitespace words over the raw UTF-8 bytes with numpy,
 which is several times faster than :func:`datasets.load_prompts` on a million-line JSONL file.
 It accepts exactly the files ``load_prompts`` accepts and gives the same ids and lengths: any
 row the fast path is not sure about (a parse error, a missing or non-string prompt, a chat
@@ -25,10 +26,13 @@ _BLANK_LINE = re.compile(rb"\n[ \t\r]*\n")  # an inner blank line
 _FIRST_BLANK = re.compile(rb"[ \t\r]*\n")
 
 
-def read_prompt_index(path: str | Path, prompt_key: str = "prompt",
-                      id_key: str = "id") -> tuple[np.ndarray, np.ndarray]:
-    """(ids as an object array of str, prompt lengths in whitespace tokens) of a prompts file."""
+def read_prompt_index(path: str | Path, prompt_key: str = "prompt", id_key: str = "id",
+                      count=None) -> tuple[np.ndarray, np.ndarray]:
+    """(ids as an object array of str, prompt lengths) of a prompts file. Lengths in whitespace words
+    without ``count`` (or a words counter); else ``count(texts, messages)`` (data/prompt_tokens.py:
+    the run's tokens, chat prompts through the tokenizer's template)."""
     path = Path(path)
+    words = count is None or count.unit == "words"
     fast = None
     if path.exists():
         suffix = path.suffix.lower()
@@ -41,9 +45,10 @@ def read_prompt_index(path: str | Path, prompt_key: str = "prompt",
         if ids is not None:
             lengths = whitespace_tokens(fast[1])
             if lengths.size and lengths.min() > 0:  # an empty/blank prompt: load_prompts names its line
-                return ids, lengths
+                return ids, (lengths if words else count(fast[1].to_pylist()))
     ps = load_prompts(path, prompt_key, id_key)
-    return np.asarray(ps.ids, dtype=object), np.asarray(ps.prompt_lengths, dtype=np.int64)
+    lengths = ps.prompt_lengths if words else count(ps.prompts, ps.extra.get("messages"))
+    return np.asarray(ps.ids, dtype=object), np.asarray(lengths, dtype=np.int64)
 
 
 def _jsonl_columns(path: Path, prompt_key: str, id_key: str):

@@ -16,6 +16,9 @@ class PromptSet:
     known_lengths: np.ndarray | None = None  # answer lengths known by construction (synthetic task)
     source: str = "<memory>"
     extra: dict[str, list[Any]] = field(default_factory=dict)
+    # how prompt_lengths were counted: {"unit": "words"} as loaded; the run's tokens once a tokenizer counted them
+    # (data/prompt_tokens.py); None for a built-in task (its own lengths)
+    length_unit: dict | None = None
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -25,4 +28,4 @@ class PromptSet:
         return PromptSet([self.ids[i] for i in idx], [self.prompts[i] for i in idx],
                          [self.answers[i] for i in idx], self.prompt_lengths[idx],
                          None if self.known_lengths is None else self.known_lengths[idx], self.source,
-                         {k: [v[i] for i in idx] for k, v in self.extra.items()})
+                         {k: [v[i] for i in idx] for k, v in self.extra.items()}, self.length_unit)

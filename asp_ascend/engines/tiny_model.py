@@ -34,6 +34,15 @@ def task_vocabulary(texts: Iterable[str | None]) -> list[str]:
     return [PAD, EOS, UNK] + [w for w in words if w not in (PAD, EOS, UNK)]
 
 
+def prompts_vocabulary(train, ev=None) -> list[str]:
+    """:func:`task_vocabulary` of a prompts file's run: its prompts and answers, and the eval set's
+    (what ``asp train`` builds the tiny model from when ``model.path`` is not set)."""
+    texts = list(train.prompts) + [a for a in train.answers if a]
+    if ev is not None:
+        texts += list(ev.prompts) + [a for a in ev.answers if a]
+    return task_vocabulary(texts)
+
+
 BYTE_SPACE, BYTE_NEWLINE = "\u0120", "\u010a"   # byte-level BPE's symbols for " " and "\n" (GPT-2's Ġ, Ċ)
 
 

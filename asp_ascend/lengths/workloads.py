@@ -149,18 +149,21 @@ def history_workload(history: pd.DataFrame, group_size: int, max_response_length
     return Workload(ids, pl, means, group_size, group_spread, max_response_length, seed, "history")
 
 
-def dataset_workload(cfg) -> Workload:
+def dataset_workload(cfg, count=None) -> Workload:
     """The prompts of ``data.path`` (ids and prompt lengths as ``asp schedule`` reads them) with the
     per-epoch mean lengths of the history ``lengths.path`` (:func:`history_workload`). A prompt of the
     file without any row in the history has no length to simulate: left out, with a warning naming
-    the count; history rows of other prompts are skipped (``restrict_to`` warns)."""
+    the count; history rows of other prompts are skipped (``restrict_to`` warns). Prompt lengths as
+    ``count`` counts them (data/prompt_tokens.rule_for: the run's tokens, or the words opt-in)."""
     from ..data.prompt_index import read_prompt_index
+    from ..data.prompt_tokens import rule_for
     from .history import load_history, restrict_to
 
     d, L = cfg.data, cfg.lengths
     if not L.path:
         raise ConfigError([dataset_needs_lengths(cfg)])
-    ids, plen = read_prompt_index(d.path, d.prompt_key, d.id_key)
+    count = rule_for(cfg, count)
+    ids, plen = read_prompt_index(d.path, d.prompt_key, d.id_key, count)
     hist = restrict_to(load_history(L.path, L.max_response_length), ids, str(L.path))
     by_id = pd.Series(np.asarray(plen, dtype=np.int64), index=pd.Index(np.asarray(ids, dtype=object).astype(str)))
     hist["prompt_length"] = by_id.reindex(hist["prompt_id"].astype(str)).to_numpy(dtype=float)
@@ -169,7 +172,8 @@ def dataset_workload(cfg) -> Workload:
     if missing:
         log.warning("%s: %d of the %d prompts of data.path have no row in lengths.path=%s, so no length to simulate: "
                     "left out of the workload", d.path, missing, len(ids), L.path)
-    w.name = f"{Path(d.path).name} with lengths of {Path(L.path).name}"
+    w.name = f"{Path(d.path).name} with lengths of {Path(L.path).name}" + (
+        ", prompt lengths in WHITESPACE WORDS (data.prompt_length=words)" if count.unit == "words" else "")
     return w
 
 
@@ -193,14 +197,15 @@ def clipped_tail(cfg) -> str | None:
             "lengths.max_response_length for a heavy tail")
 
 
-def workload_from_config(cfg) -> Workload:
+def workload_from_config(cfg, count=None) -> Workload:
     """The workload the config describes, by one rule for every command: ``data.path`` set, the
     prompts of that file (:func:`dataset_workload`, whatever ``workload.type``); otherwise the
-    experiment workload ``cfg.workload`` (``type: task`` uses the built-in task's known lengths)."""
+    experiment workload ``cfg.workload`` (``type: task`` uses the built-in task's known lengths).
+    ``count``: how the prompts of ``data.path`` are counted (:func:`dataset_workload`)."""
     w = cfg.workload
     G, M = cfg.train.group_size, cfg.lengths.max_response_length
     if cfg.data.path:
-        return dataset_workload(cfg)
+        return dataset_workload(cfg, count)
     if w.type == "synthetic":
         note = clipped_tail(cfg)
         if note:

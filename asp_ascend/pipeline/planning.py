@@ -28,8 +28,10 @@ def plan_run(cfg, settings, train, out: Path):
     return plan, (replanner(cfg, train, settings.lag_bound, out, sched) if settings.adaptive else None)
 
 
-def replanner(cfg, train, k: int, out: Path, first):
-    """``scheduler.adaptive``: plan epoch e from the response lengths observed so far."""
+def replanner(cfg, train, k: int, out: Path, first, count=None):
+    """``scheduler.adaptive``: plan epoch e from the response lengths observed so far. ``train``: the
+    prompts (their lengths in the run's tokens), or None to read ``data.path`` counted by ``count``
+    (data/prompt_tokens.py; a framework bridge's driver)."""
     import pandas as pd
 
     from ..io import write_parquet_atomic
@@ -40,7 +42,7 @@ def replanner(cfg, train, k: int, out: Path, first):
     frames = [first]
 
     def replan(epoch: int, history: list[dict], offset: int) -> list[Job]:
-        inp = inputs_from_config(cfg, train, pd.DataFrame(history) if history else None)
+        inp = inputs_from_config(cfg, train, pd.DataFrame(history) if history else None, count)
         df = plan_epoch_frame(cfg, inp, epoch, offset, lag_bound=k)
         frames.append(df)
         write_parquet_atomic(out / "schedule.parquet", pd.concat(frames, ignore_index=True),

@@ -33,18 +33,16 @@ def prepare_model(cfg, train, ev, out: Path) -> Path:
             raise ConfigError([f"model.path: {p} is not an HF model directory (no config.json); point it at a "
                                "directory written by save_pretrained, or remove the key to build the tiny model"])
         return p
-    from ..engines.tiny_model import build_tiny_model, task_vocabulary
+    from ..engines.tiny_model import build_tiny_model, prompts_vocabulary, task_vocabulary
 
     if train.source.startswith("builtin:"):
         from ..data.synthetic import vocabulary
 
-        words = vocabulary(cfg.data.synthetic)
+        vocab = task_vocabulary(vocabulary(cfg.data.synthetic))
     else:
-        words = list(train.prompts) + [a for a in train.answers if a]
-        if ev is not None:
-            words += list(ev.prompts) + [a for a in ev.answers if a]
+        vocab = prompts_vocabulary(train, ev)
     m = cfg.model
-    return build_tiny_model(task_vocabulary(words), out / "model_init", hidden_size=m.tiny_hidden_size,
+    return build_tiny_model(vocab, out / "model_init", hidden_size=m.tiny_hidden_size,
                             num_layers=m.tiny_num_layers, num_heads=m.tiny_num_heads,
                             num_kv_heads=m.tiny_num_kv_heads, max_positions=2048, seed=cfg.seed)
 
@@ -175,11 +173,14 @@ def _tokenize(cfg, model_dir: Path, train, ev):
     """(tokenizer, train prompt token ids, eval prompt token ids or None); the train prompts'
     lengths become token counts."""
     from ..data.datasets import encode_prompts
+    from ..data.prompt_tokens import TokenCounter
     from ..engines.tiny_model import load_tokenizer
 
     tok = load_tokenizer(model_dir)
     tok_ids = encode_prompts(tok, train, cfg.data.chat_template)  # chat prompts: the model's template
     train.prompt_lengths = np.asarray([len(tok_ids[p]) for p in train.ids], dtype=np.int64)
+    if train.length_unit is not None:   # a prompts file (the built-in task has its own lengths): say what counted it
+        train.length_unit = TokenCounter(tok, f"the run's model ({model_dir})", cfg.data.chat_template).record
     ev_ids = None
     if ev is not None and cfg.train.eval_every:
         ev_ids = encode_prompts(tok, ev, cfg.data.chat_template)

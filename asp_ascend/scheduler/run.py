@@ -47,6 +47,7 @@ class PlanInputs:
     workload: object | None = None   # the experiment workload (lengths/workloads.Workload), if any
     trust: object | None = None      # lengths/predictors.ForecastRecord (exact for the oracle; None: unknown, or
                                      # not measured: only config.reads_forecasts plans read it)
+    prompt_length: dict | None = None  # how a real prompt set's lengths were counted (data/prompt_tokens.py)
 
 
 def _trust(cfg, history: pd.DataFrame | None):
@@ -67,7 +68,9 @@ def _exact(cfg, lengths):
     return ForecastRecord.exact(lengths) if reads_forecasts(cfg) else None
 
 
-def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -> PlanInputs:
+def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None, count=None) -> PlanInputs:
+    """The plan's inputs. ``count``: how the prompts of ``data.path`` are counted (data/prompt_tokens.py:
+    the run's tokenizer, loaded by the caller; None: the ``data.prompt_length: words`` opt-in, else an error)."""
     from ..lengths.history import load_history
     from ..lengths.predictors import evaluate, predict_lengths
 
@@ -75,7 +78,7 @@ def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -
     if history is None and L.path:
         history = load_history(L.path, L.max_response_length)
     if prompts is not None or cfg.data.path or cfg.workload.type == "task":
-        return _dataset_inputs(cfg, prompts, history)
+        return _dataset_inputs(cfg, prompts, history, count)
 
     from ..lengths.workloads import workload_from_config
 
@@ -94,7 +97,7 @@ def inputs_from_config(cfg, prompts=None, history: pd.DataFrame | None = None) -
                       group_max_factor(w.group_spread, w.group_size), workload=w, trust=trust)
 
 
-def _dataset_inputs(cfg, prompts, history: pd.DataFrame | None) -> PlanInputs:
+def _dataset_inputs(cfg, prompts, history: pd.DataFrame | None, count=None) -> PlanInputs:
     """Inputs of a real prompt set (``data.path``, the built-in task or ``prompts``). For
     ``data.path`` only ids and prompt lengths are read (data/prompt_index.py: no texts)."""
     from ..lengths.history import restrict_to
@@ -103,15 +106,22 @@ def _dataset_inputs(cfg, prompts, history: pd.DataFrame | None) -> PlanInputs:
     L = cfg.lengths
     if prompts is None and cfg.data.path:
         from ..data.prompt_index import read_prompt_index
+        from ..data.prompt_tokens import rule_for
 
-        ids, plen = read_prompt_index(cfg.data.path, cfg.data.prompt_key, cfg.data.id_key)
-        truth, source = None, str(cfg.data.path)
+        count = rule_for(cfg, count)
+        ids, plen = read_prompt_index(cfg.data.path, cfg.data.prompt_key, cfg.data.id_key, count)
+        truth, source, unit = None, str(cfg.data.path), count.record
     else:
         if prompts is None:
             from ..data.datasets import prompts_from_config
 
             prompts, _ = prompts_from_config(cfg)
         ids, plen, source = np.asarray(prompts.ids, dtype=object), prompts.prompt_lengths, prompts.source
+        unit = prompts.length_unit
+        if unit is not None and unit.get("unit") == "words" and cfg.data.prompt_length != "words":
+            raise ConfigError([f"data.prompt_length: 'tokens', but the prompts of {source} were counted in whitespace "
+                               "words (no tokenizer counted them); count them with the run's tokenizer "
+                               "(data/prompt_tokens.py) or set data.prompt_length=words"])
         truth = None if prompts.known_lengths is None else np.asarray(prompts.known_lengths, dtype=np.float64)
     plen = np.asarray(plen, dtype=np.float64)
     positions = np.arange(len(ids))
@@ -134,7 +144,7 @@ def _dataset_inputs(cfg, prompts, history: pd.DataFrame | None) -> PlanInputs:
     # draws them for data.path (lengths/workloads.dataset_workload); the built-in task's lengths are exact
     gmf = 1.0 if truth is not None else group_max_factor(cfg.workload.group_spread, cfg.train.group_size)
     return PlanInputs(ids, plen, np.minimum(pred, L.max_response_length), truth, source, q, group_max_factor=gmf,
-                      holdout=holdout, trust=trust)
+                      holdout=holdout, trust=trust, prompt_length=unit)
 
 
 def check_sizes(cfg, num_prompts: int, source: str) -> None:
@@ -244,10 +254,10 @@ def _short(e: dict) -> dict:
     return {k: e[k] for k in keep if k in e}
 
 
-def build_schedule(cfg, prompts=None, history: pd.DataFrame | None = None, *, compare: bool = True):
-    """(schedule DataFrame, report dict) for ``cfg``; nothing is written."""
+def build_schedule(cfg, prompts=None, history: pd.DataFrame | None = None, *, compare: bool = True, count=None):
+    """(schedule DataFrame, report dict) for ``cfg``; nothing is written. ``count``: inputs_from_config's."""
     t0 = time.perf_counter()
-    inp = inputs_from_config(cfg, prompts, history)
+    inp = inputs_from_config(cfg, prompts, history, count)
     check_sizes(cfg, len(inp.prompt_ids), inp.source)
     base_cfg = cfg
     if cfg.scheduler.policy == "asp":   # plan, estimate and run at the planner's admission concurrency
@@ -272,6 +282,8 @@ def build_schedule(cfg, prompts=None, history: pd.DataFrame | None = None, *, co
         "source": inp.source,
         "predictor": cfg.lengths.predictor,
     }
+    if inp.prompt_length is not None:   # tokens of the run's tokenizer, or the words opt-in, said here
+        report["prompt_length"] = inp.prompt_length
     if cfg.scheduler.policy == "asp":
         report["admission_concurrency"] = int(cfg.rollout.max_num_seqs)
     if inp.prediction_quality is not None:
@@ -349,12 +361,14 @@ def simulated_figures(cfg, inp: PlanInputs) -> dict | None:
     return {"systems": out, "system": name, "note": "event simulator, same workload, cost model and instances"}
 
 
-def run_schedule(cfg) -> int:
+def run_schedule(cfg, count=None) -> int:
+    """``asp schedule`` (``count``: the prompts' counter, data/prompt_tokens.py; the CLI and the MindSpeed-RL
+    entry load the run's tokenizer)."""
     from ..config import save_resolved
     from ..io import write_json_atomic, write_parquet_atomic
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    sched, report = build_schedule(cfg)
+    sched, report = build_schedule(cfg, count=count)
     out = Path(cfg.output_dir)
     write_parquet_atomic(out / "schedule.parquet", sched, {"policy": cfg.scheduler.policy})
     write_json_atomic(out / "schedule_report.json", report)
@@ -368,6 +382,10 @@ def format_report(report: dict) -> str:
     lines = [f"asp schedule: {report['num_prompts']} prompts x {report['epochs']} epoch(s) -> "
              f"{report['iterations']} iterations on {report['num_instances']} instances "
              f"(policy {report['policy']}, lag bound {report['lag_bound']}, planned in {report['elapsed_s']:.2f} s)"]
+    if "prompt_length" in report:
+        u = report["prompt_length"]
+        lines.append("  prompt lengths: " + (f"tokens of {u['tokenizer']}" if u["unit"] == "tokens" else
+                                             "WHITESPACE WORDS (data.prompt_length=words), not the run's tokens"))
     if "admission_concurrency" in report:
         lines.append(f"  admits at most {report['admission_concurrency']} sequences per instance (scheduler.concurrency)")
     rows = [(report["policy"] + " (predicted)", report["predicted"])]

@@ -397,8 +397,9 @@ def own_system(cfg, names: list[str]) -> list[str]:
     return [own]
 
 
-def run_simulate(cfg) -> int:
-    """Entry point of ``asp simulate`` (see module doc)."""
+def run_simulate(cfg, count=None) -> int:
+    """Entry point of ``asp simulate`` (see module doc). ``count``: how the prompts of ``data.path`` are
+    counted (data/prompt_tokens.py; the CLI loads the run's tokenizer)."""
     from ..config import save_resolved
     from ..io import write_json_atomic
     from ..lengths.workloads import workload_from_config
@@ -431,7 +432,7 @@ def run_simulate(cfg) -> int:
         write_json_atomic(out / "calibration.json", fit)
         cfg = apply_calibration(cfg, fit)
     save_resolved(cfg, out)
-    w = workload_from_config(cfg)
+    w = workload_from_config(cfg, count)
     t0 = time.perf_counter()
     print(f"asp simulate: {w.name}, {w.num_prompts} prompts x G={w.group_size}, {cfg.sim.epochs} epoch(s), "
           f"{cfg.sim.total_devices} devices ({cfg.sim.rollout_devices} rollout when decoupled), model {cfg.sim.model_class}")

@@ -39,7 +39,8 @@ def _over(tmp_path, *extra, with_history=N):
     return [f"data.path={data}", f"lengths.path={hist}", f"output_dir={tmp_path / 'run'}", "train.group_size=4",
             "train.global_batch_size=8", "train.mini_batch_size=4", "rollout.num_instances=2",
             "rollout.max_num_seqs=8", "sim.total_devices=4", "sim.rollout_devices=2", "sim.infer_tp=1",
-            "sim.epochs=1", "sim.model_class=custom", "cost.train_per_token=1e-6", *extra]
+            "sim.epochs=1", "sim.model_class=custom", "cost.train_per_token=1e-6",
+            "data.prompt_length=words", *extra]   # no tokenizer here: the opt-in (tests/core/test_prompt_tokens.py)
 
 
 def test_workload_keys_with_data_path_are_refused(tmp_path):
@@ -90,7 +91,8 @@ def test_schedule_and_simulate_read_the_same_prompts(tmp_path, capsys):
     assert main(["simulate", str(_yaml(tmp_path)), *_over(tmp_path), f"output_dir={out}", "sim.policies=[asp]",
                  "sim.write_timeline=always"]) == 0
     printed = capsys.readouterr().out
-    assert "asp simulate: d.jsonl with lengths of h.csv, 48 prompts x G=4" in printed
+    assert ("asp simulate: d.jsonl with lengths of h.csv, prompt lengths in WHITESPACE WORDS (data.prompt_length=words), "
+            "48 prompts x G=4") in printed   # the opt-in, said where the run is named
     req = pd.read_json(out / "timeline_asp.jsonl", lines=True)
     req = req[req["kind"] == "request"] if "kind" in req else req
     assert set(req["prompt_id"].dropna().astype(str)) == {f"q{i}" for i in range(N)}

@@ -30,7 +30,8 @@ def _config(tmp_path, *extra):
     return load_config(None, [f"data.path={data}", f"lengths.path={hist}", "lengths.max_response_length=8192",
                               "train.group_size=4", "train.global_batch_size=128", "train.mini_batch_size=32",
                               "rollout.num_instances=16", "rollout.max_num_seqs=256", "cost.train_per_token=1e-7",
-                              "cost.logprob_per_token=0", "cost.train_per_step=0.01", "cost.sync_s=0.1", *extra]), rows
+                              "cost.logprob_per_token=0", "cost.train_per_step=0.01", "cost.sync_s=0.1",
+                              "data.prompt_length=words", *extra]), rows
 
 
 @pytest.mark.parametrize("extra", [["rollout.tail_concurrency=48"], ["rollout.tail_concurrency=auto"],

@@ -140,7 +140,7 @@ def test_build_schedule_equals_plan_and_estimate(tmp_path):
                   "response_length": rng.integers(1, 2000, 4 * n)}).to_parquet(hist)
     cfg = load_config(None, [f"data.path={data}", f"lengths.path={hist}", "lengths.max_response_length=4096",
                              "train.global_batch_size=64", "train.mini_batch_size=16", "train.epochs=2",
-                             "rollout.num_instances=3", f"output_dir={tmp_path / 'o'}"])
+                             "rollout.num_instances=3", f"output_dir={tmp_path / 'o'}", "data.prompt_length=words"])
     sched, report = build_schedule(cfg)
     ref = load_prompts(data)
     pred = predict_lengths(load_history_of(hist), ref.ids, ref.prompt_lengths, "mean",

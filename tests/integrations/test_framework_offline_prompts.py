@@ -26,8 +26,24 @@ def _chat_parquet(path: Path, n: int = N) -> Path:
     return path
 
 
+def _model(tmp_path: Path) -> Path:
+    """The run's tokenizer directory (engines/tiny_model.build_tokenizer: "w" one token, a chat template):
+    what actor_rollout_ref.model.path / megatron_training.tokenizer_name_or_path name; the offline commands
+    count the prompts' tokens with it (tests/core/test_prompt_tokens.py)."""
+    from asp_ascend.engines.tiny_model import build_tokenizer, task_vocabulary
+
+    d = tmp_path / "model"
+    if not d.is_dir():
+        tok = build_tokenizer(task_vocabulary(["w"]))
+        tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+        tok.save_pretrained(d)
+        (d / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    return d
+
+
 def _mindspeed_yaml(tmp_path: Path, data_path=None, **asp_data) -> Path:
     raw = yaml.safe_load((CONFIGS / "mindspeed_rl" / "grpo_qwen25_7b_asp_A3.yaml").read_text())
+    raw["megatron_training"]["tokenizer_name_or_path"] = str(_model(tmp_path))
     raw["asp"].pop("data", None)
     if data_path:
         raw["asp"]["data"] = {"path": str(data_path), **asp_data}
@@ -87,6 +103,7 @@ def test_mindspeed_offline_schedule_is_the_runs_plan(tmp_path, adaptive):
 def _verl_yaml(tmp_path: Path, data=None, **data_keys) -> Path:
     raw = yaml.safe_load((CONFIGS / "verl" / "grpo_qwen25_7b_asp_cuda.yaml").read_text())
     raw["data"]["train_files"] = str(data or _chat_parquet(tmp_path / "train.parquet"))
+    raw["actor_rollout_ref"]["model"]["path"] = str(_model(tmp_path))
     raw["data"].update(data_keys)
     raw["data"]["train_batch_size"] = 32
     raw["actor_rollout_ref"]["actor"]["ppo_mini_batch_size"] = 16
@@ -166,17 +183,46 @@ def test_verl_offline_schedule_is_the_runs_plan(tmp_path, monkeypatch, adaptive)
     from asp_ascend.integrations.verl.config_bridge import translate
     from asp_ascend.integrations.verl.plan import VerlSchedule, prompt_set_from_dataset
 
-    from .verl_fixtures import compose, tokenizer, train_dataset
+    from verl.utils import hf_tokenizer
+
+    from .verl_fixtures import compose, train_dataset
 
     monkeypatch.chdir(tmp_path)
     p = _verl_yaml(tmp_path)
     over = [f"asp.scheduler.adaptive={str(adaptive).lower()}"]
     assert main(["schedule", str(p), f"output_dir={tmp_path / 'offline'}", *over]) == 0
     composed = compose([f"data.train_files={tmp_path / 'train.parquet'}", "data.train_batch_size=32",
-                        "actor_rollout_ref.actor.ppo_mini_batch_size=16", *over],
+                        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
+                        f"actor_rollout_ref.model.path={_model(tmp_path)}", *over],
                        config_dir=str(CONFIGS / "verl"), config_name="grpo_qwen25_7b_asp_cuda")
     cfg, _ = translate(OmegaConf.to_container(composed, resolve=True))
-    run = VerlSchedule(cfg, prompt_set_from_dataset(train_dataset(composed, tokenizer())), tmp_path / "run")
+    tok = hf_tokenizer(str(_model(tmp_path)))       # verl's loader, as main_ppo gets it
+    run = VerlSchedule(cfg, prompt_set_from_dataset(train_dataset(composed, tok), tok), tmp_path / "run")
     offline = pd.read_parquet(tmp_path / "offline" / "schedule.parquet")
     pd.testing.assert_frame_equal(offline.reset_index(drop=True), run.frame.reset_index(drop=True))
+    # both planned the tokens verl prefills: "w w ... w " rendered with the template's space after it: one token
+    # per "w", one per trailing space (not the whitespace words the plans used to count)
+    words = [len(m[-1]["content"].split()) for m in pd.read_parquet(tmp_path / "train.parquet")["prompt"]]
+    assert list(run.prompts.prompt_lengths) == [w + 2 for w in words]
+    report = json.loads((tmp_path / "offline" / "schedule_report.json").read_text())
+    assert report["prompt_length"]["unit"] == "tokens"
+    assert report["prompt_length"]["tokenizer"] == f"actor_rollout_ref.model.path={_model(tmp_path)}"
 
+
+
+def test_verl_tokenizer_not_on_this_node_is_named_and_words_are_an_opt_in(tmp_path, capsys):
+    """The shipped YAML names a hub id (Qwen/Qwen2.5-7B-Instruct): no tokenizer here counts the prompts' tokens,
+    so the commands stop naming verl's key; asp.data.prompt_length=words plans on words, recorded as such."""
+    raw = yaml.safe_load(_verl_yaml(tmp_path).read_text())
+    raw["actor_rollout_ref"]["model"]["path"] = "Qwen/Qwen2.5-7B-Instruct"
+    (tmp_path / "hub.yaml").write_text(yaml.safe_dump(raw))
+    for cmd in ("schedule", "simulate"):
+        assert main([cmd, str(tmp_path / "hub.yaml"), f"output_dir={tmp_path / 'run'}"]) == 2
+        err = capsys.readouterr().err
+        assert "actor_rollout_ref.model.path: 'Qwen/Qwen2.5-7B-Instruct' is not a directory on this machine" in err
+        assert "or set data.prompt_length=words" in err
+    assert not (tmp_path / "run" / "schedule.parquet").exists()
+    assert main(["schedule", str(tmp_path / "hub.yaml"), f"output_dir={tmp_path / 'run'}",
+                 "asp.data.prompt_length=words"]) == 0
+    report = json.loads((tmp_path / "run" / "schedule_report.json").read_text())
+    assert report["prompt_length"] == {"unit": "words", "opt_in": "data.prompt_length=words"}

@@ -24,11 +24,23 @@ N, GBS, K = 24, 6, 1
 LENGTHS = {str(p): 2 + (p * 7) % 11 for p in range(N)}     # decode steps = response tokens per sample
 
 
+def _tokenizer(tmp_path):
+    """megatron_training.tokenizer_name_or_path (the bridge's model.path): the entry and the re-planner count the
+    prompts' tokens with it (a tiny Qwen2-format tokenizer, "w" one token)."""
+    from asp_ascend.engines.tiny_model import build_tokenizer, task_vocabulary
+
+    d = tmp_path / "tokenizer"
+    build_tokenizer(task_vocabulary(["w"])).save_pretrained(d)
+    (d / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    return d
+
+
 def _config(tmp_path, adaptive=True):
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"id": str(i), "prompt": "w " * (i % 5 + 1)}) + "\n" for i in range(N)))
     return load_config(None, [f"data.path={data}", f"output_dir={tmp_path / 'out'}", "train.epochs=2",
+                              f"model.path={_tokenizer(tmp_path)}",
                               f"scheduler.adaptive={str(adaptive).lower()}", "scheduler.policy=asp",
                               "pipeline.mode=async", f"pipeline.lag_bound={K}", "train.group_size=2",
                               f"train.global_batch_size={GBS}", "train.mini_batch_size=3", "rollout.num_instances=2",
@@ -83,7 +95,10 @@ def test_adaptive_replans_the_next_epoch_from_the_observed_lengths(tmp_path):
     (epoch, history, offset), = seen
     assert (epoch, offset) == (1, N // GBS) and history
     assert all(h["response_length"] == LENGTHS[h["prompt_id"]] and h["epoch"] == 0 for h in history)
-    want = plan_epoch_frame(cfg, inputs_from_config(cfg, None, pd.DataFrame(history)), 1, offset, lag_bound=K)
+    from asp_ascend.integrations.prompt_tokens import counter_for
+
+    count = counter_for(cfg)                        # the tokenizer of model.path, as the driver counts
+    want = plan_epoch_frame(cfg, inputs_from_config(cfg, None, pd.DataFrame(history), count), 1, offset, lag_bound=K)
     got = sched[sched["epoch"] == 1].reset_index(drop=True)
     pd.testing.assert_frame_equal(got, want.reset_index(drop=True), check_dtype=False)
     for pid in {h["prompt_id"] for h in history}:   # its forecasts are the observed lengths, not the prior

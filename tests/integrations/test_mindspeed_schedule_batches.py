@@ -1,6 +1,8 @@
 """schedule.parquet -> MindSpeed-RL data_iters: exact order, resume, errors."""
 from __future__ import annotations
 
+import json
+
 from pathlib import Path
 
 import numpy as np
@@ -131,7 +133,11 @@ def test_mindspeed_yaml_to_schedule_to_batches(tmp_path):
 
     cfg = Path(__file__).resolve().parents[2] / "configs" / "mindspeed_rl" / "grpo_qwen25_7b_asp_A3.yaml"
     pd.DataFrame({"prompt": [f"q{i}" for i in range(256)], "answer": ["a"] * 256}).to_parquet(tmp_path / "p.parquet")
-    assert main(["schedule", str(cfg), f"output_dir={tmp_path / 'run'}", f"data.path={tmp_path / 'p.parquet'}"]) == 0
+    run = ["schedule", str(cfg), f"output_dir={tmp_path / 'run'}", f"data.path={tmp_path / 'p.parquet'}"]
+    assert main(run) == 2        # the YAML's tokenizer (./Qwen2.5-7B) is not on this node: named, with the opt-in
+    assert main(run + ["asp.data.prompt_length=words"]) == 0
+    report = json.loads((tmp_path / "run" / "schedule_report.json").read_text())
+    assert report["prompt_length"] == {"unit": "words", "opt_in": "data.prompt_length=words"}
     dataset = [{"input_ids": [i, 7]} for i in range(256)]          # PromptDataset positions = row index
     batches = ScheduleBatches(tmp_path / "run" / "schedule.parquet", 64, prompt_dataset_fetch(dataset),
                               collate=lambda items: [it["input_ids"][0] for it in items])

@@ -72,7 +72,7 @@ def _rollouter(tmp_path, k: int, per_version: int = 4):
     cfg, _ = translate(raw, [f"pipeline.lag_bound={k}", "pipeline.mode=async"])
     tok = tokenizer()
     ds = IndexedDataset(train_dataset(cfg_verl, tok))
-    asp = VerlSchedule(cfg, prompt_set_from_dataset(ds))
+    asp = VerlSchedule(cfg, prompt_set_from_dataset(ds, tok))
     cls = asp_rollouter_class()
     ro = cls.__new__(cls)
     ro.asp, ro.config = asp, cfg_verl

@@ -291,6 +291,10 @@ def test_fully_async_rollout_routes_groups_to_their_servers_and_records_lengths(
     # (plus the chat template's trailing space), as AutoTokenizer loads it in verl's transformers
     words = {i: " ".join(WORDS[: 1 + (i * 7) % 13]) for i in range(24)}
     assert (hist.prompt_length == hist.prompt_id.astype(int).map(lambda i: prompt_tokens(words[i]))).all()
+    # the plan counted the same tokens for every prompt (main_ppo: verl's tokenizer over the rendered messages)
+    planned = dict(zip(map(int, asp.prompts.ids), asp.prompts.prompt_lengths))
+    assert (hist.prompt_length == hist.prompt_id.astype(int).map(planned)).all()
+    assert asp.prompts.length_unit["unit"] == "tokens"
     assert sorted(hist.step.unique())[0] >= 0 and len(list((Path(cfg.output_dir) / "lengths").iterdir())) > 1
     # the adaptive re-plan of epoch 1 predicts the lengths epoch 0 produced, for the prompts seen by then
     observed = hist[hist.epoch == 0].groupby("prompt_id").response_length.mean()

@@ -20,7 +20,7 @@ def _asp(tmp_path, overrides, asp_overrides=()):
     raw = OmegaConf.to_container(cfg_verl, resolve=True)
     cfg, _ = translate(raw, list(asp_overrides))
     tok = tokenizer()
-    prompts = prompt_set_from_dataset(train_dataset(cfg_verl, tok))
+    prompts = prompt_set_from_dataset(train_dataset(cfg_verl, tok), tok)
     return cfg_verl, VerlSchedule(cfg, prompts), tok
 
 

@@ -57,7 +57,8 @@ def test_length_history_matching_no_prompt_fails_asp_schedule(tmp_path):
     h.write_text("prompt_id,response_length\nother1,10\nother2,20\n")
     out = tmp_path / "sched"
     cfg = load_config(None, [f"data.path={data}", f"lengths.path={h}", f"output_dir={out}",
-                             "train.global_batch_size=4", "train.mini_batch_size=2", "train.group_size=2"])
+                             "train.global_batch_size=4", "train.mini_batch_size=2", "train.group_size=2",
+                             "data.prompt_length=words"])
     from asp_ascend.scheduler.run import run_schedule
 
     with pytest.raises(DataError, match="none of its 2 prompt id"):

@@ -71,9 +71,11 @@ def ensure_schedule(cfg) -> Path:
     except ImportError as exc:
         raise ConfigError([f"{path} does not exist and the ASP pass is not available here ({exc}); "
                            f"run `asp schedule` on a login node first"]) from None
+    from ..prompt_tokens import counter_for
     from ..verl.plan import first_plan_config
+    from .config_bridge import TRANSLATION
 
-    run_schedule(first_plan_config(cfg))
+    run_schedule(first_plan_config(cfg), counter_for(cfg, TRANSLATION["model.path"]))
     if not path.is_file():
         raise ConfigError([f"`asp schedule` did not write {path}; check output_dir"])
     return path

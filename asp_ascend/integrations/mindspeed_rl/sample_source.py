@@ -270,11 +270,14 @@ def adaptive_replanner(cfg, sched, schedule_path: Path, start_iteration: int, la
                                "asp.scheduler.adaptive: false to train it as planned"])
         return None, []
     from ...pipeline.planning import replanner
+    from ..prompt_tokens import counter_for
+    from .config_bridge import TRANSLATION
 
     first = int(sched["iteration"].min())
     history = resumed_lengths(lengths or LengthParts(schedule_path.parent / "lengths", "iteration"), first,
                               start_iteration) if start_iteration > first else []
-    return replanner(cfg, None, lag_bound, schedule_path.parent, sched), history
+    count = counter_for(cfg, TRANSLATION["model.path"])   # asp.data.path in the tokens the run's prompts have
+    return replanner(cfg, None, lag_bound, schedule_path.parent, sched, count), history
 
 
 def source_state(cfg, sched, schedule_path: Path, start_iteration: int, lag_bound: int) -> dict:

@@ -44,7 +44,10 @@ def _prepare(config) -> tuple[Any, Any, Any, Any]:
     model: HFModelConfig = omega_conf_to_dataclass(config.actor_rollout_ref.model)
     tokenizer = model.tokenizer
     train = _dataset(config, tokenizer, "train")
-    return cfg, tokenizer, VerlSchedule(cfg, prompt_set_from_dataset(train)), train
+    kwargs = config.data.get("apply_chat_template_kwargs") or {}
+    prompts = prompt_set_from_dataset(train, tokenizer, OmegaConf.to_container(kwargs, resolve=True)
+                                      if OmegaConf.is_config(kwargs) else dict(kwargs))
+    return cfg, tokenizer, VerlSchedule(cfg, prompts), train
 
 
 def _dataset(config, tokenizer, split: str):

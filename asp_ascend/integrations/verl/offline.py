@@ -117,6 +117,14 @@ def prompt_settings(raw: dict, overrides: list[str]) -> tuple[dict, list[str]]:
     return {**data, "path": files if isinstance(files, str) else None}, p
 
 
+def template_settings(path: str | Path) -> dict:
+    """How the verl run tokenizes a prompt (:func:`asp_ascend.integrations.prompt_tokens.counter_for`'s keywords):
+    the tokenizer of ``actor_rollout_ref.model.path``, every prompt rendered by its chat template with
+    the generation prompt and ``data.apply_chat_template_kwargs`` (verl's agent loop and its length filter)."""
+    kwargs = _verl(load_verl_yaml(path), "data.apply_chat_template_kwargs") or {}
+    return {"model_key": "actor_rollout_ref.model.path", "template_kwargs": dict(kwargs), "always_template": True}
+
+
 def translate_offline(path: str, overrides: Optional[list[str]] = None):
     """Our Config for ``asp schedule`` / ``asp simulate`` from a verl YAML (``overrides``: our keys)."""
     from .config_bridge import put, translate

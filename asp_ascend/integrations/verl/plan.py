@@ -21,20 +21,29 @@ from ...errors import DataError
 from .lengths import LengthRecorder
 
 
-def prompt_set_from_dataset(dataset, prompt_key: str = "prompt"):
+def prompt_set_from_dataset(dataset, tokenizer, template_kwargs: Optional[dict] = None, prompt_key: str = "prompt"):
     """A :class:`~asp_ascend.data.datasets.PromptSet` of a verl dataset, ids = positions.
 
     Items of verl's ``RLHFDataset`` carry ``raw_prompt`` (chat messages); other datasets
-    ``prompt_key``. Prompt length = words, as for every other prompt file."""
+    ``prompt_key``. Prompt length = the tokens verl's agent loop prefills: ``tokenizer`` (verl's, of
+    ``actor_rollout_ref.model.path``) over the messages rendered by its chat template with the
+    generation prompt and ``template_kwargs`` (``data.apply_chat_template_kwargs``), the count verl's
+    length filter takes too (data/prompt_tokens.TokenCounter)."""
     from ...data.datasets import POSITION_ID_KEY, make_prompt_set
+    from ...data.prompt_tokens import TokenCounter
 
     records = []
     for i in range(len(dataset)):
         item = dataset[i]
         text = item.get("raw_prompt", item.get(prompt_key))
         records.append({"prompt": text, "answer": None, "reward_model": item.get("reward_model")})
-    return make_prompt_set(records, f"<verl train dataset, {len(records)} prompts>", "prompt", POSITION_ID_KEY,
-                           "answer")
+    ps = make_prompt_set(records, f"<verl train dataset, {len(records)} prompts>", "prompt", POSITION_ID_KEY,
+                         "answer")
+    count = TokenCounter(tokenizer, "actor_rollout_ref.model.path (verl's tokenizer)",
+                         template_kwargs=dict(template_kwargs or {}), always_template=True)
+    ps.prompt_lengths = count(ps.prompts, ps.extra.get("messages"))
+    ps.length_unit = count.record
+    return ps
 
 
 def first_plan_config(cfg):

@@ -1,0 +1,110 @@
+"""Prompt lengths in the run's tokens: one rule for every planner of a prompts file.
+
+A run prefills, records (``lengths.parquet``, verl's ``length_history.parquet``, MindSpeed-RL's
+sample source) and is costed in tokens of its model's tokenizer, so a plan counts its prompts the
+same way: :class:`TokenCounter` holds that tokenizer (loaded by the caller above the torch line:
+``integrations/prompt_tokens.py``; nothing here imports transformers) and counts as
+:func:`~.datasets.encode_prompts` (what ``asp train`` sends) and verl's agent loop encode:
+a plain string as it is, without special tokens; a chat prompt (``{role, content}`` messages)
+rendered by the tokenizer's chat template with the generation prompt, then tokenized without
+special tokens (what ``apply_chat_template(..., tokenize=True)`` does), or joined when the
+tokenizer has no template (``data.chat_template: auto``) or ``none`` is asked for.
+
+Whitespace words are the explicit opt-in ``data.prompt_length: words`` (:data:`WORDS`), recorded
+as such in ``schedule_report.json``; a caller that has no counter for ``tokens`` is an error
+(:func:`rule_for`), never a silent fall back to words.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+
+BATCH = 4096  # prompts per tokenizer call: the fast tokenizers encode a batch in parallel, memory stays bounded
+
+
+@dataclass
+class WordCounter:
+    """``len(text.split())`` (the ``data.prompt_length: words`` opt-in)."""
+
+    unit: str = "words"
+    record: dict = field(default_factory=lambda: {"unit": "words", "opt_in": "data.prompt_length=words"})
+
+    def __call__(self, texts: Sequence[str], messages: Optional[Sequence[Any]] = None) -> np.ndarray:
+        return np.fromiter((len(t.split()) for t in texts), dtype=np.int64, count=len(texts))
+
+
+WORDS = WordCounter()
+
+
+@dataclass
+class TokenCounter:
+    """Token counts of prompts with ``tokenizer`` (an HF tokenizer object), as the run encodes them.
+
+    ``source``: where the tokenizer came from (the config key and its value), for the report;
+    ``template_kwargs``: extra keywords of the chat template (verl's ``data.apply_chat_template_kwargs``)."""
+
+    tokenizer: Any
+    source: str
+    chat_template: str = "auto"
+    template_kwargs: dict = field(default_factory=dict)
+    always_template: bool = False   # verl renders every prompt with the template (no plain-text path)
+    unit: str = "tokens"
+
+    @property
+    def record(self) -> dict:
+        tok = self.tokenizer
+        has = bool(getattr(tok, "chat_template", None))
+        how = ("rendered with the tokenizer's chat template (generation prompt added)" if has and
+               (self.always_template or self.chat_template == "auto") else "contents joined by newlines")
+        rec = {"unit": "tokens", "tokenizer": self.source, "tokenizer_class": type(tok).__name__,
+               "chat_prompts": how, "plain_prompts": "tokenized as they are, no special tokens"}
+        if self.template_kwargs:
+            rec["chat_template_kwargs"] = dict(self.template_kwargs)
+        return rec
+
+    def __call__(self, texts: Sequence[str], messages: Optional[Sequence[Any]] = None) -> np.ndarray:
+        """Token counts of ``texts`` (``messages[i]``, when not None, is prompt i's chat messages)."""
+        tok = self.tokenizer
+        use = (self.always_template or self.chat_template == "auto") and bool(getattr(tok, "chat_template", None))
+        out = np.zeros(len(texts), dtype=np.int64)
+        for lo in range(0, len(texts), BATCH):
+            hi = min(len(texts), lo + BATCH)
+            batch = list(texts[lo:hi])
+            if messages is not None and use:
+                chats = [(j, m) for j, m in enumerate(messages[lo:hi]) if m is not None]
+                if chats:
+                    rendered = tok.apply_chat_template([m for _, m in chats], add_generation_prompt=True,
+                                                       tokenize=False, **self.template_kwargs)
+                    for (j, _), text in zip(chats, rendered):
+                        batch[j] = text
+            out[lo:hi] = _lengths(tok, batch)
+        return out
+
+
+def _lengths(tok, texts: list[str]) -> list[int]:
+    """``len(tok(text, add_special_tokens=False).input_ids)`` for each text, in one batch: through the fast
+    tokenizer's Rust backend (encoding in parallel, no Python id lists) when it has one and nothing in it
+    would truncate or pad, else through ``tok`` itself."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is not None and hasattr(backend, "encode_batch_fast") and not backend.truncation and not backend.padding:
+        return [len(e) for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    return [len(ids) for ids in tok(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]]
+
+
+def rule_for(cfg, count):
+    """The counter a planner of ``data.path`` uses: ``count`` (the caller loaded the tokenizer), or
+    the words opt-in; ``tokens`` without a counter is an error, not words."""
+    if count is not None:
+        if cfg.data.prompt_length == "words" and count.unit != "words":
+            raise ConfigError(["data.prompt_length: 'words' was asked for, but the caller counted tokens"])
+        return count
+    if cfg.data.prompt_length == "words":
+        return WORDS
+    raise ConfigError([f"data.prompt_length: 'tokens' (the default) needs the run's tokenizer to count the prompts of "
+                       f"data.path={cfg.data.path!r}; plan through asp schedule / asp simulate / the framework entry "
+                       "(they load it from model.path), or set data.prompt_length=words to plan on whitespace words "
+                       "(recorded in schedule_report.json)"])
