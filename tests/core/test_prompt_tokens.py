@@ -179,3 +179,42 @@ def test_the_planners_import_no_tokenizer_library():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
     assert out.stdout.strip() == "[]"
+
+
+def test_asp_trains_plan_records_the_models_tokens(tmp_path):
+    """asp train plans its prompts after tokenizing them (pipeline/run._tokenize, then planning.plan_run):
+    its report says tokens of the run's model, and the lengths are those tokens."""
+    from asp_ascend.data.datasets import prompts_from_config
+    from asp_ascend.pipeline.run import _tokenize
+    from asp_ascend.scheduler.run import build_schedule, inputs_from_config
+
+    model = _model(tmp_path / "model")
+    cfg = _cfg(tmp_path, _chat_parquet(tmp_path / "d.parquet"), f"model.path={model}")
+    train, _ = prompts_from_config(cfg)
+    assert train.length_unit == {"unit": "words"}
+    tok, ids, _ = _tokenize(cfg, model, train, None)
+    _, rep = build_schedule(cfg, train, compare=False)
+    assert rep["prompt_length"]["unit"] == "tokens" and rep["prompt_length"]["tokenizer"] == f"the run's model ({model})"
+    assert list(inputs_from_config(cfg, train).prompt_lengths) == [len(ids[p]) for p in train.ids]
+
+
+def test_batch_counts_equal_tokenizing_each_prompt_alone(tmp_path):
+    """TokenCounter's batches (the Rust backend's encode_batch_fast) give asp train's per-prompt count
+    (``len(tok(text, add_special_tokens=False).input_ids)``) for a byte-level BPE too, and where the backend
+    would truncate it goes through the tokenizer itself."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from asp_ascend.data.prompt_tokens import TokenCounter
+
+    texts = [" ".join(WORDS[i % 7:]) * (1 + i % 3) + ("\n" if i % 2 else "") for i in range(50)] + ["ünï côdé  x"]
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(texts[:20], trainers.BpeTrainer(vocab_size=300,
+                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe)
+    want = [len(tok(t, add_special_tokens=False).input_ids) for t in texts]
+    assert list(TokenCounter(tok, "t")(texts)) == want and want != [len(t.split()) for t in texts]
+    tok.backend_tokenizer.enable_truncation(4)
+    assert list(TokenCounter(tok, "t")(texts)) == [len(tok(t, add_special_tokens=False).input_ids) for t in texts]
