@@ -24,6 +24,13 @@ def empty_yaml(tmp_path) -> Path:
 
 
 @pytest.fixture(autouse=True)
+def _own_cache_dir(tmp_path_factory, monkeypatch):
+    """The offline commands keep prompt token counts under $XDG_CACHE_HOME (data/prompt_tokens.py): the
+    tests' go to a temporary directory of the session, never the user's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.getbasetemp() / "xdg_cache"))
+
+
+@pytest.fixture(autouse=True)
 def _no_ray_session_leaks():
     """A Ray session that a test started (a test touching Ray from a helper thread can start
     one implicitly) ends with the test, so the next test does not inherit it; sessions that

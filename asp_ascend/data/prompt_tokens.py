@@ -10,13 +10,22 @@ rendered by the tokenizer's chat template with the generation prompt, then token
 special tokens (what ``apply_chat_template(..., tokenize=True)`` does), or joined when the
 tokenizer has no template (``data.chat_template: auto``) or ``none`` is asked for.
 
+Counting a million prompts takes tens of seconds (docs/scheduler.md, "Performance"), so the
+offline commands keep the counts by content (``cache_dir``: a digest of the tokenizer's whole
+definition, the chat template and how it is applied, and every text): planning the same file again
+with other keys reads them (``schedule_report.json`` says ``from_cache``).
+
 Whitespace words are the explicit opt-in ``data.prompt_length: words`` (:data:`WORDS`), recorded
 as such in ``schedule_report.json``; a caller that has no counter for ``tokens`` is an error
 (:func:`rule_for`), never a silent fall back to words.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 import numpy as np
@@ -24,6 +33,7 @@ import numpy as np
 from ..errors import ConfigError
 
 BATCH = 4096  # prompts per tokenizer call: the fast tokenizers encode a batch in parallel, memory stays bounded
+CACHE_FORMAT = "asp-prompt-tokens-1"
 
 
 @dataclass
@@ -52,7 +62,9 @@ class TokenCounter:
     chat_template: str = "auto"
     template_kwargs: dict = field(default_factory=dict)
     always_template: bool = False   # verl renders every prompt with the template (no plain-text path)
+    cache_dir: Optional[Path] = None  # counts kept by content (tokenizer, template, texts): a re-plan reads them
     unit: str = "tokens"
+    from_cache: Optional[bool] = None   # how the last call got its counts (None: no cache)
 
     @property
     def record(self) -> dict:
@@ -64,10 +76,44 @@ class TokenCounter:
                "chat_prompts": how, "plain_prompts": "tokenized as they are, no special tokens"}
         if self.template_kwargs:
             rec["chat_template_kwargs"] = dict(self.template_kwargs)
+        if self.from_cache is not None:
+            rec["from_cache"] = self.from_cache
         return rec
 
     def __call__(self, texts: Sequence[str], messages: Optional[Sequence[Any]] = None) -> np.ndarray:
-        """Token counts of ``texts`` (``messages[i]``, when not None, is prompt i's chat messages)."""
+        """Token counts of ``texts`` (``messages[i]``, when not None, is prompt i's chat messages); with
+        ``cache_dir``, read from there when the same tokenizer, template and texts were counted before."""
+        key = self._cache_key(texts, messages) if self.cache_dir is not None else None
+        if key is not None:
+            got = _read_counts(Path(self.cache_dir) / f"{key}.npy", len(texts))
+            self.from_cache = got is not None
+            if got is not None:
+                return got
+        out = self._count(texts, messages)
+        if key is not None:
+            _write_counts(Path(self.cache_dir), key, out)
+        return out
+
+    def _cache_key(self, texts: Sequence[str], messages: Optional[Sequence[Any]]) -> Optional[str]:
+        """A digest of everything the counts depend on: the backend tokenizer's full definition (vocabulary,
+        merges, added tokens, normalizer, pre-tokenizer), the chat template and how it is applied, and every
+        text (and chat message). None for a tokenizer without a serializable backend: never cached."""
+        tok = self.tokenizer
+        backend = getattr(tok, "backend_tokenizer", None)
+        if backend is None or not hasattr(backend, "to_str"):
+            return None
+        h = hashlib.blake2b(digest_size=20)
+        for part in (CACHE_FORMAT, type(tok).__name__, backend.to_str(), str(getattr(tok, "chat_template", None)),
+                     json.dumps(self.template_kwargs, sort_keys=True, default=str), self.chat_template,
+                     str(self.always_template)):
+            h.update(part.encode("utf-8", "surrogatepass") + b"\0")
+        h.update(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)).tobytes())
+        h.update("".join(texts).encode("utf-8", "surrogatepass"))
+        if messages is not None and any(m is not None for m in messages):
+            h.update(json.dumps(list(messages), sort_keys=True, default=str).encode("utf-8", "surrogatepass"))
+        return h.hexdigest()
+
+    def _count(self, texts: Sequence[str], messages: Optional[Sequence[Any]]) -> np.ndarray:
         tok = self.tokenizer
         use = (self.always_template or self.chat_template == "auto") and bool(getattr(tok, "chat_template", None))
         out = np.zeros(len(texts), dtype=np.int64)
@@ -83,6 +129,35 @@ class TokenCounter:
                         batch[j] = text
             out[lo:hi] = _lengths(tok, batch)
         return out
+
+
+def _read_counts(path: Path, n: int) -> Optional[np.ndarray]:
+    """The cached counts at ``path`` (None when absent, unreadable or not ``n`` non-negative integers)."""
+    try:
+        got = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    if got.shape != (n,) or got.dtype.kind not in "iu" or (n and got.min() < 0):
+        return None
+    return got.astype(np.int64)
+
+
+def _write_counts(directory: Path, key: str, counts: np.ndarray) -> None:
+    """Keep ``counts`` under ``directory`` (atomic; a directory that cannot be written just keeps nothing)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp = directory / f".{key}.{os.getpid()}.npy"
+        np.save(tmp, counts.astype(np.int32))
+        os.replace(tmp, directory / f"{key}.npy")
+    except OSError:
+        pass
+
+
+def default_cache_dir() -> Path:
+    """Where the offline commands keep prompt token counts: ``$XDG_CACHE_HOME/asp_ascend/prompt_tokens``
+    (``~/.cache`` without it)."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "asp_ascend" / "prompt_tokens"
 
 
 def _lengths(tok, texts: list[str]) -> list[int]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..data.prompt_tokens import WORDS, TokenCounter
+from ..data.prompt_tokens import WORDS, TokenCounter, default_cache_dir
 from ..errors import ConfigError
 
 WORDS_FIX = ("or set data.prompt_length=words to plan on whitespace words (recorded in schedule_report.json; the "
@@ -55,7 +55,7 @@ def counter_for(cfg, model_key: str = "model.path", template_kwargs: Optional[di
         raise ConfigError([f"{model_key}: {path!r}: no tokenizer could be loaded ({exc}); point {model_key} at "
                            f"the model directory with its tokenizer files, {WORDS_FIX}"]) from None
     return TokenCounter(tok, f"{model_key}={path}", cfg.data.chat_template, dict(template_kwargs or {}),
-                        always_template)
+                        always_template, cache_dir=default_cache_dir())
 
 
 def _tiny_counter(cfg, where: str) -> TokenCounter:

@@ -218,3 +218,30 @@ def test_batch_counts_equal_tokenizing_each_prompt_alone(tmp_path):
     assert list(TokenCounter(tok, "t")(texts)) == want and want != [len(t.split()) for t in texts]
     tok.backend_tokenizer.enable_truncation(4)
     assert list(TokenCounter(tok, "t")(texts)) == [len(tok(t, add_special_tokens=False).input_ids) for t in texts]
+
+
+def test_counts_are_kept_by_content_and_read_back(tmp_path):
+    """The cache (data/prompt_tokens.TokenCounter.cache_dir) returns what counting returns, and only for the
+    same tokenizer, template and texts; a damaged entry is counted again."""
+    from asp_ascend.data.prompt_tokens import TokenCounter
+    from asp_ascend.engines.tiny_model import load_tokenizer
+
+    tok = load_tokenizer(_model(tmp_path / "model"))
+    texts, cache = PLAIN * 3, tmp_path / "cache"
+    want = TokenCounter(tok, "t")(texts)
+    first = TokenCounter(tok, "t", cache_dir=cache)
+    assert list(first(texts)) == list(want) and first.from_cache is False and first.record["from_cache"] is False
+    again = TokenCounter(tok, "t", cache_dir=cache)
+    assert list(again(texts)) == list(want) and again.from_cache is True
+    other = texts[:-1] + [texts[-1] + " 1"]                           # one text changed: counted, not read
+    c = TokenCounter(tok, "t", cache_dir=cache)
+    assert c(other)[-1] == want[-1] + 1 and c.from_cache is False
+    msgs = [[{"role": "user", "content": t}] for t in texts]
+    chat = TokenCounter(tok, "t", cache_dir=cache)                    # same texts as chats: another key
+    assert list(chat(texts, msgs)) == list(TokenCounter(tok, "t")(texts, msgs)) and chat.from_cache is False
+    plain = TokenCounter(tok, "t", chat_template="none", cache_dir=cache)   # another template rule: counted
+    assert list(plain(texts, msgs)) == list(want) and plain.from_cache is False
+    for f in cache.glob("*.npy"):
+        f.write_bytes(b"not an array")
+    broken = TokenCounter(tok, "t", cache_dir=cache)
+    assert list(broken(texts)) == list(want) and broken.from_cache is False
