@@ -10,7 +10,7 @@ rendered by the tokenizer's chat template with the generation prompt, then token
 special tokens (what ``apply_chat_template(..., tokenize=True)`` does), or joined when the
 tokenizer has no template (``data.chat_template: auto``) or ``none`` is asked for.
 
-Counting a million prompts takes tens of seconds (docs/scheduler.md, "Performance"), so the
+Counting a million prompts takes tens of seconds (docs/scheduler.md, "Speed"), so the
 offline commands keep the counts by content (``cache_dir``: a digest of the tokenizer's whole
 definition, the chat template and how it is applied, and every text): planning the same file again
 with other keys reads them (``schedule_report.json`` says ``from_cache``).
