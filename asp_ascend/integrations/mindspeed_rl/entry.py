@@ -159,15 +159,17 @@ def run(config_path: str, config_name: str, overrides: list[str], dry_run: bool 
 
 
 def absolute_paths(cfg):
-    """``cfg`` with ``data.path`` and ``lengths.path`` absolute: the driver task (whose working directory is
-    Ray's) reads them to re-plan an adaptive run's epochs."""
+    """``cfg`` with ``data.path``, ``lengths.path`` and ``model.path`` absolute: the driver task (whose working
+    directory is Ray's) reads them to re-plan an adaptive run's epochs (model.path: the tokenizer that counts
+    the prompts, integrations/prompt_tokens.py)."""
     import dataclasses
 
     def absolute(p):
         return str(Path(p).resolve()) if p else p
 
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=absolute(cfg.data.path)),
-                               lengths=dataclasses.replace(cfg.lengths, path=absolute(cfg.lengths.path)))
+                               lengths=dataclasses.replace(cfg.lengths, path=absolute(cfg.lengths.path)),
+                               model=dataclasses.replace(cfg.model, path=absolute(cfg.model.path)))
 
 
 def _train(msrl: dict, cfg_dict: dict, schedule_path: str, root: str) -> None:
