@@ -35,12 +35,14 @@ def _tokenizer(tmp_path):
     return d
 
 
-def _config(tmp_path, adaptive=True):
+def _config(tmp_path, adaptive=True, unit="words"):
+    """The run's config; ``unit``: how the entry and the re-planner count the prompts (words: the plans the
+    resume tests below were worked out on; tokens: the tokenizer of model.path, test_adaptive_replans...)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps({"id": str(i), "prompt": "w " * (i % 5 + 1)}) + "\n" for i in range(N)))
     return load_config(None, [f"data.path={data}", f"output_dir={tmp_path / 'out'}", "train.epochs=2",
-                              f"model.path={_tokenizer(tmp_path)}",
+                              f"model.path={_tokenizer(tmp_path)}", f"data.prompt_length={unit}",
                               f"scheduler.adaptive={str(adaptive).lower()}", "scheduler.policy=asp",
                               "pipeline.mode=async", f"pipeline.lag_bound={K}", "train.group_size=2",
                               f"train.global_batch_size={GBS}", "train.mini_batch_size=3", "rollout.num_instances=2",
@@ -79,9 +81,10 @@ def _publish(src, version):
 
 
 def test_adaptive_replans_the_next_epoch_from_the_observed_lengths(tmp_path):
-    cfg = _config(tmp_path)
+    cfg = _config(tmp_path, unit="tokens")   # the entry and the driver count model.path's tokens
     path = ensure_schedule(cfg)                     # the entry's ASP pass: epoch 0 alone
     assert sorted(pd.read_parquet(path)["epoch"].unique()) == [0]
+    assert json.loads((path.parent / "schedule_report.json").read_text())["prompt_length"]["unit"] == "tokens"
     src, seen = _source(cfg, path)
     trained = {}
     for i in range(2 * N // GBS):                   # what AsyncGRPOLoop asks for, iteration by iteration
