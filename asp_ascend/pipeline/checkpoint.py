@@ -24,7 +24,9 @@ groups of trained iterations into later ones and swapped finished groups of late
 into trained ones. ``run_state.json`` then also holds ``carry_over`` (:func:`carry_state`): the
 membership of every iteration from the checkpoint's version on, the deferred groups with their
 planned iterations, the groups already trained ahead of their plan, and every swap so far; a
-resume trains that membership (:func:`resume_plan`), not the schedule's. The driver draws no
+resume trains that membership (:func:`resume_plan`), not the schedule's. The MindSpeed-RL path, whose
+trainer writes its own checkpoints, keeps the same state in ``output_dir/carry_over/iter_<v>.json``
+(:func:`save_carry`) and restores it with the same :func:`carried_plan`. The driver draws no
 random numbers (each prompt's sampling seed is derived from (seed, epoch, prompt_id)), so a
 resumed run generates each remaining prompt with the same seeds as the uninterrupted one.
 """
@@ -136,6 +138,27 @@ def carry_state(carry, version: int) -> dict:
             "trained_ahead": sorted(ahead), "swaps": swaps}
 
 
+CARRY_DIR = "carry_over"   # the MindSpeed-RL path: its carry-over states, beside its own checkpoints
+
+
+def carry_file(folder: Path, version: int) -> Path:
+    """Where :func:`save_carry` writes the state of the checkpoint of ``version``."""
+    return Path(folder) / f"iter_{int(version):06d}.json"
+
+
+def save_carry(folder: Path, version: int, carry) -> Path:
+    """:func:`carry_state` of ``carry`` at version ``version``, written atomically to
+    :func:`carry_file` for a trainer that saves its own checkpoints (MindSpeed-RL's): call it before the
+    trainer's checkpoint of ``version``, so every checkpoint has its state (a crash in between leaves a
+    state without its checkpoint, which the next save of that version rewrites)."""
+    from ..io import write_json_atomic
+
+    path = carry_file(folder, version)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, carry_state(carry, version))
+    return path
+
+
 def trained_history(history: list[dict], iterations: dict, version: int) -> list[dict]:
     """The length-history rows of prompts already trained (iterations < ``version``).
 
@@ -235,8 +258,6 @@ def resume_plan(cfg, settings, out: Path, start: int, carry: dict | None = None)
 
     import pandas as pd
 
-    from ..scheduler.execution import ExecutionPlan
-
     out = Path(out)
     sched = pd.read_parquet(out / "schedule.parquet")
     report = json.loads((out / "schedule_report.json").read_text()) if (out / "schedule_report.json").is_file() else {}
@@ -246,13 +267,32 @@ def resume_plan(cfg, settings, out: Path, start: int, carry: dict | None = None)
                            f"{int(sched['instance'].max()) + 1} instances; resume with the run's own instance count"])
     if report.get("policy") in SHARED_QUEUE:
         settings = dataclasses.replace(settings, policy=report["policy"])
+    plan = carried_plan(sched, settings, start, carry, cfg.rollout.partial_rollout, out / "schedule.parquet",
+                        max_iterations=cfg.train.max_iterations)
+    if plan.total_iterations <= 0:
+        raise ConfigError([f"resume: the checkpoint at version {start} has already trained every iteration of "
+                           f"{out / 'schedule.parquet'} (up to iteration {plan.end - 1}); nothing to resume"])
+    return plan
+
+
+def carried_plan(sched, settings, start: int, carry: dict | None, partial_rollout: bool, where="schedule.parquet",
+                 max_iterations: int = 0):
+    """``sched`` as an :class:`~asp_ascend.scheduler.execution.ExecutionPlan` from iteration ``start`` on,
+    with a checkpoint's carry-over state restored (``carry``: its :func:`carry_state`, or None): the
+    iterations from ``start`` on train the saved membership instead of the schedule's
+    (:func:`carried_schedule`: the groups deferred into them are in, the ones trained ahead of their plan
+    out), in the trainer's order at the checkpoint, and ``plan.carried`` holds each deferred group's
+    planned iteration (the carry-over's lag bound k + S counts from it). ``asp train``'s resume
+    (:func:`resume_plan`) and the MindSpeed-RL source's both build their plan here."""
+    from ..scheduler.execution import ExecutionPlan
+
     if carry is not None:
-        if not cfg.rollout.partial_rollout:
+        if not partial_rollout:
             raise ConfigError([f"resume: the checkpoint at version {start} holds carry-over state (groups deferred "
                                "by partial rollout); resume with rollout.partial_rollout=true"])
         planned_pred = sched.groupby("iteration")["predicted_length"].sum()
-        sched, order, carried = carried_schedule(sched, carry, start, out / "schedule.parquet")
-    plan = ExecutionPlan.from_schedule(sched, settings, start=start, max_iterations=cfg.train.max_iterations)
+        sched, order, carried = carried_schedule(sched, carry, start, where)
+    plan = ExecutionPlan.from_schedule(sched, settings, start=start, max_iterations=max_iterations)
     if carry is not None:
         for (i, m), keys in order.items():
             if i in plan.iterations:
@@ -260,9 +300,6 @@ def resume_plan(cfg, settings, out: Path, start: int, carry: dict | None = None)
         # a step's loss normaliser uses the plan's predicted tokens of its iteration, as planned
         plan.predicted.update({int(i): float(x) for i, x in planned_pred.items() if int(i) in plan.predicted})
         plan.carried = carried
-    if plan.total_iterations <= 0:
-        raise ConfigError([f"resume: the checkpoint at version {start} has already trained every iteration of "
-                           f"{out / 'schedule.parquet'} (up to iteration {plan.end - 1}); nothing to resume"])
     return plan
 
 

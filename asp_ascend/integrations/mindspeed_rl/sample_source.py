@@ -11,6 +11,8 @@ concurrency, re-estimation from the instances' progress reports), and buffers fi
 per iteration. The lengths of the groups each iteration trains are written to
 ``output_dir/lengths/iteration_<i>.parquet`` as the trainer takes them (:class:`~asp_ascend.lengths.parts.LengthParts`,
 as the verl bridge records them), which an adaptive run resumed mid-epoch re-plans from (:func:`source_state`).
+With partial rollout the carry-over state goes to ``output_dir/carry_over/iter_<v>.json`` before the trainer's
+checkpoint of version v (:meth:`DispatcherSource.checkpoint`), and a resume trains it (:func:`source_plan`).
 :func:`build_async_rollout` builds it on NPUs from the runtime's rollout actor.
 """
 from __future__ import annotations
@@ -58,14 +60,18 @@ class DispatcherSource:
     ``lengths`` (a :class:`~asp_ascend.lengths.parts.LengthParts` keyed ``iteration``): the rows of the
     groups :meth:`get_groups` hands out for iteration i are written as its part, atomically, before the
     trainer gets them, so every checkpoint of version v has the parts of iterations < v on disk
-    (:func:`adaptive_replanner` reads them on a resume)."""
+    (:func:`adaptive_replanner` reads them on a resume).
+
+    ``carry_dir`` (partial rollout): :meth:`checkpoint` writes the carry-over state there, which a resume
+    restores (:func:`source_plan`: deferred groups trained after it, swapped-in ones not again)."""
 
     def __init__(self, plan: ExecutionPlan, instances: Sequence[InstanceHandle],
                  prompt_of: Callable[[str], tuple[list[int], dict]], sampling: dict,
                  poll_interval_s: float = 0.01, timeout_s: float = 3600.0,
                  clock: Callable[[], float] = time.time, trace: list | None = None,
                  tail: TailOptions | None = None, max_tokens: int = 1 << 30, replan: Callable | None = None,
-                 history: Sequence[dict] = (), next_epoch: int | None = None, lengths: LengthParts | None = None):
+                 history: Sequence[dict] = (), next_epoch: int | None = None, lengths: LengthParts | None = None,
+                 carry_dir: Path | None = None):
         self.instances = list(instances)
         if len(self.instances) != plan.settings.num_instances:
             raise ValueError(f"{len(self.instances)} instances for a plan over {plan.settings.num_instances}")
@@ -77,7 +83,7 @@ class DispatcherSource:
         self.tail = TailControl(plan, tail or TailOptions(), max_tokens=max_tokens, event=self._event, now=clock)
         self.done: dict[tuple, SampleGroup] = {}      # finished, not yet handed out: (epoch, prompt_id) -> group
         self.replan, self.history = replan, list(history)   # adaptive: observed lengths, one row per sample
-        self.lengths = lengths
+        self.lengths, self.carry_dir = lengths, carry_dir
         self.next_epoch = next_epoch if next_epoch is not None else plan.next_epoch
 
     def attach_timeline(self, timeline, t0: float) -> None:
@@ -186,6 +192,15 @@ class DispatcherSource:
                 [r for g in out for r in _rows(g.epoch, g.prompt_id, g.prompt, g.responses)], columns=ROW_COLUMNS))
         return out
 
+    def checkpoint(self, version: int) -> None:
+        """The trainer is about to save its checkpoint of ``version`` (iterations < ``version`` trained):
+        with partial rollout, the carry-over state at that version goes to ``carry_dir`` first, atomically
+        (:func:`~asp_ascend.pipeline.checkpoint.save_carry`, ``asp train``'s ``carry_over``)."""
+        if self.tail.carry is not None and self.carry_dir is not None:
+            from ...pipeline.checkpoint import save_carry
+
+            save_carry(self.carry_dir, version, self.tail.carry)
+
     def on_published(self, version: int) -> None:
         """Every instance now holds ``version`` (call after the weight push returned)."""
         self.feeder.published(version)
@@ -284,11 +299,46 @@ def source_state(cfg, sched, schedule_path: Path, start_iteration: int, lag_boun
     """The :class:`DispatcherSource` keywords of the run's length record and its adaptive re-plan, for a run
     starting at ``start_iteration``: ``lengths`` (``lengths/`` beside ``schedule_path``, parts keyed by
     iteration; a resumed run's parts of the iterations it trains again are removed), ``replan`` and
-    ``history`` (:func:`adaptive_replanner`) and ``next_epoch`` (the one after the schedule's last)."""
+    ``history`` (:func:`adaptive_replanner`), ``next_epoch`` (the one after the schedule's last) and
+    ``carry_dir`` (with partial rollout: ``carry_over/`` beside ``schedule_path``, the states of later
+    versions, an interrupted attempt's, removed)."""
     lengths = LengthParts(Path(schedule_path).parent / "lengths", "iteration")
     lengths.truncate_after(start_iteration - 1)
     replan, history = adaptive_replanner(cfg, sched, Path(schedule_path), start_iteration, lag_bound, lengths)
-    return {"lengths": lengths, "replan": replan, "history": history, "next_epoch": int(sched["epoch"].max()) + 1}
+    carry_dir = None
+    if cfg.rollout.partial_rollout:
+        from ...pipeline.checkpoint import CARRY_DIR
+
+        carry_dir = Path(schedule_path).parent / CARRY_DIR
+        for f in carry_dir.glob("iter_*.json") if carry_dir.is_dir() else ():
+            if f.stem[5:].isdigit() and int(f.stem[5:]) > start_iteration:
+                f.unlink()
+    return {"lengths": lengths, "replan": replan, "history": history, "next_epoch": int(sched["epoch"].max()) + 1,
+            "carry_dir": carry_dir}
+
+
+def source_plan(cfg, sched, settings: ExecutionSettings, schedule_path: Path, start_iteration: int) -> ExecutionPlan:
+    """The plan the source feeds from ``start_iteration`` (the trainer's checkpointed version) on. With
+    partial rollout a resumed run restores the carry-over state :meth:`DispatcherSource.checkpoint` saved
+    with that checkpoint (:func:`~asp_ascend.pipeline.checkpoint.carried_plan`, as ``asp train`` does): the
+    groups deferred past the checkpoint are trained, the ones swapped into an iteration before it are not
+    trained again, and a deferred group's lag bound k + S still counts from its planned iteration. A
+    partial-rollout resume without that state is refused (from the schedule alone, a deferred group would
+    never be trained and a swapped-in one twice)."""
+    import json
+
+    from ...pipeline.checkpoint import CARRY_DIR, carried_plan, carry_file
+
+    path, carry = carry_file(Path(schedule_path).parent / CARRY_DIR, start_iteration), None
+    if start_iteration > int(sched["iteration"].min()) and (cfg.rollout.partial_rollout or path.is_file()):
+        if not path.is_file():
+            raise ConfigError([f"resume at iteration {start_iteration}: asp.rollout.partial_rollout=true may have "
+                               f"deferred groups past the checkpoint and swapped later ones into trained iterations, "
+                               f"but {path} (the carry-over state the run writes with each checkpoint) does not exist, "
+                               "so the schedule alone would lose the deferred groups and train the swapped ones twice; "
+                               "put the file back or resume from a checkpoint that has one"])
+        carry = json.loads(path.read_text())
+    return carried_plan(sched, settings, start_iteration, carry, cfg.rollout.partial_rollout, schedule_path)
 
 
 def resumed_lengths(parts: LengthParts, first: int, start: int) -> list[dict]:
@@ -344,8 +394,9 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
     if moe:
         raise ConfigError([moe])
     settings = ExecutionSettings.from_config(cfg)
-    sched = pd.read_parquet(schedule_path)   # (a refused adaptive resume stops before any instance starts)
+    sched = pd.read_parquet(schedule_path)   # (a refused resume stops before any instance starts)
     state = source_state(cfg, sched, Path(schedule_path), start_iteration, settings.lag_bound)
+    plan = source_plan(cfg, sched, settings, Path(schedule_path), start_iteration)   # (refused before instances start)
     platform = get_platform("npu", check=False)
     r, tp = cfg.rollout.num_instances, cfg.rollout.devices_per_instance
     check_instances_fit_nodes([n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")], platform, tp)
@@ -367,7 +418,6 @@ def build_async_rollout(cfg, actor_group, schedule_path: str, train_ds, tokenize
     ray.get([a.ready.remote() for a in actors])
     from ...pipeline.run import tail_options
 
-    plan = ExecutionPlan.from_schedule(sched, settings, start=start_iteration)
     fetch = train_ds.__getitem__
 
     def prompt_of(pid):

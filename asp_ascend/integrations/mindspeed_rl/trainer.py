@@ -326,6 +326,9 @@ def make_async_grpo_trainer_class():
                         if isinstance(v, (int, float)):
                             self.tensorboard.add_scalar(f"train/{k}", v, i + 1)
                 if (i + 1) % self.save_interval == 0 or i + 1 == self.train_iters:
+                    save_state = getattr(self.asp_samples, "checkpoint", None)
+                    if save_state is not None:   # the source's resume state (partial rollout) before the weights
+                        save_state(i + 1)
                     self.save_checkpoint(i + 1)
             logger.info("asp async GRPO done")
 
