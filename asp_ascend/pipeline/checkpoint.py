@@ -14,7 +14,8 @@ Writing is crash-safe: everything goes into ``iter_N.tmp-<pid>`` first, the fold
 to ``iter_N`` only when complete, and ``latest`` (an atomic file write) is updated after the
 rename. A crash at any point leaves either the previous checkpoint as ``latest`` or a complete
 new one; a left-over ``*.tmp-*`` folder or a folder missing a file is never taken as valid
-(:func:`find_latest` checks every file it needs).
+(:func:`find_latest` checks every file it needs). The next attempt removes the left-over ``*.tmp-*``
+folders before it saves (:func:`clean_stale_saves`).
 
 What a resume restores: the weights, the optimizer, the policy version (= the number of
 trained iterations: the schedule cursor), the trainer's RNG states and the length history
@@ -90,6 +91,50 @@ def save(root: Path, version: int, write_trainer, run_state: dict) -> Path:
     _fsync_dir(root)
     write_text_atomic(root / "latest", final.name + "\n")
     return final
+
+
+def clean_stale_saves(root: Path, say=print) -> list[Path]:
+    """At the start of an attempt, before its first save: remove the ``*.tmp-*`` folders under ``root``
+    that earlier saves left (a save stopped by its bound, ``CheckpointSaveHung``; a crash; a kill).
+    None is ever a checkpoint (:func:`is_valid` refuses them), so only their disk space goes. A
+    folder whose name carries the pid of a live process on this host other than this one (the
+    driver's ``.tmp-<pid>``, the trainer's inner ``.tmp-<pid>``) is kept: that process may be a save
+    still writing it (a previous attempt's trainer stuck in a file system). Each folder removed or
+    kept is said (``say``). Returns the removed folders."""
+    root = Path(root)
+    removed: list[Path] = []
+    for path in sorted(root.glob("*.tmp-*")) if root.is_dir() else []:
+        if not path.is_dir():
+            continue
+        live = [pid for pid in _pids(path.name) if pid != os.getpid() and _alive(pid)]
+        if live:
+            say(f"checkpoints: kept {path.name}, left by a save that did not finish: process {live[0]} is alive on "
+                "this host and may still be writing it (never used for a resume; remove it once that process is gone)")
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        if path.exists():
+            say(f"checkpoints: could not remove {path}, left by a save that did not finish (never used for a resume)")
+            continue
+        removed.append(path)
+        say(f"checkpoints: removed {path.name}, left by a save that did not finish (never used for a resume)")
+    return removed
+
+
+def _pids(name: str) -> list[int]:
+    """The process ids a save folder's name carries (``iter_N.tmp-<driver>[.tmp-<trainer>]``)."""
+    return [int(p.split(".")[0]) for p in name.split(".tmp-")[1:] if p.split(".")[0].isdigit()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # another user's process: alive
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def run_state(history: list[dict], version: int, total_iterations: int, carry: dict | None = None) -> dict:

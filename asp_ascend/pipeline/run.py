@@ -95,6 +95,9 @@ def run_train(cfg, overrides: list[str] | None = None) -> int:
 def _run(cfg, settings, train, ev, reward_fn, cores, out: Path, resume, attempt, cleared) -> int:
     t_start = time.time()
     logger = _open_logger(cfg, out, t_start, cleared, attempt)
+    from .checkpoint import clean_stale_saves
+
+    clean_stale_saves(out / "checkpoints", logger.say)  # before this attempt's first save, said in the log
     logger.say(f"preparing: {len(train)} prompts ({train.source}), mode {cfg.pipeline.mode}, "
                f"policy {cfg.scheduler.policy}, k={settings.lag_bound}, {cfg.rollout.num_instances} rollout instance(s)")
 

@@ -84,6 +84,39 @@ def test_half_written_folders_are_ignored_even_when_newer(tmp_path):
     assert not ck.is_valid(partial)
 
 
+def test_the_next_start_removes_stale_save_folders_but_not_one_a_live_process_may_write(tmp_path):
+    """``clean_stale_saves`` (run at an attempt's start): every ``*.tmp-*`` folder goes (a crash mid-write,
+    the trainer's inner one, this process's own pid: it has not saved yet) unless one of the pids in its
+    name is a live process here; complete checkpoints, ``latest`` and files stay."""
+    import subprocess
+
+    root = tmp_path / "checkpoints"
+    _save(root, 1)
+    with pytest.raises(OSError):
+        _save(root, 2, fail_after=2)                       # leaves iter_000002.tmp-<this pid>
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        for name in (f"iter_000003.tmp-{gone.pid}", f"iter_000003.tmp-{gone.pid}.tmp-{gone.pid}",
+                     f"iter_000004.tmp-{gone.pid}.tmp-{live.pid}", f"iter_000005.tmp-{live.pid}"):
+            (root / name).mkdir()
+        (root / "notes.tmp-1").write_text("a user's file")
+        said: list[str] = []
+        removed = sorted(p.name for p in ck.clean_stale_saves(root, said.append))
+        assert removed == [f"iter_000002.tmp-{os.getpid()}", f"iter_000003.tmp-{gone.pid}",
+                           f"iter_000003.tmp-{gone.pid}.tmp-{gone.pid}"], said
+        assert sorted(p.name for p in root.iterdir()) == sorted(["iter_000001", "latest", "notes.tmp-1",
+                                                                 f"iter_000004.tmp-{gone.pid}.tmp-{live.pid}",
+                                                                 f"iter_000005.tmp-{live.pid}"])
+        assert len(said) == 5 and sum(f"process {live.pid} is alive" in m for m in said) == 2, said
+    finally:
+        live.kill()
+        live.wait()
+    assert len(ck.clean_stale_saves(root)) == 2 and ck.find_latest(root).name == "iter_000001"
+    assert ck.clean_stale_saves(tmp_path / "none") == []
+
+
 def test_find_resume_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="resume: .*schedule.parquet"):
         ck.find_resume(tmp_path)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import subprocess
 import time
 
 import pytest
@@ -29,7 +30,7 @@ ray = pytest.importorskip("ray")
 
 from asp_ascend.metrics import Timeline  # noqa: E402
 from asp_ascend.pipeline.actors import kill_trainer  # noqa: E402
-from asp_ascend.pipeline.checkpoint import find_latest, is_valid  # noqa: E402
+from asp_ascend.pipeline.checkpoint import clean_stale_saves, find_latest, is_valid  # noqa: E402
 from asp_ascend.pipeline.sync_retry import TrainerHung  # noqa: E402
 from asp_ascend.pipeline.train_watch import CheckpointSaveHung, GroupOpenHung, PublishHung, TrainStepHung  # noqa: E402
 from asp_ascend.scheduler.execution import ExecutionPlan  # noqa: E402
@@ -148,7 +149,8 @@ def test_trainer_whose_checkpoint_save_never_returns_stops_the_run(cluster, tmp_
     never returns. Once it has been out max(train.step_timeout_s, factor x the slowest save so far)
     the run stops with CheckpointSaveHung naming the version, the seconds, the keys and the newest
     complete checkpoint, version 1; the half-written folder of version 2 is never renamed, nor
-    named by ``latest``, nor taken for a resume; the timeline's last event says why."""
+    named by ``latest``, nor taken for a resume; the timeline's last event says why. The next attempt's
+    start removes it (``clean_stale_saves``), but not a folder a live process may still be writing."""
     _, err, took, seen = _run_until_hung(cluster, tmp_path, hanging_save_trainer_class(hang_at=2), CheckpointSaveHung)
     msg = str(err.value)
     assert isinstance(err.value, TrainerHung), type(err.value)
@@ -166,6 +168,24 @@ def test_trainer_whose_checkpoint_save_never_returns_stops_the_run(cluster, tmp_
     assert names[:2] == ["iter_000001", "iter_000002.tmp-" + names[1].split("-")[-1]] and names[2:] == ["latest"], names
     assert (ck / "latest").read_text().strip() == "iter_000001" and find_latest(ck).name == "iter_000001"
     assert (ck / names[1] / "model.safetensors").is_file() and not is_valid(ck / names[1])   # written, never used
+    # the next attempt's start (pipeline/run.py, before its first save) removes that folder, but keeps one
+    # whose name carries the pid of a live process (a save that may still be writing it) until it is gone
+    writer = subprocess.Popen(["sleep", "120"])
+    busy = f"iter_000003.tmp-{writer.pid}"
+    try:
+        (ck / busy).mkdir()
+        said: list[str] = []
+        assert [p.name for p in clean_stale_saves(ck, said.append)] == [names[1]]
+        assert sorted(p.name for p in ck.iterdir()) == ["iter_000001", busy, "latest"]
+        assert said[0] == f"checkpoints: removed {names[1]}, left by a save that did not finish (never used for a resume)"
+        assert said[1].startswith(f"checkpoints: kept {busy}, left by a save that did not finish: process {writer.pid} "
+                                  "is alive on this host and may still be writing it"), said
+    finally:
+        writer.kill()
+        writer.wait()
+    assert [p.name for p in clean_stale_saves(ck, said.append)] == [busy]   # once its process is gone
+    assert said[2].startswith(f"checkpoints: removed {busy}"), said
+    assert sorted(p.name for p in ck.iterdir()) == ["iter_000001", "latest"] and find_latest(ck).name == "iter_000001"
 
 
 @pytest.mark.parametrize("checkpoint_every", [0, 1])
