@@ -50,7 +50,7 @@ PLANTS = {
           "batch, got = self.get(self.ds.td.get_experience_data.remote()), want")],
         {("pattern", "trainer.py::TransferDockStore.read_columns"), ("pattern", "trainer.py")}),
     "4 plan built without the resume iteration": (
-        [(SS, "settings, start=start_iteration)", "settings)")],
+        [(SS, "Path(schedule_path), start_iteration)", "Path(schedule_path), 0)")],
         {("pattern", "sample_source.py::build_async_rollout")}),
     "4 resume iteration not read from the trainer": (
         [(EN, "start_iteration=actor.get_iteration(),", "")],

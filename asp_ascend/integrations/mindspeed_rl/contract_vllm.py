@@ -118,7 +118,7 @@ OURS = (
             why="the receiver must not import the mindspeed_rl package (acl, transfer_to_npu) into vLLM workers"),
     Pattern(O(VR, "MindSpeedWeightReceiver.asp_recv_megatron_weights"), "load_megatron_weights(...)", absent=True,
             why="load_megatron_weights ends in .cuda(), which needs MindSpeed-RL's transfer_to_npu patch"),
-    Pattern(O(SS, "build_async_rollout"), "ExecutionPlan.from_schedule(_, _, start=start_iteration)",
+    Pattern(O(SS, "build_async_rollout"), "source_plan(_, _, _, _, start_iteration)",
             why="resume: admission starts at the checkpointed iteration (else it stalls until the timeout)"),
     Pattern(O(EN, "_train"), "build_async_rollout(..., start_iteration=actor.get_iteration())",
             why="resume: the trainer's checkpointed iteration"),
