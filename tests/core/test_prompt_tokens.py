@@ -245,3 +245,30 @@ def test_counts_are_kept_by_content_and_read_back(tmp_path):
         f.write_bytes(b"not an array")
     broken = TokenCounter(tok, "t", cache_dir=cache)
     assert list(broken(texts)) == list(want) and broken.from_cache is False
+
+
+def test_chat_batches_equal_rendering_and_tokenizing_each_prompt_alone(tmp_path, monkeypatch):
+    """The chat path (verl's in-run plan: every chat prompt through the template, with
+    ``data.apply_chat_template_kwargs``) renders a batch of conversations in one apply_chat_template call and
+    encodes the rendered texts in one backend call; the counts equal verl's per-prompt
+    ``apply_chat_template(messages, add_generation_prompt=True, tokenize=True)``, across batch boundaries
+    and with plain prompts mixed in (tokenized as they are)."""
+    from asp_ascend.data import prompt_tokens
+    from asp_ascend.data.prompt_tokens import TokenCounter
+    from asp_ascend.engines.tiny_model import load_tokenizer
+
+    tok = load_tokenizer(_model(tmp_path / "m"))
+    tok.chat_template = TEMPLATE.replace("{% if add_generation_prompt %}",
+                                         "{% if enable_thinking %}what {% endif %}{% if add_generation_prompt %}")
+    msgs = [None if i % 5 == 4 else [{"role": "system", "content": "what is"},
+                                     {"role": "user", "content": " ".join(WORDS[i % 6: 3 + i % 9]) + "\n" * (i % 2)}]
+            for i in range(23)]
+    texts = [PLAIN[i % 4] if m is None else m[-1]["content"] for i, m in enumerate(msgs)]
+    monkeypatch.setattr(prompt_tokens, "BATCH", 4)   # 23 prompts: six batches, the last one short
+    for kwargs in ({}, {"enable_thinking": True}):
+        want = [len(tok(t, add_special_tokens=False).input_ids) if m is None else
+                len(tok.apply_chat_template(m, add_generation_prompt=True, tokenize=True, return_dict=False, **kwargs))
+                for t, m in zip(texts, msgs)]
+        got = TokenCounter(tok, "t", template_kwargs=kwargs, always_template=True)(texts, msgs)
+        assert list(got) == want
+    assert want != [len(tok(t, add_special_tokens=False).input_ids) for t in texts]   # the template counts
