@@ -15,7 +15,9 @@ to ``iter_N`` only when complete, and ``latest`` (an atomic file write) is updat
 rename. A crash at any point leaves either the previous checkpoint as ``latest`` or a complete
 new one; a left-over ``*.tmp-*`` folder or a folder missing a file is never taken as valid
 (:func:`find_latest` checks every file it needs). The next attempt removes the left-over ``*.tmp-*``
-folders before it saves (:func:`clean_stale_saves`).
+folders before it saves (:func:`clean_stale_saves`). A re-save of a version (the final save) moves
+the old ``iter_N`` aside as ``iter_N.old-<pid>`` before renaming the new one in; a crash between
+the two renames is settled by the next look-up (:func:`settle_resaves`: the old copy is put back).
 
 What a resume restores: the weights, the optimizer, the policy version (= the number of
 trained iterations: the schedule cursor), the trainer's RNG states and the length history
@@ -34,6 +36,7 @@ resumed run generates each remaining prompt with the same seeds as the uninterru
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -42,6 +45,8 @@ from pathlib import Path
 from ..engines import checkpoint_io  # torch-free at import (torch only inside its functions)
 from ..errors import ConfigError
 from ..scheduler.planner import SHARED_QUEUE
+
+_log = logging.getLogger(__name__)
 
 STATE_FILE = "run_state.json"
 REQUIRED = ("config.json", "model.safetensors", checkpoint_io.OPTIMIZER_FILE, checkpoint_io.RNG_FILE,
@@ -100,8 +105,10 @@ def clean_stale_saves(root: Path, say=print) -> list[Path]:
     folder whose name carries the pid of a live process on this host other than this one (the
     driver's ``.tmp-<pid>``, the trainer's inner ``.tmp-<pid>``) is kept: that process may be a save
     still writing it (a previous attempt's trainer stuck in a file system). Each folder removed or
-    kept is said (``say``). Returns the removed folders."""
+    kept is said (``say``); an interrupted re-save is settled first (:func:`settle_resaves`). Returns
+    the removed folders."""
     root = Path(root)
+    settle_resaves(root, say)
     removed: list[Path] = []
     for path in sorted(root.glob("*.tmp-*")) if root.is_dir() else []:
         if not path.is_dir():
@@ -118,6 +125,31 @@ def clean_stale_saves(root: Path, say=print) -> list[Path]:
         removed.append(path)
         say(f"checkpoints: removed {path.name}, left by a save that did not finish (never used for a resume)")
     return removed
+
+
+def settle_resaves(root: Path, say=None) -> list[Path]:
+    """Finish what a re-save of a version (:func:`save`: ``iter_N`` moved aside as ``iter_N.old-<pid>``,
+    the new one renamed into place, the old one removed) left when its process died midway. Died
+    between the two renames: no ``iter_N``, only the old copy, a complete checkpoint of that version,
+    so it is put back (else a resume would fall back to an earlier version). Died after them: the old
+    copy beside the new ``iter_N`` is removed. A folder whose pid is this process or a live one here is
+    left alone (that save may still be running). Returns the folders put back."""
+    root = Path(root)
+    say = say or _log.warning
+    restored: list[Path] = []
+    for old in sorted(root.glob("iter_*.old-*")) if root.is_dir() else []:
+        base, _, pid = old.name.partition(".old-")
+        if not old.is_dir() or not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+            continue
+        if (root / base).exists():
+            shutil.rmtree(old, ignore_errors=True)
+            say(f"checkpoints: removed {old.name}, the previous copy of {base} left by a re-save that was interrupted")
+        else:
+            os.replace(old, root / base)
+            restored.append(root / base)
+            say(f"checkpoints: put {old.name} back as {base}: a re-save of that version was interrupted between "
+                "its two renames, and this is the version's complete checkpoint")
+    return restored
 
 
 def _pids(name: str) -> list[int]:
@@ -250,6 +282,7 @@ def find_latest(root: Path) -> Path | None:
     root = Path(root)
     if not root.is_dir():
         return None
+    settle_resaves(root)
     pointer = root / "latest"
     if pointer.is_file():
         name = pointer.read_text().strip()

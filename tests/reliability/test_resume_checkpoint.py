@@ -117,6 +117,56 @@ def test_the_next_start_removes_stale_save_folders_but_not_one_a_live_process_ma
     assert ck.clean_stale_saves(tmp_path / "none") == []
 
 
+_CRASHING_RESAVE = """
+import os, shutil, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from test_resume_checkpoint import _save
+from asp_ascend.pipeline import checkpoint as ck
+replace, at = os.replace, sys.argv[3]
+def rep(a, b):
+    a, b = Path(a), Path(b)
+    if at == "new" and ".tmp-" in a.name and b.name == "iter_000002":
+        os._exit(3)                                      # the process dies here, nothing cleaned up
+    replace(a, b)
+def rmtree(p, *args, **kw):
+    os._exit(3)                                          # dies before removing the old copy
+os.replace = rep
+if at == "removal":
+    ck.shutil.rmtree = rmtree
+_save(Path(sys.argv[1]), 2, [{"prompt_id": "new", "epoch": 0, "response_length": 1}])
+"""
+
+
+@pytest.mark.parametrize("crash_before", ["new", "removal"])
+def test_a_re_save_interrupted_between_its_renames_resumes_that_version(tmp_path, crash_before):
+    """A re-save of version 2 (the final save) whose process dies after moving the old ``iter_000002``
+    aside and before renaming the new one in leaves no ``iter_000002``: the look-up puts the old copy
+    back instead of falling back to version 1. Dying after the new one is in place, before the old
+    copy is removed, leaves it beside the new one: the next start removes it."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "checkpoints"
+    _save(root, 1)
+    _save(root, 2, [{"prompt_id": "old", "epoch": 0, "response_length": 3}])
+    r = subprocess.run([sys.executable, "-c", _CRASHING_RESAVE, str(root), str(Path(__file__).parent), crash_before],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, r.stderr
+    olds = [p.name for p in root.iterdir() if ".old-" in p.name]
+    assert len(olds) == 1, sorted(p.name for p in root.iterdir())
+    assert (root / "iter_000002").exists() == (crash_before == "removal")
+    said: list[str] = []
+    if crash_before == "removal":
+        ck.clean_stale_saves(root, said.append)
+        assert any("removed" in m and olds[0] in m for m in said), said
+    found = ck.find_latest(root)
+    assert found == root / "iter_000002"
+    want = "old" if crash_before == "new" else "new"
+    assert [h["prompt_id"] for h in ck.load(found).history] == [want]
+    assert not [p for p in root.iterdir() if ".old-" in p.name]
+
+
 def test_find_resume_errors_name_the_key(tmp_path):
     with pytest.raises(ConfigError, match="resume: .*schedule.parquet"):
         ck.find_resume(tmp_path)
