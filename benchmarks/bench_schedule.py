@@ -1,7 +1,7 @@
 """Scheduler benchmarks: planning speed/memory at 1M prompts, and schedule quality.
 
     python benchmarks/bench_schedule.py speed            # 1M prompts, G=8, 64 instances
-    python benchmarks/bench_schedule.py quality [--md F] # policies x workloads x predictions
+    python benchmarks/bench_schedule.py quality [--md F] [--data DIR] # policies x workloads x predictions
 
 ``speed`` times planning + the analytic estimate on one core and compares it with a
 straightforward pure-Python implementation of the same planner measured in the same
@@ -117,7 +117,7 @@ SIM_NAME = {"asp": "asp", "fifo": "fully_async_fifo", "random": "async_random", 
             "balanced": "async_balanced"}
 
 
-def quality(md_path: str | None, n: int) -> None:
+def quality(md_path: str | None, n: int, shared: Path) -> None:
     """Analytic estimate (what the planner optimises) beside the event simulator (the same
     cost model, the same workload and schedule) for every policy."""
     from asp_ascend.config import load_config
@@ -125,7 +125,6 @@ def quality(md_path: str | None, n: int) -> None:
     from asp_ascend.scheduler.run import build_schedule
     from asp_ascend.sim.run import simulate_system
 
-    shared = ROOT.parent / "shared" / "data"
     setups = [
         ("synthetic heavy tail, R=8", ["workload.type=synthetic"], 8),
         ("synthetic heavy tail, R=32", ["workload.type=synthetic"], 32),
@@ -169,8 +168,10 @@ if __name__ == "__main__":
     ap.add_argument("what", choices=("speed", "quality"))
     ap.add_argument("--n", type=int, default=None)
     ap.add_argument("--md")
+    ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data",
+                    help="folder with the Azure traces (quality; default ../shared/data from the project root)")
     a = ap.parse_args()
     if a.what == "speed":
         speed(a.n or 1_000_000, R=64, G=8, B=1024, m=256, S=256, naive_n=100_000)
     else:
-        quality(a.md, a.n or 16384)
+        quality(a.md, a.n or 16384, a.data)
