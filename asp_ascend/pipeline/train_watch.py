@@ -105,19 +105,16 @@ def hung_message(call: str, iteration: int, mini_batch: int, samples: int, waite
                  checkpoint: str | None) -> str:
     """What :class:`TrainStepHung` says: what the loop waited for, how long, its bound and where it
     comes from, the checkpoint to resume from (``checkpoint``: its folder, None: none written)."""
-    measured = (f"train.step_timeout_factor {watch.factor:g} x the slowest of {watch.calls} trainer call(s) so "
-                f"far, {watch.slowest:.1f} s" if watch.calls else "no trainer call measured yet: this is the first")
     what = f"{call} of {samples} sample(s)" if samples else call
     how = (f"resume from its newest checkpoint, {checkpoint}, with resume=true" if checkpoint is not None else
            "no checkpoint was written (train.checkpoint_every=N saves one every N iterations), so start it again "
            "with overwrite=true")
     return (f"iteration {iteration} (policy version {iteration}), mini-batch {mini_batch}: the trainer's {what} has "
-            f"not returned {waited:.0f} s after it was sent, past its bound of {watch.bound_s():g} s (the larger of "
-            f"train.step_timeout_s = {watch.timeout_s:g} s and {measured}): the trainer hangs (a collective that never "
-            f"returns on one of its ranks, a wedged device, a deadlock in its data path), and every later trainer call "
-            f"would wait behind it. The run stops with nothing of iteration {iteration} saved; {how}. If the trainer "
-            f"is only slow (a first step that compiles, a much longer batch), raise train.step_timeout_s or "
-            f"train.step_timeout_factor (train.step_timeout_s=0 turns the bound off)")
+            f"not returned {waited:.0f} s after it was sent, past its bound of {watch.bound_s():g} s "
+            f"({_bound_from(watch, 'trainer call')}): the trainer hangs (a collective that never returns on one of its "
+            f"ranks, a wedged device, a deadlock in its data path), and every later trainer call would wait behind "
+            f"it. The run stops with nothing of iteration {iteration} saved; {how}. If the trainer is only slow (a "
+            f"first step that compiles, a much longer batch), {_RAISE}")
 
 
 def _bound_from(watch: StepWatch, call: str) -> str:

@@ -116,6 +116,19 @@ def _run_until_hung(cluster, tmp_path, trainer_class, error, checkpoint_every: i
     return trainer, err, took, seen
 
 
+def _assert_stopped(tmp_path, seen, took, call: str, slack_s: float, said: str, label: str, **fields) -> dict:
+    """What every hung-trainer stop leaves: the timeline's one ``trainer`` event (state hung, ``call``,
+    ``fields``) sent ``waited_s`` past a bound >= train.step_timeout_s by at most ``slack_s``, the run
+    stopped within its timeout, and the log line starting with ``said``. Returns the event."""
+    (ev,) = Timeline.read_jsonl(tmp_path / "timeline.jsonl").events["trainer"]
+    assert ev["state"] == "hung" and ev["call"] == call and all(ev[k] == v for k, v in fields.items()), ev
+    assert ev["bound_s"] >= STEP_S and ev["bound_s"] < ev["waited_s"] <= ev["bound_s"] + slack_s, ev
+    print(f"{label}: stopped {ev['waited_s']:.2f} s after it was sent, bound {ev['bound_s']:.2f} s")
+    assert took < STEP_RUN_S, took
+    assert [m for m in seen[0].log.said if m.startswith(said)], seen[0].log.said
+    return ev
+
+
 def test_trainer_whose_train_step_never_returns_stops_the_run(cluster, tmp_path):
     """The trainer's fifth ``train_step`` (iteration 2's first mini-batch; two per iteration) never
     returns. Once it has been out max(train.step_timeout_s, factor x the slowest step so far) the
@@ -132,12 +145,8 @@ def test_trainer_whose_train_step_never_returns_stops_the_run(cluster, tmp_path)
     assert "the trainer's train_step of 6 sample(s) has not returned" in msg, msg
     assert "train.step_timeout_s = 3 s" in msg and "train.step_timeout_factor 2 x the slowest of 4" in msg, msg
     assert f"{tmp_path / 'checkpoints' / 'iter_000002'}, with resume=true" in msg, msg
-    (ev,) = Timeline.read_jsonl(tmp_path / "timeline.jsonl").events["trainer"]
-    assert ev["state"] == "hung" and ev["call"] == "train_step" and ev["iteration"] == 2, ev
-    assert ev["bound_s"] >= STEP_S and ev["bound_s"] < ev["waited_s"] <= ev["bound_s"] + 2.0, ev
-    print(f"hung train step: stopped {ev['waited_s']:.2f} s after it was sent, bound {ev['bound_s']:.2f} s")
-    assert took < STEP_RUN_S, took
-    assert [m for m in seen[0].log.said if m.startswith("trainer hung: its train_step of iteration 2")], seen[0].log.said
+    _assert_stopped(tmp_path, seen, took, "train_step", 2.0, "trainer hung: its train_step of iteration 2",
+                    "hung train step", iteration=2)
     ck = tmp_path / "checkpoints"
     assert find_latest(ck).name == "iter_000002"
     assert sorted(p.name for p in ck.iterdir()) == ["iter_000001", "iter_000002", "latest"]   # nothing half-written
@@ -157,12 +166,8 @@ def test_trainer_whose_checkpoint_save_never_returns_stops_the_run(cluster, tmp_
     assert msg.startswith("checkpoint of policy version 2: the trainer's save_checkpoint into "), msg
     assert "train.step_timeout_s = 3 s" in msg and "the slowest of 1 checkpoint save(s)" in msg, msg
     assert f"{tmp_path / 'checkpoints' / 'iter_000001'}, with resume=true" in msg, msg
-    (ev,) = Timeline.read_jsonl(tmp_path / "timeline.jsonl").events["trainer"]
-    assert ev["state"] == "hung" and ev["call"] == "save_checkpoint" and ev["version"] == 2, ev
-    assert ev["bound_s"] >= STEP_S and ev["bound_s"] < ev["waited_s"] <= ev["bound_s"] + 1.0, ev
-    print(f"hung checkpoint save: stopped {ev['waited_s']:.2f} s after it was sent, bound {ev['bound_s']:.2f} s")
-    assert took < STEP_RUN_S, took
-    assert [m for m in seen[0].log.said if m.startswith("trainer hung: its save_checkpoint of version 2")]
+    _assert_stopped(tmp_path, seen, took, "save_checkpoint", 1.0, "trainer hung: its save_checkpoint of version 2",
+                    "hung checkpoint save", version=2)
     ck = tmp_path / "checkpoints"
     names = sorted(p.name for p in ck.iterdir())
     assert names[:2] == ["iter_000001", "iter_000002.tmp-" + names[1].split("-")[-1]] and names[2:] == ["latest"], names
@@ -206,13 +211,8 @@ def test_trainer_whose_publish_of_the_last_version_never_returns_stops_the_run(c
         assert f"{ck / 'iter_000003'}, with resume=true" in msg and find_latest(ck).name == "iter_000003", msg
     else:
         assert "no complete checkpoint exists" in msg and not ck.exists(), msg
-    (ev,) = Timeline.read_jsonl(tmp_path / "timeline.jsonl").events["trainer"]
-    assert ev["state"] == "hung" and ev["call"] == "publish" and ev["version"] == 4, ev
-    assert ev["bound_s"] >= STEP_S and ev["bound_s"] < ev["waited_s"] <= ev["bound_s"] + 1.0, ev
-    print(f"hung publish (checkpoint_every={checkpoint_every}): stopped {ev['waited_s']:.2f} s after it was sent, "
-          f"bound {ev['bound_s']:.2f} s")
-    assert took < STEP_RUN_S, took
-    assert [m for m in seen[0].log.said if m.startswith("trainer hung: its publish of version 4 is out")]
+    _assert_stopped(tmp_path, seen, took, "publish", 1.0, "trainer hung: its publish of version 4 is out",
+                    f"hung publish (checkpoint_every={checkpoint_every})", version=4)
 
 
 def test_trainer_whose_open_group_never_returns_stops_the_run(cluster, tmp_path):
@@ -239,10 +239,6 @@ def test_trainer_whose_open_group_never_returns_stops_the_run(cluster, tmp_path)
         assert f"{ck / newest}, with resume=true" in msg and find_latest(ck).name == newest, msg
     else:
         assert "no complete checkpoint exists" in msg and find_latest(ck) is None, msg
-    (ev,) = Timeline.read_jsonl(tmp_path / "timeline.jsonl").events["trainer"]
-    assert ev["state"] == "hung" and ev["call"] == "open_group" and ev["version"] == v, ev
-    assert ev["bound_s"] >= STEP_S and ev["bound_s"] < ev["waited_s"] <= ev["bound_s"] + 1.0, ev
-    print(f"hung open_group (version {v}): stopped {ev['waited_s']:.2f} s after it was sent, bound {ev['bound_s']:.2f} s")
-    assert took < STEP_RUN_S, took
+    _assert_stopped(tmp_path, seen, took, "open_group", 1.0, "trainer hung: its open_group of weight-sync group 1 is out",
+                    f"hung open_group (version {v})", version=v)
     assert [(e["instance"], e["state"]) for e in seen[0].timeline.events["instance"]] == [(1, "down")]
-    assert [m for m in seen[0].log.said if m.startswith("trainer hung: its open_group of weight-sync group 1 is out")]
