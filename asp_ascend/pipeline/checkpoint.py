@@ -223,6 +223,16 @@ def carry_file(folder: Path, version: int) -> Path:
     return Path(folder) / f"iter_{int(version):06d}.json"
 
 
+def drop_carry_after(folder: Path, version: int) -> None:
+    """Remove the :func:`carry_file` states of versions after ``version`` (an interrupted attempt's,
+    beyond the checkpoint a run resumes from)."""
+    folder = Path(folder)
+    for f in folder.glob("iter_*.json") if folder.is_dir() else ():
+        v = f.stem[len("iter_"):]
+        if v.isdigit() and int(v) > version:
+            f.unlink()
+
+
 def save_carry(folder: Path, version: int, carry) -> Path:
     """:func:`carry_state` of ``carry`` at version ``version``, written atomically to
     :func:`carry_file` for a trainer that saves its own checkpoints (MindSpeed-RL's): call it before the

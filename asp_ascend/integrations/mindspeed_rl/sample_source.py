@@ -307,12 +307,10 @@ def source_state(cfg, sched, schedule_path: Path, start_iteration: int, lag_boun
     replan, history = adaptive_replanner(cfg, sched, Path(schedule_path), start_iteration, lag_bound, lengths)
     carry_dir = None
     if cfg.rollout.partial_rollout:
-        from ...pipeline.checkpoint import CARRY_DIR
+        from ...pipeline.checkpoint import CARRY_DIR, drop_carry_after
 
         carry_dir = Path(schedule_path).parent / CARRY_DIR
-        for f in carry_dir.glob("iter_*.json") if carry_dir.is_dir() else ():
-            if f.stem[5:].isdigit() and int(f.stem[5:]) > start_iteration:
-                f.unlink()
+        drop_carry_after(carry_dir, start_iteration)
     return {"lengths": lengths, "replan": replan, "history": history, "next_epoch": int(sched["epoch"].max()) + 1,
             "carry_dir": carry_dir}
 
