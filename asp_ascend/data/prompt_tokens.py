@@ -144,11 +144,11 @@ def _read_counts(path: Path, n: int) -> Optional[np.ndarray]:
 
 def _write_counts(directory: Path, key: str, counts: np.ndarray) -> None:
     """Keep ``counts`` under ``directory`` (atomic; a directory that cannot be written just keeps nothing)."""
+    from ..io import atomic_path
+
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = directory / f".{key}.{os.getpid()}.npy"
-        np.save(tmp, counts.astype(np.int32))
-        os.replace(tmp, directory / f"{key}.npy")
+        with atomic_path(directory / f"{key}.npy") as tmp, open(tmp, "wb") as fh:
+            np.save(fh, counts.astype(np.int32))
     except OSError:
         pass
 
