@@ -100,7 +100,7 @@ def _dispatch(args) -> int | None:
 
             p = Path(args.config)
             return run_mindspeed(str(p.parent), p.stem, overrides)
-        from .integrations.mindspeed_rl.config_bridge import missing_prompts_problem, translate_file
+        from .integrations.mindspeed_rl.config_bridge import TRANSLATION, missing_prompts_problem, translate_file
 
         cfg, msrl = translate_file(args.config, ours)
         problem = missing_prompts_problem(msrl, cfg)   # never plan the built-in task for MindSpeed-RL's run
@@ -108,7 +108,7 @@ def _dispatch(args) -> int | None:
             from .errors import ConfigError
 
             raise ConfigError([problem], args.config)
-        tokens = {"model_key": "megatron_training.tokenizer_name_or_path"}   # config_bridge.TRANSLATION["model.path"]
+        tokens = {"model_key": TRANSLATION["model.path"]}   # where MindSpeed-RL's YAML sets the tokenizer
     elif _has_group(args.config, "actor_rollout_ref"):
         # A verl YAML: the prompts of its data.train_files, as the verl run reads them (docs/verl.md).
         if args.command == "train":
