@@ -16,7 +16,8 @@ fresh Python process:
   loading includes counting the prompts in tokens of ``model.path`` (importing transformers,
   loading the tokenizer, batch-encoding every prompt), as every plan of a prompts file does, with
   an empty token-count cache (a fresh ``XDG_CACHE_HOME``): the first plan of a file;
-- ``asp schedule`` again with the counts that first run kept (a re-plan of the same file);
+- ``asp schedule`` again with the counts that first run kept (a re-plan of the same file: the cache is
+  keyed by the tokenizer's files, so it neither imports transformers nor loads the tokenizer);
 - ``count``: the counting alone (the same call, data/prompt_tokens.py, empty cache), for the breakdown;
 
 in the order read, schedule, read, and prints the ratios schedule / mean(read) (target <= 6).
@@ -62,6 +63,7 @@ from asp_ascend.config import load_config
 from asp_ascend.integrations.prompt_tokens import counter_for
 cfg = load_config(sys.argv[1], [])
 count = counter_for(cfg)
+count.record   # loads the tokenizer (counter_for leaves that to the first count that misses the cache)
 t1 = time.perf_counter()
 lengths = count(pj.read_json(cfg.data.path).column("prompt").to_pylist())
 print(t1 - t, time.perf_counter() - t1, lengths.mean())

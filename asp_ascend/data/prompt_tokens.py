@@ -13,7 +13,11 @@ tokenizer has no template (``data.chat_template: auto``) or ``none`` is asked fo
 Counting a million prompts takes tens of seconds (docs/scheduler.md, "Speed"), so the
 offline commands keep the counts by content (``cache_dir``: a digest of the tokenizer's whole
 definition, the chat template and how it is applied, and every text): planning the same file again
-with other keys reads them (``schedule_report.json`` says ``from_cache``).
+with other keys reads them (``schedule_report.json`` says ``from_cache``). Where the caller can name
+the tokenizer by its files (``files_key``: a digest of every file its loader reads and of the
+loader's versions, integrations/prompt_tokens.py), that digest stands for the loaded definition, the
+tokenizer is loaded (``load``) only on a miss, and a hit reads the tokenizer's class and whether it
+has a chat template (the report's record) from beside the counts: no transformers on a hit.
 
 Whitespace words are the explicit opt-in ``data.prompt_length: words`` (:data:`WORDS`), recorded
 as such in ``schedule_report.json``; a caller that has no counter for ``tokens`` is an error
@@ -26,7 +30,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -55,7 +59,10 @@ class TokenCounter:
     """Token counts of prompts with ``tokenizer`` (an HF tokenizer object), as the run encodes them.
 
     ``source``: where the tokenizer came from (the config key and its value), for the report;
-    ``template_kwargs``: extra keywords of the chat template (verl's ``data.apply_chat_template_kwargs``)."""
+    ``template_kwargs``: extra keywords of the chat template (verl's ``data.apply_chat_template_kwargs``);
+    ``load`` / ``files_key``: ``tokenizer`` None, loaded by ``load()`` when first needed, and cached counts
+    keyed by ``files_key()`` (a digest of the files ``load`` reads; None: they cannot be named so, and the
+    key is the loaded tokenizer's definition), so that a cache hit loads nothing."""
 
     tokenizer: Any
     source: str
@@ -65,14 +72,18 @@ class TokenCounter:
     cache_dir: Optional[Path] = None  # counts kept by content (tokenizer, template, texts): a re-plan reads them
     unit: str = "tokens"
     from_cache: Optional[bool] = None   # how the last call got its counts (None: no cache)
+    load: Optional[Callable[[], Any]] = None
+    files_key: Optional[Callable[[], Optional[str]]] = None
+    _seen: Optional[dict] = field(default=None, init=False, repr=False)   # traits read beside cached counts
+    _loaded_files: Optional[str] = field(default=None, init=False, repr=False)   # files_key() around the load
 
     @property
     def record(self) -> dict:
-        tok = self.tokenizer
-        has = bool(getattr(tok, "chat_template", None))
+        traits = self._seen if self.tokenizer is None and self._seen is not None else _traits(self._tok())
+        has = traits["chat_template"]
         how = ("rendered with the tokenizer's chat template (generation prompt added)" if has and
                (self.always_template or self.chat_template == "auto") else "contents joined by newlines")
-        rec = {"unit": "tokens", "tokenizer": self.source, "tokenizer_class": type(tok).__name__,
+        rec = {"unit": "tokens", "tokenizer": self.source, "tokenizer_class": traits["tokenizer_class"],
                "chat_prompts": how, "plain_prompts": "tokenized as they are, no special tokens"}
         if self.template_kwargs:
             rec["chat_template_kwargs"] = dict(self.template_kwargs)
@@ -80,32 +91,60 @@ class TokenCounter:
             rec["from_cache"] = self.from_cache
         return rec
 
+    def _tok(self):
+        """The tokenizer, loaded now if it was not (``files_key`` read before and after: a file changed
+        meanwhile leaves ``_loaded_files`` None, and counts are then not kept under a files key)."""
+        if self.tokenizer is None:
+            before = self.files_key() if self.files_key is not None else None
+            self.tokenizer = self.load()
+            after = self.files_key() if self.files_key is not None else None
+            self._loaded_files = before if before == after else None
+        return self.tokenizer
+
     def __call__(self, texts: Sequence[str], messages: Optional[Sequence[Any]] = None) -> np.ndarray:
         """Token counts of ``texts`` (``messages[i]``, when not None, is prompt i's chat messages); with
         ``cache_dir``, read from there when the same tokenizer, template and texts were counted before."""
-        key = self._cache_key(texts, messages) if self.cache_dir is not None else None
+        files = self.files_key() if self.cache_dir is not None and self.files_key is not None else None
+        key = self._cache_key(texts, messages, files) if self.cache_dir is not None else None
         if key is not None:
             got = _read_counts(Path(self.cache_dir) / f"{key}.npy", len(texts))
-            self.from_cache = got is not None
-            if got is not None:
+            traits = _read_traits(Path(self.cache_dir) / f"{key}.json") if files is not None else {}
+            self.from_cache = got is not None and traits is not None
+            if self.from_cache:
+                if files is not None:
+                    self._seen = traits
                 return got
         out = self._count(texts, messages)
-        if key is not None:
+        if key is not None and (files is None or self._keeps(files)):
+            if files is not None:
+                _write_traits(Path(self.cache_dir), key, _traits(self.tokenizer))
             _write_counts(Path(self.cache_dir), key, out)
         return out
 
-    def _cache_key(self, texts: Sequence[str], messages: Optional[Sequence[Any]]) -> Optional[str]:
-        """A digest of everything the counts depend on: the backend tokenizer's full definition (vocabulary,
-        merges, added tokens, normalizer, pre-tokenizer), the chat template and how it is applied, and every
-        text (and chat message). None for a tokenizer without a serializable backend: never cached."""
-        tok = self.tokenizer
-        backend = getattr(tok, "backend_tokenizer", None)
-        if backend is None or not hasattr(backend, "to_str"):
-            return None
+    def _keeps(self, files: str) -> bool:
+        """Whether counts just made may be kept under ``files``: the tokenizer was loaded from those very
+        files, and it has a serializable backend (as the definition key requires: a Python-only tokenizer
+        may depend on more than its files)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        return self._loaded_files == files and backend is not None and hasattr(backend, "to_str")
+
+    def _cache_key(self, texts: Sequence[str], messages: Optional[Sequence[Any]],
+                   files: Optional[str] = None) -> Optional[str]:
+        """A digest of everything the counts depend on: ``files`` (the digest of the tokenizer's files and
+        loader) or else the backend tokenizer's full definition (vocabulary, merges, added tokens, normalizer,
+        pre-tokenizer) and chat template; then how the template is applied, and every text (and chat message).
+        None for a loaded tokenizer without a serializable backend: never cached."""
+        if files is not None:
+            head = (CACHE_FORMAT, "files", files)
+        else:
+            tok = self._tok()
+            backend = getattr(tok, "backend_tokenizer", None)
+            if backend is None or not hasattr(backend, "to_str"):
+                return None
+            head = (CACHE_FORMAT, type(tok).__name__, backend.to_str(), str(getattr(tok, "chat_template", None)))
         h = hashlib.blake2b(digest_size=20)
-        for part in (CACHE_FORMAT, type(tok).__name__, backend.to_str(), str(getattr(tok, "chat_template", None)),
-                     json.dumps(self.template_kwargs, sort_keys=True, default=str), self.chat_template,
-                     str(self.always_template)):
+        for part in head + (json.dumps(self.template_kwargs, sort_keys=True, default=str), self.chat_template,
+                            str(self.always_template)):
             h.update(part.encode("utf-8", "surrogatepass") + b"\0")
         h.update(np.fromiter(map(len, texts), dtype=np.int64, count=len(texts)).tobytes())
         h.update("".join(texts).encode("utf-8", "surrogatepass"))
@@ -114,7 +153,7 @@ class TokenCounter:
         return h.hexdigest()
 
     def _count(self, texts: Sequence[str], messages: Optional[Sequence[Any]]) -> np.ndarray:
-        tok = self.tokenizer
+        tok = self._tok()
         use = (self.always_template or self.chat_template == "auto") and bool(getattr(tok, "chat_template", None))
         out = np.zeros(len(texts), dtype=np.int64)
         for lo in range(0, len(texts), BATCH):
@@ -149,6 +188,31 @@ def _write_counts(directory: Path, key: str, counts: np.ndarray) -> None:
     try:
         with atomic_path(directory / f"{key}.npy") as tmp, open(tmp, "wb") as fh:
             np.save(fh, counts.astype(np.int32))
+    except OSError:
+        pass
+
+
+def _traits(tok) -> dict:
+    """What the report's record reads of a loaded tokenizer (kept beside counts keyed by its files)."""
+    return {"tokenizer_class": type(tok).__name__, "chat_template": bool(getattr(tok, "chat_template", None))}
+
+
+def _read_traits(path: Path) -> Optional[dict]:
+    try:
+        got = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    ok = (isinstance(got, dict) and isinstance(got.get("tokenizer_class"), str)
+          and isinstance(got.get("chat_template"), bool))
+    return got if ok else None
+
+
+def _write_traits(directory: Path, key: str, traits: dict) -> None:
+    from ..io import atomic_path
+
+    try:
+        with atomic_path(directory / f"{key}.json") as tmp:
+            tmp.write_text(json.dumps(traits), encoding="utf-8")
     except OSError:
         pass
 
