@@ -18,8 +18,9 @@ observation; an unfinished one with ``t`` tokens is a censored one (its length i
 ``t``), folded in by EM (its expected log-length given ``> log t``): a sample still short
 of what was likely says nothing, one far beyond it pulls ``m`` up. The posterior mean of
 ``m`` and its variance give each unfinished sample's predictive distribution above its
-``t``; the group's remaining length is that of the expected largest of the ``n`` samples
-left (Blom's order-statistic quantile), capped at ``max_length``.
+``t``; the group's remaining length is the exact expected largest of the ``n`` samples' tokens
+left, each conditioned on its own ``t`` (``group_max.expected_longest_left``: before any token it
+is the planner's ``group_max_factor`` x the expected length), capped at ``max_length``.
 
 ``sigma``, ``tau`` and ``bias`` start from the given defaults and are learnt from every
 finished group (pooled within-group variance; the error of the group's observed mean
@@ -34,18 +35,14 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 from dataclasses import dataclass, field
-from statistics import NormalDist
 from typing import Callable, Hashable, Sequence
 
-_N = NormalDist()
+from .group_max import expected_longest_left
+
 _EM_ITERS = 8
 _SQRT2, _SQRT2PI = math.sqrt(2.0), math.sqrt(2.0 * math.pi)
-
-
-def _sf(z: float) -> float:
-    """P(Z > z) for a standard normal, accurate in the far tail."""
-    return 0.5 * math.erfc(z / _SQRT2)
 
 
 def _mills(z: float) -> float:
@@ -54,15 +51,6 @@ def _mills(z: float) -> float:
     if sf < 1e-300:
         return z + 1.0 / max(z, 1e-9)
     return math.exp(-0.5 * z * z) / _SQRT2PI / sf
-
-
-def lognormal_mean_above(m: float, s: float, x: float) -> float:
-    """E[L | L > x] for log L ~ N(m, s^2) (x > 0)."""
-    z = (math.log(x) - m) / s
-    num, den = _sf(z - s), _sf(z)
-    if den < 1e-300 or num < 1e-300:
-        return x * (1.0 + s / max(z, 1.0))     # far tail: the excess is about x * s / z
-    return math.exp(m + 0.5 * s * s) * num / den
 
 
 @dataclass
@@ -267,28 +255,16 @@ class GroupEstimator:
             return 0.0
         params = params or self._learnt()
         m, v = self._posterior(g, params)
-        s = params[0]
-        # equal token counts give equal estimates: each distinct count once (unfinished
-        # siblings are padded with 0 up to n)
-        tokens = set(g.tokens)
+        # the exact expected largest of the n unfinished samples' tokens left, each sample's
+        # length conditioned on its tokens so far (siblings not yet reported have 0); the
+        # uncertainty of the group's location scales the lengths by exp(v / 2)
+        counts = Counter(g.tokens)
         if len(g.tokens) < n:
-            tokens.add(0)
-        out = 0.0
-        for t in sorted(tokens):
-            # the expected largest of n (Blom's quantile (n - 3/8) / (n + 1/4) of this sample's
-            # distribution above t; the conditional mean when one is left); the uncertainty of
-            # the group's location scales it by exp(v / 2)
-            if n == 1:
-                end = lognormal_mean_above(m, s, max(t, 1.0))
-            else:
-                p_above_t = _sf((math.log(t) - m) / s) if t >= 1 else 1.0
-                q = min(max(1.0 - p_above_t * (1.0 - (n - 0.375) / (n + 0.25)), 1e-12), 1.0 - 1e-12)
-                end = max(math.exp(m + s * _N.inv_cdf(q)), float(t))
-            rem = end * math.exp(0.5 * v) - t
-            if self.max_length is not None:
-                rem = min(rem, self.max_length - t)
-            out = max(out, rem)
-        return max(out, 0.0)
+            counts[0] += n - len(g.tokens)
+        rem = expected_longest_left(m, params[0], counts, math.exp(0.5 * v))
+        if self.max_length is not None:
+            rem = min(rem, self.max_length - min(counts))
+        return max(rem, 0.0)
 
     def _cap(self, x: float) -> float:
         return x if self.max_length is None else min(x, self.max_length)

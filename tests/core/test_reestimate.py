@@ -4,7 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from asp_ascend.scheduler.reestimate import GroupEstimator, lognormal_mean_above, within_group_spread
+from asp_ascend.scheduler.group_max import group_max_factor
+from asp_ascend.scheduler.reestimate import GroupEstimator, within_group_spread
 
 
 def test_without_evidence_the_estimate_is_the_prediction():
@@ -16,11 +17,41 @@ def test_without_evidence_the_estimate_is_the_prediction():
     assert e.predict(800) == pytest.approx(800)
 
 
-def test_lognormal_mean_above_matches_monte_carlo():
-    rng = np.random.default_rng(0)
-    x = np.exp(rng.normal(6.0, 0.5, 2_000_000))
-    for t in (100.0, 400.0, 1500.0):
-        assert lognormal_mean_above(6.0, 0.5, t) == pytest.approx(x[x > t].mean(), rel=5e-3)
+def test_before_any_token_the_remaining_is_the_planners_expected_longest_sample():
+    # no sibling finished, no token: the predictive of each sample is the prediction (bias 0)
+    # with spread sqrt(sigma^2 + tau^2) in the location; the exact expected largest of G is
+    # the prediction x group_max_factor(sigma, G) (the location's uncertainty shifts all alike)
+    for G in (2, 8, 16):
+        e = GroupEstimator(G, spread=0.3, prior_spread=0.5, learn=False)
+        e.on_admit("g", 800)
+        assert e.remaining("g") == pytest.approx(800 * group_max_factor(0.3, G), rel=1e-12)
+        e.on_progress("g", [0] * G)
+        assert e.remaining("g") == pytest.approx(800 * group_max_factor(0.3, G), rel=1e-12)
+
+
+def test_remaining_is_the_monte_carlo_largest_of_the_unfinished_samples_tokens_left():
+    """The estimator's model, sampled: the group's location drawn from its posterior (normal,
+    the posterior mean and variance), each unfinished sample's length lognormal around it and
+    longer than its tokens so far; the estimator takes the location's uncertainty as a scale
+    exp(v / 2) on the lengths above the posterior mean's conditional, so the check is on that:
+    E[max_j (exp(v / 2) L_j - t_j)], L_j drawn by rejection above t_j."""
+    rng = np.random.default_rng(3)
+    e = GroupEstimator(8, spread=0.4, learn=False)
+    e.on_admit("g", 1000)
+    for x in (700, 900, 1300):
+        e.on_sample_finish("g", x)
+    e.on_progress("g", [600, 600, 600, 800, 0])
+    m, v = e._posterior(e.groups["g"])
+    n_draws, out = 200_000, []
+    for t, k in ((600, 3), (800, 1), (0, 1)):
+        z = rng.standard_normal((n_draws * 4, k))
+        L = np.exp(m + 0.4 * z)
+        ok = (L > t).all(axis=1)
+        L = L[ok][:n_draws]
+        out.append((math.exp(0.5 * v) * L - t).max(axis=1))
+    best = np.max(np.stack(out), axis=0)
+    se = best.std() / math.sqrt(best.size)
+    assert abs(e.remaining("g") - best.mean()) < 4 * se
 
 
 def test_finished_siblings_move_the_estimate_toward_them():

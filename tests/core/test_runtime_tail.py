@@ -3,11 +3,14 @@ move guided dispatch's steals, tail rooms cap admissions, carry-over defers only
 and every decision is a timeline event."""
 from __future__ import annotations
 
+import pytest
+
 from asp_ascend.metrics.timeline import Timeline
 from asp_ascend.scheduler.tail_control import TailControl, TailOptions
 from asp_ascend.scheduler.admission import Job
 from asp_ascend.scheduler.carryover import CarryOver, late_groups
 from asp_ascend.scheduler.execution import ExecutionPlan, ExecutionSettings
+from asp_ascend.scheduler.group_max import group_max_factor
 
 G = 2
 
@@ -485,3 +488,24 @@ def test_reactive_cap_passes_a_next_group_as_long_as_the_one_it_protects():
     ctl, tl, feeder = _reactive_once_s_finished(_job(1, 2, "h", 0, 40.0))
     assert [ev["prompt_id"] for ev in tl.events["tail"]] == ["t"]
     assert _fill(feeder, ctl) == [(0, "h")]
+
+
+def test_reactive_cap_with_reestimation_compares_like_with_like_before_any_token():
+    # with re-estimation the cap protects "t"'s re-estimated remaining tokens and judges the next
+    # group by its expected longest sample. Before "t" reports a token the two are the same
+    # function of the prediction (the exact expected largest of G, group_max.py), so the next
+    # group passes exactly when its prediction is at least REACTIVE_RATIO (0.7) x "t"'s 50
+    # (with Blom's quantile in the estimator, 1.4 % below, the boundary sat elsewhere)
+    for pred, passes in ((35.0 * (1 + 1e-9), True), (35.0 * (1 - 1e-9), False)):
+        jobs = [_job(0, 0, "t", 0, 50.0), _job(0, 1, "s", 0, 5.0), _job(1, 2, "h", 0, pred)]
+        plan = _plan(jobs, slots_seqs=2 * G, dispatch="static", R=1)
+        ctl, tl = _control(plan, tail_concurrency="reactive", reestimate=True)
+        feeder = plan.feeder()
+        assert _fill(feeder, ctl) == [(0, "t"), (0, "s")]
+        feeder.finished(0, "s")
+        ctl.on_finish((0, "s"), [5, 5])
+        assert [ev["prompt_id"] for ev in tl.events["tail"]] == ["t"]
+        est = ctl.estimator
+        assert est.remaining((0, "t")) == pytest.approx(est.predict(50.0) * group_max_factor(est.sigma, G),
+                                                         rel=1e-12)
+        assert _fill(feeder, ctl) == ([(0, "h")] if passes else [])
