@@ -105,11 +105,13 @@ def spread_of_group_max_factor(factor, group_size: int) -> np.ndarray:
 #
 # n_k samples at t_k. In y the product is below EPS up to y0 (the largest of the samples' lower
 # cut-offs: there the integrand is 1 to within EPS), and 1 - product is below EPS beyond y1 (the
-# largest upper cut-off), so the integral is y0 plus Gauss-Legendre panels between y0 and y1, split
+# largest upper cut-off), so the integral is y0 plus Gauss-Legendre panels between y0 and y1 (in
+# log(y + the fewest tokens so far), where a CDF rises over a few spreads whatever the spread), split
 # at every sample's own cut-offs (each panel holds at most the rise of one sample's CDF, which a
 # panel of LEG_NODES resolves: ~1e-9 relative to the answer against an adaptive quadrature in
-# 40-digit arithmetic for spreads 0.05-1.5, up to 64 samples and tokens up to 35 spreads beyond the
-# location, tests/core/test_group_max_left.py). A fixed grid in the normal variable (as
+# 40-digit arithmetic for spreads 0.05-1.5, up to 64 samples and tokens from 4 spreads below to 40
+# beyond the location; tests/core/test_group_max_left.py checks it against closed forms, a fine grid
+# and Monte Carlo). A fixed grid in the normal variable (as
 # group_max_factor's) does not fit here: above a censoring point far in the tail the conditional
 # distribution's scale is s / z, not s.
 LEG_NODES = 64
