@@ -62,9 +62,17 @@ def cell(value) -> str:
     return repr(value)
 
 
+def _numeric(col: pd.Series) -> pd.Series:
+    """``pd.to_numeric(col, errors="coerce")``, without its copy of a column that is numeric already
+    (a parquet history's integer columns: 10^7 rows each, 0.4 s a copy on one core)."""
+    if pd.api.types.is_numeric_dtype(col.dtype) and not pd.api.types.is_bool_dtype(col.dtype):
+        return col
+    return pd.to_numeric(col, errors="coerce")
+
+
 def validate_lengths(df: pd.DataFrame, path: Path, max_response_length: int | None,
                      column: str = "response_length") -> pd.DataFrame:
-    vals = pd.to_numeric(df[column], errors="coerce")
+    vals = _numeric(df[column])
     bad = vals.isna().to_numpy() | ~np.isfinite(vals.to_numpy(dtype=float, na_value=np.nan))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
@@ -102,7 +110,7 @@ def load_history(path: str | Path, max_response_length: int | None = None) -> pd
                         "response_length": lengths.to_numpy(dtype=np.int64)})
     for col in ("epoch", "sample"):
         if col in df.columns:
-            v = pd.to_numeric(df[col], errors="coerce")
+            v = _numeric(df[col])
             if v.isna().any():
                 i = int(np.flatnonzero(v.isna().to_numpy())[0])
                 raise DataError(f"{_row_label(path, i)}: {col} is {cell(df[col].iloc[i])}, not an integer")
@@ -110,7 +118,7 @@ def load_history(path: str | Path, max_response_length: int | None = None) -> pd
         else:
             out[col] = 0 if col == "epoch" else out.groupby("prompt_id").cumcount().to_numpy()
     if "prompt_length" in df.columns:
-        out["prompt_length"] = pd.to_numeric(df["prompt_length"], errors="coerce").to_numpy(dtype=float)
+        out["prompt_length"] = _numeric(df["prompt_length"]).to_numpy(dtype=float)
     else:
         out["prompt_length"] = np.nan
     return out

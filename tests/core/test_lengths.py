@@ -40,6 +40,26 @@ def test_history_bad_rows_name_file_and_line(tmp_path, value, match):
         load_history(p, 1024)
 
 
+@pytest.mark.parametrize("col", [pd.Series([10, 20, 5]), pd.Series([10.0, np.nan, np.inf]),
+                                 pd.Series([10, None, 5], dtype="Int64"), pd.Series([True, False, True]),
+                                 pd.Series(["10", "x", None], dtype=object), pd.Series(["7", "8", "9"], dtype="string")])
+def test_numeric_columns_read_as_to_numeric_reads_them(col):
+    """history._numeric skips to_numeric's copy of a numeric column (0.4 s per 10^7 rows): same values, same dtype."""
+    from asp_ascend.lengths.history import _numeric
+
+    pd.testing.assert_series_equal(_numeric(col), pd.to_numeric(col, errors="coerce"))
+
+
+@pytest.mark.parametrize("col, match", [([10.0, np.nan], "response_length is empty, not a number"),
+                                        ([10.0, np.inf], "response_length is inf, not a number"),
+                                        (pd.array([10, None], dtype="Int64"), "response_length is .*not a number")])
+def test_typed_parquet_history_bad_rows(tmp_path, col, match):
+    p = tmp_path / "h.parquet"
+    pd.DataFrame({"prompt_id": ["a", "b"], "response_length": col}).to_parquet(p)
+    with pytest.raises(DataError, match=f"h.parquet: row 1: {match}"):
+        load_history(p, 1024)
+
+
 def test_history_missing_column_and_empty(tmp_path):
     p = tmp_path / "h.csv"
     p.write_text("prompt_id,len\na,1\n")
