@@ -72,7 +72,11 @@ def load_tokenizer(model_dir: str | Path):
     """The model directory's tokenizer: ``AutoTokenizer`` (for a directory written here, the
     ``Qwen2Tokenizer`` every other loader also gets). A directory written before the tokenizer
     took Qwen2's format (a generic word-level ``tokenizers`` JSON) is loaded as such, since
-    ``AutoTokenizer`` would turn it into a ``Qwen2Tokenizer`` that encodes nothing."""
+    ``AutoTokenizer`` would turn it into a ``Qwen2Tokenizer`` that encodes nothing.
+
+    The prompt-token cache keys a model directory by its files and the libraries' versions, not by
+    this function: a change here that changes how a directory tokenizes must bump
+    ``data.prompt_tokens.CACHE_FORMAT``."""
     import json
 
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
