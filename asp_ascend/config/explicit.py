@@ -235,8 +235,8 @@ def _modes(cfg: Config, given: set[str], p: list[str]) -> None:
                             "set pipeline.stream_groups: auto or on (with pipeline.mode: async)"))
     if "train.step_timeout_factor" in given and t.step_timeout_s == 0:
         p.append(_no_effect(cfg, "train.step_timeout_factor", "train.step_timeout_s is 0, which turns the bound on "
-                                                              "a hung train step or checkpoint save off (the factor only "
-                                                              "scales it)",
+                                                              "a hung trainer call (a train step, a save, a publish, "
+                                                              "...) off (the factor only scales it)",
                             "set train.step_timeout_s (e.g. 1800, the default)"))
     ws = cfg.weight_sync
     if "weight_sync.send_slack_s" in given and (ws.transport == "object_store"

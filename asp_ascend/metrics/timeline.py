@@ -13,9 +13,10 @@
 - ``instance``: t, instance, state (up|down|restart): fault-tolerance events; a ``down`` event
   of the runtime also has ``reason`` (the exception's type and message: a crash, a hang, a hung receive)
 - ``trainer``: t, state (``hung``), call (the trainer call waited for: ``train_step``,
-  ``accumulate``, ..., ``save_checkpoint``), iteration, mini_batch (None for a save), version,
-  waited_s, bound_s: the run stopped because a trainer call of a step, or a checkpoint save,
-  outlived its bound (``train.step_timeout_s``, pipeline/train_watch.py)
+  ``accumulate``, ..., ``save_checkpoint``, ``publish``, ``node_ip``, ``open_group``,
+  ``load_checkpoint``), iteration (None before the loop), mini_batch (None but for a step), version,
+  waited_s, bound_s: the run stopped because a trainer call outlived its bound
+  (``train.step_timeout_s``, pipeline/train_watch.py, pipeline/trainer_waits.py, pipeline/start_waits.py)
 - the tail mechanisms' decisions (DESIGN 9):
   ``steal``: t, epoch, prompt_id, iteration, from_instance, to_instance, predicted_length,
   victim_work (guided dispatch moved a job not yet started);

@@ -108,22 +108,28 @@ def make_weight_sync(cfg, trainer, instances):
                       stall_timeout_s=cfg.weight_sync.stall_timeout_s)
 
 
-def warm_up(cfg, trainer, instances, train, tok, tok_ids: dict, resume, logger):
-    """Checkpoint or supervised warm start, engines ready, version 0 on every instance.
-    Returns (the weight transport, version 0's ticket)."""
+def warm_up(cfg, trainer, instances, train, tok, tok_ids: dict, resume, outputs):
+    """Checkpoint or supervised warm start, engines ready, version 0 on every instance. The
+    trainer's ``load_checkpoint``, first publish, ``node_ip`` and ``open_group`` are bounded as the
+    loop's calls are (pipeline/start_waits.py). ``outputs``: the run's ``RunOutputs`` (log, timeline,
+    checkpoints). Returns (the weight transport, version 0's ticket)."""
     import ray
 
-    v0 = 0 if resume is None else ray.get(trainer.load_checkpoint.remote(str(resume.path)))
+    from .start_waits import StartWaits
+    from .train_watch import TrainerBounds
+
+    logger = outputs.logger
+    wsync = make_weight_sync(cfg, trainer, instances)
+    waits = StartWaits(trainer, wsync, TrainerBounds.from_config(cfg), outputs)
+    v0 = 0 if resume is None else waits.load_checkpoint(resume.path, resume.version)
     if cfg.train.warmup_sft_steps > 0 and resume is None:
         warm_start(cfg, trainer, train, tok, tok_ids, logger)
     ray.get([i.ready.remote() for i in instances])
     for r, w in enumerate(ray.get([i.workers.remote() for i in instances])):
         logger.log_side("instances.jsonl", {"instance": r, "workers": w})
     warm_up_engines(cfg, instances, [tok_ids[p] for p in train.ids], logger)
-    wsync = make_weight_sync(cfg, trainer, instances)
     # version 0 = the weights after the warm start (or the checkpoint's)
-    first = wsync.start(v0, list(range(len(instances))))
-    ray.get(first.waiting())
+    first = waits.first_sync(v0, list(range(len(instances))))
     logger.say(f"weights synced to the instances ({wsync.transport})")
     return wsync, first.ticket
 

@@ -76,7 +76,7 @@ class PendingWeights(Protocol):
 class WeightTransport(Protocol):
     stall_timeout_s: float            # weight_sync.stall_timeout_s
     timeout_s: float                  # weight_sync.timeout_s (a broadcast group's rendezvous)
-    wait_group: Callable | None       # (ref, version, gen, members) -> port: how open_group is awaited
+    wait_group: Callable | None       # (call, ref, version, gen, members) -> result: node_ip, open_group awaited
 
     @property
     def broadcast(self) -> bool: ...

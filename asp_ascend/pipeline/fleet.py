@@ -6,7 +6,9 @@ to the dispatcher and the survivors generate them; its groups waiting in the sam
 dropped. With ``rollout.max_restarts`` left, Ray restarts the actor (fresh engine, initial
 weights); the fleet probes it, sends it the newest published weights, and only then lets it
 rejoin the dispatcher (``instance`` event ``up``). Under the broadcast transport a restarted
-instance that cannot be sent one object-store copy waits for the next broadcast.
+instance that cannot be sent one object-store copy waits for the next broadcast; the trainer's
+``publish`` of that copy goes to ``publish_sent``, so the loop bounds it as any publish
+(pipeline/trainer_waits.py).
 
 The fleet reports what the loop must do (instances that went down or came back); it never
 reaches into the loop.
@@ -33,12 +35,13 @@ class FleetOptions:
 class Fleet:
     def __init__(self, instances: list[RolloutInstance], feeder: Feeder, wsync: WeightTransport,
                  options: FleetOptions, *, ticket: Any, event: Callable[..., None], say: Callable[[str], None],
-                 now: Callable[[], float]):
+                 now: Callable[[], float], publish_sent: Callable[[int, Any, int], None] | None = None):
         self.instances = instances
         self.feeder = feeder
         self.wsync = wsync
         self.opts = options
         self.event, self.say, self.now = event, say, now
+        self.publish_sent = publish_sent   # (version, publish ref, instance): a catch-up copy was sent
         self.watch = HangWatch(len(instances), options.request_timeout_s)  # hung instances count as failed
         self.restarts_left = [options.max_restarts] * len(instances)
         self.last_ticket = (feeder.adm.published, ticket)  # (version, WeightTicket ref) last published
@@ -131,8 +134,10 @@ class Fleet:
             st["version"], ticket = self.last_ticket
             st["ref"] = self.instances[r].update_weights.remote(ticket)
         elif trainer_holds_published():  # one object-store copy for this instance alone
-            st["version"] = published
-            st["ref"] = self.instances[r].update_weights.remote(self.wsync.catch_up_ticket(published))
+            st["version"], ticket = published, self.wsync.catch_up_ticket(published)
+            if self.publish_sent is not None:
+                self.publish_sent(published, ticket, r)
+            st["ref"] = self.instances[r].update_weights.remote(ticket)
         else:
             st.update(ref=None, await_sync=True)
         return True

@@ -50,8 +50,9 @@ class Orchestrator(TrainerCalls, TrainerWaits):
     epoch e is dispatched. ``ticket``: the reference of version 0's weights (for restarts).
     ``trace``: a list the plan's Feeder records every admission and admission event in.
     ``bounds``: how long the trainer may take before it counts as hung (a train step:
-    pipeline/train_watch.py; a publish, a checkpoint save: pipeline/trainer_waits.py; a broadcast's
-    send: pipeline/sync_retry.py).
+    pipeline/train_watch.py; a publish (a catch-up copy too), a checkpoint save, an open_group:
+    pipeline/trainer_waits.py; a broadcast's send: pipeline/sync_retry.py; the calls before the loop:
+    pipeline/start_waits.py).
 
     :meth:`run` is the whole loop. A driver that steps it itself (the execution-path tests)
     calls :meth:`start`, then the phases :meth:`collect_rollouts` and :meth:`dispatch`."""
@@ -85,7 +86,7 @@ class Orchestrator(TrainerCalls, TrainerWaits):
         self.evaluator = evaluator
         self.opts = fleet or FleetOptions()
         self.fleet = Fleet(instances, self.feeder, weight_sync, self.opts, ticket=ticket, event=self._event,
-                           say=self.log.say, now=self.now)
+                           say=self.log.say, now=self.now, publish_sent=self._publish_sent)  # catch-ups: bounded
         self.progress: dict[int, IterationProgress] = {}
         self.timeline = Timeline()
         self.window = WindowMetrics(len(instances), plan.settings.max_num_seqs, 0.0)
@@ -101,6 +102,7 @@ class Orchestrator(TrainerCalls, TrainerWaits):
         self.publish_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung publish
         self.publishing: list[tuple] = []         # (publish ref, version, sent) still out, oldest first
         self.group_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung open_group
+        self.host_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)   # a hung node_ip
         weight_sync.wait_group = self._wait_group  # its open_group of a new broadcast group: bounded by the loop
         self.poll_refs: dict[int, Any] = {}
         self.submit_refs: list = []

@@ -114,19 +114,18 @@ def _run(cfg, settings, train, ev, reward_fn, cores, out: Path, resume, attempt,
     instances: list = []
     trainer = None
     try:
-        instances, trainer = start_actors(cfg, model_dir, cores, tok_ids, ev_ids, logger)
-        wsync, ticket = warm_up(cfg, trainer, instances, train, tok, tok_ids, resume, logger)
-        logger.say(f"instances ready; training {plan.total_iterations} iteration(s) of {cfg.train.global_batch_size} "
-                   f"prompts x {cfg.train.group_size} samples")
         from .orchestrator import Orchestrator, RunOutputs, TrainerBounds
 
-        t = cfg.train
+        outputs = RunOutputs(out / "timeline.jsonl", logger, t_start, cfg.train.checkpoint_every, out / "checkpoints")
+        instances, trainer = start_actors(cfg, model_dir, cores, tok_ids, ev_ids, logger)
+        wsync, ticket = warm_up(cfg, trainer, instances, train, tok, tok_ids, resume, outputs)
+        logger.say(f"instances ready; training {plan.total_iterations} iteration(s) of {cfg.train.global_batch_size} "
+                   f"prompts x {cfg.train.group_size} samples")
         task, evaluator = _task(cfg, tok, tok_ids, train, ev, ev_ids, reward_fn)
-        orch = Orchestrator(instances, trainer, plan, task,
-                            RunOutputs(out / "timeline.jsonl", logger, t_start, t.checkpoint_every, out / "checkpoints"),
-                            weight_sync=wsync, ticket=ticket, evaluator=evaluator, replan=replan,
-                            fleet=_fleet_options(cfg), tail=tail_options(cfg, out / "schedule.parquet"),
-                            stream_start=_stream_start(cfg), bounds=TrainerBounds.from_config(cfg))
+        orch = Orchestrator(instances, trainer, plan, task, outputs, weight_sync=wsync, ticket=ticket,
+                            evaluator=evaluator, replan=replan, fleet=_fleet_options(cfg),
+                            tail=tail_options(cfg, out / "schedule.parquet"), stream_start=_stream_start(cfg),
+                            bounds=TrainerBounds.from_config(cfg))
         if resume is not None:
             orch.history = list(resume.history)  # the length history observed before the interruption
         orch.run()

@@ -181,18 +181,6 @@ class TrainerCalls:
             self._stop_hung(w, waited, i, m, i, f"iteration {i}, mini-batch {m}",
                             lambda ck: TrainStepHung(hung_message(w.call, i, m, w.samples, waited, w, ck)))
 
-    def _stop_hung(self, w, waited: float, iteration: int, mini_batch, version: int, of: str, error) -> None:
-        """Stop the run for the trainer call of watch ``w`` out ``waited`` s past its bound: a ``trainer``
-        event (state ``hung``), a log line, then ``error(the newest complete checkpoint or None)``."""
-        from .checkpoint import find_latest
-
-        ck = find_latest(self.out.checkpoint_dir) if self.out.checkpoint_dir is not None else None
-        self._event("trainer", t=self.now(), state="hung", call=w.call, iteration=iteration, mini_batch=mini_batch,
-                    version=version, waited_s=waited, bound_s=w.bound_s())
-        self.log.say(f"trainer hung: its {w.call} of {of} is out {waited:.0f} s (bound {w.bound_s():g} s); "
-                     f"stopping the run")
-        raise error(None if ck is None else str(ck))
-
     def _finish_train_step(self) -> None:
         if self.train_call is None:
             return

@@ -28,9 +28,9 @@ from .sync_retry import SEND_SLACK_S, TrainerHung
 STEP_TIMEOUT_S = 1800.0      # train.step_timeout_s: the bound of a call with nothing measured yet
 STEP_TIMEOUT_FACTOR = 10.0   # train.step_timeout_factor: times the slowest call so far
 
-__all__ = ["STEP_TIMEOUT_FACTOR", "STEP_TIMEOUT_S", "CheckpointSaveHung", "GroupOpenHung", "PublishHung", "StepWatch",
-           "TrainStepHung", "TrainerBounds", "group_hung_message", "hung_message", "publish_hung_message",
-           "save_hung_message"]
+__all__ = ["STEP_TIMEOUT_FACTOR", "STEP_TIMEOUT_S", "CheckpointLoadHung", "CheckpointSaveHung", "GroupOpenHung",
+           "PublishHung", "StepWatch", "TrainStepHung", "TrainerBounds", "group_hung_message", "hung_message",
+           "load_hung_message", "publish_hung_message", "save_hung_message"]
 
 
 @dataclass
@@ -56,14 +56,20 @@ class CheckpointSaveHung(TrainerHung):
     full disk that hangs): the run stops; the half-written checkpoint is never the resume point."""
 
 
+class CheckpointLoadHung(TrainerHung):
+    """A resume's ``load_checkpoint`` (the optimizer state, RNG states and KL reference read back) did
+    not return within its bound: the run stops before its loop; the checkpoint is left as it is."""
+
+
 class PublishHung(TrainerHung):
     """The trainer's ``publish`` of a version (the gather of its weights, and with the object store
     their ``ray.put``) did not return within its bound: the instances would never receive it."""
 
 
 class GroupOpenHung(TrainerHung):
-    """The trainer's ``open_group`` of a new broadcast group (the set of instances changed, or a
-    broadcast failed) did not return within its bound: no weights can reach the instances again."""
+    """The trainer's ``open_group`` of a new broadcast group (the run's first, the set of instances
+    changed, or a broadcast failed), or the ``node_ip`` asked before the first, did not return within
+    its bound: no weights can reach the instances again."""
 
 
 class StepWatch:
@@ -132,30 +138,52 @@ def _resume_from(checkpoint: str | None) -> str:
 _RAISE = "raise train.step_timeout_s or train.step_timeout_factor (train.step_timeout_s=0 turns the bound off)"
 
 
-def publish_hung_message(version: int, transport: str, waited: float, watch: StepWatch, checkpoint: str | None) -> str:
+def publish_hung_message(version: int, transport: str, waited: float, watch: StepWatch, checkpoint: str | None,
+                         catch_up: int | None = None) -> str:
     """What :class:`PublishHung` says: the publish, how long, its bound and where it comes from, the
-    newest complete checkpoint to resume from (``checkpoint``; None: none written)."""
+    newest complete checkpoint to resume from (``checkpoint``; None: none written). ``catch_up``: the
+    restarted instance the publish is a copy for (None: the version's own publish)."""
     what = "its weights gathered and put in Ray's object store" if transport == "object_store" else \
         "its weights gathered for the broadcast"
+    if catch_up is not None:
+        what += f", a catch-up copy for restarted instance {catch_up}, which rejoins once it holds it"
+    who = "the instances never receive" if catch_up is None else f"instance {catch_up} never receives"
     return (f"policy version {version}: the trainer's publish of version {version} ({transport}: {what}) has not "
             f"returned {waited:.0f} s after it was sent, past its bound of {watch.bound_s():g} s "
             f"({_bound_from(watch, 'publish call')}): the trainer hangs (a gather that never completes on one of "
-            f"its ranks, an object store that does not take the weights, a wedged device), the instances never "
-            f"receive version {version}, and every later trainer call would wait behind it. The run stops; "
+            f"its ranks, an object store that does not take the weights, a wedged device), {who} version "
+            f"{version}, and every later trainer call would wait behind it. The run stops; "
             f"{_resume_from(checkpoint)}. If the publish is only slow (a large model), {_RAISE}")
 
 
 def group_hung_message(version: int, gen: int, members: list[int], waited: float, watch: StepWatch,
-                       checkpoint: str | None, group_timeout_s: float) -> str:
-    """What :class:`GroupOpenHung` says: the group, how long, its bound and where it comes from, the
-    newest complete checkpoint to resume from (``checkpoint``; None: none written)."""
-    return (f"weight sync of policy version {version}: the trainer's open_group of weight-sync group {gen} (the "
+                       checkpoint: str | None, group_timeout_s: float, call: str = "open_group") -> str:
+    """What :class:`GroupOpenHung` says: the call (``open_group``, or ``node_ip``, asked before a run's
+    first group), the group, how long, its bound and where it comes from, the newest complete checkpoint
+    to resume from (``checkpoint``; None: none written)."""
+    if call == "open_group":
+        what, doing = call, "closing its previous group, starting the group's rendezvous store"
+    else:
+        what, doing = f"{call} (the host its store will listen on)", "its actor stuck, its node's address not found"
+    return (f"weight sync of policy version {version}: the trainer's {what} of weight-sync group {gen} (the "
             f"trainer and the workers of instance(s) {', '.join(map(str, members))}) has not returned {waited:.0f} s "
-            f"after it was sent, past its bound of {watch.bound_s():g} s ({_bound_from(watch, 'open_group call')}): "
-            f"the trainer hangs (closing its previous group, starting the group's rendezvous store, or in the publish "
-            f"queued before it), no weights can reach the instances, and every later trainer call would wait behind "
-            f"it (weight_sync.timeout_s = {group_timeout_s:g} s bounds the group's rendezvous after this call, not the "
-            f"call). The run stops; {_resume_from(checkpoint)}. If the trainer is only slow, {_RAISE}")
+            f"after it was sent, past its bound of {watch.bound_s():g} s ({_bound_from(watch, f'{call} call')}): "
+            f"the trainer hangs ({doing}, or in the publish queued before it), no weights can reach the instances, "
+            f"and every later trainer call would wait behind it (weight_sync.timeout_s = {group_timeout_s:g} s bounds "
+            f"the group's rendezvous after this call, not the call). The run stops; {_resume_from(checkpoint)}. If "
+            f"the trainer is only slow, {_RAISE}")
+
+
+def load_hung_message(path: str, waited: float, watch: StepWatch) -> str:
+    """What :class:`CheckpointLoadHung` says: the checkpoint, how long, its bound and where it comes from,
+    and that the same resume can be tried again (the load writes nothing)."""
+    return (f"resume from {path}: the trainer's load_checkpoint (its optimizer state, RNG states and KL reference "
+            f"read back) has not returned {waited:.0f} s after it was sent, past its bound of {watch.bound_s():g} s "
+            f"({_bound_from(watch, 'checkpoint load')}): the load hangs (a network file system that blocks, a "
+            f"wedged device), and every later trainer call would wait behind it. The run stops before its first "
+            f"iteration, with nothing trained and the checkpoint untouched; check that its file system answers "
+            f"(e.g. ls -l {path}), then run the same command with resume=true again. If the load is only slow (a "
+            f"large optimizer state on a slow file system), {_RAISE}")
 
 
 def save_hung_message(version: int, tmp: str, waited: float, watch: StepWatch, checkpoint: str | None) -> str:

@@ -96,8 +96,9 @@ class PendingSync:
 class WeightSync:
     stall_timeout_s: float = STALL_S   # weight_sync.stall_timeout_s (set per instance; the contract names it)
     timeout_s: float = 120.0           # weight_sync.timeout_s (set per instance): a group's rendezvous
-    # how the trainer's open_group is awaited, (ref, version, gen, members) -> its port: the loop sets
-    # its bounded wait (pipeline/trainer_waits.py); None: ray.get, unbounded (before the loop)
+    # how the trainer's calls that form a group (node_ip, open_group) are awaited, (call, ref, version, gen,
+    # members) -> their result: the loop and the warm-up set their bounded wait (pipeline/trainer_waits.py,
+    # pipeline/start_waits.py); None: ray.get, unbounded
     wait_group: Callable | None = None
 
     def __init__(self, trainer, instances: list, transport: str, platform: str, tp: int = 1,
@@ -119,16 +120,16 @@ class WeightSync:
     def _group(self, members: list[int], version: int) -> dict:
         import ray
 
-        if self._host is None:
-            self._host = ray.get(self.trainer.node_ip.remote())
         if tuple(members) != self.members:
             self.gen += 1
             self.members = tuple(members)
+            wait = self.wait_group or (lambda _call, ref, *_: ray.get(ref))
+            if self._host is None:   # once, before the run's first group
+                self._host = wait("node_ip", self.trainer.node_ip.remote(), version, self.gen, list(members))
             # the trainer's store listens before anyone joins; base_port 0: on a port the OS picks
             want = self.base_port + self.gen % PORTS if self.base_port else 0
             ref = self.trainer.open_group.remote(self.gen, self._world(members), want, self.timeout_s)
-            wait = self.wait_group or (lambda ref, *_: ray.get(ref))
-            self._port = int(wait(ref, version, self.gen, list(members)))
+            self._port = int(wait("open_group", ref, version, self.gen, list(members)))
         return {"gen": self.gen, "host": self._host, "port": self._port, "world": self._world(members),
                 "platform": self.platform, "timeout_s": self.timeout_s, "stall_timeout_s": self.stall_timeout_s}
 

@@ -1,5 +1,5 @@
-"""The bound on a trainer hung in a train step, a checkpoint save, a publish or an open_group
-(pipeline/train_watch.py) and its config keys:
+"""The bound on a trainer hung in a train step, a checkpoint save or load, a publish (a catch-up
+copy too), a node_ip or an open_group (pipeline/train_watch.py) and its config keys:
 ``train.step_timeout_s``, ``train.step_timeout_factor`` and ``weight_sync.send_slack_s`` (the hung
 broadcast's slack, pipeline/sync_retry.py). The bound through the real loop (a real trainer whose
 train step never returns): tests/runtime/test_execution_hangs.py."""
@@ -9,9 +9,9 @@ from asp_ascend.config import load_config
 from asp_ascend.errors import AspError, ConfigError
 from asp_ascend.pipeline.rundir import is_safe
 from asp_ascend.pipeline.sync_retry import TrainerHung
-from asp_ascend.pipeline.train_watch import (CheckpointSaveHung, GroupOpenHung, PublishHung, StepWatch, TrainerBounds,
-                                             TrainStepHung, group_hung_message, hung_message, publish_hung_message,
-                                             save_hung_message)
+from asp_ascend.pipeline.train_watch import (CheckpointLoadHung, CheckpointSaveHung, GroupOpenHung, PublishHung,
+                                             StepWatch, TrainerBounds, TrainStepHung, group_hung_message, hung_message,
+                                             load_hung_message, publish_hung_message, save_hung_message)
 
 
 def test_the_first_call_has_the_floor_only_then_the_bound_follows_the_slowest_call():
@@ -100,6 +100,33 @@ def test_the_publish_and_open_group_messages_name_the_call_the_seconds_the_keys_
     assert all(issubclass(e, TrainerHung) and issubclass(e, AspError) for e in (PublishHung, GroupOpenHung))
 
 
+def test_the_load_node_ip_and_catch_up_messages_name_the_call_the_seconds_the_keys_and_what_to_do():
+    w = StepWatch(timeout_s=100.0, factor=10.0)
+    w.sent(0.0, "load_checkpoint")
+    msg = load_hung_message("out/checkpoints/iter_000004", 101.0, w)
+    assert msg.startswith("resume from out/checkpoints/iter_000004: the trainer's load_checkpoint (its optimizer state, "
+                          "RNG states and KL reference read back) has not returned 101 s after it was sent, past its "
+                          "bound of 100 s (the larger of train.step_timeout_s = 100 s and no checkpoint load measured "
+                          "yet: this is the first)"), msg
+    assert "checkpoint untouched; check that its file system answers (e.g. ls -l out/checkpoints/iter_000004), then " \
+           "run the same command with resume=true again" in msg and "train.step_timeout_factor" in msg, msg
+    w.sent(0.0, "node_ip")
+    msg = group_hung_message(0, 0, [0, 1], 101.0, w, None, 120.0, "node_ip")
+    assert msg.startswith("weight sync of policy version 0: the trainer's node_ip (the host its store will listen on) "
+                          "of weight-sync group 0 (the trainer and the workers of instance(s) 0, 1) has not returned "
+                          "101 s"), msg
+    assert "(its actor stuck, its node's address not found, or in the publish queued before it)" in msg, msg
+    assert "weight_sync.timeout_s = 120 s" in msg and "overwrite=true" in msg, msg
+    w.sent(0.0, "publish")
+    msg = publish_hung_message(3, "object_store", 101.0, w, "out/checkpoints/iter_000002", catch_up=1)
+    assert msg.startswith("policy version 3: the trainer's publish of version 3 (object_store: its weights gathered and "
+                          "put in Ray's object store, a catch-up copy for restarted instance 1, which rejoins once it "
+                          "holds it) has not returned 101 s"), msg
+    assert "instance 1 never receives version 3" in msg and "iter_000002, with resume=true" in msg, msg
+    assert "the instances never receive" in publish_hung_message(3, "object_store", 101.0, w, None)
+    assert issubclass(CheckpointLoadHung, TrainerHung) and issubclass(CheckpointLoadHung, AspError)
+
+
 def test_the_keys_reach_the_bounds_and_may_change_on_resume(empty_yaml):
     cfg = load_config(empty_yaml, ["train.step_timeout_s=600", "train.step_timeout_factor=4",
                                    "weight_sync.transport=broadcast", "weight_sync.send_slack_s=0"])
@@ -130,7 +157,7 @@ def test_keys_nothing_reads_in_the_mode_are_refused(empty_yaml):
     with pytest.raises(ConfigError) as ei:
         load_config(empty_yaml, ["train.step_timeout_s=0", "train.step_timeout_factor=3"])
     assert ("train.step_timeout_factor: 3.0 has no effect: train.step_timeout_s is 0, which turns the bound on a "
-            "hung train step or checkpoint save off") in str(ei.value)
+            "hung trainer call (a train step, a save, a publish, ...) off") in str(ei.value)
     for over in (["weight_sync.transport=object_store"], ["platform=cpu"]):
         with pytest.raises(ConfigError) as ei:
             load_config(empty_yaml, over + ["weight_sync.send_slack_s=10"])

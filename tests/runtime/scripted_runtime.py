@@ -148,6 +148,13 @@ class ScriptedInstance:
     async def ready(self) -> int:
         return self.version
 
+    async def workers(self) -> list:
+        return []   # no vLLM workers (warm_up logs them to instances.jsonl)
+
+    async def warm_up(self, prompts, num_seqs: int, max_tokens: int, temperature: float = 1.0,
+                      top_p: float = 1.0) -> dict:
+        return {"tokens": 0, "seconds": 0.0}   # no engine to warm (warm_up logs the figures)
+
     async def shutdown(self) -> None:
         pass
 
@@ -227,18 +234,31 @@ def hanging_save_trainer_class(hang_at: int):
     return ray.remote(HangingSaveTrainer)
 
 
-def hanging_publish_trainer_class(version: int):
-    """A Ray actor class of the real trainer whose ``publish`` of ``version`` never returns, as one
-    whose gather of its weights never completes on a rank: alive, no progress."""
+def hanging_publish_trainer_class(version: int, transport: str | None = None):
+    """A Ray actor class of the real trainer whose ``publish`` of ``version`` (``transport``: only
+    that transport's; None: any) never returns, as one whose gather of its weights never completes
+    on a rank: alive, no progress."""
     from asp_ascend.engines.trainer import TrainerEngine
 
     class HangingPublishTrainer(TrainerEngine):
-        def publish(self, v: int, *args, **kwargs):
-            if v == version:
+        def publish(self, v: int, how: str = "object_store"):
+            if v == version and transport in (None, how):
                 time.sleep(3600)
-            return super().publish(v, *args, **kwargs)
+            return super().publish(v, how)
 
     return ray.remote(HangingPublishTrainer)
+
+
+def hanging_call_trainer_class(call: str):
+    """A Ray actor class of the real trainer whose ``call`` (a method name: ``node_ip``,
+    ``load_checkpoint``) never returns, as one whose file system blocks or whose actor is stuck."""
+    from asp_ascend.engines.trainer import TrainerEngine
+
+    def hang(self, *args, **kwargs):
+        time.sleep(3600)
+        return getattr(TrainerEngine, call)(self, *args, **kwargs)
+
+    return ray.remote(type(f"Hanging_{call}_Trainer", (TrainerEngine,), {call: hang}))
 
 
 def hanging_group_trainer_class(hang_at: int):
