@@ -95,6 +95,13 @@ def run_train(cfg, overrides: list[str] | None = None) -> int:
 def _run(cfg, settings, train, ev, reward_fn, cores, out: Path, resume, attempt, cleared) -> int:
     t_start = time.time()
     logger = _open_logger(cfg, out, t_start, cleared, attempt)
+    try:
+        return _train(cfg, settings, train, ev, reward_fn, cores, out, resume, logger, t_start)
+    finally:  # also on an error: metrics.jsonl closed, TensorBoard's writer thread and the wandb run ended
+        logger.close()
+
+
+def _train(cfg, settings, train, ev, reward_fn, cores, out: Path, resume, logger, t_start: float) -> int:
     from .checkpoint import clean_stale_saves
 
     clean_stale_saves(out / "checkpoints", logger.say)  # before this attempt's first save, said in the log
@@ -227,7 +234,6 @@ def _finish(cfg, orch, plan, out: Path, k: int, logger, t_start: float) -> dict:
         orch.save_checkpoint(final)
     summary = write_summary(cfg, orch, out, logger.say)
     write_parquet_atomic(out / "lengths.parquet", pd.DataFrame(orch.history))
-    logger.close()
     logger.say(f"done in {time.time() - t_start:.1f} s: throughput {summary['throughput']:.0f} tok/s, "
                f"policy lag max {summary['policy_lag_max']} (k={k}); outputs in {out}")
     return summary

@@ -1,5 +1,7 @@
 """Bad input to `asp train`: one clear error each, raised before Ray starts any actor."""
 import json
+import os
+import threading
 
 import pytest
 
@@ -17,10 +19,18 @@ def _train(tmp_path, overrides, check_files=True):
     from asp_ascend.pipeline.run import run_train
 
     cfg = load_config(CONFIG, overrides + [f"output_dir={tmp_path / 'run'}"], check_files=check_files)
+    before = set(threading.enumerate())
     try:
         run_train(cfg)
     finally:
         assert not ray.is_initialized(), "Ray was started before the input was checked"
+        # the refused run leaves nothing behind: no thread (TensorBoard's writer) and no open file of the run
+        # (tqdm's monitor is the library's own, started once per process by whichever caller is first)
+        left = [t for t in set(threading.enumerate()) - before if t.name != "tqdm_monitor"]
+        assert not left, left
+        held = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                if os.path.exists(f"/proc/self/fd/{fd}")]
+        assert not [f for f in held if f.startswith(str(tmp_path / "run"))], held
 
 
 def test_dataset_without_prompt_field(tmp_path):
