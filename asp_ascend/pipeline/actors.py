@@ -22,6 +22,11 @@ def init_ray(cfg) -> bool:
 
     if ray.is_initialized():
         return False
+    # Ray's driver starts an OpenTelemetry metric-export thread that ray.shutdown() leaves running;
+    # one that wakes while the process exits crashes it (SIGSEGV after the run finished:
+    # docs/reliability.md, "Tests"). The run's metrics are asp's own (metrics.jsonl, TensorBoard);
+    # a user who wants Ray's exported metrics sets RAY_enable_open_telemetry=1.
+    os.environ.setdefault("RAY_enable_open_telemetry", "0")
     if os.environ.get("RAY_ADDRESS"):  # an existing cluster (`ray start` on every node)
         ray.init(log_to_driver=True)
     else:

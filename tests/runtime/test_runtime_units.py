@@ -180,3 +180,28 @@ def test_speculative_needs_plain_sampling_and_maps_to_vllm(empty_yaml):
                                    "rollout.speculative_max_batch=8", "rollout.max_num_seqs=64"])
     assert speculative_config(cfg) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                                        "prompt_lookup_min": 1, "disable_by_batch_size": 8}
+
+
+def test_init_ray_starts_no_metric_export_thread_unless_asked():
+    """asp train's Ray session runs without Ray's OpenTelemetry export (its driver thread outlives
+    ray.shutdown() and can crash the process at exit, docs/reliability.md); the driver and the
+    local cluster's workers both see the setting, and a user's own value is kept."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import os, ray\n"
+        "from types import SimpleNamespace\n"
+        "from asp_ascend.pipeline.actors import init_ray\n"
+        "assert init_ray(SimpleNamespace())\n"
+        "f = ray.remote(lambda: os.environ.get('RAY_enable_open_telemetry'))\n"
+        "print('driver', os.environ.get('RAY_enable_open_telemetry'), 'worker', ray.get(f.remote()))\n"
+        "ray.shutdown()\n")
+    for given, expected in ((None, "0"), ("1", "1")):
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_enable_open_telemetry", "RAY_ADDRESS")}
+        if given is not None:
+            env["RAY_enable_open_telemetry"] = given
+        out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert f"driver {expected} worker {expected}" in out.stdout
