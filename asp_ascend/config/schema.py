@@ -238,11 +238,9 @@ class TrainConfig:
                                "step's accumulate / apply_step) still out max(this, train.step_timeout_factor x the "
                                "slowest such call so far) seconds after it was sent stops the run (the trainer hangs: "
                                "resume=true continues from the newest checkpoint); the first call of a run has only "
-                               "this, so it must cover the first step's compilation and warm-up; the trainer's other "
-                               "calls have the same bound, each on its own clock (max(this, factor x the slowest such "
-                               "call so far)): a checkpoint save, a publish (a restarted instance's catch-up copy too), "
-                               "node_ip / open_group of a broadcast group, a resume's load_checkpoint, also before the "
-                               "first iteration; 0 = no bound, else >= 1")
+                               "this, so it must cover the first step's compilation and warm-up; each other trainer call "
+                               "(a save, a publish or catch-up copy, node_ip / open_group, a resume's load_checkpoint; "
+                               "before the first iteration too) has the same bound on its own clock; 0 = no bound, else >= 1")
     step_timeout_factor: float = _f(10.0, "asp train: the bound of a trainer call grows to this many times the "
                                     "slowest call (a checkpoint save: the slowest save) measured so far when that is more "
                                     "than train.step_timeout_s (>= 1)")
