@@ -38,7 +38,7 @@ from .task import RunOutputs, Sampling, Task, score_response  # noqa: F401 - imp
 from ..scheduler.tail_control import TailControl, TailOptions
 from .sync_retry import PendingSyncs
 from .train_calls import StreamedStep, TrainerCalls
-from .train_watch import StepWatch, TrainerBounds
+from .train_watch import TrainerBounds
 from .trainer_waits import TrainerWaits
 
 __all__ = ["Orchestrator", "Prompts", "Sampling", "Task", "RunOutputs", "FleetOptions", "Evaluator", "TailOptions",
@@ -97,12 +97,8 @@ class Orchestrator(TrainerCalls, TrainerWaits):
         self.bounds = bounds or TrainerBounds()
         self.syncs = PendingSyncs(weight_sync, self.fleet.live, self._trainer_holds, self.log.say,  # oldest first
                                   send_slack_s=self.bounds.send_slack_s)
-        self.step_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung train step
-        self.save_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung save
-        self.publish_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung publish
-        self.publishing: list[tuple] = []         # (publish ref, version, sent) still out, oldest first
-        self.group_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)  # a hung open_group
-        self.host_watch = StepWatch(self.bounds.step_timeout_s, self.bounds.step_timeout_factor)   # a hung node_ip
+        self.step_watch = self.bounds.watch()   # a hung train step
+        self._init_waits(self.bounds)           # a hung save, publish, open_group, node_ip
         weight_sync.wait_group = self._wait_group  # its open_group of a new broadcast group: bounded by the loop
         self.poll_refs: dict[int, Any] = {}
         self.submit_refs: list = []

@@ -26,7 +26,7 @@ from ..metrics import TimelineWriter
 from .contracts import PendingWeights, Trainer, WeightTransport
 from .sync_retry import PendingSyncs
 from .task import RunOutputs
-from .train_watch import CheckpointLoadHung, StepWatch, TrainerBounds, load_hung_message
+from .train_watch import CheckpointLoadHung, TrainerBounds, load_hung_message
 from .trainer_waits import TrainerWaits
 
 __all__ = ["StartWaits"]
@@ -41,11 +41,8 @@ class StartWaits(TrainerWaits):
 
         self.ray, self.trainer, self.wsync, self.out = ray, trainer, wsync, out
         self.t0, self.log = out.t0, out.logger
-        self.load_watch = StepWatch(bounds.step_timeout_s, bounds.step_timeout_factor)     # load_checkpoint
-        self.publish_watch = StepWatch(bounds.step_timeout_s, bounds.step_timeout_factor)  # the first publish
-        self.group_watch = StepWatch(bounds.step_timeout_s, bounds.step_timeout_factor)    # open_group
-        self.host_watch = StepWatch(bounds.step_timeout_s, bounds.step_timeout_factor)     # node_ip
-        self.publishing: list[tuple] = []
+        self.load_watch = bounds.watch()   # load_checkpoint
+        self._init_waits(bounds)           # the first publish, node_ip, open_group
         self.members: list[int] = []
         # only its check_sends runs here (a failed first sync stops the run: nothing is sent again)
         self.syncs = PendingSyncs(wsync, lambda: list(self.members), lambda _v: False, self.log.say,

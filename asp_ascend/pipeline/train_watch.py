@@ -45,6 +45,10 @@ class TrainerBounds:
         return cls(float(cfg.train.step_timeout_s), float(cfg.train.step_timeout_factor),
                    float(cfg.weight_sync.send_slack_s))
 
+    def watch(self) -> "StepWatch":
+        """A new watch on these bounds: each kind of trainer call has its own clock and slowest call."""
+        return StepWatch(self.step_timeout_s, self.step_timeout_factor)
+
 
 class TrainStepHung(TrainerHung):
     """A trainer call of a train step did not return within its bound: the trainer hangs, and

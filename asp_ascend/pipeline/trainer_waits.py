@@ -38,7 +38,15 @@ class TrainerWaits:
     """The waits on the trainer's publish, checkpoint save and group formation; mixed into the
     orchestrator, and into :class:`~asp_ascend.pipeline.start_waits.StartWaits` before the loop. Uses
     the host's ``ray``, ``trainer``, ``wsync``, ``syncs``, ``out``, ``log``, ``now()``, ``_event`` and its
-    watches (``publish_watch``, ``save_watch``, ``group_watch``, ``host_watch``) and ``publishing``."""
+    watches (``publish_watch``, ``save_watch``, ``group_watch``, ``host_watch``) and ``publishing``, which
+    :meth:`_init_waits` makes."""
+
+    def _init_waits(self, bounds) -> None:
+        """The watches of the calls waited on here, each on ``bounds`` (a ``TrainerBounds``), and no
+        publish out yet."""
+        self.save_watch, self.publish_watch = bounds.watch(), bounds.watch()
+        self.group_watch, self.host_watch = bounds.watch(), bounds.watch()   # open_group, node_ip
+        self.publishing: list[tuple] = []   # (publish ref, version, sent, catch-up instance or None), oldest first
 
     def _iteration_of(self, version: int) -> int | None:
         """The iteration a hung call towards ``version`` stops (its ``trainer`` event's): the one whose
